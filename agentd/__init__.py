@@ -1,0 +1,3 @@
+"""agentd: the llmgw node agent. Plain asyncio, no Django import."""
+
+__version__ = "0.1.0"

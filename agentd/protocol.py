@@ -1,0 +1,418 @@
+"""Agent protocol v1: the one schema both ends validate against.
+
+Every message is a JSON object with ``type`` and ``v``. Anything that does not
+validate closes the socket (see ``CloseCode``) and changes nothing. The control
+plane imports this module; this module imports nothing from the control plane.
+Units are in the field names: ``_mb`` mebibytes, ``_bytes`` bytes, ``_s`` seconds.
+``docs/protocol.md`` is the prose version of this file.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+VERSION = 1
+
+# A node id names a channel-layer group and appears in URLs, so it keeps to
+# characters that are safe in both.
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+
+NodeId = Annotated[str, Field(pattern=NODE_ID_PATTERN)]
+ShardId = Annotated[str, Field(pattern=SHARD_ID_PATTERN)]
+ShortStr = Annotated[str, Field(max_length=255)]
+Text = Annotated[str, Field(max_length=4096)]
+Count = Annotated[int, Field(ge=0)]
+Labels = Annotated[dict[Annotated[str, Field(max_length=63)], ShortStr], Field(max_length=64)]
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes the control plane uses. 1009 (too big) comes from Daphne."""
+
+    NORMAL = 1000  # the agent said goodbye, or the server is shutting down
+    INVALID_MESSAGE = 4000  # not JSON, a binary frame, an unknown type, or a field fails
+    UNSUPPORTED_VERSION = 4001  # "v" is not a version this end speaks
+    NOT_REGISTERED = 4002  # a message before "register"
+    FORBIDDEN = 4003  # the credential does not authorise this node
+    SUPERSEDED = 4009  # the same node connected again; the new socket wins
+    REVOKED = 4010  # the node's credential was revoked while connected
+
+
+class ShardState(enum.StrEnum):
+    """A shard's lifecycle, reported by the agent (the seed's states)."""
+
+    PENDING = "pending"
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+def shard_state_from_wire(value: str) -> ShardState:
+    """A reported state; an unknown one is FAILED.
+
+    A newer agent reporting something this control plane does not understand
+    must not be mistaken for a healthy shard.
+    """
+    try:
+        return ShardState(value)
+    except ValueError:
+        return ShardState.FAILED
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    v: Literal[1] = 1
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# ---- inventory parts ---------------------------------------------------------
+
+
+class GPU(_Part):
+    index: Count
+    uuid: Annotated[str, Field(min_length=1, max_length=96)]
+    name: ShortStr = ""
+    memory_total_mb: Count = 0
+    memory_used_mb: Count = 0
+    compute_capability: Annotated[str, Field(max_length=16)] = ""
+    numa_node: int | None = None
+    pci_bus_id: Annotated[str, Field(max_length=32)] = ""
+    driver_version: Annotated[str, Field(max_length=32)] = ""
+    cuda_version: Annotated[str, Field(max_length=16)] = ""
+    nvlink_peers: Annotated[list[Count], Field(max_length=64)] = []
+    ecc_errors: Count = 0
+    temperature_c: int | None = None
+    problems: Annotated[list[ShortStr], Field(max_length=64)] = []
+
+
+class Fabric(_Part):
+    fabric: Annotated[str, Field(min_length=1, max_length=64)]
+    hcas: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=64)] = []
+    rate_gbps: Count = 0
+
+
+class Storage(_Part):
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    free_bytes: Count
+    total_bytes: Count
+    shared: bool = False
+
+
+class Weights(_Part):
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    size_bytes: Count
+    shared: bool = False
+
+
+class EngineInstall(_Part):
+    engine: Annotated[str, Field(min_length=1, max_length=32)]
+    version: ShortStr = ""
+    variant: ShortStr = ""
+    state: Annotated[str, Field(max_length=32)]
+    detail: Text = ""
+
+
+class RunningShard(_Part):
+    """A shard the agent is running, reported on register so the control plane adopts it."""
+
+    shard_id: ShardId
+    replica_id: ShortStr = ""
+    rank: Count = 0
+    gpu_uuids: Annotated[list[ShortStr], Field(max_length=64)] = []
+    hcas: Annotated[list[ShortStr], Field(max_length=64)] = []
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    state: Annotated[str, Field(max_length=32)]
+    model: ShortStr = ""
+    profile: ShortStr = ""
+    pid: int | None = None
+
+
+class ShardLoad(_Part):
+    shard_id: ShardId
+    cpu_cores: Annotated[float, Field(ge=0)]
+    rss_bytes: Count
+
+
+class Load(_Part):
+    """Machine load sampled between heartbeats."""
+
+    cpu_percent: Annotated[float, Field(ge=0, le=100)]
+    cpu_count: Annotated[int, Field(ge=1)]
+    load1: Annotated[float, Field(ge=0)]
+    load5: Annotated[float, Field(ge=0)]
+    load15: Annotated[float, Field(ge=0)]
+    memory_used_bytes: Count
+    memory_available_bytes: Count
+    shards: Annotated[list[ShardLoad], Field(max_length=256)] = []
+
+
+class GPUProblem(_Part):
+    """A problem found after registration. Without an index it is charged to GPU 0."""
+
+    gpu_index: Count | None = None
+    problem: ShortStr
+
+
+# ---- agent -> control plane --------------------------------------------------
+
+
+class Register(_Msg):
+    type: Literal["register"]
+    node_id: NodeId
+    hostname: ShortStr = ""
+    mgmt_addr: ShortStr = ""
+    labels: Labels = {}
+    agent_version: Annotated[str, Field(max_length=64)] = ""
+    engine_versions: Annotated[dict[ShortStr, ShortStr], Field(max_length=32)] = {}
+    # None: the agent did not say (an old agent). Unknown is not zero.
+    memory_total_mb: Count | None = None
+    gpus: Annotated[list[GPU], Field(max_length=64)] = []
+    fabrics: Annotated[list[Fabric], Field(max_length=32)] = []
+    storage: Annotated[list[Storage], Field(max_length=64)] = []
+    weights: Annotated[list[Weights], Field(max_length=4096)] = []
+    provision: Annotated[list[EngineInstall], Field(max_length=32)] = []
+    running_shards: Annotated[list[RunningShard], Field(max_length=256)] = []
+    # The newest desired-set version the agent has converged to (0: none).
+    desired_version: Count = 0
+
+
+class Heartbeat(_Msg):
+    """Cheap facts, each with its own semantics (see docs/protocol.md)."""
+
+    type: Literal["heartbeat"]
+    seq: Count = 0
+    # Per GPU, in index order. Empty: no news.
+    gpu_memory_used_mb: Annotated[list[Count], Field(max_length=64)] = []
+    new_problems: Annotated[list[GPUProblem], Field(max_length=64)] = []
+    # Replaces the node's storage every time it is non-empty.
+    storage: Annotated[list[Storage], Field(max_length=64)] = []
+    # The weights list counts only when weights_changed: an empty list without
+    # the flag is silence, not "this node holds nothing".
+    weights_changed: bool = False
+    weights: Annotated[list[Weights], Field(max_length=4096)] = []
+    memory_total_mb: Count | None = None
+    engines_changed: bool = False
+    engine_versions: Annotated[dict[ShortStr, ShortStr], Field(max_length=32)] = {}
+    provision_changed: bool = False
+    provision: Annotated[list[EngineInstall], Field(max_length=32)] = []
+    load: Load | None = None
+    desired_version: Count = 0
+
+
+class ShardStatus(_Msg):
+    type: Literal["shard_status"]
+    shard_id: ShardId
+    replica_id: ShortStr = ""
+    # Free text on purpose: an unknown state is read as failed, not refused.
+    state: Annotated[str, Field(min_length=1, max_length=32)]
+    error: Text = ""
+    exit_code: int | None = None
+    last_output: Annotated[list[Text], Field(max_length=200)] = []
+
+
+class FetchProgress(_Msg):
+    """Progress of a weight fetch. Not a state transition: it must not reset start timers."""
+
+    type: Literal["fetch_progress"]
+    shard_id: ShardId
+    replica_id: ShortStr = ""
+    source: Annotated[str, Field(max_length=1024)] = ""
+    bytes_done: Count
+    bytes_total: Count | None = None
+
+
+class LogsReply(_Msg):
+    type: Literal["logs_reply"]
+    request_id: Annotated[str, Field(min_length=1, max_length=64)]
+    lines: Annotated[list[Text], Field(max_length=10000)] = []
+    sources: Annotated[list[ShortStr], Field(max_length=256)] = []
+    error: Text = ""
+
+
+class AgentAck(_Msg):
+    """The agent acknowledges a control-plane message, e.g. a desired set it has applied."""
+
+    type: Literal["ack"]
+    of: Literal["desired", "provision", "remove_weights"]
+    version: Count = 0
+    ok: bool = True
+    detail: Text = ""
+
+
+class Goodbye(_Msg):
+    """Sent before an orderly shutdown (SIGTERM): the node is leaving on purpose."""
+
+    type: Literal["goodbye"]
+    reason: Text = ""
+
+
+AgentMessage = Annotated[
+    Register | Heartbeat | ShardStatus | FetchProgress | LogsReply | AgentAck | Goodbye,
+    Field(discriminator="type"),
+]
+
+# ---- control plane -> agent --------------------------------------------------
+
+
+class ProfileSpec(_Part):
+    name: ShortStr
+    engine: Annotated[str, Field(min_length=1, max_length=32)]
+    gpu_class: ShortStr = ""
+    tp: Annotated[int, Field(ge=1)] = 1
+    pp: Annotated[int, Field(ge=1)] = 1
+    gpus_per_node: Count = 0
+    nodes: Annotated[int, Field(ge=1)] = 1
+    args: Annotated[list[Text], Field(max_length=256)] = []
+    env: Annotated[dict[ShortStr, Text], Field(max_length=256)] = {}
+    model_path: Annotated[str, Field(max_length=1024)] = ""
+    served_model_name: ShortStr = ""
+
+
+class DesiredShard(_Part):
+    shard_id: ShardId
+    replica_id: ShortStr
+    model: ShortStr
+    # running: start or keep; draining: finish in-flight work, take no more; stopped: stop.
+    state: Literal["running", "draining", "stopped"]
+    rank: Count = 0
+    nnodes: Annotated[int, Field(ge=1)] = 1
+    leader_addr: ShortStr = ""
+    leader_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    gpu_uuids: Annotated[list[ShortStr], Field(max_length=64)] = []
+    hcas: Annotated[list[ShortStr], Field(max_length=64)] = []
+    mgmt_interface: ShortStr = ""
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 1800
+    profile: ProfileSpec
+
+
+class ServerAck(_Msg):
+    """Answers a register. On enrolment it carries the node's new credential, once."""
+
+    type: Literal["ack"]
+    of: Literal["register", "heartbeat"]
+    node_id: NodeId
+    seq: Count = 0
+    credential: str | None = None
+    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 10
+
+
+class Desired(_Msg):
+    """The full set of shards this node should have. Newer versions replace older ones."""
+
+    type: Literal["desired"]
+    version: Count
+    shards: Annotated[list[DesiredShard], Field(max_length=256)] = []
+
+
+class EngineWant(_Part):
+    engine: Annotated[str, Field(min_length=1, max_length=32)]
+    version: ShortStr = ""
+    variant: ShortStr = ""
+
+
+class Provision(_Msg):
+    type: Literal["provision"]
+    engines: Annotated[list[EngineWant], Field(max_length=32)] = []
+
+
+class RemoveWeights(_Msg):
+    """A proposal: the node checks each path again before removing it."""
+
+    type: Literal["remove_weights"]
+    paths: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=1024)]
+
+
+class LogsRequest(_Msg):
+    type: Literal["logs_request"]
+    request_id: Annotated[str, Field(min_length=1, max_length=64)]
+    # "agent" for the agent's own log, or a shard id for that engine's output.
+    source: ShortStr = "agent"
+    lines: Annotated[int, Field(ge=1, le=10000)] = 200
+
+
+ControlMessage = Annotated[
+    ServerAck | Desired | Provision | RemoveWeights | LogsRequest,
+    Field(discriminator="type"),
+]
+
+_agent_adapter: TypeAdapter = TypeAdapter(AgentMessage)
+_control_adapter: TypeAdapter = TypeAdapter(ControlMessage)
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol. ``code`` is the close code to use."""
+
+    def __init__(self, code: CloseCode, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _summarise(err: ValidationError) -> str:
+    first = err.errors(include_url=False)[0]
+    loc = list(first["loc"])[1:]  # the first element is the discriminator's tag
+    where = ".".join(str(p) for p in loc) or "message"
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def _decode(raw: str | bytes | dict, adapter: TypeAdapter, known: set[str]):
+    if isinstance(raw, dict):
+        data = raw
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError(CloseCode.INVALID_MESSAGE, f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(CloseCode.INVALID_MESSAGE, "a message must be a JSON object")
+    kind = data.get("type")
+    if not isinstance(kind, str) or kind not in known:
+        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"unknown message type {kind!r}")
+    if data.get("v") != VERSION:
+        raise ProtocolError(
+            CloseCode.UNSUPPORTED_VERSION,
+            f"protocol version {data.get('v')!r} is not supported; this end speaks {VERSION}",
+        )
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"{kind}: {_summarise(exc)}") from None
+
+
+AGENT_TYPES = {
+    "register",
+    "heartbeat",
+    "shard_status",
+    "fetch_progress",
+    "logs_reply",
+    "ack",
+    "goodbye",
+}
+CONTROL_TYPES = {"ack", "desired", "provision", "remove_weights", "logs_request"}
+
+
+def parse_agent_message(raw: str | bytes | dict):
+    """Validate a message from an agent, or raise ProtocolError."""
+    return _decode(raw, _agent_adapter, AGENT_TYPES)
+
+
+def parse_control_message(raw: str | bytes | dict):
+    """Validate a message from the control plane, or raise ProtocolError."""
+    return _decode(raw, _control_adapter, CONTROL_TYPES)
+
+
+def dump(msg: BaseModel) -> str:
+    """A message as the JSON text that goes on the wire."""
+    return msg.model_dump_json()

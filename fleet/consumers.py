@@ -1,0 +1,226 @@
+"""The agents' socket at /ws/agent/: one per node, held for the agent's lifetime."""
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from agentd import protocol
+from agentd.protocol import CloseCode, ProtocolError
+from fleet.heartbeats import batcher
+from fleet.services import access, dispatch, inventory
+
+logger = logging.getLogger(__name__)
+
+REGISTER_TIMEOUT_S = 10
+
+
+def _bearer(scope) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            text = value.decode("latin-1").strip()
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+    return ""
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    """Validates every message, then hands it to a service. Holds no fleet state of its own."""
+
+    identity: access.AgentIdentity | None = None
+    node_id: str | None = None
+    closing = False
+
+    async def connect(self):
+        host, port = self.scope.get("client") or ("?", "?")
+        self.client = f"{host}:{port}"
+        self.logs_waiting: dict[str, str] = {}
+        # Authenticate before accept: an unknown agent never gets an open socket.
+        self.identity = await database_sync_to_async(access.identify)(_bearer(self.scope))
+        if self.identity is None:
+            logger.warning(
+                "agent refused: no valid credential or join token client=%s", self.client
+            )
+            await self.close()
+            return
+        await self.accept()
+        self.register_deadline = asyncio.get_running_loop().call_later(
+            REGISTER_TIMEOUT_S, lambda: asyncio.ensure_future(self._register_overdue())
+        )
+
+    async def _register_overdue(self):
+        if self.node_id is None:
+            await self.refuse(
+                CloseCode.NOT_REGISTERED, f"no register within {REGISTER_TIMEOUT_S} s"
+            )
+
+    async def refuse(self, code: CloseCode, reason: str) -> None:
+        """Close with a documented code. Logged once; nothing is written."""
+        if self.closing:
+            return
+        self.closing = True
+        logger.warning(
+            "agent socket closed code=%d reason=%s node=%s client=%s",
+            code,
+            reason,
+            self.node_id or "-",
+            self.client,
+        )
+        await self.close(code=int(code), reason=reason[:120])
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.closing:
+            return
+        if bytes_data is not None:
+            await self.refuse(
+                CloseCode.INVALID_MESSAGE, "binary frames are not part of the protocol"
+            )
+            return
+        try:
+            msg = protocol.parse_agent_message(text_data)
+        except ProtocolError as exc:
+            await self.refuse(exc.code, exc.reason)
+            return
+        if self.node_id is None and msg.type != "register":
+            await self.refuse(CloseCode.NOT_REGISTERED, f"'{msg.type}' before 'register'")
+            return
+        handler = getattr(self, f"on_{msg.type}")
+        await handler(msg)
+
+    # ---- agent -> control plane ------------------------------------------------
+
+    async def on_register(self, msg: protocol.Register):
+        if self.node_id is not None and msg.node_id != self.node_id:
+            await self.refuse(
+                CloseCode.FORBIDDEN,
+                f"this socket is node '{self.node_id}'; it cannot register as '{msg.node_id}'",
+            )
+            return
+        secret = None
+        if self.node_id is None:
+            try:
+                self.identity, secret = await database_sync_to_async(access.enrol)(
+                    self.identity, msg.node_id
+                )
+            except access.EnrolmentError as exc:
+                await self.refuse(CloseCode.FORBIDDEN, str(exc))
+                return
+            self.register_deadline.cancel()
+            self.node_id = msg.node_id
+            self.group = dispatch.node_group(self.node_id)
+            await self.channel_layer.group_add(self.group, self.channel_name)
+            # A reconnect while the old socket still looks open: the new one
+            # wins, since the old is by definition the dead one.
+            await dispatch.anotify_node(self.node_id, "node.supersede", channel=self.channel_name)
+        await database_sync_to_async(inventory.register_node)(msg, channel_name=self.channel_name)
+        await self.send_msg(
+            protocol.ServerAck(
+                type="ack",
+                of="register",
+                node_id=self.node_id,
+                credential=secret,
+                heartbeat_interval_s=settings.LLMGW["HEARTBEAT_INTERVAL_S"],
+            )
+        )
+        engines = settings.LLMGW.get("ENGINES") or {}
+        if engines:
+            await self.send_msg(
+                protocol.Provision(
+                    type="provision",
+                    engines=[protocol.EngineWant(engine=e, version=v) for e, v in engines.items()],
+                )
+            )
+        await self.send_desired()
+
+    async def on_heartbeat(self, msg: protocol.Heartbeat):
+        result = await batcher().submit(self.node_id, self.identity.credential_id, msg)
+        if result.revoked:
+            await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
+            return
+        await self.send_msg(
+            protocol.ServerAck(type="ack", of="heartbeat", node_id=self.node_id, seq=msg.seq)
+        )
+        if msg.desired_version < result.desired_version:
+            # A doorbell was lost somewhere: heal it now.
+            await self.send_desired()
+
+    async def on_shard_status(self, msg: protocol.ShardStatus):
+        await database_sync_to_async(inventory.apply_shard_status)(self.node_id, msg)
+
+    async def on_fetch_progress(self, msg: protocol.FetchProgress):
+        await database_sync_to_async(inventory.apply_fetch_progress)(self.node_id, msg)
+
+    async def on_logs_reply(self, msg: protocol.LogsReply):
+        reply_channel = self.logs_waiting.pop(msg.request_id, None)
+        if reply_channel is None:
+            return  # the asker gave up long ago
+        await self.channel_layer.send(
+            reply_channel,
+            {"type": "logs.reply", "request_id": msg.request_id, "reply": msg.model_dump()},
+        )
+
+    async def on_ack(self, msg: protocol.AgentAck):
+        if msg.of == "desired":
+            await database_sync_to_async(inventory.apply_desired_ack)(self.node_id, msg.version)
+
+    async def on_goodbye(self, msg: protocol.Goodbye):
+        logger.info("agent said goodbye node=%s reason=%s", self.node_id, msg.reason)
+        self.closing = True
+        await self.close(code=CloseCode.NORMAL)
+
+    # ---- control plane -> agent ------------------------------------------------
+
+    async def send_msg(self, msg) -> None:
+        await self.send(text_data=protocol.dump(msg))
+
+    async def send_desired(self) -> None:
+        desired = await database_sync_to_async(dispatch.desired_set)(self.node_id)
+        await self.send_msg(desired)
+
+    # ---- channel-layer events (from any process) -------------------------------
+
+    async def node_doorbell(self, event):
+        if not self.closing:
+            await self.send_desired()
+
+    async def node_supersede(self, event):
+        if event.get("channel") != self.channel_name:
+            await self.refuse(CloseCode.SUPERSEDED, "the same node connected again")
+
+    async def node_revoked(self, event):
+        if await database_sync_to_async(access.credential_revoked)(self.identity.credential_id):
+            await self.refuse(CloseCode.REVOKED, "credential revoked")
+
+    async def node_logs_request(self, event):
+        if self.closing:
+            return
+        self.logs_waiting[event["request_id"]] = event["reply_channel"]
+        await self.send_msg(
+            protocol.LogsRequest(
+                type="logs_request",
+                request_id=event["request_id"],
+                source=event.get("source") or "agent",
+                lines=event.get("lines") or 200,
+            )
+        )
+
+    async def disconnect(self, code):
+        deadline = getattr(self, "register_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
+        if code == 1009:
+            logger.warning(
+                "agent socket closed: message over the size limit node=%s client=%s",
+                self.node_id or "-",
+                getattr(self, "client", "?"),
+            )
+        if self.node_id is None:
+            return
+        await self.channel_layer.group_discard(self.group, self.channel_name)
+        held = await database_sync_to_async(inventory.mark_disconnected)(
+            self.node_id, self.channel_name
+        )
+        if held:
+            logger.info("agent stream closed node=%s code=%s", self.node_id, code)

@@ -1,0 +1,47 @@
+from .access import ApiKey, JoinToken, NodeCredential
+from .catalog import EngineProfile, Model
+from .choices import (
+    ApiKeyScope,
+    DesiredState,
+    Engine,
+    NodeState,
+    PlacementPolicy,
+    ReplicaState,
+    ShardState,
+)
+from .nodes import (
+    GPU,
+    EngineInstall,
+    FabricAttachment,
+    LocalWeights,
+    Node,
+    NodeLoad,
+    ShardLoad,
+    Storage,
+)
+from .workload import Replica, Shard
+
+__all__ = [
+    "GPU",
+    "ApiKey",
+    "ApiKeyScope",
+    "DesiredState",
+    "Engine",
+    "EngineInstall",
+    "EngineProfile",
+    "FabricAttachment",
+    "JoinToken",
+    "LocalWeights",
+    "Model",
+    "Node",
+    "NodeCredential",
+    "NodeLoad",
+    "NodeState",
+    "PlacementPolicy",
+    "Replica",
+    "ReplicaState",
+    "Shard",
+    "ShardLoad",
+    "ShardState",
+    "Storage",
+]

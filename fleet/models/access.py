@@ -1,0 +1,151 @@
+"""Secrets: join tokens, node credentials and API keys, all stored hashed.
+
+Each secret is ``<kind>_<prefix>_<random>``. The prefix is stored in clear to find
+the row and show operators which secret is which; only a SHA-256 of the whole
+secret is kept. SHA-256 rather than a slow hash because these are 256-bit random
+tokens, not passwords: there is nothing to guess.
+"""
+
+import hashlib
+import hmac
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from .choices import ApiKeyScope
+from .nodes import Node
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def make_secret(kind: str) -> tuple[str, str]:
+    """A new secret and its prefix."""
+    prefix = secrets.token_hex(4)
+    return f"{kind}_{prefix}_{secrets.token_urlsafe(32)}", prefix
+
+
+def split_prefix(secret: str, kind: str) -> str | None:
+    parts = secret.split("_", 2)
+    if len(parts) != 3 or parts[0] != kind or len(parts[1]) != 8:
+        return None
+    return parts[1]
+
+
+class _Secret(models.Model):
+    KIND = ""
+    prefix = models.CharField(max_length=8, db_index=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def issue(cls, **fields):
+        """Create one; returns (row, secret). The secret exists nowhere else afterwards."""
+        secret, prefix = make_secret(cls.KIND)
+        row = cls.objects.create(prefix=prefix, secret_hash=hash_secret(secret), **fields)
+        return row, secret
+
+    @classmethod
+    def find(cls, secret: str, queryset=None):
+        """The row this secret belongs to, revoked or not, or None."""
+        prefix = split_prefix(secret or "", cls.KIND)
+        if prefix is None:
+            return None
+        digest = hash_secret(secret)
+        for row in (queryset if queryset is not None else cls.objects).filter(prefix=prefix):
+            if hmac.compare_digest(row.secret_hash, digest):
+                return row
+        return None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+class JoinToken(_Secret):
+    """Lets new nodes enrol: each use creates one node and hands it its own credential."""
+
+    KIND = "lgj"
+    name = models.CharField(max_length=128, help_text="What it is for, e.g. 'rack 4'.")
+    expires_at = models.DateTimeField()
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+    def usable(self, now=None) -> str | None:
+        """None when it can enrol a node, else why not."""
+        now = now or timezone.now()
+        if self.revoked_at:
+            return "join token revoked"
+        if self.expires_at <= now:
+            return "join token expired"
+        if self.uses >= self.max_uses:
+            return f"join token used up ({self.uses} of {self.max_uses})"
+        return None
+
+
+class NodeCredential(_Secret):
+    """A node's own secret. It names exactly one node, and lets an agent act only as it."""
+
+    KIND = "lgn"
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    join_token = models.ForeignKey(JoinToken, null=True, blank=True, on_delete=models.SET_NULL)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} ({self.prefix})"
+
+
+class ApiKey(_Secret):
+    """A client's key for the gateway (``inference``) or the management API (``manage``)."""
+
+    KIND = "lgk"
+    name = models.CharField(max_length=128)
+    scope = models.CharField(
+        max_length=16, choices=ApiKeyScope.choices, default=ApiKeyScope.INFERENCE
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        help_text="For manage keys: the user the API acts as.",
+    )
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="Model names this key may use. Empty: all."
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+    def usable(self, now=None) -> str | None:
+        now = now or timezone.now()
+        if self.revoked_at:
+            return "API key revoked"
+        if self.expires_at and self.expires_at <= now:
+            return "API key expired"
+        return None

@@ -1,0 +1,160 @@
+"""The catalog: which models should run, and how (engine profiles)."""
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+from fleet.selectors import parse_selector
+
+from .choices import Engine, PlacementPolicy
+
+name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+    "use letters, digits, '.', '_', ':', '/' or '-', starting alphanumeric",
+)
+
+
+class Model(models.Model):
+    """A model operators want served, by its served name, with a number of replicas.
+
+    Its ``active_profile`` says how each replica runs; changing it is a rolling
+    replacement (the reconciler's job).
+    """
+
+    name = models.CharField(
+        max_length=128,
+        unique=True,
+        validators=[name_validator],
+        help_text="The name clients ask for in the OpenAI API.",
+    )
+    description = models.TextField(blank=True)
+    desired_replicas = models.IntegerField(default=1, help_text="How many replicas should run.")
+    placement_policy = models.CharField(
+        max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.BINPACK
+    )
+    replace_after_s = models.PositiveIntegerField(
+        "replace after (s)",
+        null=True,
+        blank=True,
+        help_text="Replace replicas on a silent node after this long. Empty: the fleet default.",
+    )
+    active_profile = models.ForeignKey(
+        "EngineProfile",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The profile new replicas use.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors = {}
+        if self.desired_replicas is not None and self.desired_replicas < 0:
+            errors["desired_replicas"] = (
+                f"replicas cannot be negative (got {self.desired_replicas})"
+            )
+        if self.active_profile_id and self.pk and self.active_profile.model_id != self.pk:
+            errors["active_profile"] = (
+                f"profile '{self.active_profile.name}' belongs to another model"
+            )
+        if errors:
+            raise ValidationError(errors)
+
+
+class EngineProfile(models.Model):
+    """How to run a model: the engine, its parallelism, GPUs, arguments and requirements.
+
+    ``tp × pp`` GPUs serve one replica, spread as ``gpus_per_node`` on each of
+    ``nodes`` nodes. A CPU profile has ``gpus_per_node`` 0.
+    """
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="profiles")
+    name = models.CharField(max_length=128, validators=[name_validator])
+    engine = models.CharField(max_length=32, choices=Engine.choices)
+    gpu_class = models.CharField(
+        "GPU class",
+        max_length=128,
+        blank=True,
+        help_text="A substring of the GPU name, e.g. 'H100'. Empty: any.",
+    )
+    tp = models.PositiveSmallIntegerField(
+        "tensor parallel", default=1, validators=[MinValueValidator(1)]
+    )
+    pp = models.PositiveSmallIntegerField(
+        "pipeline parallel", default=1, validators=[MinValueValidator(1)]
+    )
+    gpus_per_node = models.PositiveSmallIntegerField(default=0)
+    nodes = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    args = models.JSONField(default=list, blank=True, help_text="Extra engine arguments.")
+    env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables.")
+    model_path = models.CharField(
+        max_length=1024, help_text="Path or hub id of the weights, as the engine takes it."
+    )
+    served_model_name = models.CharField(
+        max_length=255, blank=True, help_text="Name the engine serves. Empty: the model's name."
+    )
+    min_memory_gb = models.PositiveIntegerField(
+        "minimum memory (GB)",
+        null=True,
+        blank=True,
+        help_text="Node RAM the engine needs. Empty: fits anywhere.",
+    )
+    node_selector = models.CharField(
+        max_length=1024,
+        blank=True,
+        help_text="Label selector, e.g. 'gpu=h100,zone!=b,coding'.",
+    )
+    startup_timeout_s = models.PositiveIntegerField("startup timeout (s)", default=1800)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "name"], name="profile_unique_per_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}/{self.name}" if self.model_id else self.name
+
+    @property
+    def gpus_total(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.engine and self.engine not in Engine.values:
+            errors["engine"] = (
+                f"unknown engine '{self.engine}'; choose one of {', '.join(Engine.values)}"
+            )
+        tp, pp = self.tp or 0, self.pp or 0
+        gpn, nodes = self.gpus_per_node or 0, self.nodes or 0
+        if gpn and tp * pp != gpn * nodes:
+            errors["tp"] = (
+                f"tp × pp ({tp} × {pp} = {tp * pp}) must equal gpus_per_node × nodes "
+                f"({gpn} × {nodes} = {gpn * nodes})"
+            )
+        if not gpn and nodes > 1:
+            errors["nodes"] = "a CPU profile (gpus_per_node 0) runs on one node"
+        if not gpn and self.engine in (Engine.VLLM, Engine.SGLANG):
+            errors["gpus_per_node"] = f"{self.get_engine_display()} needs at least one GPU"
+        try:
+            parse_selector(self.node_selector)
+        except ValueError as exc:
+            errors["node_selector"] = str(exc)
+        if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
+            errors["args"] = "args must be a list of strings"
+        if not isinstance(self.env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
+            errors["env"] = "env must map names to string values"
+        if errors:
+            raise ValidationError(errors)

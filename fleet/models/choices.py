@@ -1,0 +1,51 @@
+"""Every status and kind in one place."""
+
+from django.db import models
+
+
+class NodeState(models.TextChoices):
+    READY = "ready", "ready"  # heard from within the grace period
+    SUSPECT = "suspect", "suspect"  # silent past the grace period: no new placements
+    LOST = "lost", "lost"  # silent past the replace deadline: its replicas go elsewhere
+
+
+class ShardState(models.TextChoices):
+    PENDING = "pending", "pending"  # placed, not yet started by the agent
+    STARTING = "starting", "starting"  # process started (or fetching weights)
+    LOADING = "loading", "loading"  # engine up, loading the model; not ready for traffic
+    READY = "ready", "ready"  # answering its health check; receives traffic
+    DRAINING = "draining", "draining"  # finishing in-flight requests, taking no new ones
+    STOPPED = "stopped", "stopped"  # stopped on purpose
+    FAILED = "failed", "failed"  # exited or timed out on its own; see error and exit code
+
+
+class DesiredState(models.TextChoices):
+    RUNNING = "running", "running"  # start it, or keep it running
+    DRAINING = "draining", "draining"  # stop taking work, finish what is in flight
+    STOPPED = "stopped", "stopped"  # stop it
+
+
+class ReplicaState(models.TextChoices):
+    PENDING = "pending", "pending"  # not placed yet; `reason` says why
+    STARTING = "starting", "starting"  # placed; some shard not loaded yet
+    READY = "ready", "ready"  # every shard ready
+    DRAINING = "draining", "draining"  # being retired
+    STOPPED = "stopped", "stopped"  # retired
+    FAILED = "failed", "failed"  # a shard failed; waiting for its restart
+
+
+class PlacementPolicy(models.TextChoices):
+    BINPACK = "binpack", "binpack"  # fill the busiest node that fits first
+    SPREAD = "spread", "spread"  # prefer the emptiest node
+
+
+class Engine(models.TextChoices):
+    VLLM = "vllm", "vLLM"
+    SGLANG = "sglang", "SGLang"
+    LLAMACPP = "llamacpp", "llama.cpp"
+    FAKE = "fake", "fake (tests only)"
+
+
+class ApiKeyScope(models.TextChoices):
+    INFERENCE = "inference", "inference"  # the gateway's /v1/*
+    MANAGE = "manage", "manage"  # the management API /api/v1/ (needs a staff user)

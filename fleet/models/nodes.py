@@ -1,0 +1,213 @@
+"""Nodes and what their agents report about them."""
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+from agentd.protocol import NODE_ID_PATTERN
+
+from .choices import NodeState
+
+node_id_validator = RegexValidator(
+    NODE_ID_PATTERN, "a node id is 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
+)
+
+
+class Node(models.Model):
+    """A machine running agentd. Its id is the one its agent registers with.
+
+    Operator intent (``cordoned``, ``draining``, ``operator_labels``) is kept apart
+    from what the agent reports (everything else), and the agent can never change
+    the former.
+    """
+
+    id = models.CharField(primary_key=True, max_length=63, validators=[node_id_validator])
+    hostname = models.CharField(max_length=255, blank=True)
+    mgmt_addr = models.CharField(
+        "management address", max_length=255, blank=True, help_text="Address engines listen on."
+    )
+    agent_labels = models.JSONField(
+        default=dict, blank=True, help_text="Labels the agent reports (from agent.yaml)."
+    )
+    operator_labels = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Labels set by operators. They win over an agent label of the same key.",
+    )
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
+    cordoned = models.BooleanField(default=False, help_text="No new placements on this node.")
+    draining = models.BooleanField(
+        default=False, help_text="Replicas are being moved away; cordoned when done."
+    )
+    connected = models.BooleanField(default=False, help_text="An agent socket is open now.")
+    channel_name = models.CharField(
+        max_length=128, blank=True, editable=False, help_text="The socket that holds this node."
+    )
+    last_seen = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    agent_version = models.CharField(max_length=64, blank=True)
+    engine_versions = models.JSONField(default=dict, blank=True)
+    memory_total_mb = models.PositiveBigIntegerField(
+        "memory (MB)", null=True, blank=True, help_text="MemTotal. Empty: the agent did not say."
+    )
+    running_shards = models.JSONField(
+        default=list, blank=True, help_text="Shards the agent reported running at registration."
+    )
+    desired_version = models.PositiveBigIntegerField(
+        default=0, help_text="Version of the desired set of shards for this node."
+    )
+    acked_version = models.PositiveBigIntegerField(
+        default=0, help_text="The newest desired-set version the agent has applied."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def labels(self) -> dict:
+        """Effective labels: the agent's, overridden by the operator's."""
+        return {**(self.agent_labels or {}), **(self.operator_labels or {})}
+
+
+class GPU(models.Model):
+    """One GPU of a node, as NVML reports it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField("UUID", max_length=96)
+    name = models.CharField(max_length=255, blank=True)
+    memory_total_mb = models.PositiveIntegerField("memory total (MB)", default=0)
+    memory_used_mb = models.PositiveIntegerField("memory used (MB)", default=0)
+    compute_capability = models.CharField(max_length=16, blank=True)
+    numa_node = models.IntegerField("NUMA node", null=True, blank=True)
+    pci_bus_id = models.CharField("PCI bus id", max_length=32, blank=True)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField("CUDA version", max_length=16, blank=True)
+    nvlink_peers = models.JSONField(
+        "NVLink peers", default=list, blank=True, help_text="Indices of GPUs linked by NVLink."
+    )
+    ecc_errors = models.PositiveIntegerField("ECC errors", default=0)
+    temperature_c = models.IntegerField("temperature (°C)", null=True, blank=True)
+    problems = models.JSONField(
+        default=list, blank=True, help_text="Any problem keeps this GPU out of placement."
+    )
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index"),
+        ]
+        verbose_name = "GPU"
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/gpu{self.index}"
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+class FabricAttachment(models.Model):
+    """A node's attachment to a high-speed fabric (InfiniBand/RoCE) through its HCAs."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="fabrics")
+    fabric = models.CharField(max_length=64)
+    hcas = models.JSONField("HCAs", default=list, blank=True)
+    rate_gbps = models.PositiveIntegerField("rate (Gbps)", default=0)
+
+    class Meta:
+        ordering = ["node", "fabric"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.fabric}"
+
+
+class Storage(models.Model):
+    """A filesystem the agent watches (state and weights dirs). Replaced on every heartbeat."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="storage")
+    path = models.CharField(max_length=1024)
+    free_bytes = models.PositiveBigIntegerField()
+    total_bytes = models.PositiveBigIntegerField()
+    shared = models.BooleanField(default=False, help_text="On NFS, CIFS, Lustre and the like.")
+
+    class Meta:
+        ordering = ["node", "path"]
+        verbose_name_plural = "storage"
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.path}"
+
+
+class LocalWeights(models.Model):
+    """Model weights present on a node."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="weights")
+    path = models.CharField(max_length=1024)
+    size_bytes = models.PositiveBigIntegerField()
+    shared = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["node", "path"]
+        verbose_name_plural = "local weights"
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.path}"
+
+
+class EngineInstall(models.Model):
+    """The state of one engine's installation on a node, as the agent reports it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="engine_installs")
+    engine = models.CharField(max_length=32)
+    version = models.CharField(max_length=255, blank=True)
+    variant = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=32)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["node", "engine"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "engine"], name="engine_install_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.engine} {self.state}"
+
+
+class NodeLoad(models.Model):
+    """The latest load sample of a node, stamped when it arrived."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="load")
+    sampled_at = models.DateTimeField()
+    cpu_percent = models.FloatField("CPU %")
+    cpu_count = models.PositiveIntegerField("CPUs")
+    load1 = models.FloatField()
+    load5 = models.FloatField()
+    load15 = models.FloatField()
+    memory_used_bytes = models.PositiveBigIntegerField()
+    memory_available_bytes = models.PositiveBigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.node_id} load at {self.sampled_at:%H:%M:%S}"
+
+
+class ShardLoad(models.Model):
+    """The latest CPU and memory of one engine's process group."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="shard_loads")
+    shard_id = models.CharField(max_length=100)
+    sampled_at = models.DateTimeField()
+    cpu_cores = models.FloatField("CPU cores")
+    rss_bytes = models.PositiveBigIntegerField("RSS (bytes)")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "shard_id"], name="shard_load_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.shard_id}"

@@ -1,0 +1,75 @@
+"""Replicas and their shards: what actually runs where."""
+
+import uuid
+
+from django.db import models
+
+from .catalog import EngineProfile, Model
+from .choices import DesiredState, ReplicaState, ShardState
+from .nodes import Node
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class Replica(models.Model):
+    """One serving copy of a model, made of one shard per node it spans.
+
+    It is ready when all its shards are ready. A replica that cannot be placed
+    stays pending, and ``reason`` says what was short.
+    """
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_id, editable=False)
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="replicas")
+    profile = models.ForeignKey(EngineProfile, on_delete=models.PROTECT, related_name="replicas")
+    state = models.CharField(
+        max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING
+    )
+    reason = models.TextField(blank=True, help_text="Why it is pending or failed.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}#{self.id[:8]}"
+
+
+class Shard(models.Model):
+    """A replica's part on one node: one engine process group.
+
+    ``desired_state`` is the control plane's intent; ``state`` is what the agent
+    last reported.
+    """
+
+    id = models.CharField(primary_key=True, max_length=100, default=new_id, editable=False)
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="shards"
+    )
+    rank = models.PositiveSmallIntegerField(default=0, help_text="0 serves HTTP.")
+    gpu_uuids = models.JSONField("GPUs", default=list, blank=True)
+    hcas = models.JSONField("HCAs", default=list, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    desired_state = models.CharField(
+        max_length=16, choices=DesiredState.choices, default=DesiredState.RUNNING
+    )
+    state = models.CharField(max_length=16, choices=ShardState.choices, default=ShardState.PENDING)
+    error = models.TextField(blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    last_output = models.JSONField(default=list, blank=True, help_text="Last lines of output.")
+    fetch_source = models.CharField(max_length=1024, blank=True)
+    fetch_bytes_done = models.PositiveBigIntegerField(null=True, blank=True)
+    fetch_bytes_total = models.PositiveBigIntegerField(null=True, blank=True)
+    fetch_updated_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["replica", "rank"]
+
+    def __str__(self) -> str:
+        return f"{self.id} (rank {self.rank} on {self.node_id or '-'})"

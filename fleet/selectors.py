@@ -1,0 +1,57 @@
+"""Label selectors: ``gpu=h100,zone!=b,coding`` (equality, inequality, existence, ``!key``)."""
+
+import re
+from dataclasses import dataclass
+
+_KEY = r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?"
+_VALUE = r"[A-Za-z0-9._-]{0,63}"
+_TERM = re.compile(rf"^(?P<neg>!)?(?P<key>{_KEY})(\s*(?P<op>!=|==|=)\s*(?P<value>{_VALUE}))?$")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    op: str  # "=", "!=", "exists", "!exists"
+    value: str = ""
+
+    def matches(self, labels: dict) -> bool:
+        if self.op == "exists":
+            return self.key in labels
+        if self.op == "!exists":
+            return self.key not in labels
+        if self.op == "=":
+            return labels.get(self.key) == self.value
+        return labels.get(self.key) != self.value
+
+    def __str__(self) -> str:
+        if self.op == "exists":
+            return self.key
+        if self.op == "!exists":
+            return f"!{self.key}"
+        return f"{self.key}{self.op}{self.value}"
+
+
+def parse_selector(text: str) -> list[Requirement]:
+    """Parse a selector, or raise ValueError naming the bad term."""
+    reqs = []
+    for raw in (text or "").split(","):
+        term = raw.strip()
+        if not term:
+            if raw and text.strip():
+                raise ValueError(f"empty term in selector {text!r}")
+            continue
+        m = _TERM.match(term)
+        if not m or (m.group("neg") and m.group("op")):
+            raise ValueError(
+                f"'{term}' is not a valid selector term (use key, !key, key=v, key!=v)"
+            )
+        if m.group("op"):
+            op = "=" if m.group("op") in ("=", "==") else "!="
+            reqs.append(Requirement(m.group("key"), op, m.group("value") or ""))
+        else:
+            reqs.append(Requirement(m.group("key"), "!exists" if m.group("neg") else "exists"))
+    return reqs
+
+
+def selector_matches(reqs: list[Requirement], labels: dict) -> bool:
+    return all(r.matches(labels) for r in reqs)

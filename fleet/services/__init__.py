@@ -1,0 +1,1 @@
+"""Every domain operation, as plain functions. Callers never re-implement them."""

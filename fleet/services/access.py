@@ -1,0 +1,120 @@
+"""Join tokens, node credentials and who an agent is."""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from fleet.models import JoinToken, Node, NodeCredential
+
+from . import dispatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentIdentity:
+    """Who is on the other end of an agent socket, decided by its bearer secret."""
+
+    credential_id: int | None = None
+    node_id: str | None = None  # set for a node credential: the only node it may be
+    join_token_id: int | None = None
+
+    @property
+    def enrolling(self) -> bool:
+        return self.join_token_id is not None
+
+
+class EnrolmentError(Exception):
+    """An agent may not register as the node it named. The message says why."""
+
+
+def create_join_token(name: str, *, ttl: timedelta, max_uses: int = 1, user=None):
+    """A new join token; returns (token, secret). The secret is shown once."""
+    if max_uses < 1:
+        raise ValueError(f"max_uses must be at least 1 (got {max_uses})")
+    if ttl.total_seconds() <= 0:
+        raise ValueError("a join token's lifetime must be positive")
+    token, secret = JoinToken.issue(
+        name=name, expires_at=timezone.now() + ttl, max_uses=max_uses, created_by=user
+    )
+    logger.info("join token created name=%s prefix=%s max_uses=%d", name, token.prefix, max_uses)
+    return token, secret
+
+
+def identify(bearer: str) -> AgentIdentity | None:
+    """The identity a bearer secret proves, or None. Revoked, expired and used-up are None."""
+    if not bearer:
+        return None
+    cred = NodeCredential.find(bearer, NodeCredential.objects.filter(revoked_at__isnull=True))
+    if cred is not None:
+        NodeCredential.objects.filter(pk=cred.pk).update(last_used_at=timezone.now())
+        return AgentIdentity(credential_id=cred.pk, node_id=cred.node_id)
+    token = JoinToken.find(bearer)
+    if token is not None and token.usable() is None:
+        return AgentIdentity(join_token_id=token.pk)
+    return None
+
+
+def credential_revoked(credential_id: int) -> bool:
+    return not NodeCredential.objects.filter(pk=credential_id, revoked_at__isnull=True).exists()
+
+
+def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | None]:
+    """Check that this identity may register as ``node_id``; enrol it if it holds a join token.
+
+    Returns the identity to use from now on and, on enrolment, the node's new
+    credential (shown to the agent once). Raises EnrolmentError and changes
+    nothing when it may not.
+    """
+    if not identity.enrolling:
+        if identity.node_id != node_id:
+            raise EnrolmentError(
+                f"this credential is for node '{identity.node_id}', not '{node_id}'"
+            )
+        return identity, None
+    with transaction.atomic():
+        # The conditional update is the guard: two agents racing for the last
+        # use of a token cannot both win it.
+        now = timezone.now()
+        used = JoinToken.objects.filter(
+            pk=identity.join_token_id,
+            revoked_at__isnull=True,
+            expires_at__gt=now,
+            uses__lt=F("max_uses"),
+        ).update(uses=F("uses") + 1)
+        if not used:
+            token = JoinToken.objects.filter(pk=identity.join_token_id).first()
+            raise EnrolmentError(token.usable(now) if token else "join token deleted")
+        node, created = Node.objects.get_or_create(pk=node_id)
+        if not created and node.credentials.filter(revoked_at__isnull=True).exists():
+            # A join token enrols a new node. Letting it take over an enrolled one
+            # would let anyone holding a token impersonate any node in the fleet.
+            raise EnrolmentError(
+                f"node '{node_id}' is already enrolled; connect with its own credential"
+            )
+        cred, secret = NodeCredential.issue(node=node, join_token_id=identity.join_token_id)
+    logger.info("node enrolled node=%s join_token=%s", node_id, identity.join_token_id)
+    return AgentIdentity(credential_id=cred.pk, node_id=node_id), secret
+
+
+def revoke_node(node: Node) -> int:
+    """Revoke every credential of a node and close its socket. Returns how many were revoked."""
+    with transaction.atomic():
+        count = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        transaction.on_commit(lambda: dispatch.notify_node(node.pk, "node.revoked"))
+    logger.warning("node credentials revoked node=%s count=%d", node.pk, count)
+    return count
+
+
+def revoke_join_token(token: JoinToken) -> bool:
+    return bool(
+        JoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+    )

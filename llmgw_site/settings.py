@@ -1,0 +1,197 @@
+"""Settings, all from the environment.
+
+Unset variables fall back to the embedded defaults: an SQLite database and a
+secret key kept under the state dir (``LLMGW_STATE_DIR``, ``./var`` by default),
+and a private Redis that ``make run`` and ``make test`` start themselves
+(see ``llmgw_site.embedded``).
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("LLMGW_STATE_DIR", BASE_DIR / "var")).resolve()
+STATE_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _secret_key() -> str:
+    """The key from the environment, else one generated once and kept in the state dir.
+
+    Kept rather than regenerated so sessions and signed values survive a restart.
+    """
+    if key := os.environ.get("SECRET_KEY"):
+        return key
+    path = STATE_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_urlsafe(50)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+        return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _env_bool("DEBUG")
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "channels",
+    "fleet",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "llmgw_site.urls"
+ASGI_APPLICATION = "llmgw_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{STATE_DIR / 'llmgw.sqlite3'}",
+        conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Many agents write at once; WAL lets readers go on while one writes, and the
+    # busy timeout queues writers instead of failing them with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+    )
+    DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis: channel layer and Celery broker. The embedded default is a private
+# redis-server on a unix socket in the state dir, started by `make run`/`make test`.
+REDIS_URL = os.environ.get("REDIS_URL") or f"unix://{STATE_DIR / 'redis.sock'}"
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": os.environ.get("LLMGW_CHANNEL_PREFIX", "llmgw"),
+            # Messages to a node are doorbells and requests: dropping one when a
+            # channel is full is survivable (the desired set is re-sent), piling
+            # up hours of them is not.
+            "capacity": 1000,
+            "expiry": 30,
+        },
+    }
+}
+
+
+def _celery_url(url: str) -> str:
+    return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url
+
+
+CELERY_BROKER_URL = _celery_url(REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = _env_bool("CELERY_TASK_ALWAYS_EAGER")
+CELERY_BEAT_SCHEDULE: dict = {}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = STATE_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "fleet.api.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.SearchFilter",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llmgw API",
+    "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
+    "VERSION": "1",
+}
+
+# Fleet behaviour. Seconds unless the name says otherwise.
+LLMGW = {
+    "HEARTBEAT_INTERVAL_S": float(os.environ.get("LLMGW_HEARTBEAT_INTERVAL_S", "10")),
+    "SUSPECT_AFTER_S": float(os.environ.get("LLMGW_SUSPECT_AFTER_S", "50")),
+    "REPLACE_AFTER_S": float(os.environ.get("LLMGW_REPLACE_AFTER_S", "300")),
+    "LOGS_TIMEOUT_S": float(os.environ.get("LLMGW_LOGS_TIMEOUT_S", "10")),
+    # How often a connected agent's credential is checked again, in case the
+    # revocation doorbell was lost.
+    "CREDENTIAL_RECHECK_S": float(os.environ.get("LLMGW_CREDENTIAL_RECHECK_S", "5")),
+    # Heartbeats are written in batches: at most this long after arrival.
+    "HEARTBEAT_FLUSH_S": float(os.environ.get("LLMGW_HEARTBEAT_FLUSH_S", "0.05")),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}

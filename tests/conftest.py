@@ -1,0 +1,28 @@
+import os
+
+import pytest
+
+
+def pytest_configure(config):
+    # The embedded default: a private Redis, started for the run when the
+    # environment names none (`make test` on a fresh machine).
+    if not os.environ.get("REDIS_URL"):
+        from llmgw_site.embedded import PrivateRedis
+
+        config._llmgw_redis = PrivateRedis().start()
+
+
+def pytest_unconfigure(config):
+    redis = getattr(config, "_llmgw_redis", None)
+    if redis is not None:
+        redis.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_channel_layer():
+    """Each test gets channel-layer connections of its own event loop."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
