@@ -4,6 +4,13 @@ import pytest
 
 
 def pytest_configure(config):
+    # A channel-layer prefix of this run's own, so test runs sharing a Redis
+    # (CI's, or several at once on one machine) never hear each other's groups.
+    from django.conf import settings
+
+    prefix = f"llmgw-test-{os.getpid()}"
+    os.environ["LLMGW_CHANNEL_PREFIX"] = prefix  # for the processes tests start
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = prefix
     # The embedded default: a private Redis, started for the run when the
     # environment names none (`make test` on a fresh machine).
     if not os.environ.get("REDIS_URL"):
