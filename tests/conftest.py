@@ -33,3 +33,13 @@ def _fresh_channel_layer():
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest.fixture
+def daphne_server(transactional_db, tmp_path):
+    """A real Daphne process serving llmgw on a free loopback port, on the test database."""
+    from tests.live import start_daphne
+
+    server = start_daphne(tmp_path)
+    yield server
+    server.stop()
