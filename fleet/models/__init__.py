@@ -19,6 +19,7 @@ from .nodes import (
     ShardLoad,
     Storage,
 )
+from .status import FleetStatus
 from .workload import Replica, Shard
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "EngineInstall",
     "EngineProfile",
     "FabricAttachment",
+    "FleetStatus",
     "JoinToken",
     "LocalWeights",
     "Model",

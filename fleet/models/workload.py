@@ -27,6 +27,20 @@ class Replica(models.Model):
         max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING
     )
     reason = models.TextField(blank=True, help_text="Why it is pending or failed.")
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    # Restart bookkeeping, kept on the replica because a multi-node replica
+    # restarts as a group.
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Failed starts in a row; reset when it becomes ready."
+    )
+    retry_at = models.DateTimeField(
+        null=True, blank=True, help_text="Not restarted before this (backoff after a failure)."
+    )
+    node_failures = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Failed starts per node. A node with too many is tried last.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,0 +1,43 @@
+"""What the reconciler knows about the fleet as a whole (one row)."""
+
+from django.db import models
+
+
+class FleetStatus(models.Model):
+    """The reconciler's own state between passes: one row, ``pk=1``.
+
+    It lets a pass tell an outage (no pass for a while, so every node's silence
+    is suspect) from a node going quiet, and shows operators why nothing is
+    being replaced when most of the fleet went silent at once.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    last_pass_ms = models.FloatField("last pass (ms)", null=True, blank=True)
+    passes = models.PositiveBigIntegerField(default=0)
+    grace_from = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Silence is counted from here: the end of the last control-plane outage.",
+    )
+    silent_nodes = models.PositiveIntegerField(default=0)
+    total_nodes = models.PositiveIntegerField(default=0)
+    replacement_paused = models.BooleanField(
+        default=False,
+        help_text="More than half the fleet is silent: nothing is declared lost or replaced.",
+    )
+    message = models.TextField(blank=True, help_text="What operators should know, if anything.")
+    last_replacement_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a lost node's replicas were last replaced."
+    )
+
+    class Meta:
+        verbose_name = "fleet status"
+        verbose_name_plural = "fleet status"
+
+    def __str__(self) -> str:
+        return "fleet status"
+
+    @classmethod
+    def get(cls) -> "FleetStatus":
+        return cls.objects.get_or_create(pk=1)[0]
