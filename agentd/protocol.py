@@ -13,7 +13,14 @@ import enum
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 VERSION = 1
 
@@ -26,7 +33,13 @@ NodeId = Annotated[str, Field(pattern=NODE_ID_PATTERN)]
 ShardId = Annotated[str, Field(pattern=SHARD_ID_PATTERN)]
 ShortStr = Annotated[str, Field(max_length=255)]
 Text = Annotated[str, Field(max_length=4096)]
-Count = Annotated[int, Field(ge=0)]
+# Integers are bounded by the columns they end up in: an unbounded int from the
+# wire would pass validation and then fail in the database, after the socket
+# had already been told its message was fine.
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a bigint column
+SmallCount = Annotated[int, Field(ge=0, le=2**31 - 1)]  # an integer column
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+GpuIndex = Annotated[int, Field(ge=0, le=32767)]  # a smallint column
 Labels = Annotated[dict[Annotated[str, Field(max_length=63)], ShortStr], Field(max_length=64)]
 
 
@@ -66,39 +79,56 @@ def shard_state_from_wire(value: str) -> ShardState:
         return ShardState.FAILED
 
 
+# Strict: "1" is not a number and "yes" is not a boolean; a sender that gets a
+# type wrong is told so instead of being guessed at. No NaN or infinity either:
+# they are not JSON, and nothing downstream could show or compare them.
+_CONFIG = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
+
+
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _CONFIG
     v: Literal[1] = 1
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _CONFIG
+
+
+def _unique(items: list, key: str, what: str) -> list:
+    """Refuse a list naming the same thing twice: the inventory keeps one row per key."""
+    seen = set()
+    for item in items:
+        value = getattr(item, key)
+        if value in seen:
+            raise ValueError(f"{what} {value!r} appears more than once")
+        seen.add(value)
+    return items
 
 
 # ---- inventory parts ---------------------------------------------------------
 
 
 class GPU(_Part):
-    index: Count
+    index: GpuIndex
     uuid: Annotated[str, Field(min_length=1, max_length=96)]
     name: ShortStr = ""
-    memory_total_mb: Count = 0
-    memory_used_mb: Count = 0
+    memory_total_mb: SmallCount = 0
+    memory_used_mb: SmallCount = 0
     compute_capability: Annotated[str, Field(max_length=16)] = ""
-    numa_node: int | None = None
+    numa_node: Int32 | None = None
     pci_bus_id: Annotated[str, Field(max_length=32)] = ""
     driver_version: Annotated[str, Field(max_length=32)] = ""
     cuda_version: Annotated[str, Field(max_length=16)] = ""
-    nvlink_peers: Annotated[list[Count], Field(max_length=64)] = []
-    ecc_errors: Count = 0
-    temperature_c: int | None = None
+    nvlink_peers: Annotated[list[GpuIndex], Field(max_length=64)] = []
+    ecc_errors: SmallCount = 0
+    temperature_c: Int32 | None = None
     problems: Annotated[list[ShortStr], Field(max_length=64)] = []
 
 
 class Fabric(_Part):
     fabric: Annotated[str, Field(min_length=1, max_length=64)]
     hcas: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=64)] = []
-    rate_gbps: Count = 0
+    rate_gbps: SmallCount = 0
 
 
 class Storage(_Part):
@@ -127,14 +157,14 @@ class RunningShard(_Part):
 
     shard_id: ShardId
     replica_id: ShortStr = ""
-    rank: Count = 0
+    rank: GpuIndex = 0
     gpu_uuids: Annotated[list[ShortStr], Field(max_length=64)] = []
     hcas: Annotated[list[ShortStr], Field(max_length=64)] = []
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     state: Annotated[str, Field(max_length=32)]
     model: ShortStr = ""
     profile: ShortStr = ""
-    pid: int | None = None
+    pid: Int32 | None = None
 
 
 class ShardLoad(_Part):
@@ -147,7 +177,7 @@ class Load(_Part):
     """Machine load sampled between heartbeats."""
 
     cpu_percent: Annotated[float, Field(ge=0, le=100)]
-    cpu_count: Annotated[int, Field(ge=1)]
+    cpu_count: Annotated[int, Field(ge=1, le=2**31 - 1)]
     load1: Annotated[float, Field(ge=0)]
     load5: Annotated[float, Field(ge=0)]
     load15: Annotated[float, Field(ge=0)]
@@ -155,11 +185,16 @@ class Load(_Part):
     memory_available_bytes: Count
     shards: Annotated[list[ShardLoad], Field(max_length=256)] = []
 
+    @field_validator("shards")
+    @classmethod
+    def _one_sample_per_shard(cls, v):
+        return _unique(v, "shard_id", "shard")
+
 
 class GPUProblem(_Part):
     """A problem found after registration. Without an index it is charged to GPU 0."""
 
-    gpu_index: Count | None = None
+    gpu_index: GpuIndex | None = None
     problem: ShortStr
 
 
@@ -185,6 +220,16 @@ class Register(_Msg):
     # The newest desired-set version the agent has converged to (0: none).
     desired_version: Count = 0
 
+    @field_validator("gpus")
+    @classmethod
+    def _one_gpu_per_index(cls, v):
+        return _unique(v, "index", "GPU index")
+
+    @field_validator("provision")
+    @classmethod
+    def _one_install_per_engine(cls, v):
+        return _unique(v, "engine", "engine")
+
 
 class Heartbeat(_Msg):
     """Cheap facts, each with its own semantics (see docs/protocol.md)."""
@@ -192,7 +237,7 @@ class Heartbeat(_Msg):
     type: Literal["heartbeat"]
     seq: Count = 0
     # Per GPU, in index order. Empty: no news.
-    gpu_memory_used_mb: Annotated[list[Count], Field(max_length=64)] = []
+    gpu_memory_used_mb: Annotated[list[SmallCount], Field(max_length=64)] = []
     new_problems: Annotated[list[GPUProblem], Field(max_length=64)] = []
     # Replaces the node's storage every time it is non-empty.
     storage: Annotated[list[Storage], Field(max_length=64)] = []
@@ -208,6 +253,11 @@ class Heartbeat(_Msg):
     load: Load | None = None
     desired_version: Count = 0
 
+    @field_validator("provision")
+    @classmethod
+    def _one_install_per_engine(cls, v):
+        return _unique(v, "engine", "engine")
+
 
 class ShardStatus(_Msg):
     type: Literal["shard_status"]
@@ -216,7 +266,7 @@ class ShardStatus(_Msg):
     # Free text on purpose: an unknown state is read as failed, not refused.
     state: Annotated[str, Field(min_length=1, max_length=32)]
     error: Text = ""
-    exit_code: int | None = None
+    exit_code: Int32 | None = None
     last_output: Annotated[list[Text], Field(max_length=200)] = []
 
 
@@ -367,24 +417,54 @@ def _summarise(err: ValidationError) -> str:
     return f"{where}: {first['msg']}{more}"
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _find_nul(data) -> bool:
+    # Iterative, so a deeply nested message cannot exhaust the stack here.
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def _decode(raw: str | bytes | dict, adapter: TypeAdapter, known: set[str]):
     if isinstance(raw, dict):
         data = raw
     else:
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ProtocolError(CloseCode.INVALID_MESSAGE, f"not JSON: {exc}") from None
+        except RecursionError:
+            raise ProtocolError(CloseCode.INVALID_MESSAGE, "not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ProtocolError(CloseCode.INVALID_MESSAGE, "a message must be a JSON object")
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in known:
-        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"unknown message type {kind!r}")
-    if data.get("v") != VERSION:
+        # Cut short: the reason is logged and sent back, and the sender chose it.
+        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"unknown message type {kind!r:.40}")
+    version = data.get("v")
+    # type() rather than ==: true == 1 and 1.0 == 1 in Python, not on the wire.
+    if type(version) is not int or version != VERSION:
         raise ProtocolError(
             CloseCode.UNSUPPORTED_VERSION,
-            f"protocol version {data.get('v')!r} is not supported; this end speaks {VERSION}",
+            f"protocol version {version!r:.20} is not supported; this end speaks {VERSION}",
         )
+    # PostgreSQL cannot store U+0000 in text, so a string holding one would pass
+    # here and fail at the database; the sender must strip it (engine output can
+    # carry them).
+    if _find_nul(data):
+        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"{kind}: a string contains U+0000")
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
