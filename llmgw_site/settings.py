@@ -116,7 +116,9 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            # redis-py 8 times out any read after 5 s by default, which kills the
+            # layer's blocking BZPOPMIN and with it every idle consumer.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
             "prefix": os.environ.get("LLMGW_CHANNEL_PREFIX", "llmgw"),
             # Messages to a node are doorbells and requests: dropping one when a
             # channel is full is survivable (the desired set is re-sent), piling
