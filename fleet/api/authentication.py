@@ -1,6 +1,7 @@
 """Bearer API keys for the management API. Only ``manage`` keys of staff users count."""
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from fleet.models import ApiKey, ApiKeyScope
@@ -25,8 +26,26 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 f"API key '{key.name}' is an {key.scope} key; the management API needs a manage key"
             )
+        if not key.user.is_active:
+            raise exceptions.AuthenticationFailed(
+                f"API key '{key.name}' belongs to inactive user '{key.user.get_username()}'"
+            )
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
         return key.user, key
 
     def authenticate_header(self, request):
         return "Bearer"
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Describes the bearer API key in the OpenAPI schema."""
+
+    target_class = ApiKeyAuthentication
+    name = "apiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A manage-scope API key of a staff user: 'Authorization: Bearer lgk_…'.",
+        }

@@ -1,4 +1,15 @@
+"""Routes of the management API: plural, kebab-case."""
+
 from rest_framework.routers import DefaultRouter
 
+from . import views
+
 router = DefaultRouter()
+router.register("nodes", views.NodeViewSet)
+router.register("gpus", views.GPUViewSet)
+router.register("models", views.ModelViewSet)
+router.register("engine-profiles", views.EngineProfileViewSet)
+router.register("replicas", views.ReplicaViewSet)
+router.register("shards", views.ShardViewSet)
+
 urlpatterns = router.urls

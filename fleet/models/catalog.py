@@ -61,7 +61,7 @@ class Model(models.Model):
             errors["desired_replicas"] = (
                 f"replicas cannot be negative (got {self.desired_replicas})"
             )
-        if self.active_profile_id and self.pk and self.active_profile.model_id != self.pk:
+        if self.active_profile_id and self.active_profile.model_id != self.pk:
             errors["active_profile"] = (
                 f"profile '{self.active_profile.name}' belongs to another model"
             )

@@ -1,10 +1,35 @@
-"""Operator actions on nodes."""
+"""Operator actions on nodes, and the facts operators see about them."""
 
 import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from fleet.models import Node
+from django.db.models import Count, Prefetch, Q
+from django.utils import timezone
+
+from fleet.models import GPU, Node, NodeLoad, ShardState
 
 logger = logging.getLogger(__name__)
+
+# A load sample older than this is left out rather than shown as if current,
+# the same rule the metrics follow.
+LOAD_MAX_AGE = timedelta(minutes=1)
+
+# Words in GPU names that say who made it rather than what it is.
+_GPU_NAME_NOISE = {"nvidia", "tesla", "geforce", "quadro", "amd", "radeon", "instinct", "intel"}
+
+
+class NodeNotFound(LookupError):
+    """No node has this id. The message names it."""
+
+
+def get_node(node_id: str) -> Node:
+    try:
+        return Node.objects.get(pk=node_id)
+    except Node.DoesNotExist:
+        raise NodeNotFound(f"no node '{node_id}'") from None
 
 
 def cordon(node: Node) -> bool:
@@ -25,3 +50,92 @@ def uncordon(node: Node) -> bool:
     if changed:
         logger.info("node uncordoned node=%s", node.pk)
     return changed
+
+
+def fresh_load(node: Node, now: datetime | None = None) -> NodeLoad | None:
+    """The node's load sample if it is recent enough to describe the node now, else None."""
+    try:
+        load = node.load
+    except NodeLoad.DoesNotExist:
+        return None
+    now = now or timezone.now()
+    if now - load.sampled_at > LOAD_MAX_AGE:
+        return None
+    return load
+
+
+def memory_gb(node: Node) -> str:
+    """Total memory in GB for display; '-' when the agent did not say (never 0)."""
+    if node.memory_total_mb is None:
+        return "-"
+    return f"{node.memory_total_mb / 1024:.0f}"
+
+
+def gpu_short_name(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100': the first word that names the model."""
+    words = [w for w in re.split(r"[\s]+", name.strip()) if w.lower() not in _GPU_NAME_NOISE]
+    for word in words:
+        if any(c.isdigit() for c in word):
+            return word
+    return words[0] if words else "?"
+
+
+def gpu_summary(gpus) -> str:
+    """'8×H100', '2×A100+1×L4', or '-' for a node without GPUs."""
+    counts = Counter(gpu_short_name(g.name) for g in gpus)
+    if not counts:
+        return "-"
+    return "+".join(f"{n}×{name}" for name, n in sorted(counts.items()))
+
+
+def state_display(node: Node) -> str:
+    """The observed state, with operator intent appended: 'ready,cordoned'."""
+    parts = [node.state]
+    if node.draining:
+        parts.append("draining")
+    elif node.cordoned:
+        parts.append("cordoned")
+    if not node.connected:
+        parts.append("disconnected")
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One line of the node table, as operators read it."""
+
+    node: str
+    state: str
+    cpu_percent: str
+    memory_gb: str
+    gpus: str
+    engines: str
+    shards: str
+
+
+def node_rows(now: datetime | None = None) -> list[NodeRow]:
+    """The node table: a few queries for the whole fleet."""
+    now = now or timezone.now()
+    nodes = (
+        Node.objects.select_related("load")
+        .prefetch_related(Prefetch("gpus", queryset=GPU.objects.only("node_id", "name")))
+        .annotate(
+            shard_count=Count("shards", distinct=True),
+            ready_count=Count("shards", filter=Q(shards__state=ShardState.READY), distinct=True),
+        )
+    )
+    rows = []
+    for node in nodes:
+        load = fresh_load(node, now)
+        rows.append(
+            NodeRow(
+                node=node.pk,
+                state=state_display(node),
+                cpu_percent=f"{load.cpu_percent:.0f}" if load else "-",
+                memory_gb=memory_gb(node),
+                gpus=gpu_summary(node.gpus.all()),
+                engines=",".join(sorted(node.engine_versions)) or "-",
+                shards=f"{node.ready_count}/{node.shard_count}" if node.shard_count else "0",
+            )
+        )
+    return rows

@@ -1,0 +1,10 @@
+"""The Django admin for every fleet model.
+
+Observed facts (what agents report) are read-only everywhere; operators edit
+only their intent (cordon, drain, operator labels) and the catalog. Actions
+call fleet.services, never re-implement them.
+"""
+
+from . import access, catalog, nodes, workload
+
+__all__ = ["access", "catalog", "nodes", "workload"]

@@ -1,0 +1,254 @@
+"""Join tokens, node credentials and API keys.
+
+A new secret is shown once, on the page that answers the add form, and is
+stored nowhere but as a hash: not in the database, not in a message cookie.
+"""
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
+
+from fleet.models import ApiKey, ApiKeyScope, JoinToken, Model, NodeCredential
+from fleet.services import access, api_keys
+
+from .common import ReadOnlyAdmin
+
+
+def _status(obj) -> str:
+    return obj.usable() or "usable"
+
+
+class SecretOnceMixin:
+    """Creates the row through a service, then answers with the secret, once."""
+
+    secret_hint = ""
+
+    def issue(self, request, form):
+        """Create the row through its service; returns (row, secret)."""
+        raise NotImplementedError
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        row, secret = self.issue(request, form)
+        # The admin goes on with `obj` (history, the answer page): make it the row
+        # the service created rather than a second, unsaved copy.
+        obj.pk = row.pk
+        obj.refresh_from_db()
+        obj._state.adding = False
+        request._llmgw_new_secret = secret
+
+    def response_add(self, request, obj, post_url_continue=None):
+        secret = getattr(request, "_llmgw_new_secret", None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        opts = self.opts
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": opts,
+            "title": f"New {opts.verbose_name}: {obj}",
+            "object": obj,
+            "secret": secret,
+            "hint": self.secret_hint.format(secret=secret),
+            "change_url": reverse(
+                f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]
+            ),
+            "changelist_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"),
+        }
+        response = TemplateResponse(request, "admin/fleet/secret_once.html", context)
+        add_never_cache_headers(response)
+        return response
+
+
+class JoinTokenCreateForm(forms.ModelForm):
+    lifetime = forms.CharField(
+        initial="24h", help_text="How long it can enrol nodes: 30m, 24h, 7d…"
+    )
+    max_uses = forms.IntegerField(
+        min_value=1, initial=1, label="Max uses", help_text="How many nodes it may enrol."
+    )
+
+    class Meta:
+        model = JoinToken
+        fields = ("name",)
+
+    def clean_lifetime(self):
+        try:
+            return api_keys.parse_duration(self.cleaned_data["lifetime"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(SecretOnceMixin, admin.ModelAdmin):
+    list_display = (
+        "name",
+        "prefix",
+        "status",
+        "uses_display",
+        "expires_at",
+        "created_at",
+        "created_by",
+    )
+    list_filter = ("revoked_at",)
+    search_fields = ("name", "prefix")
+    list_select_related = ("created_by",)
+    actions = ("revoke_tokens",)
+    secret_hint = (
+        "Give it to the agent of each new node: it enrols once and receives a credential of "
+        "its own."
+    )
+    readonly_fields = (
+        "prefix",
+        "status",
+        "uses_display",
+        "max_uses",
+        "expires_at",
+        "created_at",
+        "created_by",
+        "revoked_at",
+    )
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = JoinTokenCreateForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ("name", "lifetime", "max_uses")
+        return ("name", *self.readonly_fields)
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else self.readonly_fields
+
+    def issue(self, request, form):
+        return access.create_join_token(
+            form.cleaned_data["name"],
+            ttl=form.cleaned_data["lifetime"],
+            max_uses=form.cleaned_data["max_uses"],
+            user=request.user,
+        )
+
+    @admin.display(description="status")
+    def status(self, obj):
+        return _status(obj)
+
+    @admin.display(description="uses")
+    def uses_display(self, obj):
+        return f"{obj.uses} of {obj.max_uses}"
+
+    @admin.action(description="Revoke: enrol no more nodes")
+    def revoke_tokens(self, request, queryset):
+        done = sum(access.revoke_join_token(t) for t in queryset)
+        self.message_user(request, f"revoked {done} join token(s)")
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(ReadOnlyAdmin):
+    list_display = ("node", "prefix", "status", "created_at", "last_used_at", "join_token")
+    list_filter = ("revoked_at",)
+    search_fields = ("node__id", "prefix")
+    list_select_related = ("node", "join_token")
+
+    @admin.display(description="status")
+    def status(self, obj):
+        return "revoked" if obj.revoked else "active"
+
+
+class ApiKeyForm(forms.ModelForm):
+    allowed_models = forms.ModelMultipleChoiceField(
+        queryset=Model.objects.all(),
+        to_field_name="name",
+        required=False,
+        help_text="Inference keys only. None selected: every model.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ("name", "scope", "user", "allowed_models", "expires_at")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "user" in self.fields:
+            self.fields["user"].queryset = get_user_model().objects.filter(is_active=True)
+
+    def clean_allowed_models(self):
+        return sorted(m.name for m in self.cleaned_data["allowed_models"])
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        instance = self.instance
+        try:
+            api_keys.check_api_key(
+                data.get("name", instance.name),
+                scope=data.get("scope", instance.scope),
+                user=data["user"] if "user" in data else instance.user,
+                allowed_models=data.get("allowed_models"),
+                # An existing key may keep an expiry that has passed; a new one may not.
+                expires_at=data.get("expires_at") if instance.pk is None else None,
+            )
+        except api_keys.ApiKeyError as exc:
+            field = exc.field if exc.field in self.fields else None
+            self.add_error(field, str(exc))
+        return data
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
+    form = ApiKeyForm
+    list_display = (
+        "name",
+        "prefix",
+        "scope",
+        "user",
+        "status",
+        "allowed",
+        "expires_at",
+        "last_used_at",
+    )
+    list_filter = ("scope", "revoked_at")
+    search_fields = ("name", "prefix", "user__username")
+    list_select_related = ("user",)
+    actions = ("revoke_keys",)
+    secret_hint = "Send it as 'Authorization: Bearer {secret}'."
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ()
+        return ("prefix", "scope", "user", "status", "created_at", "last_used_at", "revoked_at")
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ("name", "scope", "user", "allowed_models", "expires_at")
+        return ("name", "allowed_models", "expires_at", *self.get_readonly_fields(request, obj))
+
+    def issue(self, request, form):
+        data = form.cleaned_data
+        return api_keys.create_api_key(
+            data["name"],
+            scope=data["scope"],
+            user=data.get("user"),
+            allowed_models=data["allowed_models"],
+            expires_at=data.get("expires_at"),
+        )
+
+    @admin.display(description="status")
+    def status(self, obj):
+        return _status(obj)
+
+    @admin.display(description="models")
+    def allowed(self, obj):
+        if obj.scope == ApiKeyScope.MANAGE:
+            return "-"
+        return ", ".join(obj.allowed_models) or "all"
+
+    @admin.action(description="Revoke: refuse these keys from now on")
+    def revoke_keys(self, request, queryset):
+        done = sum(api_keys.revoke_api_key(k) for k in queryset)
+        self.message_user(request, f"revoked {done} API key(s)", messages.WARNING)

@@ -1,0 +1,86 @@
+"""The catalog: models and how they run. This is what operators edit."""
+
+from django.contrib import admin
+from django.db.models import Count, Q
+
+from fleet.models import EngineProfile, Model, ReplicaState
+
+
+class EngineProfileInline(admin.StackedInline):
+    model = EngineProfile
+    extra = 0
+    show_change_link = True
+    fields = (
+        ("name", "engine"),
+        ("tp", "pp", "gpus_per_node", "nodes"),
+        ("gpu_class", "min_memory_gb", "node_selector"),
+        "model_path",
+        "served_model_name",
+        ("args", "env"),
+        "startup_timeout_s",
+    )
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "desired_replicas",
+        "replicas_display",
+        "active_profile",
+        "placement_policy",
+        "updated_at",
+    )
+    list_filter = ("placement_policy",)
+    search_fields = ("name", "description")
+    inlines = (EngineProfileInline,)
+    readonly_fields = ("created_at", "updated_at")
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("active_profile")
+            .annotate(
+                replica_count=Count("replicas", distinct=True),
+                ready_count=Count(
+                    "replicas", filter=Q(replicas__state=ReplicaState.READY), distinct=True
+                ),
+            )
+        )
+
+    @admin.display(description="replicas (ready/all)")
+    def replicas_display(self, obj):
+        return f"{obj.ready_count}/{obj.replica_count}"
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        # Only this model's own profiles can be its active one.
+        field = form.base_fields.get("active_profile")
+        if field is not None:
+            field.queryset = (
+                EngineProfile.objects.filter(model=obj)
+                if obj is not None
+                else EngineProfile.objects.none()
+            )
+        return form
+
+
+@admin.register(EngineProfile)
+class EngineProfileAdmin(admin.ModelAdmin):
+    list_display = (
+        "__str__",
+        "engine",
+        "gpu_class",
+        "tp",
+        "pp",
+        "gpus_per_node",
+        "nodes",
+        "min_memory_gb",
+        "node_selector",
+        "updated_at",
+    )
+    list_filter = ("engine", "model")
+    search_fields = ("name", "model__name", "model_path", "served_model_name")
+    list_select_related = ("model",)
+    readonly_fields = ("created_at", "updated_at")

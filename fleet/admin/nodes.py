@@ -1,0 +1,379 @@
+"""Nodes and everything their agents report."""
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from fleet.models import (
+    GPU,
+    EngineInstall,
+    FabricAttachment,
+    LocalWeights,
+    Node,
+    NodeLoad,
+    Shard,
+    ShardLoad,
+    ShardState,
+    Storage,
+)
+from fleet.services import access
+from fleet.services import nodes as node_service
+
+from .common import ReadOnlyAdmin, ReadOnlyTabularInline, count_message, human_bytes
+
+# What operators may change on a node; everything else is the agent's word.
+OPERATOR_FIELDS = ("cordoned", "draining", "operator_labels")
+
+
+class GPUInline(ReadOnlyTabularInline):
+    model = GPU
+    fields = (
+        "index",
+        "name",
+        "uuid",
+        "memory_used_mb",
+        "memory_total_mb",
+        "numa_node",
+        "pci_bus_id",
+        "temperature_c",
+        "ecc_errors",
+        "nvlink_peers",
+        "problems",
+    )
+    readonly_fields = fields
+
+
+class ShardInline(ReadOnlyTabularInline):
+    model = Shard
+    fk_name = "node"
+    fields = ("id", "replica", "rank", "state", "desired_state", "port", "restarts", "error")
+    readonly_fields = fields
+    verbose_name_plural = "shards on this node"
+
+
+class FabricInline(ReadOnlyTabularInline):
+    model = FabricAttachment
+    fields = ("fabric", "hcas", "rate_gbps")
+    readonly_fields = fields
+
+
+class StorageInline(ReadOnlyTabularInline):
+    model = Storage
+    fields = ("path", "free", "total", "shared")
+    readonly_fields = fields
+
+    @admin.display(description="free")
+    def free(self, obj):
+        return human_bytes(obj.free_bytes)
+
+    @admin.display(description="total")
+    def total(self, obj):
+        return human_bytes(obj.total_bytes)
+
+
+class WeightsInline(ReadOnlyTabularInline):
+    model = LocalWeights
+    fields = ("path", "size", "shared")
+    readonly_fields = fields
+
+    @admin.display(description="size")
+    def size(self, obj):
+        return human_bytes(obj.size_bytes)
+
+
+class EngineInstallInline(ReadOnlyTabularInline):
+    model = EngineInstall
+    fields = ("engine", "version", "variant", "state", "detail")
+    readonly_fields = fields
+
+
+class NodeForm(forms.ModelForm):
+    class Meta:
+        model = Node
+        fields = OPERATOR_FIELDS
+
+    def clean_operator_labels(self):
+        labels = self.cleaned_data["operator_labels"]
+        if labels in (None, ""):
+            return {}
+        if not isinstance(labels, dict):
+            raise forms.ValidationError('labels must be an object, e.g. {"zone": "a"}')
+        bad = [k for k, v in labels.items() if not isinstance(v, str)]
+        if bad:
+            raise forms.ValidationError(f"label values must be strings: {', '.join(bad)}")
+        return labels
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    form = NodeForm
+    list_display = (
+        "id",
+        "hostname",
+        "state",
+        "connected",
+        "cordoned",
+        "draining",
+        "last_seen",
+        "cpu_percent",
+        "memory",
+        "gpus_display",
+        "shards_display",
+        "agent_version",
+    )
+    list_filter = ("state", "connected", "cordoned", "draining", "agent_version")
+    search_fields = ("id", "hostname", "mgmt_addr")
+    actions = ("cordon_nodes", "uncordon_nodes", "revoke_credentials")
+    inlines = (
+        GPUInline,
+        ShardInline,
+        FabricInline,
+        StorageInline,
+        WeightsInline,
+        EngineInstallInline,
+    )
+    fieldsets = (
+        (
+            "Operator intent",
+            {"fields": OPERATOR_FIELDS},
+        ),
+        (
+            "Reported by the agent",
+            {
+                "fields": (
+                    "id",
+                    "hostname",
+                    "mgmt_addr",
+                    "state",
+                    "connected",
+                    "last_seen",
+                    "registered_at",
+                    "agent_version",
+                    "engine_versions",
+                    "memory",
+                    "agent_labels",
+                    "effective_labels",
+                    "running_shards",
+                    "desired_version",
+                    "acked_version",
+                    "created_at",
+                ),
+            },
+        ),
+        (
+            "Load",
+            {
+                "fields": (
+                    "load_sampled_at",
+                    "cpu_percent",
+                    "cpu_count",
+                    "load_average",
+                    "memory_used",
+                    "memory_available",
+                )
+            },
+        ),
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        operator = set(OPERATOR_FIELDS)
+        names = [f.name for f in Node._meta.concrete_fields if f.name not in operator]
+        return (
+            *names,
+            "memory",
+            "effective_labels",
+            "load_sampled_at",
+            "cpu_percent",
+            "cpu_count",
+            "load_average",
+            "memory_used",
+            "memory_available",
+        )
+
+    def has_add_permission(self, request):
+        # Nodes come into being by enrolling with a join token, never by hand.
+        return False
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("load")
+            .prefetch_related("gpus")
+            .annotate(
+                shard_count=Count("shards", distinct=True),
+                ready_count=Count(
+                    "shards", filter=Q(shards__state=ShardState.READY), distinct=True
+                ),
+            )
+        )
+
+    def _load(self, obj):
+        return node_service.fresh_load(obj, timezone.now())
+
+    @admin.display(description="memory (GB)")
+    def memory(self, obj):
+        return node_service.memory_gb(obj)
+
+    @admin.display(description="GPUs")
+    def gpus_display(self, obj):
+        return node_service.gpu_summary(obj.gpus.all())
+
+    @admin.display(description="shards (ready/all)")
+    def shards_display(self, obj):
+        return f"{getattr(obj, 'ready_count', 0)}/{getattr(obj, 'shard_count', 0)}"
+
+    @admin.display(description="labels in effect")
+    def effective_labels(self, obj):
+        return ", ".join(f"{k}={v}" for k, v in sorted(obj.labels.items())) or "-"
+
+    @admin.display(description="CPU %")
+    def cpu_percent(self, obj):
+        load = self._load(obj)
+        return f"{load.cpu_percent:.0f}" if load else "-"
+
+    @admin.display(description="CPUs")
+    def cpu_count(self, obj):
+        load = self._load(obj)
+        return load.cpu_count if load else "-"
+
+    @admin.display(description="load 1/5/15")
+    def load_average(self, obj):
+        load = self._load(obj)
+        return f"{load.load1:.2f} / {load.load5:.2f} / {load.load15:.2f}" if load else "-"
+
+    @admin.display(description="memory used")
+    def memory_used(self, obj):
+        load = self._load(obj)
+        return human_bytes(load.memory_used_bytes) if load else "-"
+
+    @admin.display(description="memory available")
+    def memory_available(self, obj):
+        load = self._load(obj)
+        return human_bytes(load.memory_available_bytes) if load else "-"
+
+    @admin.display(description="load sampled at")
+    def load_sampled_at(self, obj):
+        try:
+            return obj.load.sampled_at
+        except NodeLoad.DoesNotExist:
+            return "-"
+
+    @admin.action(description="Cordon: no new placements")
+    def cordon_nodes(self, request, queryset):
+        nodes = list(queryset)
+        done = sum(node_service.cordon(n) for n in nodes)
+        self.message_user(request, count_message(done, len(nodes), "cordoned", "already cordoned"))
+
+    @admin.action(description="Uncordon: allow placements again (ends a drain)")
+    def uncordon_nodes(self, request, queryset):
+        nodes = list(queryset)
+        done = sum(node_service.uncordon(n) for n in nodes)
+        self.message_user(
+            request, count_message(done, len(nodes), "uncordoned", "were not cordoned")
+        )
+
+    @admin.action(description="Revoke credentials (disconnects the agent)")
+    def revoke_credentials(self, request, queryset):
+        revoked = {n.pk: access.revoke_node(n) for n in queryset}
+        self.message_user(
+            request,
+            "revoked "
+            + ", ".join(f"{count} credential(s) of {node}" for node, count in revoked.items())
+            + "; these agents must enrol again with a new join token",
+            messages.WARNING,
+        )
+
+
+@admin.register(GPU)
+class GPUAdmin(ReadOnlyAdmin):
+    list_display = (
+        "__str__",
+        "name",
+        "memory_used_mb",
+        "memory_total_mb",
+        "temperature_c",
+        "ecc_errors",
+        "healthy",
+        "pci_bus_id",
+    )
+    list_filter = ("name", "driver_version", "cuda_version")
+    search_fields = ("node__id", "uuid", "name", "pci_bus_id")
+    list_select_related = ("node",)
+
+    @admin.display(boolean=True)
+    def healthy(self, obj):
+        return obj.healthy
+
+
+@admin.register(FabricAttachment)
+class FabricAttachmentAdmin(ReadOnlyAdmin):
+    list_display = ("node", "fabric", "hcas", "rate_gbps")
+    list_filter = ("fabric",)
+    search_fields = ("node__id", "fabric")
+
+
+@admin.register(Storage)
+class StorageAdmin(ReadOnlyAdmin):
+    list_display = ("node", "path", "free", "total", "shared")
+    list_filter = ("shared",)
+    search_fields = ("node__id", "path")
+
+    @admin.display(description="free", ordering="free_bytes")
+    def free(self, obj):
+        return human_bytes(obj.free_bytes)
+
+    @admin.display(description="total", ordering="total_bytes")
+    def total(self, obj):
+        return human_bytes(obj.total_bytes)
+
+
+@admin.register(LocalWeights)
+class LocalWeightsAdmin(ReadOnlyAdmin):
+    list_display = ("node", "path", "size", "shared")
+    list_filter = ("shared",)
+    search_fields = ("node__id", "path")
+
+    @admin.display(description="size", ordering="size_bytes")
+    def size(self, obj):
+        return human_bytes(obj.size_bytes)
+
+
+@admin.register(EngineInstall)
+class EngineInstallAdmin(ReadOnlyAdmin):
+    list_display = ("node", "engine", "version", "variant", "state")
+    list_filter = ("engine", "state")
+    search_fields = ("node__id", "engine", "version", "detail")
+
+
+@admin.register(NodeLoad)
+class NodeLoadAdmin(ReadOnlyAdmin):
+    list_display = (
+        "node",
+        "sampled_at",
+        "cpu_percent",
+        "cpu_count",
+        "load1",
+        "memory_used",
+        "memory_available",
+    )
+    search_fields = ("node__id",)
+
+    @admin.display(description="memory used", ordering="memory_used_bytes")
+    def memory_used(self, obj):
+        return human_bytes(obj.memory_used_bytes)
+
+    @admin.display(description="memory available", ordering="memory_available_bytes")
+    def memory_available(self, obj):
+        return human_bytes(obj.memory_available_bytes)
+
+
+@admin.register(ShardLoad)
+class ShardLoadAdmin(ReadOnlyAdmin):
+    list_display = ("node", "shard_id", "sampled_at", "cpu_cores", "rss")
+    search_fields = ("node__id", "shard_id")
+
+    @admin.display(description="RSS", ordering="rss_bytes")
+    def rss(self, obj):
+        return human_bytes(obj.rss_bytes)

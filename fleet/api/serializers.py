@@ -1,0 +1,261 @@
+"""Serializers for the management API.
+
+Writable serializers run the model's full_clean(), so a rule in Model.clean()
+holds the same through the API as in the admin, field by field.
+"""
+
+from copy import copy
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+from rest_framework.settings import api_settings
+
+from fleet.models import (
+    GPU,
+    Engine,
+    EngineInstall,
+    EngineProfile,
+    FabricAttachment,
+    Model,
+    Node,
+    NodeLoad,
+    Replica,
+    Shard,
+)
+from fleet.services import nodes as node_service
+
+
+class ValidatedModelSerializer(serializers.ModelSerializer):
+    """Validates through the model's full_clean(), after DRF's own field checks."""
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if self.instance is None:
+            instance = self.Meta.model(**attrs)
+        else:
+            instance = copy(self.instance)
+            for name, value in attrs.items():
+                setattr(instance, name, value)
+        try:
+            # Uniqueness is checked by DRF's validators already, and again by the database.
+            instance.full_clean(validate_unique=False, validate_constraints=False)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(_field_errors(exc)) from None
+        return attrs
+
+
+def _field_errors(exc: DjangoValidationError) -> dict:
+    if not hasattr(exc, "error_dict"):
+        return {api_settings.NON_FIELD_ERRORS_KEY: exc.messages}
+    return {
+        (api_settings.NON_FIELD_ERRORS_KEY if field == "__all__" else field): msgs
+        for field, msgs in exc.message_dict.items()
+    }
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    healthy = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = GPU
+        fields = (
+            "id",
+            "node",
+            "index",
+            "uuid",
+            "name",
+            "memory_total_mb",
+            "memory_used_mb",
+            "compute_capability",
+            "numa_node",
+            "pci_bus_id",
+            "driver_version",
+            "cuda_version",
+            "nvlink_peers",
+            "ecc_errors",
+            "temperature_c",
+            "problems",
+            "healthy",
+        )
+        read_only_fields = fields
+
+
+class FabricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = FabricAttachment
+        fields = ("fabric", "hcas", "rate_gbps")
+        read_only_fields = fields
+
+
+class EngineInstallSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EngineInstall
+        fields = ("engine", "version", "variant", "state", "detail")
+        read_only_fields = fields
+
+
+class NodeLoadSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = NodeLoad
+        fields = (
+            "sampled_at",
+            "cpu_percent",
+            "cpu_count",
+            "load1",
+            "load5",
+            "load15",
+            "memory_used_bytes",
+            "memory_available_bytes",
+        )
+        read_only_fields = fields
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    labels = serializers.DictField(child=serializers.CharField(), read_only=True)
+    gpus = GPUSerializer(many=True, read_only=True)
+    fabrics = FabricSerializer(many=True, read_only=True)
+    engine_installs = EngineInstallSerializer(many=True, read_only=True)
+    load = serializers.SerializerMethodField(
+        help_text="The latest load sample; null when none arrived in the last minute."
+    )
+
+    class Meta:
+        model = Node
+        fields = (
+            "id",
+            "hostname",
+            "mgmt_addr",
+            "state",
+            "cordoned",
+            "draining",
+            "connected",
+            "last_seen",
+            "registered_at",
+            "agent_version",
+            "engine_versions",
+            "memory_total_mb",
+            "agent_labels",
+            "operator_labels",
+            "labels",
+            "desired_version",
+            "acked_version",
+            "gpus",
+            "fabrics",
+            "engine_installs",
+            "load",
+        )
+        read_only_fields = fields
+
+    @extend_schema_field(NodeLoadSerializer(allow_null=True))
+    def get_load(self, obj):
+        load = node_service.fresh_load(obj, self.context.get("now") or timezone.now())
+        return NodeLoadSerializer(load).data if load else None
+
+
+class ModelSerializer(ValidatedModelSerializer):
+    active_profile = serializers.PrimaryKeyRelatedField(
+        queryset=EngineProfile.objects.all(), allow_null=True, required=False
+    )
+
+    class Meta:
+        model = Model
+        fields = (
+            "id",
+            "name",
+            "description",
+            "desired_replicas",
+            "placement_policy",
+            "replace_after_s",
+            "active_profile",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = ("created_at", "updated_at")
+
+
+class EngineProfileSerializer(ValidatedModelSerializer):
+    engine = serializers.ChoiceField(
+        choices=Engine.choices,
+        error_messages={
+            "invalid_choice": (
+                f"unknown engine '{{input}}'; choose one of {', '.join(Engine.values)}"
+            )
+        },
+    )
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    gpus_total = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = EngineProfile
+        fields = (
+            "id",
+            "model",
+            "model_name",
+            "name",
+            "engine",
+            "gpu_class",
+            "tp",
+            "pp",
+            "gpus_per_node",
+            "nodes",
+            "gpus_total",
+            "args",
+            "env",
+            "model_path",
+            "served_model_name",
+            "min_memory_gb",
+            "node_selector",
+            "startup_timeout_s",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = ("created_at", "updated_at")
+
+
+class ShardSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Shard
+        fields = (
+            "id",
+            "replica",
+            "node",
+            "rank",
+            "gpu_uuids",
+            "hcas",
+            "port",
+            "desired_state",
+            "state",
+            "error",
+            "exit_code",
+            "last_output",
+            "fetch_source",
+            "fetch_bytes_done",
+            "fetch_bytes_total",
+            "fetch_updated_at",
+            "state_changed_at",
+            "restarts",
+            "created_at",
+        )
+        read_only_fields = fields
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    shards = ShardSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = (
+            "id",
+            "model",
+            "model_name",
+            "profile",
+            "state",
+            "reason",
+            "shards",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = fields

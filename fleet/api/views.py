@@ -1,0 +1,109 @@
+"""The management API: thin viewsets over the fleet models and services."""
+
+from django.db.models import ProtectedError
+from drf_spectacular.utils import extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import APIException
+from rest_framework.response import Response
+
+from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
+from fleet.services import nodes as node_service
+
+from . import filters, serializers
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes as their agents report them, with operator intent (cordoned, draining)."""
+
+    queryset = Node.objects.select_related("load").prefetch_related(
+        "gpus", "fabrics", "engine_installs"
+    )
+    serializer_class = serializers.NodeSerializer
+    filterset_class = filters.NodeFilterSet
+    search_fields = ("id", "hostname", "mgmt_addr")
+    ordering_fields = ("id", "state", "last_seen")
+
+    def _intent(self, request, change):
+        node = self.get_object()
+        change(node)
+        node = self.get_queryset().get(pk=node.pk)
+        return Response(self.get_serializer(node).data)
+
+    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, pk=None):
+        """No new placements on this node. Idempotent."""
+        return self._intent(request, node_service.cordon)
+
+    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, pk=None):
+        """Allow placements again; also ends a drain. Idempotent."""
+        return self._intent(request, node_service.uncordon)
+
+
+class GPUViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every GPU in the fleet, as NVML reports it."""
+
+    queryset = GPU.objects.all()
+    serializer_class = serializers.GPUSerializer
+    filterset_class = filters.GPUFilterSet
+    search_fields = ("uuid", "name", "node__id", "pci_bus_id")
+    ordering_fields = ("node", "index", "memory_used_mb")
+
+
+class ProtectedDeleteMixin:
+    def perform_destroy(self, instance):
+        try:
+            instance.delete()
+        except ProtectedError as exc:
+            users = sorted({str(o) for o in exc.protected_objects})
+            raise Conflict(
+                f"{instance._meta.verbose_name} '{instance}' is in use by "
+                f"{len(users)} object(s): {', '.join(users[:5])}"
+            ) from None
+
+
+class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
+    """Models operators want served, and how many replicas of each."""
+
+    queryset = Model.objects.all()
+    serializer_class = serializers.ModelSerializer
+    filterset_class = filters.ModelFilterSet
+    search_fields = ("name", "description")
+    ordering_fields = ("name", "updated_at")
+
+
+class EngineProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
+    """How a model runs: engine, parallelism, GPUs, arguments and requirements."""
+
+    queryset = EngineProfile.objects.select_related("model")
+    serializer_class = serializers.EngineProfileSerializer
+    filterset_class = filters.EngineProfileFilterSet
+    search_fields = ("name", "model__name", "model_path")
+    ordering_fields = ("model", "name", "updated_at")
+
+
+class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
+    """Serving copies of models and their shards. The reconciler owns them."""
+
+    queryset = Replica.objects.select_related("model").prefetch_related("shards")
+    serializer_class = serializers.ReplicaSerializer
+    filterset_class = filters.ReplicaFilterSet
+    ordering_fields = ("created_at", "state")
+
+
+class ShardViewSet(viewsets.ReadOnlyModelViewSet):
+    """A replica's part on one node: one engine process group."""
+
+    queryset = Shard.objects.all()
+    serializer_class = serializers.ShardSerializer
+    filterset_class = filters.ShardFilterSet
+    search_fields = ("id", "node__id", "error")
+    ordering_fields = ("created_at", "state", "node")

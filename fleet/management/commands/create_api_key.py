@@ -1,0 +1,48 @@
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from fleet.models import ApiKeyScope
+from fleet.services import api_keys
+
+
+class Command(BaseCommand):
+    help = "Create an API key for the gateway or the management API; prints its secret once."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="Who or what it is for.")
+        parser.add_argument(
+            "--scope",
+            choices=ApiKeyScope.values,
+            default=ApiKeyScope.INFERENCE,
+            help="inference: the gateway /v1/*; manage: the management API (default inference).",
+        )
+        parser.add_argument("--user", help="The staff user a manage key acts as.")
+        parser.add_argument(
+            "--models", default="", help="Comma-separated models an inference key may use."
+        )
+        parser.add_argument("--expires", help="When it expires: 30d, 12h… or an ISO 8601 time.")
+
+    def handle(self, *args, name, scope, user, models, expires, **options):
+        owner = None
+        if user:
+            User = get_user_model()
+            try:
+                owner = User.objects.get(**{User.USERNAME_FIELD: user})
+            except User.DoesNotExist:
+                raise CommandError(f"no user '{user}'") from None
+        try:
+            expires_at = api_keys.parse_expiry(expires) if expires else None
+            key, secret = api_keys.create_api_key(
+                name,
+                scope=scope,
+                user=owner,
+                allowed_models=[m.strip() for m in models.split(",") if m.strip()],
+                expires_at=expires_at,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        expiry = f"expires {key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "no expiry"
+        self.stderr.write(
+            f"{key.scope} key '{key.name}' ({key.prefix}), {expiry}. The secret is shown only once:"
+        )
+        self.stdout.write(secret)

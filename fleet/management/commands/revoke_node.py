@@ -1,0 +1,33 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from fleet.services import access
+from fleet.services import nodes as node_service
+
+
+class Command(BaseCommand):
+    help = "Revoke every credential of a node and disconnect its agent."
+
+    def add_arguments(self, parser):
+        parser.add_argument("node", help="The node's id.")
+        parser.add_argument(
+            "--no-input",
+            "--noinput",
+            action="store_false",
+            dest="interactive",
+            help="Do not ask for confirmation.",
+        )
+
+    def handle(self, *args, node, interactive, **options):
+        try:
+            target = node_service.get_node(node)
+        except node_service.NodeNotFound as exc:
+            raise CommandError(str(exc)) from None
+        if interactive:
+            answer = input(
+                f"Revoke node '{target.pk}'? Its agent is disconnected and must enrol again "
+                "with a new join token. Type 'yes' to continue: "
+            )
+            if answer.strip().lower() != "yes":
+                raise CommandError("revocation cancelled")
+        count = access.revoke_node(target)
+        self.stdout.write(f"revoked {count} credential(s) of node '{target.pk}'")
