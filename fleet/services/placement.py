@@ -1,0 +1,538 @@
+"""Placement: where a replica can run, and why not elsewhere.
+
+A pure function of an inventory snapshot and a request: no database, no clock.
+The reconciler builds the snapshot once per pass (``fleet.services.snapshot``),
+asks for each replica it needs, and commits each answer into the snapshot so the
+next answer sees the GPUs and ports already taken.
+
+Every node that cannot take the request gets a reason naming what was short,
+because "gpu-07: has 8 GB of memory, needs 24" is actionable where "no
+candidates" is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from fleet.selectors import Requirement
+
+BINPACK, SPREAD = "binpack", "spread"
+# Memory is compared in decimal GB: a machine's MemTotal is a little under its
+# nominal size, and "a 32 GB node" should still hold a profile that needs 32.
+MB_PER_GB = 1000
+# How many nodes a pending reason names one by one before it summarises.
+REASONS_LISTED = 8
+
+
+@dataclass
+class GpuInfo:
+    uuid: str
+    index: int
+    name: str = ""
+    healthy: bool = True
+    nvlink_peers: frozenset[int] = frozenset()
+    numa_node: int | None = None
+
+
+@dataclass
+class NodeInfo:
+    """One node as placement sees it: reported facts, operator intent, and what is in use."""
+
+    id: str
+    state: str = "ready"
+    cordoned: bool = False
+    draining: bool = False
+    connected: bool = True
+    labels: dict = field(default_factory=dict)
+    memory_mb: int | None = None  # None: the agent did not say; still usable
+    engines: dict = field(default_factory=dict)
+    gpus: list[GpuInfo] = field(default_factory=list)
+    fabrics: dict[str, list[str]] = field(default_factory=dict)  # fabric -> HCAs
+    weights: frozenset[str] = frozenset()
+    port_range: tuple[int, int] | None = None  # None: the snapshot's default
+    used_gpus: set[str] = field(default_factory=set)
+    used_ports: set[int] = field(default_factory=set)
+    promised_mb: int = 0  # memory that shards already placed here asked for
+    shards: int = 0
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(1 for g in self.gpus if g.healthy and g.uuid not in self.used_gpus)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one replica needs, from its engine profile and model."""
+
+    model: str
+    engine: str
+    gpus_per_node: int = 0
+    nodes: int = 1
+    tp: int = 1
+    gpu_class: str = ""
+    min_memory_gb: int | None = None
+    selector: tuple[Requirement, ...] = ()
+    selector_text: str = ""
+    model_path: str = ""
+    policy: str = BINPACK
+    # Nodes this replica failed on too often, with the count: tried only when
+    # nothing else fits.
+    avoid: tuple[tuple[str, int], ...] = ()
+    # Nodes to try first: where a restarted replica ran, its weights are there.
+    prefer: tuple[str, ...] = ()
+
+    @cached_property
+    def avoided(self) -> dict[str, int]:
+        return dict(self.avoid)
+
+    @property
+    def static_key(self) -> tuple:
+        return (
+            self.engine,
+            self.gpus_per_node,
+            self.gpu_class,
+            self.min_memory_gb,
+            self.selector,
+        )
+
+    @property
+    def need_mb(self) -> int:
+        return (self.min_memory_gb or 0) * MB_PER_GB
+
+
+@dataclass(frozen=True)
+class ShardPlacement:
+    node_id: str
+    rank: int
+    gpu_uuids: tuple[str, ...]
+    port: int
+    hcas: tuple[str, ...] = ()
+    nvlink: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    shards: tuple[ShardPlacement, ...]
+    fabric: str = ""
+    holds_weights: bool = False
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [s.node_id for s in self.shards]
+
+
+@dataclass(frozen=True)
+class Reason:
+    node_id: str
+    kind: str  # groups reasons in a summary: "memory", "gpus", "cordoned"…
+    text: str  # the whole sentence, node first: "gpu-07: has 8 GB of memory, needs 24"
+
+
+@dataclass(frozen=True)
+class NoPlacement:
+    reasons: tuple[Reason, ...]
+    total_nodes: int
+    extra: str = ""  # a reason that is not about one node (multi-node fabric)
+
+    @property
+    def summary(self) -> str:
+        if not self.total_nodes:
+            return "no nodes are registered"
+        lead = self.extra + "; " if self.extra else ""
+        if len(self.reasons) <= REASONS_LISTED:
+            return f"{lead}no node fits: " + "; ".join(r.text for r in self.reasons)
+        by_kind: dict[str, list[Reason]] = {}
+        for r in self.reasons:
+            by_kind.setdefault(r.kind, []).append(r)
+        parts = [
+            f"{len(rs)} {_KIND_TEXT.get(kind, kind)}, e.g. {rs[0].text}"
+            for kind, rs in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))
+        ]
+        return f"{lead}none of {self.total_nodes} nodes fits: " + "; ".join(parts)
+
+
+_KIND_TEXT = {
+    "state": "are not ready",
+    "connected": "have no agent connected",
+    "cordoned": "are cordoned",
+    "selector": "do not match the selector",
+    "memory": "have too little memory",
+    "engine": "lack the engine",
+    "gpu_class": "lack the GPU class",
+    "gpus": "have too few free GPUs",
+    "ports": "have no free port",
+    "avoid": "failed this replica before",
+    "fabric": "share no fabric with enough nodes",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One node's answer to "could it run this?", for ``explain``."""
+
+    node_id: str
+    fits: bool
+    text: str
+
+
+class Snapshot:
+    """The inventory at one moment, with an index that keeps each decision cheap.
+
+    Nodes are bucketed by free healthy GPUs, so binpack walks up from the GPUs
+    needed and spread walks down from the most free, and both stop at the
+    first node that fits instead of scoring the whole fleet.
+    """
+
+    def __init__(self, nodes: list[NodeInfo], port_range: tuple[int, int] = (30000, 30999)):
+        self.nodes: dict[str, NodeInfo] = {n.id: n for n in nodes}
+        self.port_range = port_range
+        self.max_gpus = max((len(n.gpus) for n in nodes), default=0)
+        self._buckets: list[dict[str, None]] = [{} for _ in range(self.max_gpus + 1)]
+        self._free: dict[str, int] = {}
+        for n in nodes:
+            free = n.free_gpus
+            self._free[n.id] = free
+            self._buckets[free][n.id] = None
+        self._static: dict[tuple, dict[str, Reason | None]] = {}
+        self._weights: dict[str, set[str]] = {}
+
+    def free(self, node_id: str) -> int:
+        return self._free[node_id]
+
+    def commit(self, placement: Placement, request: Request) -> None:
+        """Take what a placement uses, so later decisions see it."""
+        for s in placement.shards:
+            node = self.nodes[s.node_id]
+            node.used_gpus.update(s.gpu_uuids)
+            node.used_ports.add(s.port)
+            node.promised_mb += request.need_mb
+            node.shards += 1
+            self._rebucket(node)
+
+    def release(self, node_id: str, gpu_uuids, port: int | None, need_mb: int) -> None:
+        """Give back what a shard held (it is being stopped in this pass)."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        node.used_gpus.difference_update(gpu_uuids)
+        node.used_ports.discard(port)
+        node.promised_mb = max(0, node.promised_mb - need_mb)
+        node.shards = max(0, node.shards - 1)
+        self._rebucket(node)
+
+    def _rebucket(self, node: NodeInfo) -> None:
+        free = node.free_gpus
+        old = self._free[node.id]
+        if free != old:
+            del self._buckets[old][node.id]
+            self._buckets[free][node.id] = None
+            self._free[node.id] = free
+
+    def weight_holders(self, model_path: str) -> set[str]:
+        if not model_path:
+            return set()
+        held = self._weights.get(model_path)
+        if held is None:
+            held = {n.id for n in self.nodes.values() if _holds(n.weights, model_path)}
+            self._weights[model_path] = held
+        return held
+
+    def static_reason(self, node: NodeInfo, req: Request) -> Reason | None:
+        """Why this node can never take the request as things stand (cached per profile shape)."""
+        cache = self._static.setdefault(req.static_key, {})
+        if node.id in cache:
+            return cache[node.id]
+        reason = _static_reason(node, req)
+        cache[node.id] = reason
+        return reason
+
+
+def _holds(weights: frozenset[str], model_path: str) -> bool:
+    # A hub id is cached under its own path or Hugging Face's models--org--name.
+    hub_dir = "models--" + model_path.strip("/").replace("/", "--")
+    tail = "/" + model_path.strip("/")
+    return any(
+        w == model_path or w.endswith(tail) or w.rstrip("/").endswith("/" + hub_dir)
+        for w in weights
+    )
+
+
+def _gb(mb: int) -> int:
+    return round(mb / 1024)
+
+
+def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
+    nid = node.id
+    if node.state != "ready":
+        return Reason(nid, "state", f"{nid}: is {node.state} (silent)")
+    if not node.connected:
+        return Reason(nid, "connected", f"{nid}: no agent connected")
+    if node.draining:
+        return Reason(nid, "cordoned", f"{nid}: draining")
+    if node.cordoned:
+        return Reason(nid, "cordoned", f"{nid}: cordoned")
+    for r in req.selector:
+        if not r.matches(node.labels):
+            return Reason(
+                nid, "selector", f"{nid}: labels do not match '{r}' of '{req.selector_text}'"
+            )
+    if req.min_memory_gb and node.memory_mb is not None and node.memory_mb < req.need_mb:
+        return Reason(
+            nid,
+            "memory",
+            f"{nid}: has {_gb(node.memory_mb)} GB of memory, needs {req.min_memory_gb}",
+        )
+    if req.engine not in node.engines:
+        return Reason(nid, "engine", f"{nid}: engine '{req.engine}' is not installed")
+    if req.gpus_per_node:
+        gpus = _class_gpus(node, req)
+        if req.gpu_class and not gpus:
+            return Reason(nid, "gpu_class", f"{nid}: has no {req.gpu_class} GPU")
+        healthy = [g for g in gpus if g.healthy]
+        if len(healthy) < req.gpus_per_node:
+            sick = len(gpus) - len(healthy)
+            with_problems = f" ({sick} with problems)" if sick else ""
+            return Reason(
+                nid,
+                "gpus",
+                f"{nid}: has {len(gpus)} GPUs{with_problems}, needs {req.gpus_per_node} healthy",
+            )
+    return None
+
+
+def _class_gpus(node: NodeInfo, req: Request) -> list[GpuInfo]:
+    if not req.gpu_class:
+        return node.gpus
+    want = req.gpu_class.lower()
+    return [g for g in node.gpus if want in g.name.lower()]
+
+
+def _choose_gpus(node: NodeInfo, req: Request) -> tuple[tuple[str, ...], bool] | None:
+    """Free healthy GPUs for one shard, an NVLink-connected set when one exists."""
+    n = req.gpus_per_node
+    free = [g for g in _class_gpus(node, req) if g.healthy and g.uuid not in node.used_gpus]
+    if len(free) < n:
+        return None
+    if n == 1:
+        return (free[0].uuid,), False
+    # Tensor parallelism all-reduces every layer: a set where each GPU links to
+    # every other is worth much more than PCIe. Greedy from each start is enough
+    # at eight GPUs a node.
+    for start in free:
+        chosen = [start]
+        for g in free:
+            if g is start:
+                continue
+            if all(g.index in c.nvlink_peers and c.index in g.nvlink_peers for c in chosen):
+                chosen.append(g)
+                if len(chosen) == n:
+                    return tuple(c.uuid for c in chosen), True
+    # No linked set: keep to one NUMA node where possible.
+    free.sort(key=lambda g: (g.numa_node is None, g.numa_node or 0, g.index))
+    return tuple(g.uuid for g in free[:n]), False
+
+
+def _free_port(node: NodeInfo, snapshot: Snapshot) -> int | None:
+    lo, hi = node.port_range or snapshot.port_range
+    for port in range(lo, hi + 1):
+        if port not in node.used_ports:
+            return port
+    return None
+
+
+def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason | None:
+    nid = node.id
+    if req.gpus_per_node:
+        free = len(
+            [g for g in _class_gpus(node, req) if g.healthy and g.uuid not in node.used_gpus]
+        )
+        if free < req.gpus_per_node:
+            return Reason(nid, "gpus", f"{nid}: has {free} free GPUs, needs {req.gpus_per_node}")
+    if req.min_memory_gb and node.memory_mb is not None and node.promised_mb:
+        left = node.memory_mb - node.promised_mb
+        if left < req.need_mb:
+            return Reason(
+                nid,
+                "memory",
+                f"{nid}: has {_gb(node.memory_mb)} GB of memory, "
+                f"{node.promised_mb // MB_PER_GB} GB promised to other shards, "
+                f"needs {req.min_memory_gb}",
+            )
+    if _free_port(node, snapshot) is None:
+        lo, hi = node.port_range or snapshot.port_range
+        return Reason(nid, "ports", f"{nid}: no free port in {lo}-{hi}")
+    return None
+
+
+def reason_for(snapshot: Snapshot, node: NodeInfo, req: Request) -> Reason | None:
+    """The first thing that keeps this node from taking the request, or None."""
+    reason = snapshot.static_reason(node, req) or _dynamic_reason(node, req, snapshot)
+    failed = req.avoided.get(node.id)
+    if reason is None and failed:
+        reason = Reason(node.id, "avoid", f"{node.id}: this replica failed here {failed} times")
+    return reason
+
+
+def _shard_on(node: NodeInfo, req: Request, snapshot: Snapshot, rank: int, hcas=()):
+    gpus: tuple[str, ...] = ()
+    nvlink = False
+    if req.gpus_per_node:
+        chosen = _choose_gpus(node, req)
+        if chosen is None:
+            return None
+        gpus, nvlink = chosen
+    port = _free_port(node, snapshot)
+    if port is None:
+        return None
+    return ShardPlacement(node.id, rank, gpus, port, tuple(hcas), nvlink)
+
+
+def _fits(snapshot: Snapshot, node: NodeInfo, req: Request, avoid: bool) -> bool:
+    if snapshot.static_reason(node, req) is not None:
+        return False
+    if avoid and node.id in req.avoided:
+        return False
+    return _dynamic_reason(node, req, snapshot) is None
+
+
+def _policy_key(snapshot: Snapshot, node: NodeInfo, req: Request):
+    # Smaller is better. Binpack fills the busiest node that fits; spread the emptiest.
+    load = snapshot.free(node.id) if req.gpus_per_node else -node.shards
+    return load if req.policy == BINPACK else -load
+
+
+def place(snapshot: Snapshot, req: Request) -> Placement | NoPlacement:
+    """Where a replica of ``req`` should run, or why it cannot run anywhere.
+
+    Preference, in order: the nodes the replica ran on (a restart), nodes that
+    already hold the weights, an NVLink-connected GPU set for tensor
+    parallelism, then the policy (binpack or spread). Nodes the replica failed
+    on too often are used only when nothing else fits.
+    """
+    if req.nodes > 1:
+        return _place_multi(snapshot, req)
+    for avoid in (True, False) if req.avoid else (True,):
+        shard = _place_single(snapshot, req, avoid)
+        if shard is not None:
+            holds = shard.node_id in snapshot.weight_holders(req.model_path)
+            return Placement((shard,), holds_weights=holds)
+    return _no_placement(snapshot, req)
+
+
+def _place_single(snapshot: Snapshot, req: Request, avoid: bool) -> ShardPlacement | None:
+    nodes = snapshot.nodes
+    for nid in req.prefer:
+        node = nodes.get(nid)
+        if node is not None and _fits(snapshot, node, req, avoid):
+            return _shard_on(node, req, snapshot, 0)
+
+    holders = [
+        nodes[nid]
+        for nid in snapshot.weight_holders(req.model_path)
+        if _fits(snapshot, nodes[nid], req, avoid)
+    ]
+    if holders:
+        best = min(holders, key=lambda n: _rank(snapshot, n, req))
+        return _shard_on(best, req, snapshot, 0)
+
+    if not req.gpus_per_node:
+        fitting = [n for n in nodes.values() if _fits(snapshot, n, req, avoid)]
+        if not fitting:
+            return None
+        return _shard_on(min(fitting, key=lambda n: _rank(snapshot, n, req)), req, snapshot, 0)
+
+    want_nvlink = req.gpus_per_node > 1
+    fallback = None
+    counts = range(req.gpus_per_node, snapshot.max_gpus + 1)
+    for free in counts if req.policy == BINPACK else reversed(counts):
+        for nid in snapshot._buckets[free]:
+            node = nodes[nid]
+            if not _fits(snapshot, node, req, avoid):
+                continue
+            shard = _shard_on(node, req, snapshot, 0)
+            if shard is None:
+                continue
+            if shard.nvlink or not want_nvlink:
+                return shard
+            fallback = fallback or shard
+    return fallback
+
+
+def _rank(snapshot: Snapshot, node: NodeInfo, req: Request):
+    nvlink = False
+    if req.gpus_per_node > 1:
+        chosen = _choose_gpus(node, req)
+        nvlink = bool(chosen and chosen[1])
+    return (not nvlink, _policy_key(snapshot, node, req), node.id)
+
+
+def _place_multi(snapshot: Snapshot, req: Request) -> Placement | NoPlacement:
+    """A replica over several nodes: all on one fabric, each with HCAs on it."""
+    by_fabric: dict[str, list[NodeInfo]] = {}
+    reasons: list[Reason] = []
+    for node in snapshot.nodes.values():
+        reason = reason_for(snapshot, node, req)
+        if reason is None and not node.fabrics:
+            reason = Reason(node.id, "fabric", f"{node.id}: is on no fabric")
+        if reason is None and not any(node.fabrics.values()):
+            reason = Reason(node.id, "fabric", f"{node.id}: has no HCAs on its fabrics")
+        if reason is not None:
+            reasons.append(reason)
+            continue
+        for fabric, hcas in node.fabrics.items():
+            if hcas:
+                by_fabric.setdefault(fabric, []).append(node)
+    holders = snapshot.weight_holders(req.model_path)
+    options = []
+    for fabric, members in by_fabric.items():
+        if len(members) < req.nodes:
+            continue
+        members.sort(key=lambda n: (n.id not in holders, *_rank(snapshot, n, req)))
+        chosen = members[: req.nodes]
+        held = sum(n.id in holders for n in chosen)
+        options.append((-held, _rank(snapshot, chosen[0], req), fabric, chosen))
+    if not options:
+        sizes = ", ".join(f"{f} has {len(m)}" for f, m in sorted(by_fabric.items()))
+        extra = f"needs {req.nodes} fitting nodes on one fabric" + (f" ({sizes})" if sizes else "")
+        return NoPlacement(tuple(reasons), len(snapshot.nodes), extra)
+    held, _, fabric, chosen = min(options)
+    shards = []
+    for rank, node in enumerate(chosen):
+        shard = _shard_on(node, req, snapshot, rank, node.fabrics[fabric])
+        if shard is None:  # cannot happen: every member fitted a moment ago
+            return NoPlacement(tuple(reasons), len(snapshot.nodes), f"{node.id} stopped fitting")
+        shards.append(shard)
+    return Placement(tuple(shards), fabric=fabric, holds_weights=held < 0)
+
+
+def _no_placement(snapshot: Snapshot, req: Request) -> NoPlacement:
+    reasons = []
+    for node in snapshot.nodes.values():
+        reason = reason_for(snapshot, node, req)
+        if reason is not None:
+            reasons.append(reason)
+    return NoPlacement(tuple(reasons), len(snapshot.nodes))
+
+
+def explain(snapshot: Snapshot, req: Request) -> tuple[list[Verdict], Placement | NoPlacement]:
+    """Every node with why it fits or not, and what ``place`` would choose."""
+    holders = snapshot.weight_holders(req.model_path)
+    verdicts = []
+    for node in sorted(snapshot.nodes.values(), key=lambda n: n.id):
+        reason = reason_for(snapshot, node, req)
+        if reason is not None:
+            verdicts.append(Verdict(node.id, False, reason.text))
+            continue
+        notes = []
+        if req.gpus_per_node:
+            gpus, nvlink = _choose_gpus(node, req)
+            notes.append(f"{snapshot.free(node.id)} free GPUs")
+            if len(gpus) > 1:
+                notes.append("an NVLink-connected set" if nvlink else "no NVLink-connected set")
+        if node.memory_mb is None:
+            notes.append("memory not reported")
+        if node.id in holders:
+            notes.append("holds the weights")
+        verdicts.append(Verdict(node.id, True, f"{node.id}: fits ({', '.join(notes) or 'CPU'})"))
+    return verdicts, place(snapshot, req)
