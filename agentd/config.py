@@ -1,0 +1,216 @@
+"""agent.yaml: what one node's agent needs to know, validated before anything starts.
+
+An invalid file names the field and the problem (``ConfigError``) and the agent
+exits non-zero: a typo found at start is cheaper than one found at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentd.protocol import NODE_ID_PATTERN
+
+AGENT_PATH = "/ws/agent/"
+DEFAULT_STATE_DIR = "/var/lib/llmgw-agent"
+# The engines the agent knows how to run; a name outside this list is a typo.
+KNOWN_ENGINES = ("vllm", "sglang", "llamacpp")
+
+
+class ConfigError(ValueError):
+    """agent.yaml is unreadable or invalid. The message names the field and the problem."""
+
+
+def sanitise_node_id(name: str) -> str:
+    """A hostname as a node id: safe characters only, starting with a letter or digit.
+
+    Hostnames are usually fine already; this covers the odd underscore-free
+    Windows-style or over-long name so the default never fails validation.
+    """
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip())
+    text = text.lstrip("._-")[:63] or "node"
+    if not re.match(NODE_ID_PATTERN, text):  # pragma: no cover - the steps above guarantee it
+        raise ConfigError(f"node_id: cannot make a node id from hostname {name!r}")
+    return text
+
+
+class EnginesConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Engine name -> the binary to run, named by hand (a local build, a CUDA of
+    # the operator's own). Naming one also opts that engine out of installation.
+    binaries: dict[str, str] = {}
+    # Engines this node never runs: not installed when asked, not advertised when found.
+    disabled: list[str] = []
+
+    @field_validator("binaries")
+    @classmethod
+    def _known_binaries(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            _known_engine(name)
+            if not path.strip():
+                raise ValueError(f"the binary for engine '{name}' is empty")
+        return value
+
+    @field_validator("disabled")
+    @classmethod
+    def _known_disabled(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _known_engine(name)
+        return value
+
+
+def _known_engine(name: str) -> None:
+    if name not in KNOWN_ENGINES:
+        raise ValueError(f"unknown engine '{name}' (known: {', '.join(KNOWN_ENGINES)})")
+
+
+class GPUChecks(BaseModel):
+    """When a GPU counts as having a problem, which keeps it out of placement."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Volatile uncorrected ECC errors above this are a problem. 0: any is one.
+    ecc_error_threshold: Annotated[int, Field(ge=0)] = 0
+    # Hotter than this is a problem. The driver's own slowdown threshold, when it
+    # reports one, also counts: a GPU being clocked down is a GPU to avoid.
+    max_temperature_c: Annotated[int, Field(gt=0, le=150)] = 87
+
+
+class Config(BaseModel):
+    """A validated agent.yaml. See docs/agent.example.yaml for every field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    control_plane_url: str
+    join_token: str | None = None
+    credential_file: Path | None = None  # default: <state_dir>/credential
+    node_id: str = Field(default_factory=lambda: sanitise_node_id(socket.gethostname()))
+    labels: dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=255)]] = {}
+    mgmt_addr: str = ""  # default: the address the socket to the control plane leaves from
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    log_file: Path | None = None  # default: <state_dir>/agent.log
+    weights_dirs: list[Path] = []
+    engines: EnginesConfig = EnginesConfig()
+    engine_port_range: tuple[int, int] = (30000, 30999)
+    heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    tls_ca_file: Path | None = None
+    # InfiniBand ports are grouped into fabrics by subnet prefix; this names the
+    # fabric instead, for sites whose subnet managers all use the default prefix.
+    fabric_name: str = ""
+    gpu_checks: GPUChecks = GPUChecks()
+
+    @field_validator("control_plane_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("ws", "wss"):
+            raise ValueError(f"must start with ws:// or wss:// (got {value!r})")
+        if not parts.hostname:
+            raise ValueError(f"names no host (got {value!r})")
+        if parts.path != AGENT_PATH:
+            raise ValueError(f"the path must be {AGENT_PATH} (got {parts.path or '/'!r})")
+        return value
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, value: str) -> str:
+        if not re.match(NODE_ID_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a node id: letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit, at most 63 characters"
+            )
+        return value
+
+    @field_validator("join_token")
+    @classmethod
+    def _token(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("is empty; leave it out once the node has a credential")
+        return value.strip() if value else value
+
+    @field_validator("engine_port_range")
+    @classmethod
+    def _ports(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, last = value
+        if not (1024 <= first <= last <= 65535):
+            raise ValueError(
+                f"must be [first, last] with 1024 <= first <= last <= 65535 (got {list(value)})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _tls(self) -> Config:
+        if self.tls_ca_file is not None and not self.control_plane_url.startswith("wss://"):
+            raise ValueError("tls_ca_file: only means something with a wss:// control_plane_url")
+        return self
+
+    # ---- derived paths -----------------------------------------------------
+
+    @property
+    def credential_path(self) -> Path:
+        return self.credential_file or self.state_dir / "credential"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_file or self.state_dir / "agent.log"
+
+    def read_credential(self) -> str | None:
+        """The node credential written after enrolment, if there is one."""
+        try:
+            text = self.credential_path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return text or None
+
+    def bearer(self) -> str:
+        """The secret to present: the node's own credential once it has one, else the token."""
+        secret = self.read_credential() or self.join_token
+        if not secret:
+            raise ConfigError(
+                f"join_token: needed until the node has a credential "
+                f"({self.credential_path} does not exist yet)"
+            )
+        return secret
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors(include_url=False):
+        where = ".".join(str(p) for p in e["loc"]) or "agent.yaml"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (a typo?)"
+        lines.append(f"{where}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(data: object, *, source: str = "agent.yaml") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: must be a mapping of field: value")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate agent.yaml, or raise ConfigError saying what is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, source=str(path))

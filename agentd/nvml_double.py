@@ -1,0 +1,211 @@
+"""A test double of the pynvml functions agentd/nvml.py calls, for machines without a GPU.
+
+Used only when ``LLMGW_FAKE_NVML`` names a JSON file. Each function has
+pynvml's name and arguments, returns what pynvml returns (its own ctypes
+structs where pynvml returns one) and fails the way pynvml fails: by raising
+``pynvml.NVMLError(code)``, which pynvml maps to its ``NVMLError_*`` subclass.
+A fact the file leaves out (or sets to null) raises NVMLError_NotSupported,
+as a real board without that feature does.
+
+The file is read again whenever it changes, so a test can make a GPU run hot
+or lose memory rows under a running agent. Its shape::
+
+    {"library": "present",            # "missing": nvmlInit fails as with no driver
+     "driver_version": "550.90.07",
+     "cuda_driver_version": 12040,
+     "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H100 80GB HBM3",
+               "memory_total_bytes": 85520809984, "memory_used_bytes": 0,
+               "compute_capability": [9, 0], "numa_node": 0,
+               "pci_bus_id": "00000000:18:00.0",
+               "temperature_c": 34, "slowdown_c": 90,
+               "ecc_volatile_uncorrected": 0,
+               "remapped_rows": [0, 0, 0, 0],       # corrected, uncorrected, pending, failed
+               "retired_pages_pending": null, "retired_pages": null,
+               "nvlinks": [{"active": true, "remote_type": "switch",
+                            "remote_pci_bus_id": "00000000:05:00.0"}],
+               "lost": false}]}                     # true: every call says GPU is lost
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pynvml
+
+_REMOTE_TYPES = {
+    "gpu": pynvml.NVML_NVLINK_DEVICE_TYPE_GPU,
+    "switch": pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH,
+    "ibmnpu": pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU,
+}
+
+
+def _fail(code: int):
+    raise pynvml.NVMLError(code)
+
+
+class _Handle:
+    """What nvmlDeviceGetHandleByIndex returns: opaque to the caller."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class FakeNVML:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._stamp: int | None = None
+        self._spec: dict = {}
+        self._initialised = 0
+
+    # ---- the file ------------------------------------------------------------
+
+    @property
+    def spec(self) -> dict:
+        stamp = self.path.stat().st_mtime_ns
+        if stamp != self._stamp:
+            self._spec = json.loads(self.path.read_text())
+            self._stamp = stamp
+        return self._spec
+
+    def _need_init(self) -> None:
+        if not self._initialised:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle) -> dict:
+        self._need_init()
+        if not isinstance(handle, _Handle):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpus = self.spec.get("gpus", [])
+        if handle.index >= len(gpus):
+            _fail(pynvml.NVML_ERROR_GPU_IS_LOST)  # it was there when the handle was taken
+        gpu = gpus[handle.index]
+        if gpu.get("lost"):
+            _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def _fact(self, handle, key: str):
+        value = self._gpu(handle).get(key)
+        if value is None:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def _link(self, handle, link: int) -> dict:
+        links = self._fact(handle, "nvlinks")
+        if not 0 <= link < len(links):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    # ---- system ----------------------------------------------------------------
+
+    def nvmlInit(self):
+        if self.spec.get("library", "present") == "missing":
+            _fail(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if self.spec.get("library") == "driver_not_loaded":
+            _fail(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        self._initialised += 1
+
+    def nvmlShutdown(self):
+        self._need_init()
+        self._initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self):
+        self._need_init()
+        return self.spec["driver_version"]
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        self._need_init()
+        value = self.spec.get("cuda_driver_version")
+        if value is None:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetCount(self):
+        self._need_init()
+        return len(self.spec.get("gpus", []))
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._need_init()
+        if not 0 <= index < len(self.spec.get("gpus", [])):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.spec["gpus"][index].get("lost"):
+            _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return _Handle(index)
+
+    # ---- devices ---------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self._fact(handle, "uuid")
+
+    def nvmlDeviceGetName(self, handle):
+        return self._fact(handle, "name")
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu = self._gpu(handle)
+        mem = pynvml.c_nvmlMemory_t()
+        mem.total = gpu["memory_total_bytes"]
+        mem.used = gpu.get("memory_used_bytes", 0)
+        mem.free = mem.total - mem.used
+        return mem
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        major, minor = self._fact(handle, "compute_capability")
+        return (major, minor)
+
+    def nvmlDeviceGetNumaNodeId(self, handle):
+        return self._fact(handle, "numa_node")
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        info = pynvml.nvmlPciInfo_t()
+        bus_id = self._fact(handle, "pci_bus_id")
+        info.busId = bus_id.encode()
+        info.busIdLegacy = bus_id[-12:].encode()
+        return info
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._fact(handle, "temperature_c")
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle, threshold):
+        if threshold != pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._fact(handle, "slowdown_c")
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, errorType, counterType):
+        if (errorType, counterType) != (
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        ):
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._fact(handle, "ecc_volatile_uncorrected")
+
+    def nvmlDeviceGetRemappedRows(self, device):
+        return tuple(self._fact(device, "remapped_rows"))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device):
+        return int(self._fact(device, "retired_pages_pending"))
+
+    def nvmlDeviceGetRetiredPages(self, device, sourceFilter):
+        pages = self._fact(device, "retired_pages")
+        key = (
+            "sbe"
+            if sourceFilter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+            else "dbe"
+        )
+        # Page addresses; only their number matters to the agent.
+        return [0x1000 * (i + 1) for i in range(pages.get(key, 0))]
+
+    def nvmlDeviceGetNvLinkState(self, device, link):
+        return pynvml.NVML_FEATURE_ENABLED if self._link(device, link).get("active") else 0
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link):
+        return _REMOTE_TYPES[self._link(handle, link).get("remote_type", "gpu")]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device, link):
+        spec = self._link(device, link)
+        if not spec.get("active"):
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = spec["remote_pci_bus_id"].encode()
+        return info
