@@ -1,0 +1,263 @@
+"""What every engine adapter provides, and the parts they share.
+
+An adapter turns an engine profile plus one shard of a replica into the argv and
+environment of a process, and knows how to ask that process whether it is ready,
+how busy it is, and which version of the engine is installed. It starts nothing
+itself: the supervisor does that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # the fake engine imports this module and should start fast
+    from agentd.protocol import DesiredShard, ProfileSpec
+
+PROBE_TIMEOUT_S = 2.0
+VERSION_TIMEOUT_S = 60.0
+_MAX_BODY = 4 * 1024 * 1024
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot run on this node; the message says why (shown to operators)."""
+
+
+class Probe(enum.Enum):
+    DOWN = "down"  # nothing answers on the port (not listening yet, or stuck)
+    LOADING = "loading"  # the server answers but is not ready to serve
+    READY = "ready"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A process to start: its argv and what it adds to the agent's environment."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def model_of(profile: ProfileSpec, shard: DesiredShard) -> str:
+    """The weights to load: the profile's path when it names one, else the model's name."""
+    return profile.model_path or shard.model
+
+
+def served_name(profile: ProfileSpec, shard: DesiredShard) -> str:
+    """The name clients ask for; the gateway routes on it."""
+    return profile.served_model_name or shard.model
+
+
+def base_env(profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
+    """The environment every engine gets: the profile's, then what placement decided.
+
+    Placement wins over the profile for the GPUs: an operator's CUDA_VISIBLE_DEVICES
+    would put two replicas on one card. A shard given no GPUs gets an empty list,
+    so a CPU replica never grabs a card another replica was given.
+    """
+    env = {str(k): str(v) for k, v in profile.env.items()}
+    env.setdefault("PYTHONUNBUFFERED", "1")  # engine output reaches the log as it happens
+    # UUIDs rather than indices: indices change with CUDA_DEVICE_ORDER and with
+    # what else is visible, a UUID names one card.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(shard.gpu_uuids)
+    if shard.hcas:
+        # "=" asks NCCL for exact names: without it "mlx5_1" also matches mlx5_10..17
+        # (NCCL environment variables, NCCL_IB_HCA).
+        env.setdefault("NCCL_IB_HCA", "=" + ",".join(shard.hcas))
+    if shard.mgmt_interface:
+        # Bootstrap and Gloo traffic on the management network, where the leader's
+        # address is reachable; data goes over the HCAs above.
+        env.setdefault("NCCL_SOCKET_IFNAME", shard.mgmt_interface)
+        env.setdefault("GLOO_SOCKET_IFNAME", shard.mgmt_interface)
+    return env
+
+
+def run_capture(argv: list[str], timeout: float = VERSION_TIMEOUT_S) -> str:
+    """Run a short command (a version probe) and return its stdout and stderr together."""
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            errors="replace",
+        )
+    except FileNotFoundError:
+        raise EngineUnavailable(f"{argv[0]} is not installed") from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineUnavailable(f"{' '.join(argv)} failed: {exc}") from None
+    text = done.stdout + "\n" + done.stderr
+    if done.returncode != 0:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        tail = lines[-1] if lines else ""
+        raise EngineUnavailable(f"{' '.join(argv)} exited with {done.returncode}: {tail}")
+    return text
+
+
+def run_version(argv: list[str], timeout: float = VERSION_TIMEOUT_S) -> str:
+    """Run a version command and return its last non-empty output line."""
+    lines = [ln.strip() for ln in run_capture(argv, timeout).splitlines() if ln.strip()]
+    if not lines:
+        raise EngineUnavailable(f"{' '.join(argv)} printed no version")
+    return lines[-1]
+
+
+def which(binary: str) -> str:
+    path = shutil.which(binary)
+    if not path:
+        raise EngineUnavailable(f"{binary} is not installed (not found on PATH)")
+    return path
+
+
+def python_dist_version(python: str, dist: str) -> str:
+    """The installed version of a distribution in another interpreter, without importing it.
+
+    Importing vLLM or SGLang takes seconds and touches CUDA; reading the metadata does not.
+    """
+    code = f"from importlib.metadata import version; print(version({dist!r}))"
+    try:
+        return run_version([python, "-c", code])
+    except EngineUnavailable as exc:
+        raise EngineUnavailable(f"{dist} is not installed for {python}: {exc}") from None
+
+
+class Engine:
+    """One kind of engine. Subclasses set the class attributes and ``args``.
+
+    ``binary`` is what agent.yaml names for this engine, if anything; without
+    it the adapter looks in its usual places.
+    """
+
+    name: ClassVar[str]
+    health_path: ClassVar[str] = "/health"
+    metrics_path: ClassVar[str | None] = "/metrics"
+    # Prometheus series whose sum is the number of requests in flight (running
+    # plus queued); empty when the engine exposes none.
+    in_flight_series: ClassVar[tuple[str, ...]] = ()
+    # Engines that are only run when agent.yaml names them (the fake engine).
+    opt_in: ClassVar[bool] = False
+
+    def __init__(self, binary: str | None = None):
+        self.binary = binary
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.binary)
+
+    # -- to be provided ------------------------------------------------------
+
+    def command(self) -> list[str]:
+        """The argv prefix that runs this engine, or EngineUnavailable."""
+        raise NotImplementedError
+
+    def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def version(self) -> str:
+        """The installed version (blocking; call it off the event loop), or EngineUnavailable."""
+        raise NotImplementedError
+
+    # -- shared --------------------------------------------------------------
+
+    def serves_http(self, shard: DesiredShard) -> bool:
+        """Whether this shard answers HTTP. Multi-node followers do not: rank 0 serves."""
+        return shard.rank == 0
+
+    def env(self, profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
+        return base_env(profile, shard)
+
+    def build(self, profile: ProfileSpec, shard: DesiredShard, *, host: str, port: int) -> Launch:
+        """The process for this shard. The profile's extra args come last, so they win."""
+        argv = self.command() + self.args(profile, shard, host, port) + list(profile.args)
+        return Launch(argv=argv, env=self.env(profile, shard))
+
+    async def probe(self, host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> Probe:
+        try:
+            status, _ = await http_get(host, port, self.health_path, timeout)
+        except (OSError, TimeoutError, ValueError):
+            return Probe.DOWN
+        return Probe.READY if status == 200 else Probe.LOADING
+
+    async def in_flight(self, host: str, port: int) -> int | None:
+        """Requests running or queued, from the engine's metrics; None when it cannot say."""
+        if not self.in_flight_series or not self.metrics_path:
+            return None
+        try:
+            status, body = await http_get(host, port, self.metrics_path, PROBE_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError):
+            return None
+        if status != 200:
+            return None
+        return metric_sum(body.decode("utf-8", "replace"), self.in_flight_series)
+
+
+def metric_sum(text: str, names: tuple[str, ...]) -> int | None:
+    """The sum over every sample of the named series in Prometheus text; None if absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            # "name{labels} value [timestamp]" or "name value [timestamp]"
+            rest = line.rsplit("}", 1)[1] if "}" in line else line[len(name) :]
+            try:
+                total += float(rest.split()[0])
+            except (IndexError, ValueError):
+                continue
+            seen = True
+    return round(total) if seen else None
+
+
+async def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes]:
+    """A bare HTTP/1.0 GET: status and body. Small on purpose, so the agent needs no client."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(
+                f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+            )
+            await writer.drain()
+            data = b""
+            while len(data) <= _MAX_BODY:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError(f"not an HTTP response from {host}:{port}")
+    headers = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(b":")
+        headers[key.strip().lower()] = value.strip().lower()
+    if headers.get(b"transfer-encoding") == b"chunked":
+        body = _dechunk(body)
+    return int(parts[1]), body
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, pos = b"", 0
+    while True:
+        end = body.find(b"\r\n", pos)
+        if end < 0:
+            return out
+        size = int(body[pos:end].split(b";")[0] or b"0", 16)
+        if size == 0:
+            return out
+        out += body[end + 2 : end + 2 + size]
+        pos = end + 2 + size + 2
+
+
+def executable_dir_python(path: str) -> bool:
+    """Whether a configured binary is a Python interpreter (so a module is run with -m)."""
+    return os.path.basename(path).startswith("python")

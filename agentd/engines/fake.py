@@ -1,0 +1,311 @@
+"""A fake engine for fault tests and benchmarks: ``python -m agentd.engines.fake --port P``.
+
+An OpenAI-compatible HTTP server with no model behind it, whose faults can be
+ordered on the command line: a slow load (``--load-time``), a crash
+(``--crash-after``), a hang (``--hang``: it accepts connections, never answers,
+and ignores SIGTERM), slow tokens (``--token-delay``), a weight download that
+makes progress (``--fetch-to``), and a worker child in its process group
+(``--spawn-worker``). It answers /health (503 while loading), /v1/models,
+/v1/chat/completions and /v1/completions (streamed or not), /v1/embeddings and
+/metrics. Plain asyncio, no dependencies, so it is also the gateway benchmark's
+stub. Use the real llama.cpp engine wherever a real engine will do.
+
+The agent runs it only where agent.yaml names a Python for the ``fake`` engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentd.engines.base import Engine, served_name, which
+
+_AGENTD_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+if TYPE_CHECKING:
+    from agentd.protocol import DesiredShard, ProfileSpec
+
+
+class FakeEngine(Engine):
+    name = "fake"
+    opt_in = True
+    in_flight_series = ("fake:requests_running",)
+
+    def command(self) -> list[str]:
+        return [which(self.binary or sys.executable), "-m", "agentd.engines.fake"]
+
+    def version(self) -> str:
+        from agentd import __version__
+
+        which(self.binary or sys.executable)  # the Python named for it must exist
+        return __version__  # the fake ships with the agent
+
+    def env(self, profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
+        env = super().env(profile, shard)
+        # The engine is a module of the agent; the agent need not be installed.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_AGENTD_ROOT, os.environ.get("PYTHONPATH", "")) if p
+        )
+        return env
+
+    def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
+        return [
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            served_name(profile, shard),
+        ]
+
+
+# ---- the server ---------------------------------------------------------------
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven tired engines hum".split()
+
+
+class FakeServer:
+    def __init__(self, opts: argparse.Namespace):
+        self.opts = opts
+        self.ready = False
+        self.running = 0  # requests in flight
+        self.served = 0
+        self.cancelled = 0
+
+    # -- HTTP plumbing ---------------------------------------------------------
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, version = (lines[0].split(" ") + ["", "", ""])[:3]
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length") or 0)
+                body = await reader.readexactly(length) if length else b""
+                keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+                if self.opts.hang:
+                    await asyncio.Event().wait()  # accepted, never answered
+                await self.route(method, path.split("?", 1)[0], body, writer, keep)
+                if not keep:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def send(self, writer, status: int, payload, keep: bool, ctype="application/json"):
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
+        writer.write(
+            (
+                f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
+            ).encode()
+            + body
+        )
+        await writer.drain()
+
+    @staticmethod
+    def error(message: str, kind: str = "invalid_request_error") -> dict:
+        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+    # -- routes ----------------------------------------------------------------
+
+    async def route(self, method: str, path: str, body: bytes, writer, keep: bool) -> None:
+        name = self.opts.served_model_name
+        if path == "/health":
+            status = 200 if self.ready else 503
+            return await self.send(
+                writer, status, {"status": "ok" if self.ready else "loading"}, keep
+            )
+        if path == "/metrics":
+            text = (
+                f"fake:requests_running {self.running}\n"
+                f"fake:requests_total {self.served}\n"
+                f"fake:requests_cancelled_total {self.cancelled}\n"
+            )
+            return await self.send(writer, 200, text.encode(), keep, "text/plain; version=0.0.4")
+        if not path.startswith("/v1/"):
+            return await self.send(writer, 404, self.error(f"no route {path}"), keep)
+        if not self.ready:
+            return await self.send(
+                writer, 503, self.error("the model is loading", "unavailable"), keep
+            )
+        if path == "/v1/models" and method == "GET":
+            model = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw-fake"}
+            return await self.send(writer, 200, {"object": "list", "data": [model]}, keep)
+        if method != "POST":
+            return await self.send(writer, 404, self.error(f"no route {method} {path}"), keep)
+        try:
+            req = json.loads(body or b"{}")
+            if not isinstance(req, dict):
+                raise ValueError("the body must be a JSON object")
+        except ValueError as exc:
+            return await self.send(writer, 400, self.error(f"invalid JSON body: {exc}"), keep)
+        if path == "/v1/embeddings":
+            return await self.embeddings(req, writer, keep)
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            return await self.complete(path.endswith("chat/completions"), req, writer, keep)
+        return await self.send(writer, 404, self.error(f"no route {path}"), keep)
+
+    async def embeddings(self, req: dict, writer, keep: bool) -> None:
+        inputs = req.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(inputs, list) or not inputs:
+            return await self.send(
+                writer, 400, self.error("'input' must be a string or a list"), keep
+            )
+        data = []
+        for i, text in enumerate(inputs):
+            digest = hashlib.sha256(str(text).encode()).digest()
+            vec = [round(b / 255.0 - 0.5, 4) for b in digest[:8]]
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        usage = {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}
+        payload = {"object": "list", "data": data, "model": self.opts.served_model_name}
+        return await self.send(writer, 200, {**payload, "usage": usage}, keep)
+
+    async def complete(self, chat: bool, req: dict, writer, keep: bool) -> None:
+        n = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        if not isinstance(n, int) or n < 1:
+            return await self.send(
+                writer, 400, self.error("'max_tokens' must be a positive integer"), keep
+            )
+        n = min(n, 4096)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{self.served}"
+        kind = "chat.completion" if chat else "text_completion"
+        base = {"id": rid, "created": int(time.time()), "model": self.opts.served_model_name}
+        self.running += 1
+        self.served += 1
+        try:
+            if req.get("stream"):
+                return await self.stream(chat, n, base, kind, writer, keep)
+            if self.opts.token_delay:
+                await asyncio.sleep(self.opts.token_delay * n)
+            text = " ".join(WORDS[i % len(WORDS)] for i in range(n))
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}}
+                if chat
+                else {"index": 0, "text": text}
+            )
+            usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+            payload = {**base, "object": kind, "choices": [{**choice, "finish_reason": "length"}]}
+            await self.send(writer, 200, {**payload, "usage": usage}, keep)
+        finally:
+            self.running -= 1
+
+    async def stream(self, chat: bool, n: int, base: dict, kind: str, writer, keep: bool) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            + (b"Transfer-Encoding: chunked\r\n" if keep else b"")
+            + f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n".encode()
+        )
+
+        async def event(data: str) -> None:
+            raw = f"data: {data}\n\n".encode()
+            writer.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n" if keep else raw)
+            await writer.drain()
+
+        try:
+            for i in range(n):
+                word = WORDS[i % len(WORDS)] + (" " if i < n - 1 else "")
+                delta = {"content": word} if chat else None
+                choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": word}
+                last = i == n - 1
+                choice["finish_reason"] = "length" if last else None
+                obj = kind + ".chunk" if chat else kind
+                await event(json.dumps({**base, "object": obj, "choices": [choice]}))
+                if self.opts.token_delay and not last:
+                    await asyncio.sleep(self.opts.token_delay)
+            await event("[DONE]")
+            if keep:
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        except ConnectionError:
+            # The client went away mid-stream: stop generating, as a real engine does.
+            self.cancelled += 1
+            raise
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def fetch(self) -> None:
+        """Write --fetch-bytes into --fetch-to over --fetch-time, as a weight download would."""
+        target = Path(self.opts.fetch_to)
+        target.mkdir(parents=True, exist_ok=True)
+        steps = 20
+        with open(target / "weights.bin", "wb") as fh:
+            for _ in range(steps):
+                fh.write(b"\0" * (self.opts.fetch_bytes // steps))
+                fh.flush()
+                await asyncio.sleep(self.opts.fetch_time / steps)
+        print(f"fake engine: fetched {self.opts.fetch_bytes} bytes into {target}", flush=True)
+
+    async def run(self) -> None:
+        opts = self.opts
+        loop = asyncio.get_running_loop()
+        if opts.hang:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            loop.add_signal_handler(signal.SIGTERM, lambda: os._exit(0))
+        if opts.spawn_worker:
+            worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10**6)"])
+            print(f"fake engine: worker pid {worker.pid}", flush=True)
+        if opts.crash_after is not None:
+            loop.call_later(opts.crash_after, self.crash)
+        if opts.fetch_to:
+            await self.fetch()
+        server = await asyncio.start_server(self.handle, opts.host, opts.port)
+        print(f"fake engine: pid {os.getpid()} listening on {opts.host}:{opts.port}", flush=True)
+        if opts.hang:
+            print("fake engine: hanging", flush=True)
+        else:
+            print(f"fake engine: loading for {opts.load_time:g} s", flush=True)
+            await asyncio.sleep(opts.load_time)
+            self.ready = True
+            print(f"fake engine: ready, serving {opts.served_model_name}", flush=True)
+        async with server:
+            await server.serve_forever()
+
+    def crash(self) -> None:
+        print(f"fake engine: crashing with exit code {self.opts.exit_code}", flush=True)
+        os._exit(self.opts.exit_code)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m agentd.engines.fake", description=__doc__)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-model-name", default="fake")
+    p.add_argument("--model", default="", help="ignored: there is no model")
+    p.add_argument("--load-time", type=float, default=0.0, help="seconds /health answers 503")
+    p.add_argument("--crash-after", type=float, help="exit with --exit-code after this many s")
+    p.add_argument("--exit-code", type=int, default=3)
+    p.add_argument("--hang", action="store_true", help="accept, never answer, ignore SIGTERM")
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
+    p.add_argument("--fetch-to", help="a directory to fill before listening, like a download")
+    p.add_argument("--fetch-bytes", type=int, default=1 << 20)
+    p.add_argument("--fetch-time", type=float, default=1.0)
+    p.add_argument("--spawn-worker", action="store_true", help="a child in the same group")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(FakeServer(parse_args(argv)).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""llama.cpp: ``llama-server -m MODEL ...``, or llama-cpp-python's ``python -m llama_cpp.server``.
+
+Which of the two runs: the binary agent.yaml names (a Python interpreter means
+llama-cpp-python's server), else ``llama-server`` on PATH, else llama-cpp-python
+in the agent's own Python. Flags checked against llama.cpp's tools/server/README.md
+and llama-cpp-python's docs/server.md and llama_cpp/server/settings.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import sys
+from typing import TYPE_CHECKING
+
+from agentd.engines.base import (
+    Engine,
+    EngineUnavailable,
+    executable_dir_python,
+    model_of,
+    python_dist_version,
+    run_capture,
+    served_name,
+    which,
+)
+
+_VERSION_LINE = re.compile(r"^version:\s*(.+)$", re.MULTILINE)
+
+if TYPE_CHECKING:
+    from agentd.protocol import DesiredShard, ProfileSpec
+
+
+def _has_llama_cpp_server() -> bool:
+    # find_spec on the top-level package does not import it (importing loads the
+    # shared library, which is slow and can fail loudly).
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(
+        os.path.exists(os.path.join(loc, "server", "__main__.py"))
+        for loc in spec.submodule_search_locations
+    )
+
+
+class LlamaCpp(Engine):
+    name = "llamacpp"
+
+    def flavour(self) -> tuple[str, list[str]]:
+        """("server", argv prefix) for llama-server, ("python", ...) for llama_cpp.server."""
+        if self.binary:
+            path = which(self.binary)
+            if executable_dir_python(path):
+                return "python", [path, "-m", "llama_cpp.server"]
+            return "server", [path]
+        path = shutil.which("llama-server")
+        if path:
+            return "server", [path]
+        if _has_llama_cpp_server():
+            return "python", [sys.executable, "-m", "llama_cpp.server"]
+        raise EngineUnavailable(
+            "llama.cpp is not installed: no llama-server on PATH and no llama-cpp-python "
+            "server in the agent's Python"
+        )
+
+    def _is_server(self) -> bool:
+        try:
+            return self.flavour()[0] == "server"
+        except EngineUnavailable:
+            return True
+
+    @property
+    def health_path(self) -> str:  # type: ignore[override]
+        # llama-server's /health answers 503 while the model loads. llama_cpp.server
+        # has no /health, but it loads the model before it listens, so any answer
+        # from /v1/models means ready.
+        return "/health" if self._is_server() else "/v1/models"
+
+    @property
+    def in_flight_series(self) -> tuple[str, ...]:  # type: ignore[override]
+        # llama-server exports these with --metrics; llama_cpp.server exports nothing.
+        if self._is_server():
+            return ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+        return ()
+
+    def command(self) -> list[str]:
+        return self.flavour()[1]
+
+    def version(self) -> str:
+        flavour, prefix = self.flavour()
+        if flavour == "python":
+            return python_dist_version(prefix[0], "llama-cpp-python")
+        # llama-server prints "version: 4567 (abc1234)" and then a "built with" line.
+        text = run_capture(prefix + ["--version"])
+        found = _VERSION_LINE.search(text)
+        if not found:
+            raise EngineUnavailable(f"{prefix[0]} --version printed no version line")
+        return found.group(1).strip()
+
+    def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
+        flavour, _ = self.flavour()
+        model, name = model_of(profile, shard), served_name(profile, shard)
+        if flavour == "python":
+            # llama_cpp.server takes its settings' field names as flags, underscores and all.
+            return ["--model", model, "--host", host, "--port", str(port), "--model_alias", name]
+        # --metrics turns on /metrics, which drain reads for requests in flight.
+        return ["-m", model, "--host", host, "--port", str(port), "--alias", name, "--metrics"]

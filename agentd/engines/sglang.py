@@ -1,0 +1,66 @@
+"""SGLang: ``python -m sglang.launch_server --model-path MODEL ...``.
+
+Flags checked against SGLang's server arguments page (docs.sglang.io,
+advanced_features/server_arguments) and its production metrics page.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentd.engines.base import (
+    Engine,
+    EngineUnavailable,
+    model_of,
+    python_dist_version,
+    served_name,
+    which,
+)
+
+if TYPE_CHECKING:
+    from agentd.protocol import DesiredShard, ProfileSpec
+
+
+class SGLang(Engine):
+    name = "sglang"
+    # Only exported with --enable-metrics, which every launch here passes.
+    in_flight_series = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+    def python(self) -> str:
+        # SGLang is usually installed into a Python of its own (an image's
+        # system Python or a venv named in agent.yaml), rarely the agent's.
+        try:
+            return which(self.binary or "python3")
+        except EngineUnavailable:
+            raise EngineUnavailable(
+                f"no Python to run SGLang with: {self.binary or 'python3'} is not on PATH"
+            ) from None
+
+    def command(self) -> list[str]:
+        return [self.python(), "-m", "sglang.launch_server"]
+
+    def version(self) -> str:
+        return python_dist_version(self.python(), "sglang")
+
+    def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
+        argv = [
+            "--model-path",
+            model_of(profile, shard),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            served_name(profile, shard),
+            "--tp-size",
+            str(profile.tp),
+            "--enable-metrics",
+        ]
+        if profile.pp > 1:
+            argv += ["--pp-size", str(profile.pp)]
+        if shard.nnodes > 1:
+            # Every node gets the same tp/pp and the leader's host:port, where
+            # torch.distributed meets; --node-rank says which part of the model is ours.
+            argv += ["--nnodes", str(shard.nnodes), "--node-rank", str(shard.rank)]
+            argv += ["--dist-init-addr", f"{shard.leader_addr}:{shard.leader_port}"]
+        return argv

@@ -1,0 +1,53 @@
+"""vLLM: ``vllm serve MODEL ...``.
+
+Flags checked against vLLM's serving documentation (docs/serving/parallelism_scaling.md,
+"Running vLLM with MultiProcessing"; docs/usage/metrics.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentd.engines.base import Engine, model_of, run_version, served_name, which
+
+if TYPE_CHECKING:
+    from agentd.protocol import DesiredShard, ProfileSpec
+
+
+class VLLM(Engine):
+    name = "vllm"
+    # Counted by the API server; waiting requests are in flight too when draining.
+    in_flight_series = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+    def command(self) -> list[str]:
+        return [which(self.binary or "vllm")]
+
+    def version(self) -> str:
+        return run_version(self.command() + ["--version"])
+
+    def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
+        argv = [
+            "serve",
+            model_of(profile, shard),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--served-model-name",
+            served_name(profile, shard),
+            "--tensor-parallel-size",
+            str(profile.tp),
+            "--pipeline-parallel-size",
+            str(profile.pp),
+        ]
+        if shard.nnodes > 1:
+            # Multi-node without Ray: every node runs `vllm serve` with the same
+            # parallel sizes, its rank and the leader's address; followers run
+            # headless (no API server). Ray would be one more cluster to keep alive.
+            argv += ["--nnodes", str(shard.nnodes), "--node-rank", str(shard.rank)]
+            argv += ["--master-addr", shard.leader_addr]
+            if shard.leader_port:
+                argv += ["--master-port", str(shard.leader_port)]
+            if shard.rank > 0:
+                argv.append("--headless")
+        return argv
