@@ -1,8 +1,8 @@
-"""Replicas and shards: the reconciler's and the agents' business, shown read-only."""
+"""Replicas, shards and the reconciler's status: its and the agents' business, read-only."""
 
 from django.contrib import admin
 
-from fleet.models import Replica, Shard
+from fleet.models import FleetStatus, Replica, Shard
 
 from .common import ReadOnlyAdmin, ReadOnlyTabularInline, human_bytes
 
@@ -57,3 +57,16 @@ class ShardAdmin(ReadOnlyAdmin):
     @admin.display(description="fetched")
     def fetch(self, obj):
         return fetch_progress(obj)
+
+
+@admin.register(FleetStatus)
+class FleetStatusAdmin(ReadOnlyAdmin):
+    list_display = (
+        "__str__",
+        "last_pass_at",
+        "last_pass_ms",
+        "silent_nodes",
+        "total_nodes",
+        "replacement_paused",
+        "message",
+    )
