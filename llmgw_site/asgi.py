@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP (admin, API) and the agents' WebSocket at /ws/agent/.
+"""ASGI entry point: the gateway (/v1/*), /metrics, HTTP (admin, API) and the agents' WebSocket.
 
 Run with ``daphne llmgw_site.asgi:application``.
 """
@@ -12,11 +12,24 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from fleet.gateway.app import application as gateway_app  # noqa: E402
+from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
+
+
+async def http_app(scope, receive, send):
+    """The gateway and /metrics go ahead of Django: no middleware, no ORM per request."""
+    path = scope["path"]
+    if path.startswith("/v1/"):
+        return await gateway_app(scope, receive, send)
+    if path == "/metrics":
+        return await metrics_app(scope, receive, send)
+    return await django_asgi_app(scope, receive, send)
+
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         # No origin check: agents are not browsers, and each one authenticates
         # with its own bearer credential before the socket is accepted.
         "websocket": URLRouter(websocket_urlpatterns),

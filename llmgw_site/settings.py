@@ -139,7 +139,17 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = _env_bool("CELERY_TASK_ALWAYS_EAGER")
-CELERY_BEAT_SCHEDULE: dict = {}
+# The reconciler runs every few seconds, and at once after a change that matters
+# (fleet.tasks.request_reconcile). An entry expires rather than piling up behind
+# a busy worker: the next one does the same work.
+_RECONCILE_EVERY_S = float(os.environ.get("LLMGW_RECONCILE_INTERVAL_S", "5"))
+CELERY_BEAT_SCHEDULE: dict = {
+    "reconcile": {
+        "task": "fleet.tasks.reconcile",
+        "schedule": _RECONCILE_EVERY_S,
+        "options": {"expires": _RECONCILE_EVERY_S},
+    },
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -187,7 +197,50 @@ LLMGW = {
     "CREDENTIAL_RECHECK_S": float(os.environ.get("LLMGW_CREDENTIAL_RECHECK_S", "5")),
     # Heartbeats are written in batches: at most this long after arrival.
     "HEARTBEAT_FLUSH_S": float(os.environ.get("LLMGW_HEARTBEAT_FLUSH_S", "0.05")),
+    # The gateway (/v1/*). A request body over the limit is refused with 413.
+    "GATEWAY_MAX_BODY_BYTES": int(os.environ.get("LLMGW_GATEWAY_MAX_BODY_BYTES", str(16 << 20))),
+    "GATEWAY_CONNECT_TIMEOUT_S": float(os.environ.get("LLMGW_GATEWAY_CONNECT_TIMEOUT_S", "3")),
+    # Until the engine's response headers: a long non-streamed generation sends
+    # nothing before it is complete, so this is generous.
+    "GATEWAY_FIRST_BYTE_TIMEOUT_S": float(
+        os.environ.get("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT_S", "300")
+    ),
+    "GATEWAY_TOTAL_TIMEOUT_S": float(os.environ.get("LLMGW_GATEWAY_TOTAL_TIMEOUT_S", "1800")),
+    # Safety refreshes of the in-memory routing table and keys, in case a
+    # doorbell was lost: the keys' interval bounds how long a revocation takes.
+    "GATEWAY_REFRESH_S": float(os.environ.get("LLMGW_GATEWAY_REFRESH_S", "5")),
+    "GATEWAY_KEYS_REFRESH_S": float(os.environ.get("LLMGW_GATEWAY_KEYS_REFRESH_S", "2")),
+    "GATEWAY_LAST_USED_FLUSH_S": float(os.environ.get("LLMGW_GATEWAY_LAST_USED_FLUSH_S", "10")),
+    "GATEWAY_MAX_RETRIES": int(os.environ.get("LLMGW_GATEWAY_MAX_RETRIES", "2")),
+    # A replica whose connects fail this many times in a row is set aside this long.
+    "GATEWAY_COOLDOWN_AFTER": int(os.environ.get("LLMGW_GATEWAY_COOLDOWN_AFTER", "2")),
+    "GATEWAY_COOLDOWN_S": float(os.environ.get("LLMGW_GATEWAY_COOLDOWN_S", "5")),
+    "GATEWAY_MAX_OUTSTANDING_PER_REPLICA": int(
+        os.environ.get("LLMGW_GATEWAY_MAX_OUTSTANDING_PER_REPLICA", "256")
+    ),
 }
+
+# The reconciler (fleet.services.reconcile; docs/operations.md). Seconds.
+LLMGW.update(
+    {
+        "RECONCILE_INTERVAL_S": _RECONCILE_EVERY_S,
+        # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
+        "SHARD_PORT_RANGE": os.environ.get("LLMGW_SHARD_PORT_RANGE", "30000-30999"),
+        "RESTART_BACKOFF_S": float(os.environ.get("LLMGW_RESTART_BACKOFF_S", "10")),
+        "RESTART_BACKOFF_MAX_S": float(os.environ.get("LLMGW_RESTART_BACKOFF_MAX_S", "300")),
+        # After this many failed starts on one node a replica tries the others first.
+        "FAILURES_BEFORE_MOVING": int(os.environ.get("LLMGW_FAILURES_BEFORE_MOVING", "3")),
+        # A start still fetching weights is not hung while progress arrives this often.
+        "FETCH_STALL_S": float(os.environ.get("LLMGW_FETCH_STALL_S", "120")),
+        # At most one lost node's replicas are replaced per this many seconds.
+        "REPLACE_EVERY_S": float(os.environ.get("LLMGW_REPLACE_EVERY_S", "10")),
+        # In-flight requests get this long to finish before a draining shard is stopped.
+        "DRAIN_TIMEOUT_S": float(os.environ.get("LLMGW_DRAIN_TIMEOUT_S", "60")),
+        # No pass for this long means the control plane (or its database or Redis)
+        # was down: every node gets a full grace period again.
+        "OUTAGE_GAP_S": float(os.environ.get("LLMGW_OUTAGE_GAP_S", "30")),
+    }
+)
 
 LOGGING = {
     "version": 1,

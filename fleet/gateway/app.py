@@ -1,0 +1,200 @@
+"""The ASGI app for /v1/*: OpenAI's models, chat completions, completions and embeddings.
+
+Mounted ahead of Django in ``llmgw_site.asgi`` (and alone in
+``llmgw_site.gateway_asgi``): no middleware, no ORM on the request path. A
+request is authenticated and routed from memory (``state.Gateway``), then
+proxied (``proxy.forward``).
+"""
+
+import asyncio
+import json
+import logging
+import time
+
+from . import metrics, proxy, validate
+from .errors import GatewayError
+from .state import gateway
+
+logger = logging.getLogger(__name__)
+
+_PROXIED = {
+    "/v1/chat/completions": "chat/completions",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+
+
+async def application(scope, receive, send) -> None:
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return
+    if scope["type"] != "http":
+        return
+    t0 = time.perf_counter()
+    reply = proxy.Reply(send)
+    route = None
+    try:
+        gw = gateway()
+        await gw.ensure_started()
+        path = scope["path"]
+        endpoint = _PROXIED.get(path)
+        if endpoint is not None:
+            if scope["method"] != "POST":
+                raise GatewayError(405, f"{path} takes POST, not {scope['method']}")
+            key = await gw.key_for(scope["headers"])
+            raw = await _read_body(scope, receive, gw.limits.max_body_bytes)
+            req = validate.parse(endpoint, raw)
+            route = _route_for(gw, key, req.model)
+            await _serve(gw, route, req, scope, receive, reply, t0)
+        elif path == "/v1/models" or path.startswith("/v1/models/"):
+            if scope["method"] not in ("GET", "HEAD"):
+                raise GatewayError(405, f"{path} takes GET, not {scope['method']}")
+            key = await gw.key_for(scope["headers"])
+            await _models(
+                gw, key, path[len("/v1/models/") :] if path != "/v1/models" else None, reply
+            )
+        else:
+            raise GatewayError(
+                404,
+                f"unknown path {path}: the gateway serves /v1/models, /v1/chat/completions, "
+                "/v1/completions and /v1/embeddings",
+                code="unknown_url",
+            )
+    except GatewayError as exc:
+        if reply.started:
+            # Only a bug gets here; the client has a status line already.
+            logger.error("gateway error after the reply started: %s", exc.message)
+            return
+        await reply.start(exc.status, exc.headers())
+        await send({"type": "http.response.body", "body": exc.body()})
+    except _ClientGone:
+        reply.status = 499  # nginx's word for it: nobody was left to answer
+    finally:
+        if route is not None:
+            route.metrics.count(reply.status)
+            route.metrics.latency.observe(time.perf_counter() - t0)
+        else:
+            metrics.count_unrouted(reply.status)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _route_for(gw, key, model: str):
+    if not key.may_use(model):
+        raise GatewayError(
+            403,
+            f"API key '{key.name}' may not use model '{model}'",
+            param="model",
+            code="model_not_allowed",
+        )
+    route = gw.routes.get(model)
+    if route is None:
+        raise GatewayError(
+            404,
+            f"model '{model}' does not exist",
+            param="model",
+            code="model_not_found",
+        )
+    if not route.upstreams:
+        raise GatewayError(
+            503, route.unavailable, code="no_ready_replica", retry_after=route.retry_after
+        )
+    return route
+
+
+async def _read_body(scope, receive, limit: int) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise GatewayError(400, "the Content-Length header is not a number") from None
+            if declared > limit:
+                raise GatewayError(
+                    413,
+                    f"the request body is {declared} bytes; the limit is {limit}",
+                    code="request_too_large",
+                )
+    chunks = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise _ClientGone()
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(
+                413,
+                f"the request body is over the limit of {limit} bytes",
+                code="request_too_large",
+            )
+        chunks.append(chunk)
+        if not msg.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
+    """Proxy, and cancel the upstream request if the client goes away meanwhile."""
+    task = asyncio.current_task()
+    state = {"gone": False, "done": False}
+
+    def on_message(fut: asyncio.Future) -> None:
+        if fut.cancelled() or state["done"]:
+            return
+        if fut.exception() is None and fut.result().get("type") == "http.disconnect":
+            state["gone"] = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(receive())
+    watcher.add_done_callback(on_message)
+    try:
+        await proxy.forward(gw, route, req, reply, t0)
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise
+        task.uncancel()
+        logger.info(
+            "client went away; upstream request cancelled model=%s started=%s",
+            route.name,
+            reply.started,
+        )
+        raise _ClientGone() from None
+    finally:
+        state["done"] = True
+        watcher.cancel()
+
+
+async def _models(gw, key, model_id: str | None, reply) -> None:
+    def obj(route):
+        return {"id": route.name, "object": "model", "created": route.created, "owned_by": "llmgw"}
+
+    if model_id is None:
+        data = [obj(r) for name, r in sorted(gw.routes.items()) if key.may_use(name)]
+        body = {"object": "list", "data": data}
+    else:
+        route = gw.routes.get(model_id)
+        if route is None or not key.may_use(model_id):
+            raise GatewayError(404, f"model '{model_id}' does not exist", code="model_not_found")
+        body = obj(route)
+    raw = json.dumps(body).encode()
+    await reply.start(
+        200, [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    )
+    await reply.send({"type": "http.response.body", "body": raw})
+
+
+async def _lifespan(receive, send) -> None:
+    """uvicorn's start and stop; Daphne has none, so the gateway also starts on first use."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            gw = gateway()
+            if gw.started:
+                await gw.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return

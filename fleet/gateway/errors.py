@@ -1,0 +1,74 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Clients (the official SDKs included) read ``error.message`` and map the HTTP
+status to an exception class, so both must say what went wrong.
+"""
+
+import json
+
+# The ``type`` OpenAI uses for each status, so SDKs and users recognise them.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class GatewayError(Exception):
+    """A request the gateway answers itself, with a status and a message naming the problem."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, param=self.param, code=self.code)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"content-type", b"application/json")]
+        if self.retry_after is not None:
+            headers.append((b"retry-after", str(self.retry_after).encode()))
+        if self.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        return headers
+
+
+def error_body(status: int, message: str, *, param=None, code=None) -> bytes:
+    return json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _TYPES.get(
+                    status, "server_error" if status >= 500 else "invalid_request_error"
+                ),
+                "param": param,
+                "code": code,
+            }
+        }
+    ).encode()
+
+
+def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
+    """An error in the middle of a stream: the status line has gone, so it travels as an event."""
+    payload = json.loads(error_body(502, message, code=code))
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

@@ -1,0 +1,310 @@
+"""Sending a request to a replica and its answer back to the client.
+
+Retries: a failed connect, a connection dropped before any answer, or a
+502/503 status goes to another replica, at most ``max_retries`` more times,
+because nothing has reached the client yet. Once the first byte is on its way
+to the client there is no going back: an upstream that then fails ends the
+stream with an error event the client can read.
+"""
+
+import asyncio
+import json
+import logging
+import time
+
+import aiohttp
+
+from . import table
+from .errors import GatewayError, error_body, sse_error_event
+
+logger = logging.getLogger(__name__)
+
+_UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept": "*/*"}
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+_MAX_LINE = 1 << 20
+
+
+class SSECheck:
+    """Lets through only whole, well-formed event-stream lines and notices the final [DONE].
+
+    Holding back a partial line means the client never sees half an event,
+    so an error event can always follow cleanly.
+    """
+
+    __slots__ = ("tail", "done")
+
+    def __init__(self):
+        self.tail = b""
+        self.done = False
+
+    def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
+        data = self.tail + chunk if self.tail else chunk
+        cut = data.rfind(b"\n") + 1
+        complete, self.tail = data[:cut], data[cut:]
+        good = 0
+        for line in complete.split(b"\n")[:-1]:
+            text = line.rstrip(b"\r")
+            if text and not text.startswith(_SSE_FIELDS):
+                return complete[:good], f"a line that is not server-sent events: {text[:60]!r}"
+            if text in (b"data: [DONE]", b"data:[DONE]"):
+                self.done = True
+            good += len(line) + 1
+        if len(self.tail) > _MAX_LINE:
+            return complete, f"an event line longer than {_MAX_LINE} bytes"
+        return complete, None
+
+
+class Reply:
+    """What has been sent to the client so far."""
+
+    __slots__ = ("send", "started", "status")
+
+    def __init__(self, send):
+        self.send = send
+        self.started = False
+        self.status = 0
+
+    async def start(self, status: int, headers: list) -> None:
+        self.started = True
+        self.status = status
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+
+class _Retry(Exception):
+    def __init__(self, why: str):
+        self.why = why
+
+
+def _replica_header(up: table.Upstream) -> tuple[bytes, bytes]:
+    return (b"x-llmgw-replica", up.replica_id.encode())
+
+
+async def forward(gw, route: table.Route, req, reply: Reply, t0: float) -> None:
+    """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts."""
+    limits = gw.limits
+    tried: list[table.Upstream] = []
+    last = ""
+    try:
+        async with asyncio.timeout(limits.total_timeout_s):
+            for attempt in range(limits.max_retries + 1):
+                up = table.pick(route, tried)
+                if up is None:
+                    break
+                if up.outstanding >= limits.max_outstanding:
+                    raise GatewayError(
+                        429,
+                        f"model '{route.name}' is at capacity: {len(route.upstreams)} "
+                        f"replica(s) with {limits.max_outstanding} requests in flight each",
+                        code="model_at_capacity",
+                        retry_after=1,
+                    )
+                if attempt:
+                    route.metrics.retries.inc()
+                try:
+                    may_retry = (
+                        attempt < limits.max_retries and len(route.upstreams) > len(tried) + 1
+                    )
+                    await _attempt(gw, route, up, req, reply, t0, may_retry)
+                    return
+                except _Retry as r:
+                    tried.append(up)
+                    last = r.why
+                    logger.warning(
+                        "upstream failed before answering model=%s replica=%s attempt=%d: %s",
+                        route.name,
+                        up.replica_id,
+                        attempt + 1,
+                        r.why,
+                    )
+    except TimeoutError:
+        if reply.started:
+            await _end_stream_with_error(
+                reply,
+                f"model '{route.name}' gave no complete answer within {limits.total_timeout_s:g} s",
+                "upstream_timeout",
+            )
+            return
+        raise GatewayError(
+            504,
+            f"model '{route.name}' gave no complete answer within {limits.total_timeout_s:g} s",
+            code="upstream_timeout",
+        ) from None
+    if tried:
+        raise GatewayError(
+            502,
+            f"model '{route.name}': {len(tried)} attempt(s) failed, the last: {last}",
+            code="upstream_unavailable",
+        )
+    cooling = sum(1 for u in route.upstreams if u.cooldown_until > time.monotonic())
+    raise GatewayError(
+        503,
+        f"model '{route.name}' has no reachable replica: {cooling} set aside for "
+        f"{limits.cooldown_s:g} s after repeated connect failures",
+        code="no_ready_replica",
+        retry_after=max(1, int(limits.cooldown_s)),
+    )
+
+
+async def _attempt(
+    gw, route, up: table.Upstream, req, reply: Reply, t0: float, may_retry: bool
+) -> None:
+    limits = gw.limits
+    um = up.metrics
+    body = req.raw
+    if up.served_name != route.name:
+        # The engine serves the profile's name; the client asked for the model's.
+        body = json.dumps({**req.body, "model": up.served_name}).encode()
+    up.outstanding += 1
+    um.in_flight.inc()
+    route.metrics.queue.inc()
+    try:
+        try:
+            async with asyncio.timeout(limits.first_byte_timeout_s):
+                resp = await gw.session.post(
+                    up.url + "/v1/" + req.endpoint, data=body, headers=_UPSTREAM_HEADERS
+                )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            um.error("connect")
+            _connect_failed(gw, route, up)
+            raise _Retry(
+                f"could not connect to replica {up.replica_id} at {up.url}: {exc}"
+            ) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # A pooled connection to an engine that restarted or died, before any
+            # answer: nothing reached the client, so another replica may take it.
+            um.error("disconnect")
+            raise _Retry(f"replica {up.replica_id} dropped the connection: {exc}") from None
+        except TimeoutError:
+            um.error("timeout")
+            raise GatewayError(
+                504,
+                f"replica {up.replica_id} of model '{route.name}' sent no answer within "
+                f"{limits.first_byte_timeout_s:g} s",
+                code="upstream_timeout",
+            ) from None
+        up.connect_failures = 0
+        try:
+            if resp.status in (502, 503) and may_retry:
+                um.error("status")
+                raise _Retry(f"replica {up.replica_id} answered {resp.status}")
+            if resp.content_type == "text/event-stream" and resp.status == 200:
+                await _stream(route, up, resp, reply, t0)
+            else:
+                await _whole(route, up, resp, reply)
+        except BaseException:
+            # Closed, not returned to the pool: on a client that went away this
+            # is what tells the engine to stop generating.
+            resp.close()
+            raise
+        resp.release()
+    finally:
+        up.outstanding -= 1
+        um.in_flight.dec()
+        route.metrics.queue.dec()
+
+
+def _connect_failed(gw, route, up: table.Upstream) -> None:
+    up.connect_failures += 1
+    if up.connect_failures >= gw.limits.cooldown_after:
+        up.cooldown_until = time.monotonic() + gw.limits.cooldown_s
+        up.connect_failures = 0
+        from .metrics import COOLDOWNS
+
+        COOLDOWNS.labels(route.name, up.replica_id).inc()
+        logger.warning(
+            "replica set aside after failed connects model=%s replica=%s url=%s for_s=%g",
+            route.name,
+            up.replica_id,
+            up.url,
+            gw.limits.cooldown_s,
+        )
+
+
+async def _whole(route, up, resp, reply: Reply) -> None:
+    try:
+        body = await resp.read()
+    except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+        up.metrics.error("protocol")
+        raise GatewayError(
+            502,
+            f"replica {up.replica_id} of model '{route.name}' closed the connection "
+            "before its answer was complete",
+            code="upstream_incomplete",
+        ) from None
+    status = resp.status
+    if resp.content_type == "application/json" or status >= 400:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if status < 400 and not isinstance(parsed, dict):
+            up.metrics.error("protocol")
+            raise GatewayError(
+                502,
+                f"replica {up.replica_id} of model '{route.name}' answered with "
+                f"something that is not a JSON object: {body[:60]!r}",
+                code="upstream_malformed",
+            )
+        if status >= 400 and not (
+            isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+        ):
+            # Engines word their errors their own way; clients expect OpenAI's shape.
+            text = body[:300].decode("utf-8", "replace").strip() or resp.reason or ""
+            body = error_body(
+                status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
+            )
+    headers = [
+        (b"content-type", (resp.headers.get("Content-Type") or "application/json").encode()),
+        (b"content-length", str(len(body)).encode()),
+        _replica_header(up),
+    ]
+    await reply.start(status, headers)
+    await reply.send({"type": "http.response.body", "body": body})
+
+
+async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
+    await reply.start(
+        200,
+        [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            _replica_header(up),
+        ],
+    )
+    send = reply.send
+    check = SSECheck()
+    first = True
+    problem = None
+    try:
+        async for chunk in resp.content.iter_any():
+            if first:
+                route.metrics.ttft.observe(time.perf_counter() - t0)
+                first = False
+            good, problem = check.feed(chunk)
+            if good:
+                await send({"type": "http.response.body", "body": good, "more_body": True})
+            if problem:
+                problem = f"replica {up.replica_id} of model '{route.name}' sent {problem}"
+                break
+    except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+        pass
+    if problem is None and (check.tail or not check.done):
+        problem = (
+            f"replica {up.replica_id} of model '{route.name}' closed the stream before it finished"
+        )
+    if problem:
+        up.metrics.error("protocol")
+        logger.warning(
+            "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
+        )
+        resp.close()
+        await _end_stream_with_error(reply, problem, "upstream_stream_error")
+        return
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _end_stream_with_error(reply: Reply, message: str, code: str) -> None:
+    await reply.send(
+        {"type": "http.response.body", "body": sse_error_event(message, code) + b"data: [DONE]\n\n"}
+    )

@@ -1,0 +1,265 @@
+"""What one gateway process keeps in memory, and the tasks that keep it fresh.
+
+One ``Gateway`` per event loop (a Daphne or uvicorn process has one). It loads
+the routing table and the API keys on the first request, then refreshes them
+when the channel layer rings (``fleet.gateway.notify``) and periodically in
+case a ring was lost. Requests only read what is in memory; the one write they
+cause, ``last_used_at``, is collected and written in a batch.
+"""
+
+import asyncio
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+
+import aiohttp
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.utils import timezone
+
+from . import keys, metrics, notify, table
+from .errors import GatewayError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int
+    connect_timeout_s: float
+    first_byte_timeout_s: float
+    total_timeout_s: float
+    refresh_s: float
+    keys_refresh_s: float
+    last_used_flush_s: float
+    max_retries: int
+    cooldown_s: float
+    cooldown_after: int
+    max_outstanding: int
+
+    @classmethod
+    def from_settings(cls) -> "Limits":
+        c = settings.LLMGW
+        return cls(
+            max_body_bytes=int(c["GATEWAY_MAX_BODY_BYTES"]),
+            connect_timeout_s=float(c["GATEWAY_CONNECT_TIMEOUT_S"]),
+            first_byte_timeout_s=float(c["GATEWAY_FIRST_BYTE_TIMEOUT_S"]),
+            total_timeout_s=float(c["GATEWAY_TOTAL_TIMEOUT_S"]),
+            refresh_s=float(c["GATEWAY_REFRESH_S"]),
+            keys_refresh_s=float(c["GATEWAY_KEYS_REFRESH_S"]),
+            last_used_flush_s=float(c["GATEWAY_LAST_USED_FLUSH_S"]),
+            max_retries=int(c["GATEWAY_MAX_RETRIES"]),
+            cooldown_s=float(c["GATEWAY_COOLDOWN_S"]),
+            cooldown_after=int(c["GATEWAY_COOLDOWN_AFTER"]),
+            max_outstanding=int(c["GATEWAY_MAX_OUTSTANDING_PER_REPLICA"]),
+        )
+
+
+def _write_last_used(ids: list[int]) -> None:
+    from fleet.models import ApiKey
+
+    ApiKey.objects.filter(pk__in=ids).update(last_used_at=timezone.now())
+
+
+class Gateway:
+    def __init__(self):
+        self.limits = Limits.from_settings()
+        self.routes: dict[str, table.Route] = {}
+        self.keys: dict[str, keys.KeyEntry] = {}
+        self.used_keys: set[int] = set()
+        self.session: aiohttp.ClientSession | None = None
+        self.started = False
+        self.keys_loaded_at = 0.0
+        self.routes_loaded_at = 0.0
+        self._start_lock = asyncio.Lock()
+        self._keys_lock = asyncio.Lock()
+        self._routes_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._wake_what: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- start and stop --------------------------------------------------------
+
+    async def ensure_started(self) -> None:
+        if self.started:
+            return
+        async with self._start_lock:
+            if self.started:
+                return
+            try:
+                await asyncio.gather(self.reload_routes(), self.reload_keys())
+            except Exception as exc:
+                logger.exception("gateway could not load its routing table")
+                raise GatewayError(
+                    503,
+                    f"the gateway could not load its routing table: {exc}",
+                    code="gateway_starting",
+                    retry_after=1,
+                ) from exc
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.limits.connect_timeout_s
+                ),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
+            self._tasks = [
+                asyncio.ensure_future(self._listen()),
+                asyncio.ensure_future(self._refresher()),
+                asyncio.ensure_future(self._flush_last_used()),
+            ]
+            self.started = True
+            logger.info(
+                "gateway started models=%d ready_replicas=%d keys=%d",
+                len(self.routes),
+                sum(len(r.upstreams) for r in self.routes.values()),
+                len(self.keys),
+            )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._write_used()
+        if self.session is not None:
+            await self.session.close()
+        self.started = False
+
+    # ---- loading ---------------------------------------------------------------
+
+    async def reload_routes(self) -> None:
+        async with self._routes_lock:
+            models, replicas = await database_sync_to_async(table.load_snapshot)()
+            new = table.build_routes(models, replicas, self.routes)
+            self._log_changes(self.routes, new)
+            for route in new.values():
+                if route.metrics is None:
+                    old = self.routes.get(route.name)
+                    route.metrics = (
+                        old.metrics if old is not None else metrics.RouteMetrics(route.name)
+                    )
+                for u in route.upstreams:
+                    if u.metrics is None:
+                        u.metrics = metrics.UpstreamMetrics(route.name, u.replica_id)
+            live = {(r.name, u.replica_id) for r in new.values() for u in r.upstreams}
+            for route in self.routes.values():
+                for u in route.upstreams:
+                    if (route.name, u.replica_id) not in live and u.outstanding == 0:
+                        metrics.forget_replica(route.name, u.replica_id)
+            self.routes = new
+            self.routes_loaded_at = time.monotonic()
+
+    @staticmethod
+    def _log_changes(old: dict, new: dict) -> None:
+        # A change is worth a line; a refresh that changed nothing is not.
+        for name, route in new.items():
+            before = old.get(name)
+            ids = sorted(u.replica_id for u in route.upstreams)
+            if before is None or sorted(u.replica_id for u in before.upstreams) != ids:
+                logger.info(
+                    "gateway route model=%s ready=%s%s",
+                    name,
+                    ids,
+                    f" unavailable={route.unavailable!r}" if route.unavailable else "",
+                )
+
+    async def reload_keys(self) -> None:
+        async with self._keys_lock:
+            self.keys = await database_sync_to_async(keys.load_keys)()
+            self.keys_loaded_at = time.monotonic()
+
+    async def key_for(self, headers) -> keys.KeyEntry:
+        secret = keys.bearer(headers)
+        digest = keys.digest_of(secret)
+        entry = self.keys.get(digest) if digest else None
+        if entry is None and digest is not None and time.monotonic() - self.keys_loaded_at > 1:
+            # A key created a moment ago in another process. Reloading at most
+            # once a second bounds what a client with a wrong key can cost.
+            await self.reload_keys()
+            entry = self.keys.get(digest)
+        entry = keys.check(entry, secret, time.time())
+        self.used_keys.add(entry.id)
+        return entry
+
+    # ---- background ------------------------------------------------------------
+
+    def wake(self, what: str = "all") -> None:
+        self._wake_what.add(what)
+        self._wake.set()
+
+    async def _listen(self) -> None:
+        """Join the gateways' group and turn each ring into a refresh."""
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        while True:
+            try:
+                channel = await layer.new_channel("gateway.")
+                await layer.group_add(notify.GROUP, channel)
+                self._channel = channel
+                # Whatever changed while we were not listening.
+                self.wake()
+                while True:
+                    msg = await layer.receive(channel)
+                    self.wake(msg.get("what") or "all")
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - Redis away: periodic refresh covers it
+                logger.warning("gateway lost the channel layer; retrying", exc_info=True)
+                await asyncio.sleep(2)
+
+    async def _refresher(self) -> None:
+        last_group_add = time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.limits.keys_refresh_s)
+            except TimeoutError:
+                pass
+            what, self._wake_what = self._wake_what, set()
+            self._wake.clear()
+            now = time.monotonic()
+            try:
+                await self.reload_keys()
+                if what or now - self.routes_loaded_at >= self.limits.refresh_s:
+                    await self.reload_routes()
+                channel = getattr(self, "_channel", None)
+                if channel and now - last_group_add > 3600:
+                    # Group membership expires in Redis after a day: renew it.
+                    await get_channel_layer().group_add(notify.GROUP, channel)
+                    last_group_add = now
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep serving from what we have
+                logger.warning("gateway refresh failed; serving the last table", exc_info=True)
+                await asyncio.sleep(1)
+
+    async def _write_used(self) -> None:
+        if not self.used_keys:
+            return
+        ids, self.used_keys = sorted(self.used_keys), set()
+        try:
+            await database_sync_to_async(_write_last_used)(ids)
+        except Exception:  # noqa: BLE001 - a lost last_used is not worth a failed request
+            logger.warning("could not record API key use for %d keys", len(ids), exc_info=True)
+
+    async def _flush_last_used(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.last_used_flush_s)
+            await self._write_used()
+
+
+_gateways: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def gateway() -> Gateway:
+    loop = asyncio.get_running_loop()
+    gw = _gateways.get(loop)
+    if gw is None:
+        gw = _gateways[loop] = Gateway()
+    return gw

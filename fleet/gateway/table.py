@@ -1,0 +1,230 @@
+"""The routing table: which replicas of each model may take a request, and why not.
+
+Built from a snapshot of the database (``load_snapshot``, the only part that
+queries) by a pure function (``build_routes``), so the rules — ready replicas
+only, never loading, never draining — are tested with tables of cases. The
+gateway keeps the result in memory and picks from it per request
+(``pick``) without touching the database.
+"""
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from fleet.models import DesiredState, NodeState, ReplicaState, ShardState
+
+
+@dataclass(frozen=True)
+class ShardView:
+    rank: int
+    state: str
+    desired_state: str
+    node_id: str | None
+    mgmt_addr: str
+    port: int | None
+    node_state: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: str
+    model_id: int
+    state: str
+    reason: str
+    served_name: str
+    shards: tuple[ShardView, ...]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    id: int
+    name: str
+    created: int  # unix seconds, as OpenAI's model objects carry it
+    desired_replicas: int
+
+
+@dataclass(eq=False)
+class Upstream:
+    """One ready replica, as the gateway sees it. Kept across refreshes: it holds live counters."""
+
+    replica_id: str
+    model: str
+    url: str  # http://host:port of the rank-0 shard
+    served_name: str
+    outstanding: int = 0
+    connect_failures: int = 0  # consecutive; reset by any answer
+    cooldown_until: float = 0.0  # time.monotonic(); set aside until then
+    metrics: object = None  # per-replica metric children, cached by the gateway
+
+
+@dataclass(eq=False)
+class Route:
+    model_id: int
+    name: str
+    created: int
+    upstreams: list[Upstream]
+    unavailable: str = ""  # why no replica is ready, for the 503
+    retry_after: int = 5
+    metrics: object = None
+    extra: dict = field(default_factory=dict)
+
+
+# The order in which a model's unready replicas are described: what will be
+# ready soonest first.
+_ORDER = ["starting", "loading", "pending", "failed", "draining", "stopping", "unreachable"]
+
+
+def replica_status(r: ReplicaView) -> tuple[str, str]:
+    """("ready", "") or (what it is instead, a reason an operator can act on).
+
+    Decided by the shards, not the replica's own state, which the reconciler
+    may not have caught up on yet.
+    """
+    if not r.shards:
+        return "pending", r.reason
+    for s in r.shards:
+        if s.desired_state == DesiredState.STOPPED or s.state == ShardState.STOPPED:
+            return "stopping", ""
+        if s.desired_state == DesiredState.DRAINING or s.state == ShardState.DRAINING:
+            return "draining", ""
+    states = {s.state for s in r.shards}
+    if states == {ShardState.READY}:
+        leader = min(r.shards, key=lambda s: s.rank)
+        if leader.rank != 0 or not leader.mgmt_addr or not leader.port:
+            return "unreachable", "its rank-0 shard has no address"
+        if leader.node_state == NodeState.LOST:
+            return "unreachable", f"node {leader.node_id} is lost"
+        return "ready", ""
+    if ShardState.FAILED in states:
+        err = r.reason or next((s.error for s in r.shards if s.error), "")
+        return "failed", (err.strip().splitlines() or [""])[0]
+    if ShardState.PENDING in states:
+        return "pending", r.reason
+    if ShardState.STARTING in states:
+        return "starting", ""
+    if ShardState.LOADING in states:
+        return "loading", ""
+    # An unknown state from a newer agent is never guessed healthy.
+    return "failed", f"unknown shard state {sorted(states)}"
+
+
+def upstream_url(addr: str, port: int) -> str:
+    host = f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+    return f"http://{host}:{port}"
+
+
+def describe_unready(counts: dict[tuple[str, str], int], desired: int) -> tuple[str, int]:
+    """The 503's reason ("1 loading; 1 pending: gpu-07 ...") and its Retry-After."""
+    if not counts:
+        return (
+            "no replica is placed" if desired else "it is scaled to 0 replicas",
+            30,
+        )
+    parts = []
+    for (what, reason), n in sorted(
+        counts.items(), key=lambda kv: (_ORDER.index(kv[0][0]), kv[0][1])
+    ):
+        parts.append(f"{n} {what}: {reason}" if reason else f"{n} {what}")
+    soon = any(what in ("starting", "loading") for what, _ in counts)
+    return "; ".join(parts), (5 if soon else 30)
+
+
+def build_routes(
+    models: list[ModelView], replicas: list[ReplicaView], old: dict[str, Route] | None = None
+) -> dict[str, Route]:
+    """The table, by served model name. Upstreams of ``old`` are reused so counters survive."""
+    previous: dict[tuple[str, str], Upstream] = {}
+    for route in (old or {}).values():
+        for u in route.upstreams:
+            previous[(u.replica_id, u.url)] = u
+    by_model: dict[int, list[ReplicaView]] = {}
+    for r in replicas:
+        by_model.setdefault(r.model_id, []).append(r)
+    table = {}
+    for m in models:
+        upstreams = []
+        counts: dict[tuple[str, str], int] = {}
+        for r in by_model.get(m.id, []):
+            if r.state == ReplicaState.STOPPED:
+                continue
+            what, reason = replica_status(r)
+            if what != "ready":
+                counts[(what, reason)] = counts.get((what, reason), 0) + 1
+                continue
+            leader = min(r.shards, key=lambda s: s.rank)
+            url = upstream_url(leader.mgmt_addr, leader.port)
+            u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
+            u.served_name = r.served_name
+            upstreams.append(u)
+        route = Route(m.id, m.name, m.created, upstreams)
+        if not upstreams:
+            reason, route.retry_after = describe_unready(counts, m.desired_replicas)
+            route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
+        table[m.name] = route
+    return table
+
+
+def pick(route: Route, exclude=(), now: float | None = None) -> Upstream | None:
+    """The upstream with the fewest outstanding requests, ties broken at random.
+
+    Replicas in ``exclude`` (already tried for this request) and those cooling
+    down after failed connects are skipped.
+    """
+    now = time.monotonic() if now is None else now
+    best = None
+    best_n = 0
+    ties = 0
+    for u in route.upstreams:
+        if u.cooldown_until > now or u in exclude:
+            continue
+        n = u.outstanding
+        if best is None or n < best_n:
+            best, best_n, ties = u, n, 1
+        elif n == best_n:
+            # Reservoir sampling: each of the tied replicas is equally likely.
+            ties += 1
+            if random.random() * ties < 1:
+                best = u
+    return best
+
+
+def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
+    """Read what the table is built from: three queries, whatever the fleet's size."""
+    from fleet.models import Model, Replica, Shard
+
+    models = [
+        ModelView(pk, name, int(created.timestamp()), desired)
+        for pk, name, created, desired in Model.objects.values_list(
+            "pk", "name", "created_at", "desired_replicas"
+        )
+    ]
+    shards: dict[str, list[ShardView]] = {}
+    for row in (
+        Shard.objects.exclude(replica__state=ReplicaState.STOPPED)
+        .values_list(
+            "replica_id",
+            "rank",
+            "state",
+            "desired_state",
+            "node_id",
+            "node__mgmt_addr",
+            "port",
+            "node__state",
+            "error",
+        )
+        .iterator()
+    ):
+        rid, rank, state, desired, node_id, addr, port, node_state, error = row
+        shards.setdefault(rid, []).append(
+            ShardView(rank, state, desired, node_id, addr or "", port, node_state or "", error)
+        )
+    replicas = [
+        ReplicaView(pk, model_id, state, reason, served or model_name, tuple(shards.get(pk, ())))
+        for pk, model_id, state, reason, served, model_name in Replica.objects.exclude(
+            state=ReplicaState.STOPPED
+        ).values_list(
+            "pk", "model_id", "state", "reason", "profile__served_model_name", "model__name"
+        )
+    ]
+    return models, replicas

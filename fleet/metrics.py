@@ -1,0 +1,59 @@
+"""The Prometheus registry of llmgw and the ``/metrics`` endpoint that exposes it.
+
+Everything llmgw exports registers on ``REGISTRY``: the gateway's metrics
+(``fleet.gateway.metrics``) and whoever adds more — metric objects with
+``registry=REGISTRY``, or a custom collector through ``REGISTRY.register``.
+
+Reserved for the fleet gauges, which keep the Go system's names: they are left
+to the inventory's exporter and must not be reused for anything else.
+"""
+
+from channels.db import database_sync_to_async
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+FLEET_GAUGES = (
+    "llmgw_node_cpu_utilization_percent",
+    "llmgw_node_cpus",
+    "llmgw_node_load",
+    "llmgw_node_memory_bytes",
+    "llmgw_node_memory_used_bytes",
+    "llmgw_node_memory_available_bytes",
+    "llmgw_shard_cpu_cores",
+    "llmgw_shard_memory_bytes",
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)
+
+
+async def metrics_app(scope, receive, send) -> None:
+    """ASGI app for GET /metrics."""
+    if scope["method"] not in ("GET", "HEAD"):
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 405,
+                "headers": [(b"allow", b"GET, HEAD"), (b"content-type", b"text/plain")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"use GET\n"})
+        return
+    # In a thread: a collector someone adds may read the database, and nothing
+    # may block the event loop that serves requests.
+    body = await database_sync_to_async(render)()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
