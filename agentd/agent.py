@@ -1,0 +1,389 @@
+"""The agent's state and what it does with each message; agentd/client.py moves the bytes.
+
+The agent outlives any one connection: the desired set it converges to, the
+facts it has already told the control plane, and the messages waiting to be
+sent all live here, so a reconnect resumes rather than starts over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+from agentd import __version__, logs, protocol
+from agentd.config import Config
+from agentd.discovery import Machine
+from agentd.load import LoadSampler
+from agentd.nvml import Checks
+
+logger = logging.getLogger(__name__)
+
+# Weights dirs can hold thousands of files; sizing them every heartbeat is
+# waste when they change a few times a day. A removal rescans at once.
+WEIGHTS_RESCAN_S = 60.0
+OUTBOX_LIMIT = 1000
+
+
+class Shards(Protocol):
+    """What the agent needs from the engine supervisor."""
+
+    async def apply(self, desired: protocol.Desired) -> None: ...
+    def running(self) -> list[protocol.RunningShard]: ...
+    def process_groups(self) -> dict[str, int]: ...
+    def sources(self) -> list[str]: ...
+    def tail(self, shard_id: str, lines: int) -> list[str] | None: ...
+    def paths_in_use(self) -> list[str]: ...
+    def engine_versions(self) -> dict[str, str]: ...
+    async def close(self) -> None: ...
+
+
+class NoShards:
+    """An agent without engine supervision: it runs nothing and says so."""
+
+    async def apply(self, desired: protocol.Desired) -> None:
+        if any(s.state == "running" for s in desired.shards):
+            logger.warning(
+                "desired set v%d asks for %d shard(s); this agent runs no engines",
+                desired.version,
+                len(desired.shards),
+            )
+
+    def running(self) -> list[protocol.RunningShard]:
+        return []
+
+    def process_groups(self) -> dict[str, int]:
+        return {}
+
+    def sources(self) -> list[str]:
+        return []
+
+    def tail(self, shard_id: str, lines: int) -> list[str] | None:
+        return None
+
+    def paths_in_use(self) -> list[str]:
+        return []
+
+    def engine_versions(self) -> dict[str, str]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+class Agent:
+    def __init__(self, cfg: Config, shards: Shards | None = None, machine: Machine | None = None):
+        self.cfg = cfg
+        self.shards: Shards = shards or NoShards()
+        self.machine = machine or Machine(
+            state_dir=cfg.state_dir,
+            weights_dirs=list(cfg.weights_dirs),
+            fabric_name=cfg.fabric_name,
+            checks=Checks(
+                ecc_error_threshold=cfg.gpu_checks.ecc_error_threshold,
+                max_temperature_c=cfg.gpu_checks.max_temperature_c,
+            ),
+        )
+        self.sampler = LoadSampler()
+        self.state_file = cfg.state_dir / "agent-state.json"
+        self.desired_version = self._load_state().get("desired_version", 0)
+        self.weights_rescan_s = WEIGHTS_RESCAN_S
+        # What the control plane has been told, so a heartbeat carries only news.
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._sent_memory: int | None = None
+        self._sent_weights: list[protocol.Weights] | None = None
+        self._weights_at = 0.0
+        self._weights: list[protocol.Weights] = []
+        self._sent_engines: dict[str, str] = {}
+        self._sent_provision: list[protocol.EngineInstall] = []
+        self._reported: set[tuple[int, str]] = set()
+        self._provision: list[protocol.EngineInstall] = []
+        # Messages for the control plane, sent in order whenever a socket is up.
+        self.outbox: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
+        self.outbox_ready = asyncio.Event()
+        self._pending_desired: protocol.Desired | None = None
+        self._desired_wakeup = asyncio.Event()
+        self._converger: asyncio.Task | None = None
+
+    # ---- lifetime ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._converger = asyncio.ensure_future(self._converge_loop())
+
+    async def close(self) -> None:
+        """Stop watching. The engines keep running: they outlive the agent."""
+        if self._converger is not None:
+            self._converger.cancel()
+            await asyncio.gather(self._converger, return_exceptions=True)
+        await self.shards.close()
+        self.machine.close()
+
+    def _load_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_state(self) -> None:
+        self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"desired_version": self.desired_version}))
+        os.replace(tmp, self.state_file)
+
+    def store_credential(self, secret: str) -> None:
+        """Keep the node credential from enrolment: readable by this user only, written whole."""
+        path = self.cfg.credential_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secret + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        logger.info("enrolled: node credential written to %s", path)
+
+    def send(self, msg) -> None:
+        self.outbox.append(msg)
+        self.outbox_ready.set()
+
+    # ---- what goes to the control plane ---------------------------------------
+
+    def register_message(self, mgmt_addr: str = "") -> protocol.Register:
+        """The whole inventory. Whatever it carries is what the control plane now knows."""
+        inv = self.machine.inventory(
+            node_id=self.cfg.node_id,
+            labels=dict(self.cfg.labels),
+            mgmt_addr=self.cfg.mgmt_addr or mgmt_addr,
+            engine_versions=self.shards.engine_versions(),
+        )
+        with self._lock:
+            self._sent_memory = inv["memory_total_mb"]
+            self._weights = self._sent_weights = list(inv["weights"])
+            self._weights_at = time.monotonic()
+            self._sent_engines = dict(inv["engine_versions"])
+            self._sent_provision = list(self._provision)
+            self._reported = {(g.index, p) for g in inv["gpus"] for p in g.problems}
+        return protocol.Register(
+            type="register",
+            provision=list(self._provision),
+            running_shards=self.shards.running(),
+            desired_version=self.desired_version,
+            **inv,
+        )
+
+    def heartbeat_message(self) -> protocol.Heartbeat:
+        """Cheap facts, each only as often as it means something (docs/protocol.md).
+
+        Blocking (NVML, statvfs, a weights walk): call it off the event loop.
+        """
+        m = self.machine
+        mounts = m.mounts()
+        storage = m.storage(mounts)
+        session = m.gpu_session()
+        used = session.memory_used_mb() if session else []
+        problems = session.problems(m.checks) if session else {}
+        now = time.monotonic()
+        weights = None
+        if now - self._weights_at >= self.weights_rescan_s:
+            weights = m.weights(mounts)
+        memory = m.memory_total_mb()
+        engines = self.shards.engine_versions()
+        load = self.sampler.sample(self.shards.process_groups())
+        with self._lock:
+            self._seq += 1
+            hb = {"type": "heartbeat", "seq": self._seq, "storage": storage, "load": load}
+            hb["gpu_memory_used_mb"] = used
+            new = [
+                protocol.GPUProblem(gpu_index=i, problem=p)
+                for i, found in sorted(problems.items())
+                for p in found
+                if (i, p) not in self._reported
+            ]
+            for p in new:
+                logger.warning("GPU %d has a new problem: %s", p.gpu_index, p.problem)
+                self._reported.add((p.gpu_index, p.problem))
+            hb["new_problems"] = new
+            if weights is not None:
+                self._weights, self._weights_at = weights, now
+                if weights != self._sent_weights:
+                    hb["weights_changed"], hb["weights"] = True, weights
+                    self._sent_weights = weights
+            if memory is not None and memory != self._sent_memory:
+                hb["memory_total_mb"] = self._sent_memory = memory
+            if engines != self._sent_engines:
+                hb["engines_changed"], hb["engine_versions"] = True, engines
+                self._sent_engines = dict(engines)
+            if self._provision != self._sent_provision:
+                hb["provision_changed"], hb["provision"] = True, list(self._provision)
+                self._sent_provision = list(self._provision)
+            hb["desired_version"] = self.desired_version
+        return protocol.Heartbeat(**hb)
+
+    def bare_heartbeat(self) -> protocol.Heartbeat:
+        """When collecting facts is stuck (a hung mount): still say the node is alive."""
+        with self._lock:
+            self._seq += 1
+            return protocol.Heartbeat(
+                type="heartbeat", seq=self._seq, desired_version=self.desired_version
+            )
+
+    # ---- what comes from the control plane ------------------------------------
+
+    async def handle(self, msg) -> None:
+        kind = msg.type
+        if kind == "desired":
+            self.on_desired(msg)
+        elif kind == "provision":
+            self.on_provision(msg)
+        elif kind == "remove_weights":
+            detail, ok = await asyncio.to_thread(self.remove_weights, msg.paths)
+            self.send(protocol.AgentAck(type="ack", of="remove_weights", ok=ok, detail=detail))
+        elif kind == "logs_request":
+            self.send(await asyncio.to_thread(self.logs_reply, msg))
+        # ServerAck needs nothing: the client reads the register ack itself.
+
+    def on_desired(self, msg: protocol.Desired) -> None:
+        """Fencing: converge to the newest version seen; an older one is a late arrival."""
+        newest = max(self.desired_version, getattr(self._pending_desired, "version", 0))
+        if msg.version < newest:
+            logger.info("ignoring desired set v%d: v%d is newer", msg.version, newest)
+            return
+        if msg.version == self.desired_version and self._pending_desired is None:
+            # A repeat (a heal after a lost ack): nothing to do but say so again.
+            self.send(protocol.AgentAck(type="ack", of="desired", version=msg.version))
+            return
+        self._pending_desired = msg
+        self._desired_wakeup.set()
+
+    async def _converge_loop(self) -> None:
+        while True:
+            await self._desired_wakeup.wait()
+            self._desired_wakeup.clear()
+            msg, self._pending_desired = self._pending_desired, None
+            if msg is None or msg.version < self.desired_version:
+                continue
+            ok, detail = True, ""
+            try:
+                await self.shards.apply(msg)
+            except Exception as exc:  # noqa: BLE001 - reported, and the next version retries
+                logger.exception("applying desired set v%d failed", msg.version)
+                ok, detail = False, f"applying desired set v{msg.version} failed: {exc}"[:4096]
+            self.desired_version = msg.version
+            self._save_state()
+            logger.info("converged to desired set v%d (%d shards)", msg.version, len(msg.shards))
+            self.send(
+                protocol.AgentAck(
+                    type="ack", of="desired", version=msg.version, ok=ok, detail=detail
+                )
+            )
+
+    def on_provision(self, msg: protocol.Provision) -> None:
+        """Recorded and reported; installing engines is not this agent's job (yet)."""
+        installs = []
+        by_hand = self.cfg.engines.binaries
+        for want in msg.engines:
+            if want.engine in self.cfg.engines.disabled or want.engine in by_hand:
+                continue  # the node's own say wins: disabled, or a binary named by hand
+            installs.append(
+                protocol.EngineInstall(
+                    engine=want.engine,
+                    version=want.version,
+                    variant=want.variant,
+                    state="unsupported",
+                    detail=(
+                        "this agent does not install engines; name the binary in agent.yaml "
+                        f"(engines.binaries.{want.engine})"
+                    ),
+                )
+            )
+        if installs != self._provision:
+            logger.info(
+                "control plane wants engines %s; not installed by this agent",
+                [f"{e.engine} {e.version}".strip() for e in msg.engines],
+            )
+        self._provision = installs
+
+    def logs_reply(self, msg: protocol.LogsRequest) -> protocol.LogsReply:
+        sources = [logs.AGENT_SOURCE, *self.shards.sources()]
+        error, lines = "", []
+        if msg.source == logs.AGENT_SOURCE:
+            try:
+                lines = logs.tail(self.cfg.log_path, msg.lines)
+            except OSError as exc:
+                error = f"cannot read the agent log {self.cfg.log_path}: {exc.strerror or exc}"
+        else:
+            found = self.shards.tail(msg.source, msg.lines)
+            if found is None:
+                error = f"no log source '{msg.source}' on this node"
+            else:
+                lines = found
+        return protocol.LogsReply(
+            type="logs_reply",
+            request_id=msg.request_id,
+            lines=logs.fit_reply(lines),
+            sources=sources,
+            error=error,
+        )
+
+    def remove_weights(self, paths: list[str]) -> tuple[str, bool]:
+        """Remove what the control plane proposed, after checking every path again here.
+
+        The control plane cannot see the disk: a path outside the weights dirs, a
+        weights dir itself, or weights a running shard loads are kept, whatever it says.
+        """
+        roots = [Path(os.path.realpath(d)) for d in self.cfg.weights_dirs]
+        in_use = [
+            Path(f(p))
+            for p in self.shards.paths_in_use()
+            if p
+            for f in (os.path.abspath, os.path.realpath)
+        ]
+        removed, kept = [], []
+        for raw in paths:
+            # The directories above resolved, the last part not: a link in a
+            # weights dir to a model kept elsewhere is removed, not what it names.
+            given = os.path.abspath(raw)
+            real = Path(os.path.realpath(os.path.dirname(given))) / os.path.basename(given)
+            if not any(real != r and real.is_relative_to(r) for r in roots):
+                kept.append(f"{raw}: not inside a weights dir")
+                continue
+            user = next(
+                (u for u in in_use if u.is_relative_to(real) or real.is_relative_to(u)), None
+            )
+            if user is not None:
+                kept.append(f"{raw}: in use by a running shard ({user})")
+                continue
+            if not os.path.lexists(real):
+                removed.append(raw)  # already gone: the wanted outcome
+                continue
+            try:
+                if real.is_dir() and not real.is_symlink():
+                    shutil.rmtree(real)
+                else:
+                    real.unlink()
+            except OSError as exc:
+                kept.append(f"{raw}: {exc.strerror or exc}")
+                continue
+            removed.append(raw)
+            logger.info("removed weights %s", raw)
+        for k in kept:
+            logger.warning("kept weights %s", k)
+        self._weights_at = 0.0  # the next heartbeat rescans and reports the change
+        detail = f"removed {len(removed)}" + (f"; kept {'; '.join(kept)}" if kept else "")
+        return detail[:4096], not kept
+
+    # ---- small things -----------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        return __version__

@@ -1,0 +1,207 @@
+"""The agent's one socket to the control plane, kept open for the agent's lifetime.
+
+Register first, always; then heartbeats on the interval the control plane's
+ack names, everything queued in the agent's outbox, and whatever the control
+plane sends handed to the agent. A lost connection is retried with jittered
+exponential backoff; only a refusal of who this node is (4003, 4010, or HTTP
+403 at the handshake) stops the agent, since retrying cannot fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from agentd import protocol
+from agentd.agent import Agent
+from agentd.protocol import CloseCode
+
+logger = logging.getLogger(__name__)
+
+REGISTER_ACK_TIMEOUT_S = 15
+FATAL_CLOSE = {CloseCode.FORBIDDEN, CloseCode.REVOKED}
+
+
+class Refused(Exception):
+    """The control plane will not accept this node as it is. Retrying cannot help."""
+
+
+class Backoff:
+    """1 s doubling to 30 s, each wait drawn from its upper half.
+
+    The jitter spreads a fleet that lost its control plane at the same moment,
+    so a thousand agents do not all knock again on the same second.
+    """
+
+    def __init__(self, first: float = 1.0, cap: float = 30.0, rng: random.Random | None = None):
+        self.first, self.cap = first, cap
+        self.rng = rng or random.Random()
+        self.attempt = 0
+
+    def next(self) -> float:
+        ceiling = min(self.cap, self.first * 2**self.attempt)
+        self.attempt += 1
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def _tls(agent: Agent) -> ssl.SSLContext | None:
+    if not agent.cfg.control_plane_url.startswith("wss://"):
+        return None
+    ca = agent.cfg.tls_ca_file
+    return ssl.create_default_context(cafile=str(ca) if ca else None)
+
+
+async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None) -> None:
+    """Connect, serve, reconnect, until ``stop`` is set. Raises Refused when refused."""
+    backoff = backoff or Backoff()
+    url = agent.cfg.control_plane_url
+    while not stop.is_set():
+        try:
+            await _session(agent, stop, backoff)
+        except Refused:
+            raise
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                raise Refused(
+                    f"the control plane at {url} refused this node's "
+                    f"{'credential' if agent.cfg.read_credential() else 'join token'} "
+                    f"(HTTP {status}): it is unknown, expired, used up or revoked"
+                ) from None
+            logger.warning("control plane at %s answered HTTP %d; retrying", url, status)
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd else None
+            reason = exc.rcvd.reason if exc.rcvd else ""
+            if code in FATAL_CLOSE:
+                raise Refused(
+                    f"the control plane closed the socket with {code} ({reason or 'no reason'})"
+                ) from None
+            if not stop.is_set():
+                logger.warning(
+                    "connection to the control plane closed code=%s reason=%s", code, reason or "-"
+                )
+        except (TimeoutError, OSError, websockets.InvalidHandshake, protocol.ProtocolError) as exc:
+            logger.warning(
+                "cannot reach the control plane at %s: %s", url, exc or type(exc).__name__
+            )
+        if stop.is_set():
+            return
+        delay = backoff.next()
+        logger.info("reconnecting in %.1f s", delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+
+
+async def _session(agent: Agent, stop: asyncio.Event, backoff: Backoff) -> None:
+    cfg = agent.cfg
+    async with websockets.connect(
+        cfg.control_plane_url,
+        additional_headers={"Authorization": f"Bearer {cfg.bearer()}"},
+        ssl=_tls(agent),
+        open_timeout=10,
+        ping_interval=20,
+        ping_timeout=20,
+        close_timeout=5,
+        max_size=2**20,
+        user_agent_header=f"llmgw-agent/{agent.version}",
+    ) as ws:
+        local = ws.local_address[0] if ws.local_address else ""
+        register = agent.register_message(mgmt_addr=local)
+        await ws.send(protocol.dump(register))
+        ack = await asyncio.wait_for(_register_ack(ws), REGISTER_ACK_TIMEOUT_S)
+        if ack.credential:
+            agent.store_credential(ack.credential)
+        backoff.reset()
+        interval = ack.heartbeat_interval_s
+        logger.info(
+            "registered node=%s gpus=%d running_shards=%d heartbeat=%gs",
+            register.node_id,
+            len(register.gpus),
+            len(register.running_shards),
+            interval,
+        )
+        tasks = [
+            asyncio.ensure_future(_receive(agent, ws)),
+            asyncio.ensure_future(_heartbeats(agent, ws, interval)),
+            asyncio.ensure_future(_send_outbox(agent, ws)),
+            asyncio.ensure_future(stop.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()
+        if stop.is_set():
+            # Leaving on purpose. The engines keep running: they outlive the agent.
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(
+                    protocol.dump(protocol.Goodbye(type="goodbye", reason="agent stopping"))
+                )
+            await ws.close(code=CloseCode.NORMAL, reason="agent stopping")
+            logger.info("said goodbye to the control plane")
+
+
+async def _register_ack(ws) -> protocol.ServerAck:
+    while True:
+        msg = protocol.parse_control_message(await ws.recv())
+        if msg.type == "ack" and msg.of == "register":
+            return msg
+        logger.debug("before the register ack: %s (dropped)", msg.type)
+
+
+async def _receive(agent: Agent, ws) -> None:
+    async for raw in ws:
+        try:
+            msg = protocol.parse_control_message(raw)
+        except protocol.ProtocolError as exc:
+            # The control plane is newer or broken; closing would only loop.
+            logger.error("unreadable message from the control plane: %s", exc.reason)
+            continue
+        await agent.handle(msg)
+
+
+async def _heartbeats(agent: Agent, ws, interval: float) -> None:
+    # Sent directly rather than queued: a heartbeat is about now, and one
+    # held over a reconnect would only tell the control plane stale news.
+    collecting: asyncio.Future | None = None
+    while True:
+        await asyncio.sleep(interval)
+        if collecting is None or collecting.done():
+            collecting = asyncio.ensure_future(asyncio.to_thread(agent.heartbeat_message))
+        try:
+            hb = await asyncio.wait_for(asyncio.shield(collecting), timeout=interval)
+        except TimeoutError:
+            # Still stuck (statvfs on a hung NFS mount, say): say the node is alive
+            # anyway, and keep waiting for that one collection rather than piling up more.
+            logger.warning(
+                "collecting heartbeat facts takes over %g s; sending a bare one", interval
+            )
+            hb = agent.bare_heartbeat()
+        else:
+            collecting = None
+        await ws.send(protocol.dump(hb))
+
+
+async def _send_outbox(agent: Agent, ws) -> None:
+    while True:
+        await agent.outbox_ready.wait()
+        while agent.outbox:
+            msg = agent.outbox[0]
+            await ws.send(protocol.dump(msg))
+            # Taken off only once sent: what a dropped socket ate goes out on the next.
+            if agent.outbox and agent.outbox[0] is msg:
+                agent.outbox.popleft()
+        agent.outbox_ready.clear()

@@ -1,0 +1,203 @@
+"""GPU discovery against the NVML test double, and for real on this GPU-less machine."""
+
+import ast
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from agentd import nvml
+from agentd.nvml import NVML, Checks
+from agentd.nvml_double import FakeNVML
+from tests.agent import nvml_data
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """Point agentd/nvml.py at a spec file; returns a function that (re)writes it."""
+    path = tmp_path / "nvml.json"
+
+    def use(spec: dict) -> Path:
+        nvml_data.write(path, spec)
+        # A fresh mtime even within the filesystem's timestamp granularity.
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        return path
+
+    monkeypatch.setenv(nvml.FAKE_ENV, str(path))
+    return use
+
+
+def test_hgx_h100_node_reports_eight_gpus_with_their_facts(fake):
+    fake(nvml_data.hgx(nvml_data.H100))
+    session = NVML.open()
+    gpus = session.gpus(Checks())
+
+    assert [g.index for g in gpus] == list(range(8))
+    g0 = gpus[0]
+    assert g0.name == "NVIDIA H100 80GB HBM3"
+    assert g0.memory_total_mb == 81559
+    assert g0.memory_used_mb == 535
+    assert g0.uuid.startswith("GPU-5f1c8a2e-") and len(g0.uuid) == 40
+    assert g0.pci_bus_id == "00000000:18:00.0"
+    assert g0.compute_capability == "9.0"
+    assert g0.driver_version == "550.90.07"
+    assert g0.cuda_version == "12.4"
+    assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert g0.temperature_c == 31
+    assert g0.ecc_errors == 0 and g0.problems == []
+    # Every link ends at an NVSwitch: all eight reach each other.
+    assert all(g.nvlink_peers == [j for j in range(8) if j != g.index] for g in gpus)
+
+
+def test_h200_memory(fake):
+    fake(nvml_data.hgx(nvml_data.H200, count=4))
+    gpus = NVML.open().gpus(Checks())
+    assert {(g.name, g.memory_total_mb) for g in gpus} == {("NVIDIA H200", 143771)}
+
+
+def test_direct_nvlink_peers_map_the_remote_bus_id_back_to_an_index(fake):
+    fake(nvml_data.h100_nvl_pairs())
+    gpus = NVML.open().gpus(Checks())
+    assert [g.nvlink_peers for g in gpus] == [[1], [0], [3], [2]]
+
+
+def test_pcie_only_gpus_have_no_peers(fake):
+    spec = nvml_data.hgx(count=2)
+    for g in spec["gpus"]:
+        g["nvlinks"] = None  # NVLink not supported on this board
+    fake(spec)
+    assert [g.nvlink_peers for g in NVML.open().gpus(Checks())] == [[], []]
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        ({"ecc_volatile_uncorrected": 3}, "uncorrected ECC errors over 0"),
+        ({"remapped_rows": [2, 1, 1, 0]}, "row remapping pending: reset the GPU"),
+        ({"remapped_rows": [0, 9, 0, 1]}, "row remapping failed: the GPU needs service"),
+        ({"temperature_c": 91}, "too hot (limit 87 C)"),
+        (
+            {"remapped_rows": None, "retired_pages_pending": 1, "retired_pages": {"sbe": 2}},
+            "retired pages pending: reset the GPU",
+        ),
+        (
+            {"remapped_rows": None, "retired_pages_pending": 0, "retired_pages": {"dbe": 61}},
+            "60 or more retired pages: the GPU needs service",
+        ),
+        ({"lost": True}, "unreadable through NVML: GPU is lost"),
+    ],
+)
+def test_gpu_problems(fake, overrides, problem):
+    spec = nvml_data.hgx(count=2)
+    spec["gpus"][1].update(overrides)
+    fake(spec)
+    gpus = NVML.open().gpus(Checks())
+    assert gpus[0].problems == []
+    assert gpus[1].problems == [problem]
+
+
+def test_ecc_threshold_and_driver_slowdown_limit_are_respected(fake):
+    spec = nvml_data.hgx(count=2)
+    spec["gpus"][0].update(ecc_volatile_uncorrected=2)
+    spec["gpus"][1].update(temperature_c=80, slowdown_c=79)  # the driver throttles first
+    fake(spec)
+    gpus = NVML.open().gpus(Checks(ecc_error_threshold=5, max_temperature_c=87))
+    assert gpus[0].problems == [] and gpus[0].ecc_errors == 2
+    assert gpus[1].problems == ["too hot (limit 79 C)"]
+
+
+def test_heartbeat_readings_follow_the_driver(fake):
+    spec = nvml_data.hgx(count=2)
+    fake(spec)
+    session = NVML.open()
+    assert session.memory_used_mb() == [535, 535]
+    spec["gpus"][1]["memory_used_bytes"] = 70000 * 2**20
+    spec["gpus"][1]["ecc_volatile_uncorrected"] = 1
+    fake(spec)
+    assert session.memory_used_mb() == [535, 70000]
+    assert session.problems(Checks()) == {0: [], 1: ["uncorrected ECC errors over 0"]}
+
+
+def test_numa_node_falls_back_to_sysfs_on_older_drivers(fake, tmp_path):
+    spec = nvml_data.hgx(count=1)
+    spec["gpus"][0]["numa_node"] = None
+    fake(spec)
+    dev = tmp_path / "pci" / "0000:18:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    assert NVML.open(pci_root=tmp_path / "pci").gpus(Checks())[0].numa_node == 1
+    (dev / "numa_node").write_text("-1\n")  # the kernel's "no NUMA affinity"
+    assert NVML.open(pci_root=tmp_path / "pci").gpus(Checks())[0].numa_node is None
+
+
+def test_missing_driver_in_the_double_is_a_cpu_node(fake):
+    fake({"library": "missing"})
+    assert NVML.open() is None
+
+
+def test_real_pynvml_without_libnvidia_ml_is_a_cpu_node(monkeypatch):
+    # This machine has no NVIDIA driver: the real library path, no double.
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+        pynvml.nvmlInit()
+    assert NVML.open() is None
+
+
+def test_discover_on_this_machine_prints_a_cpu_node():
+    env = {k: v for k, v in os.environ.items() if k != nvml.FAKE_ENV}
+    out = subprocess.run(
+        [sys.executable, "-m", "agentd", "discover", "--no-config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    inv = json.loads(out.stdout)
+    assert inv["gpus"] == []
+    assert inv["memory_total_mb"] > 0
+
+
+def _nvml_calls() -> set[str]:
+    tree = ast.parse(Path(nvml.__file__).read_text())
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("nvml")
+    } - {"nvml"}
+
+
+def test_the_double_implements_every_call_with_pynvmls_signature():
+    calls = _nvml_calls()
+    assert "nvmlDeviceGetNvLinkRemotePciInfo" in calls  # the scan sees attribute calls
+    for name in calls:
+        real = getattr(pynvml, name)
+        double = getattr(FakeNVML, name)
+        real_params = list(inspect.signature(real).parameters)
+        double_params = list(inspect.signature(double).parameters)[1:]  # less self
+        assert double_params == real_params, name
+
+
+def test_the_double_fails_like_pynvml(fake):
+    fake(nvml_data.hgx(count=1))
+    lib = FakeNVML(Path(os.environ[nvml.FAKE_ENV]))
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        lib.nvmlDeviceGetCount()
+    lib.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        lib.nvmlDeviceGetHandleByIndex(1)
+    h = lib.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        lib.nvmlDeviceGetNvLinkState(h, nvml_data.NVLINKS_PER_H100)  # past the last link
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        lib.nvmlDeviceGetRetiredPagesPendingStatus(h)
+    assert isinstance(lib.nvmlDeviceGetPciInfo(h), pynvml.nvmlPciInfo_t)
