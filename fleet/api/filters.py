@@ -35,11 +35,8 @@ class NodeFilterSet(django_filters.FilterSet):
     def filter_selector(self, queryset, name, value):
         reqs = parse_selector(value)
         # Labels are JSON merged from two fields; a fleet is small enough to match here.
-        ids = [
-            n.pk
-            for n in queryset.only("id", "agent_labels", "operator_labels")
-            if selector_matches(reqs, n.labels)
-        ]
+        rows = queryset.values_list("id", "agent_labels", "operator_labels")
+        ids = [pk for pk, agent, oper in rows if selector_matches(reqs, {**agent, **oper})]
         return queryset.filter(pk__in=ids)
 
 
