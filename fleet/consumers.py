@@ -168,7 +168,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_goodbye(self, msg: protocol.Goodbye):
         logger.info("agent said goodbye node=%s reason=%s", self.node_id, msg.reason)
         self.closing = True
-        await self.close(code=CloseCode.NORMAL)
+        await self.close(code=int(CloseCode.NORMAL))
 
     # ---- control plane -> agent ------------------------------------------------
 
