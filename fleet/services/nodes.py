@@ -72,8 +72,8 @@ def memory_gb(node: Node) -> str:
 
 
 def gpu_short_name(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'H100': the first word that names the model."""
-    words = [w for w in re.split(r"[\s]+", name.strip()) if w.lower() not in _GPU_NAME_NOISE]
+    """'NVIDIA H100 80GB HBM3' -> 'H100', 'NVIDIA A100-SXM4-80GB' -> 'A100'."""
+    words = [w for w in re.split(r"[\s-]+", name.strip()) if w and w.lower() not in _GPU_NAME_NOISE]
     for word in words:
         if any(c.isdigit() for c in word):
             return word
