@@ -133,4 +133,10 @@ async def arequest_logs(
 
 
 def request_logs(node_id: str, source: str = "agent", lines: int = 200) -> protocol.LogsReply:
+    """arequest_logs for sync code: a Celery task, a command, a sync view.
+
+    Not from inside database_sync_to_async in a process serving agent sockets:
+    that thread is the one every consumer there needs for the database, so the
+    node's own consumer could not pass the request on until the wait ran out.
+    """
     return async_to_sync(arequest_logs)(node_id, source, lines)
