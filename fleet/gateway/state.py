@@ -79,6 +79,8 @@ class Gateway:
         self._wake = asyncio.Event()
         self._wake_what: set[str] = set()
         self._tasks: list[asyncio.Task] = []
+        self._miss_reload: asyncio.Future | None = None
+        self._channel: str | None = None
 
     # ---- start and stop --------------------------------------------------------
 
@@ -176,14 +178,22 @@ class Gateway:
         secret = keys.bearer(headers)
         digest = keys.digest_of(secret)
         entry = self.keys.get(digest) if digest else None
-        if entry is None and digest is not None and time.monotonic() - self.keys_loaded_at > 1:
-            # A key created a moment ago in another process. Reloading at most
-            # once a second bounds what a client with a wrong key can cost.
-            await self.reload_keys()
+        if entry is None and digest is not None:
+            # Perhaps a key created a moment ago in another process. Misses share
+            # one reload at most once a second, which bounds what a client with
+            # a wrong key can cost.
+            if self._miss_reload is None or self._miss_reload.done():
+                delay = max(0.0, self.keys_loaded_at + 1 - time.monotonic())
+                self._miss_reload = asyncio.ensure_future(self._reload_keys_after(delay))
+            await asyncio.shield(self._miss_reload)
             entry = self.keys.get(digest)
         entry = keys.check(entry, secret, time.time())
         self.used_keys.add(entry.id)
         return entry
+
+    async def _reload_keys_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self.reload_keys()
 
     # ---- background ------------------------------------------------------------
 
@@ -226,7 +236,7 @@ class Gateway:
                 await self.reload_keys()
                 if what or now - self.routes_loaded_at >= self.limits.refresh_s:
                     await self.reload_routes()
-                channel = getattr(self, "_channel", None)
+                channel = self._channel
                 if channel and now - last_group_add > 3600:
                     # Group membership expires in Redis after a day: renew it.
                     await get_channel_layer().group_add(notify.GROUP, channel)

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentd import protocol
+from fleet.gateway import notify as gateway_notify
 from fleet.models import (
     GPU,
     EngineInstall,
@@ -136,6 +137,7 @@ def _apply_running_shards(node: Node, running, now: datetime) -> None:
             shard.state = state
             shard.state_changed_at = now
             shard.save(update_fields=["state", "state_changed_at"])
+            transaction.on_commit(lambda: gateway_notify.changed("routes"))
 
 
 def mark_disconnected(node_id: str, channel_name: str) -> bool:
@@ -331,6 +333,8 @@ def apply_shard_status(node_id: str, msg: protocol.ShardStatus) -> bool:
         )
     else:
         logger.info("shard state node=%s shard=%s state=%s", node_id, msg.shard_id, state)
+    # Where requests may go has changed: every gateway reloads its table.
+    transaction.on_commit(lambda: gateway_notify.changed("routes"))
     return True
 
 
