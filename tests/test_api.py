@@ -1,5 +1,6 @@
 """The management API under /api/v1/: auth, inventory, catalog CRUD and its rules."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -360,3 +361,80 @@ def test_schema_generates_without_warnings(tmp_path):
         "spectacular", "--fail-on-warn", "--validate", "--file", str(tmp_path / "schema.yaml")
     )
     assert "/api/v1/nodes/{id}/uncordon/" in (tmp_path / "schema.yaml").read_text()
+
+
+# --- end to end: a real Daphne, a real agent socket ------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server):
+    import json
+    import subprocess
+    import sys
+    import urllib.parse
+    import urllib.request
+    from http.cookiejar import CookieJar
+
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+    from websockets.sync.client import connect
+
+    from tests.fleet_helpers import join_token, register_msg
+    from tests.live import ROOT, subprocess_env
+
+    # given an agent that enrols with a join token over a real socket
+    _, token = join_token()
+    _, key = manage_key()
+    root = staff_user("root", is_superuser=True)
+    # Daphne runs with the real hashers, which do not know this module's fast one.
+    root.password = PBKDF2PasswordHasher().encode("pw-for-tests", "salt4tests", iterations=1000)
+    root.save()
+    headers = {"Authorization": f"Bearer {token}"}
+    with connect(daphne_server.ws_url, additional_headers=headers, open_timeout=10) as ws:
+        ws.send(json.dumps(register_msg("gpu-07")))
+        ack = json.loads(ws.recv(timeout=10))
+        assert ack["of"] == "register" and ack["credential"].startswith("lgn_")
+
+        # then `manage.py nodes` in another process lists it
+        nodes = subprocess.run(
+            [sys.executable, "manage.py", "nodes"],
+            cwd=ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert nodes.returncode == 0, nodes.stderr
+        line = next(x for x in nodes.stdout.splitlines() if x.startswith("gpu-07"))
+        assert line.split()[:2] == ["gpu-07", "ready"]
+        assert "2015" in line and "8×H100" in line
+
+        # and the API answers with its GPUs and memory
+        req = urllib.request.Request(
+            daphne_server.url + "/api/v1/nodes/gpu-07/",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            node = json.load(resp)
+        assert node["connected"] and node["memory_total_mb"] == 2063500
+        assert len(node["gpus"]) == 8
+
+        # and so does the admin, to a superuser who logs in
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+        login = daphne_server.url + "/admin/login/"
+        page = opener.open(login, timeout=10).read().decode()
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        form = {"username": "root", "password": "pw-for-tests", "csrfmiddlewaretoken": csrf}
+        opener.open(
+            urllib.request.Request(
+                login + "?next=/admin/",
+                urllib.parse.urlencode(form).encode(),
+                headers={"Referer": login},
+            ),
+            timeout=10,
+        )
+        admin_page = (
+            opener.open(daphne_server.url + "/admin/fleet/node/gpu-07/change/", timeout=10)
+            .read()
+            .decode()
+        )
+        assert admin_page.count("NVIDIA H100 80GB HBM3") == 8
