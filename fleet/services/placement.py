@@ -361,6 +361,8 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
             )
     if _free_port(node, snapshot) is None:
         lo, hi = node.port_range or snapshot.port_range
+        if lo > hi:
+            return Reason(nid, "ports", f"{nid}: its port range label is not LO-HI")
         return Reason(nid, "ports", f"{nid}: no free port in {lo}-{hi}")
     return None
 

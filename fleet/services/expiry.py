@@ -1,0 +1,130 @@
+"""Node expiry: ready → suspect → lost by silence, with the fleet-wide safety checks.
+
+Silence is counted from the last heartbeat, or from the end of the last
+control-plane outage if that is later: when no pass ran for a while (the
+control plane, its database or Redis was down) nobody was listening, so every
+node gets a full grace period again before anything is declared lost.
+
+If more than half of the fleet is silent at once, the likelier story is that
+this control plane is the one cut off. Then nothing is declared lost and
+nothing is replaced, and operators are told why.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import F
+
+from fleet.models import FleetStatus, Node, NodeState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Expiry:
+    status: FleetStatus
+    paused: bool
+    # Seconds of silence of every node that is not ready, by id.
+    silence: dict[str, float] = field(default_factory=dict)
+    suspected: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+
+def begin_pass(now: datetime) -> FleetStatus:
+    """Lock the fleet-status row for this pass, and start a grace period after an outage.
+
+    Writing first also takes SQLite's write lock at the start of the pass, so
+    a pass never fails half-way on a lock upgrade behind a heartbeat flush.
+    """
+    FleetStatus.objects.get_or_create(pk=1)
+    FleetStatus.objects.filter(pk=1).update(passes=F("passes") + 1)
+    status = FleetStatus.objects.select_for_update().get(pk=1)
+    gap_s = settings.LLMGW["OUTAGE_GAP_S"]
+    last = status.last_pass_at
+    if last is None or (now - last).total_seconds() > gap_s:
+        status.grace_from = now
+        if last is None:
+            logger.info("first reconciler pass: every node gets a full grace period")
+        else:
+            logger.warning(
+                "no reconciler pass for %.0f s (an outage): every node gets a full grace period",
+                (now - last).total_seconds(),
+            )
+    return status
+
+
+def silence_of(last_seen: datetime, grace_from: datetime | None, now: datetime) -> float:
+    start = max(last_seen, grace_from) if grace_from else last_seen
+    return max(0.0, (now - start).total_seconds())
+
+
+def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
+    """Move silent nodes to suspect and lost, unless most of the fleet is silent."""
+    suspect_s = settings.LLMGW["SUSPECT_AFTER_S"]
+    lost_s = settings.LLMGW["REPLACE_AFTER_S"]
+    rows = list(
+        Node.objects.filter(last_seen__isnull=False).values_list("id", "state", "last_seen")
+    )
+    silence = {nid: silence_of(seen, status.grace_from, now) for nid, _, seen in rows}
+    # Nodes lost long ago are not the fleet any more; counting them would keep
+    # replacement paused forever after a rack is retired without being deleted.
+    fleet = [(nid, state) for nid, state, _ in rows if state != NodeState.LOST]
+    silent = [nid for nid, _ in fleet if silence[nid] >= suspect_s]
+    paused = bool(fleet) and 2 * len(silent) > len(fleet)
+
+    result = Expiry(status=status, paused=paused)
+    to_suspect = [
+        nid for nid, state, _ in rows if state == NodeState.READY and silence[nid] >= suspect_s
+    ]
+    if to_suspect:
+        Node.objects.filter(pk__in=to_suspect, state=NodeState.READY).update(
+            state=NodeState.SUSPECT
+        )
+        for nid in to_suspect:
+            logger.warning("node suspect node=%s silent_s=%.0f", nid, silence[nid])
+        result.suspected = to_suspect
+    if not paused:
+        to_lose = [
+            nid for nid, state, _ in rows if state != NodeState.LOST and silence[nid] >= lost_s
+        ]
+        if to_lose:
+            Node.objects.filter(pk__in=to_lose).exclude(state=NodeState.LOST).update(
+                state=NodeState.LOST
+            )
+            for nid in to_lose:
+                logger.error("node lost node=%s silent_s=%.0f", nid, silence[nid])
+            result.lost = to_lose
+
+    states = {nid: state for nid, state, _ in rows}
+    for nid in result.suspected:
+        states[nid] = NodeState.SUSPECT
+    for nid in result.lost:
+        states[nid] = NodeState.LOST
+    result.silence = {
+        nid: silence[nid] for nid, state in states.items() if state != NodeState.READY
+    }
+
+    message = ""
+    if paused:
+        message = (
+            f"{len(silent)} of {len(fleet)} nodes are silent: assuming this control plane "
+            "is the one cut off, so no node is declared lost and nothing is replaced"
+        )
+    if paused != status.replacement_paused:
+        if paused:
+            logger.error("replacement paused: %s", message)
+        else:
+            logger.warning("replacement resumed: %d of %d nodes silent", len(silent), len(fleet))
+    status.replacement_paused = paused
+    status.message = message
+    status.silent_nodes = len(silent)
+    status.total_nodes = len(fleet)
+    return result
+
+
+def may_replace_now(status: FleetStatus, now: datetime) -> bool:
+    """At most one lost node's replicas are replaced per REPLACE_EVERY_S."""
+    every = timedelta(seconds=settings.LLMGW["REPLACE_EVERY_S"])
+    return status.last_replacement_at is None or now - status.last_replacement_at >= every

@@ -1,0 +1,524 @@
+"""The reconciler: the catalog's desired replicas against the shards that exist.
+
+One pass, in one transaction, does everything: node expiry, failed and hung
+starts, replacement of replicas on lost nodes, scaling and rolling
+replacement, placement, drains, and the clean-up of finished rows. It reads
+the database afresh each time and writes only differences, so running it
+twice changes nothing the second time. Time comes in as ``now`` so tests
+drive it without sleeping.
+
+Nodes hear of it through their desired sets: every node whose shards changed
+gets a new version and a doorbell after commit (``dispatch.bump_desired``).
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from fleet.models import (
+    DesiredState,
+    Model,
+    Node,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+)
+
+from . import dispatch, expiry, placement
+from . import snapshot as snapshots
+
+logger = logging.getLogger(__name__)
+
+STARTING_STATES = (ShardState.PENDING, ShardState.STARTING, ShardState.LOADING)
+# Scale-down removes the least useful first: pending, then failed, then
+# starting, then ready; among equals the newest.
+USEFULNESS = {
+    ReplicaState.PENDING: 0,
+    ReplicaState.FAILED: 1,
+    ReplicaState.STARTING: 2,
+    ReplicaState.READY: 3,
+}
+
+
+@dataclass
+class PassReport:
+    """What one pass did, for logs, the benchmark and tests."""
+
+    placed: int = 0
+    unplaceable: int = 0
+    restarts: int = 0
+    timed_out: int = 0
+    replaced: int = 0
+    created: int = 0
+    retired: int = 0
+    stopped: int = 0
+    adopted: int = 0
+    unclaimed: int = 0
+    drains_finished: int = 0
+    deleted: int = 0
+    paused: bool = False
+    nodes_notified: list[str] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    def changed(self) -> bool:
+        return any(
+            (
+                self.placed,
+                self.unplaceable,
+                self.restarts,
+                self.timed_out,
+                self.replaced,
+                self.created,
+                self.retired,
+                self.stopped,
+                self.unclaimed,
+                self.drains_finished,
+            )
+        )
+
+
+def backoff_s(failures: int) -> float:
+    """10 s after the first failure, doubling, at most 5 min (settings)."""
+    base = settings.LLMGW["RESTART_BACKOFF_S"]
+    cap = settings.LLMGW["RESTART_BACKOFF_MAX_S"]
+    return min(cap, base * 2 ** max(0, failures - 1))
+
+
+def run_pass(now: datetime | None = None) -> PassReport:
+    """One reconciler pass. The caller holds the pass lock (see ``fleet.tasks``)."""
+    now = now or timezone.now()
+    started = time.perf_counter()
+    report = PassReport()
+    with transaction.atomic():
+        status = expiry.begin_pass(now)
+        exp = expiry.expire_nodes(status, now)
+        report.paused = exp.paused
+        work = _Pass(now, exp, report)
+        work.run()
+        report.duration_ms = (time.perf_counter() - started) * 1000
+        status.last_pass_at = now
+        status.last_pass_ms = report.duration_ms
+        status.save()
+        report.nodes_notified = sorted(work.touched)
+        dispatch.bump_desired(work.touched)
+    if report.changed():
+        logger.info("reconciler pass %s", _summary(report))
+    return report
+
+
+def _summary(r: PassReport) -> str:
+    fields = ("created", "placed", "unplaceable", "restarts", "timed_out", "replaced", "retired")
+    parts = [f"{f}={getattr(r, f)}" for f in fields if getattr(r, f)]
+    parts += [f"nodes_notified={len(r.nodes_notified)}", f"ms={r.duration_ms:.1f}"]
+    return " ".join(parts)
+
+
+class _Pass:
+    def __init__(self, now: datetime, exp: expiry.Expiry, report: PassReport):
+        self.now = now
+        self.exp = exp
+        self.report = report
+        self.touched: set[str] = set()
+        # Replicas to place this pass, by id, in the order they asked.
+        self.to_place: dict[str, Replica] = {}
+        self.prefer: dict[str, list[str]] = {}
+
+    # ---- loading ---------------------------------------------------------------
+
+    def load(self) -> None:
+        self.models = {
+            m.pk: m for m in Model.objects.select_related("active_profile").order_by("pk")
+        }
+        self.replicas = list(
+            Replica.objects.exclude(state=ReplicaState.STOPPED)
+            .select_related("profile")
+            .order_by("created_at", "pk")
+        )
+        self.shards: dict[str, list[Shard]] = {r.pk: [] for r in self.replicas}
+        active = Shard.objects.exclude(desired_state=DesiredState.STOPPED).order_by("rank")
+        for s in active:
+            self.shards.setdefault(s.replica_id, []).append(s)
+        self.draining_nodes = set(Node.objects.filter(draining=True).values_list("pk", flat=True))
+        self.by_model: dict[int, list[Replica]] = {}
+        for r in self.replicas:
+            self.by_model.setdefault(r.model_id, []).append(r)
+
+    # ---- the pass --------------------------------------------------------------
+
+    def run(self) -> None:
+        self.load()
+        lost_candidates: dict[str, list[Replica]] = {}
+        for r in self.replicas:
+            if r.model_id not in self.models:
+                continue
+            if r.state == ReplicaState.DRAINING:
+                self.check_draining(r)
+            else:
+                self.check_replica(r, lost_candidates)
+        self.replace_lost(lost_candidates)
+        for model in self.models.values():
+            self.scale(model, self.by_model.get(model.pk, []))
+        self.place_all()
+        self.finish_drains()
+        self.check_registrations()
+        self.clean_up()
+
+    def set_replica(self, r: Replica, state: str, reason: str = "", **fields) -> None:
+        fields = {k: v for k, v in fields.items() if getattr(r, k) != v}
+        if r.state == state and r.reason == reason and not fields:
+            return
+        if r.state != state:
+            fields["state_changed_at"] = self.now
+            if state == ReplicaState.READY:
+                logger.info("replica ready replica=%s model=%s", r.pk, self.models[r.model_id])
+        Replica.objects.filter(pk=r.pk).update(state=state, reason=reason, **fields)
+        r.state, r.reason = state, reason
+        for k, v in fields.items():
+            setattr(r, k, v)
+
+    def set_shards(self, r: Replica, desired: str) -> None:
+        """Tell every active shard of a replica to drain or stop, as a group."""
+        shards = self.shards.get(r.pk, [])
+        ids = [s.pk for s in shards if s.desired_state != desired]
+        if not ids:
+            return
+        Shard.objects.filter(pk__in=ids).update(desired_state=desired)
+        for s in shards:
+            s.desired_state = desired
+            if s.node_id:
+                self.touched.add(s.node_id)
+        if desired == DesiredState.STOPPED:
+            self.report.stopped += len(ids)
+            self.shards[r.pk] = []
+
+    # ---- one replica -----------------------------------------------------------
+
+    def check_replica(self, r: Replica, lost_candidates: dict) -> None:
+        shards = self.shards.get(r.pk, [])
+        model = self.models[r.model_id]
+        if not shards:
+            if r.state == ReplicaState.FAILED and r.retry_at and r.retry_at > self.now:
+                return  # backing off
+            self.to_place[r.pk] = r
+            return
+        orphans = [s for s in shards if s.node_id is None]
+        if orphans:
+            # Its node was deleted under it: an impossible state, healed by
+            # placing the replica again.
+            logger.error("replica lost a node it ran on (deleted) replica=%s", r.pk)
+            self.set_shards(r, DesiredState.STOPPED)
+            self.set_replica(r, ReplicaState.PENDING, "a node it ran on was deleted")
+            self.report.replaced += 1
+            self.to_place[r.pk] = r
+            return
+        replace_after = model.replace_after_s or settings.LLMGW["REPLACE_AFTER_S"]
+        for s in shards:
+            silent = self.exp.silence.get(s.node_id)
+            if silent is not None and silent >= replace_after and not self.exp.paused:
+                lost_candidates.setdefault(s.node_id, []).append(r)
+                return
+        self.check_start_timeouts(r, shards)
+        # A shard that stopped while it should run has failed, whatever it says.
+        failed = [s for s in shards if s.state in snapshots.FINISHED]
+        if failed:
+            self.restart_later(r, failed)
+        elif all(s.state == ShardState.READY for s in shards):
+            self.set_replica(r, ReplicaState.READY, failures=0, retry_at=None)
+        elif r.state != ReplicaState.STARTING:
+            self.set_replica(r, ReplicaState.STARTING)
+
+    def check_start_timeouts(self, r: Replica, shards: list[Shard]) -> None:
+        """A start that outlives its timeout is failed (a fetch that moves is not hung)."""
+        limit = timedelta(seconds=r.profile.startup_timeout_s)
+        stall = timedelta(seconds=settings.LLMGW["FETCH_STALL_S"])
+        for s in shards:
+            if s.state not in STARTING_STATES or s.node_id in self.exp.silence:
+                continue
+            since = s.state_changed_at or s.created_at
+            if self.now - since < limit:
+                continue
+            if s.fetch_updated_at and self.now - s.fetch_updated_at < stall:
+                continue
+            error = f"not ready within {r.profile.startup_timeout_s} s (was {s.state})"
+            if Shard.objects.filter(pk=s.pk, state=s.state).update(
+                state=ShardState.FAILED, error=error, state_changed_at=self.now
+            ):
+                logger.error("shard start timed out shard=%s node=%s", s.pk, s.node_id)
+                s.state, s.error = ShardState.FAILED, error
+                self.report.timed_out += 1
+
+    def restart_later(self, r: Replica, failed: list[Shard]) -> None:
+        """Stop the whole group and schedule a restart after the backoff."""
+        shards = self.shards[r.pk]
+        self.prefer[r.pk] = [s.node_id for s in shards]
+        counts = dict(r.node_failures or {})
+        for s in failed:
+            counts[s.node_id] = counts.get(s.node_id, 0) + 1
+        failures = r.failures + 1
+        delay = backoff_s(failures)
+        first = failed[0]
+        detail = first.error or (
+            f"exit code {first.exit_code}" if first.exit_code is not None else "no error given"
+        )
+        reason = f"shard on {first.node_id} failed: {detail}; restart in {delay:.0f} s"
+        self.set_shards(r, DesiredState.STOPPED)
+        self.set_replica(
+            r,
+            ReplicaState.FAILED,
+            reason,
+            failures=failures,
+            node_failures=counts,
+            retry_at=self.now + timedelta(seconds=delay),
+        )
+        logger.warning(
+            "replica failed replica=%s node=%s failures=%d restart_in_s=%.0f error=%s",
+            r.pk,
+            first.node_id,
+            failures,
+            delay,
+            detail,
+        )
+        self.report.restarts += 1
+        if delay <= 0:
+            self.to_place[r.pk] = r
+
+    def check_draining(self, r: Replica) -> None:
+        shards = self.shards.get(r.pk, [])
+        drain_s = settings.LLMGW["DRAIN_TIMEOUT_S"]
+        since = r.state_changed_at or r.updated_at
+        done = all(s.state in snapshots.FINISHED for s in shards)
+        if done or (self.now - since).total_seconds() >= drain_s:
+            self.set_shards(r, DesiredState.STOPPED)
+            self.set_replica(r, ReplicaState.STOPPED, r.reason)
+
+    # ---- lost nodes --------------------------------------------------------------
+
+    def replace_lost(self, candidates: dict[str, list[Replica]]) -> None:
+        if not candidates:
+            return
+        status = self.exp.status
+        if not expiry.may_replace_now(status, self.now):
+            return
+        # One node per REPLACE_EVERY_S: a flapping switch must not reshuffle a
+        # whole fleet in one pass. The longest silent goes first.
+        node_id = max(candidates, key=lambda n: self.exp.silence[n])
+        silent = self.exp.silence[node_id]
+        for r in candidates[node_id]:
+            self.prefer.pop(r.pk, None)
+            self.set_shards(r, DesiredState.STOPPED)
+            self.set_replica(
+                r, ReplicaState.PENDING, f"replacing: node {node_id} silent {silent:.0f} s"
+            )
+            self.to_place[r.pk] = r
+            self.report.replaced += 1
+        status.last_replacement_at = self.now
+        logger.warning(
+            "replacing replicas of a silent node node=%s silent_s=%.0f replicas=%d",
+            node_id,
+            silent,
+            len(candidates[node_id]),
+        )
+
+    # ---- scaling and rolling replacement -----------------------------------------
+
+    def on_draining_node(self, r: Replica) -> bool:
+        return any(s.node_id in self.draining_nodes for s in self.shards.get(r.pk, []))
+
+    def scale(self, model: Model, replicas: list[Replica]) -> None:
+        live = [r for r in replicas if r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPED)]
+        profile = model.active_profile
+        if profile is None:
+            return  # nothing to run new replicas with; existing ones are left alone
+        wanted = max(0, model.desired_replicas)
+        outdated = [r for r in live if r.profile_id != profile.pk or self.on_draining_node(r)]
+        old = {r.pk for r in outdated}
+        current = [r for r in live if r.pk not in old]
+        for r in outdated:
+            if r.state != ReplicaState.READY:
+                self.retire(r, "replaced by a replica of the active profile or on another node")
+        outdated_ready = [r for r in outdated if r.state == ReplicaState.READY]
+        short = wanted - len(current)
+        if short < 0:
+            surplus = sorted(
+                current, key=lambda r: (USEFULNESS.get(r.state, 0), -r.created_at.timestamp())
+            )[:-short]
+            for r in surplus:
+                self.retire(r, f"scaled down to {wanted}")
+                current.remove(r)
+        # Old replicas leave only as new ones are ready: never fewer serving
+        # than wanted while a replacement is on its way.
+        ready = sum(1 for r in current if r.state == ReplicaState.READY) + len(outdated_ready)
+        for r in list(outdated_ready[: max(0, ready - wanted)]):
+            self.retire(r, "its replacement is ready")
+            outdated_ready.remove(r)
+        # A drain starts every replacement at once; a profile change one at a time.
+        surge = max(1, sum(1 for r in outdated_ready if self.on_draining_node(r)))
+        if short > 0:
+            room = wanted + surge - len(current) - len(outdated_ready)
+            for _ in range(min(short, max(0, room))):
+                current.append(self.create(model))
+
+    def create(self, model: Model) -> Replica:
+        r = Replica.objects.create(
+            model=model,
+            profile=model.active_profile,
+            state=ReplicaState.PENDING,
+            reason="waiting for placement",
+            state_changed_at=self.now,
+        )
+        self.shards[r.pk] = []
+        self.replicas.append(r)
+        self.to_place[r.pk] = r
+        self.report.created += 1
+        return r
+
+    def retire(self, r: Replica, why: str) -> None:
+        self.to_place.pop(r.pk, None)
+        if r.state == ReplicaState.READY:
+            # In-flight requests finish first; the gateway sends no new ones.
+            self.set_shards(r, DesiredState.DRAINING)
+            self.set_replica(r, ReplicaState.DRAINING, why)
+        else:
+            self.set_shards(r, DesiredState.STOPPED)
+            self.set_replica(r, ReplicaState.STOPPED, why)
+        logger.info(
+            "replica retired replica=%s model=%s why=%s", r.pk, self.models[r.model_id], why
+        )
+        self.report.retired += 1
+
+    # ---- placement ---------------------------------------------------------------
+
+    def place_all(self) -> None:
+        todo = [
+            r
+            for r in self.to_place.values()
+            if r.state not in (ReplicaState.STOPPED, ReplicaState.DRAINING)
+        ]
+        if not todo:
+            return
+        snap = snapshots.build()
+        unplaceable: dict[tuple, str] = {}
+        for r in todo:
+            model = self.models[r.model_id]
+            prefer = self.prefer.get(r.pk)
+            if prefer is None and r.state == ReplicaState.FAILED:
+                prefer = self.last_nodes(r)
+            req = snapshots.request_for(model, r.profile, r, prefer or ())
+            key = (r.profile_id,) if not (req.avoid or req.prefer) else None
+            if key in unplaceable:
+                self.unplaced(r, unplaceable[key])
+                continue
+            result = placement.place(snap, req)
+            if isinstance(result, placement.NoPlacement):
+                if key is not None:
+                    unplaceable[key] = result.summary
+                self.unplaced(r, result.summary)
+                continue
+            snap.commit(result, req)
+            Shard.objects.bulk_create(
+                Shard(
+                    replica=r,
+                    node_id=s.node_id,
+                    rank=s.rank,
+                    gpu_uuids=list(s.gpu_uuids),
+                    hcas=list(s.hcas),
+                    port=s.port,
+                    desired_state=DesiredState.RUNNING,
+                    state=ShardState.PENDING,
+                    state_changed_at=self.now,
+                )
+                for s in result.shards
+            )
+            self.touched.update(result.node_ids)
+            self.set_replica(r, ReplicaState.STARTING)
+            logger.info(
+                "replica placed replica=%s model=%s nodes=%s",
+                r.pk,
+                model,
+                ",".join(result.node_ids),
+            )
+            self.report.placed += 1
+
+    def unplaced(self, r: Replica, summary: str) -> None:
+        if r.reason != summary:
+            logger.warning("replica cannot be placed replica=%s reason=%s", r.pk, summary)
+        self.set_replica(r, ReplicaState.PENDING, summary)
+        self.report.unplaceable += 1
+
+    def last_nodes(self, r: Replica) -> list[str]:
+        """The nodes of a replica's last attempt, where a restart goes first."""
+        rows = Shard.objects.filter(replica=r, node__isnull=False).order_by("-created_at")
+        return list(rows.values_list("node_id", flat=True)[: r.profile.nodes])
+
+    # ---- drains, registrations, clean-up -------------------------------------------
+
+    def finish_drains(self) -> None:
+        for node_id in self.draining_nodes:
+            busy = Shard.objects.filter(node_id=node_id).exclude(desired_state=DesiredState.STOPPED)
+            if not busy.exists() and Node.objects.filter(pk=node_id, draining=True).update(
+                draining=False, cordoned=True
+            ):
+                logger.info("node drained node=%s (stays cordoned)", node_id)
+                self.report.drains_finished += 1
+
+    def check_registrations(self) -> None:
+        """Shards agents reported at registration: adopted, duplicates, or unclaimed.
+
+        Each node's desired set already says what to keep; a shard it does not
+        name is stopped by the agent. This says so in the log, once per
+        registration, and rings the node so it hears the current set.
+        """
+        since = self.exp.status.last_pass_at
+        nodes = Node.objects.exclude(running_shards=[])
+        if since is not None:
+            nodes = nodes.filter(registered_at__gte=since)
+        for node_id, running in nodes.values_list("pk", "running_shards"):
+            ids = [s.get("shard_id") for s in running]
+            known = dict(
+                Shard.objects.filter(pk__in=ids, node_id=node_id).values_list("pk", "desired_state")
+            )
+            for shard_id in ids:
+                desired = known.get(shard_id)
+                if desired is None:
+                    logger.warning(
+                        "unclaimed shard on node: nothing claims it, stopping it node=%s shard=%s",
+                        node_id,
+                        shard_id,
+                    )
+                    self.report.unclaimed += 1
+                    self.touched.add(node_id)
+                elif desired == DesiredState.STOPPED:
+                    logger.warning(
+                        "duplicate shard on a returning node, stopping it node=%s shard=%s",
+                        node_id,
+                        shard_id,
+                    )
+                    self.report.unclaimed += 1
+                    self.touched.add(node_id)
+                else:
+                    self.report.adopted += 1
+
+    def clean_up(self) -> None:
+        """Forget shards the agent no longer runs, and replicas with nothing left."""
+        # Only once the agent has applied the set that stopped them: until then
+        # the set must keep saying "stopped".
+        synced = Node.objects.filter(acked_version__gte=F("desired_version")).exclude(
+            pk__in=self.touched
+        )
+        gone = Shard.objects.filter(desired_state=DesiredState.STOPPED).filter(
+            node__isnull=True
+        ) | Shard.objects.filter(
+            desired_state=DesiredState.STOPPED,
+            state__in=[*snapshots.FINISHED, ShardState.PENDING],
+            node__in=synced,
+        )
+        deleted, _ = gone.delete()
+        self.report.deleted += deleted
+        Replica.objects.filter(state=ReplicaState.STOPPED, shards__isnull=True).delete()

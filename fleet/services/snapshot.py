@@ -1,0 +1,145 @@
+"""Building placement's inventory snapshot and requests from the database.
+
+A handful of ``values()`` queries, no model instances: a pass over 5,000 nodes
+with 40,000 GPUs must stay well under a second.
+"""
+
+from django.conf import settings
+
+from fleet.models import (
+    GPU,
+    FabricAttachment,
+    LocalWeights,
+    Node,
+    Shard,
+    ShardState,
+)
+from fleet.selectors import parse_selector
+
+from .placement import MB_PER_GB, GpuInfo, NodeInfo, Request, Snapshot
+
+PORTS_LABEL = "llmgw.io/ports"
+
+# A shard in these states holds nothing: its process is gone.
+FINISHED = (ShardState.STOPPED, ShardState.FAILED)
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``"30000-30999"`` as (30000, 30999); ValueError naming the problem otherwise."""
+    try:
+        lo, hi = (int(p) for p in str(text).split("-", 1))
+    except ValueError:
+        raise ValueError(f"port range '{text}' is not LO-HI, e.g. 30000-30999") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"port range '{text}' must lie within 1024-65535, low first")
+    return lo, hi
+
+
+def default_port_range() -> tuple[int, int]:
+    return parse_port_range(settings.LLMGW["SHARD_PORT_RANGE"])
+
+
+def build(node_ids=None) -> Snapshot:
+    """The inventory as placement sees it, with the GPUs, ports and memory shards hold."""
+    nodes_qs = Node.objects.all()
+    if node_ids is not None:
+        nodes_qs = nodes_qs.filter(pk__in=list(node_ids))
+    nodes: dict[str, NodeInfo] = {}
+    for row in nodes_qs.values(
+        "id",
+        "state",
+        "cordoned",
+        "draining",
+        "connected",
+        "agent_labels",
+        "operator_labels",
+        "memory_total_mb",
+        "engine_versions",
+    ):
+        labels = {**(row["agent_labels"] or {}), **(row["operator_labels"] or {})}
+        port_range = None
+        if PORTS_LABEL in labels:
+            try:
+                port_range = parse_port_range(labels[PORTS_LABEL])
+            except ValueError:
+                port_range = (0, -1)  # an empty range: the reason names the bad label
+        nodes[row["id"]] = NodeInfo(
+            id=row["id"],
+            state=row["state"],
+            cordoned=row["cordoned"],
+            draining=row["draining"],
+            connected=row["connected"],
+            labels=labels,
+            memory_mb=row["memory_total_mb"],
+            engines=row["engine_versions"] or {},
+            port_range=port_range,
+        )
+    ids = list(nodes) if node_ids is not None else None
+
+    def scoped(qs):
+        return qs if ids is None else qs.filter(node_id__in=ids)
+
+    for g in scoped(GPU.objects.order_by("node_id", "index")).values_list(
+        "node_id", "uuid", "index", "name", "problems", "nvlink_peers", "numa_node"
+    ):
+        node = nodes.get(g[0])
+        if node is not None:
+            node.gpus.append(
+                GpuInfo(
+                    uuid=g[1],
+                    index=g[2],
+                    name=g[3],
+                    healthy=not g[4],
+                    nvlink_peers=frozenset(g[5] or ()),
+                    numa_node=g[6],
+                )
+            )
+    for node_id, fabric, hcas in scoped(FabricAttachment.objects).values_list(
+        "node_id", "fabric", "hcas"
+    ):
+        if node_id in nodes:
+            nodes[node_id].fabrics[fabric] = list(hcas or [])
+    weights: dict[str, set[str]] = {}
+    for node_id, path in scoped(LocalWeights.objects).values_list("node_id", "path"):
+        weights.setdefault(node_id, set()).add(path)
+    for node_id, paths in weights.items():
+        if node_id in nodes:
+            nodes[node_id].weights = frozenset(paths)
+    held = (
+        Shard.objects.filter(node__isnull=False)
+        .exclude(state__in=FINISHED)
+        .values_list("node_id", "gpu_uuids", "port", "replica__profile__min_memory_gb")
+    )
+    for node_id, gpu_uuids, port, min_gb in scoped(held):
+        node = nodes.get(node_id)
+        if node is None:
+            continue
+        node.used_gpus.update(gpu_uuids or ())
+        if port:
+            node.used_ports.add(port)
+        node.promised_mb += (min_gb or 0) * MB_PER_GB
+        node.shards += 1
+    return Snapshot(list(nodes.values()), port_range=default_port_range())
+
+
+def request_for(model, profile, replica=None, prefer=()) -> Request:
+    """What a replica of ``model`` on ``profile`` needs. ``replica`` adds its failure history."""
+    avoid: tuple = ()
+    if replica is not None and replica.node_failures:
+        limit = settings.LLMGW["FAILURES_BEFORE_MOVING"]
+        avoid = tuple(sorted((n, c) for n, c in replica.node_failures.items() if c >= limit))
+    return Request(
+        model=model.name,
+        engine=profile.engine,
+        gpus_per_node=profile.gpus_per_node,
+        nodes=profile.nodes,
+        tp=profile.tp,
+        gpu_class=profile.gpu_class,
+        min_memory_gb=profile.min_memory_gb,
+        selector=tuple(parse_selector(profile.node_selector)),
+        selector_text=profile.node_selector,
+        model_path=profile.model_path,
+        policy=model.placement_policy,
+        avoid=avoid,
+        prefer=tuple(prefer),
+    )
