@@ -1,0 +1,133 @@
+"""The gateway's pure parts, without a database: the routing rules, picking, SSE checks, parsing."""
+
+import collections
+
+import pytest
+
+from fleet.gateway import table, validate
+from fleet.gateway.errors import GatewayError
+from fleet.gateway.proxy import SSECheck
+
+
+def shard(state="ready", desired="running", rank=0, addr="10.0.0.7", port=8000, node="n1", **kw):
+    return table.ShardView(
+        rank, state, desired, node, addr, port, kw.get("node_state", "ready"), kw.get("error", "")
+    )
+
+
+def replica(rid, *shards, state="ready", reason="", model_id=1, served="m"):
+    return table.ReplicaView(rid, model_id, state, reason, served, tuple(shards))
+
+
+MODEL = table.ModelView(1, "m", 1700000000, 2)
+
+
+@pytest.mark.parametrize(
+    "view, expected",
+    [
+        (replica("r", shard()), ("ready", "")),
+        (replica("r", shard(), shard(rank=1, node="n2")), ("ready", "")),
+        (replica("r", shard(), shard(rank=1, state="loading")), ("loading", "")),
+        (replica("r", shard(state="loading")), ("loading", "")),
+        (replica("r", shard(state="starting")), ("starting", "")),
+        (replica("r", shard(desired="draining")), ("draining", "")),
+        (replica("r", shard(state="draining")), ("draining", "")),
+        (replica("r", shard(desired="stopped")), ("stopping", "")),
+        (replica("r", state="pending", reason="gpu-07: has 8 GB"), ("pending", "gpu-07: has 8 GB")),
+        (replica("r", shard(state="failed", error="exit 1\ntrace")), ("failed", "exit 1")),
+        (replica("r", shard(port=None)), ("unreachable", "its rank-0 shard has no address")),
+        (replica("r", shard(addr="")), ("unreachable", "its rank-0 shard has no address")),
+        (replica("r", shard(node_state="lost")), ("unreachable", "node n1 is lost")),
+        (replica("r", shard(state="quantum")), ("failed", "unknown shard state ['quantum']")),
+    ],
+)
+def test_only_replicas_whose_every_shard_is_ready_and_running_take_traffic(view, expected):
+    assert table.replica_status(view) == expected
+
+
+def test_the_unavailable_reason_counts_what_is_coming_first():
+    routes = table.build_routes(
+        [MODEL],
+        [
+            replica("a", state="pending", reason="gpu-07: has 8 GB of memory, needs 24"),
+            replica("b", shard(state="loading")),
+            replica("c", shard(state="loading")),
+            replica("d", shard(desired="draining")),
+        ],
+    )
+    route = routes["m"]
+    assert route.upstreams == []
+    assert route.unavailable == (
+        "model 'm' has no ready replica: 2 loading; 1 pending: gpu-07: has 8 GB of memory, "
+        "needs 24; 1 draining"
+    )
+    assert route.retry_after == 5
+    scaled = table.build_routes([table.ModelView(2, "z", 0, 0)], [])["z"]
+    assert scaled.unavailable == "model 'z' has no ready replica: it is scaled to 0 replicas"
+
+
+def test_a_refresh_keeps_counters_of_replicas_that_stay():
+    first = table.build_routes([MODEL], [replica("a", shard()), replica("b", shard(port=8001))])
+    a = next(u for u in first["m"].upstreams if u.replica_id == "a")
+    a.outstanding = 3
+    second = table.build_routes([MODEL], [replica("a", shard())], first)
+    assert second["m"].upstreams == [a] and a.outstanding == 3
+    assert a.url == "http://10.0.0.7:8000"
+    v6 = table.build_routes([MODEL], [replica("a", shard(addr="fd00::7"))])
+    assert v6["m"].upstreams[0].url == "http://[fd00::7]:8000"
+
+
+def test_pick_prefers_fewest_outstanding_and_breaks_ties_at_random():
+    route = table.build_routes(
+        [MODEL], [replica(r, shard(port=8000 + i)) for i, r in enumerate("abc")]
+    )["m"]
+    a, b, c = route.upstreams
+    a.outstanding, b.outstanding, c.outstanding = 2, 1, 1
+    picks = collections.Counter(table.pick(route).replica_id for _ in range(2000))
+    assert set(picks) == {"b", "c"}
+    assert 800 < picks["b"] < 1200  # a fair coin, not round-robin order
+    assert table.pick(route, exclude=[b, c]) is a
+    c.cooldown_until = float("inf")
+    assert table.pick(route, exclude=[b]) is a
+    assert table.pick(route, exclude=[a, b]) is None
+
+
+def test_sse_check_passes_whole_lines_and_notices_garbage_and_the_end():
+    check = SSECheck()
+    assert check.feed(b'data: {"a": 1}\n\ndata: {"b"') == (b'data: {"a": 1}\n\n', None)
+    assert check.feed(b": 2}\n\n") == (b'data: {"b": 2}\n\n', None)
+    assert not check.done
+    assert check.feed(b"event: x\r\nid: 1\r\n\r\ndata: [DONE]\n\n")[1] is None
+    assert check.done and check.tail == b""
+    bad = SSECheck()
+    good, problem = bad.feed(b"data: 1\n\n<html>502</html>\ndata: 2\n\n")
+    assert good == b"data: 1\n\n"
+    assert problem == "a line that is not server-sent events: b'<html>502</html>'"
+
+
+@pytest.mark.parametrize(
+    "endpoint, body, message",
+    [
+        ("chat/completions", b'{"model": "\xc3"}', "not UTF-8 encoded JSON"),
+        ("chat/completions", b'"hi"', "must be a JSON object, not a string"),
+        ("chat/completions", b'{"model": "m", "messages": []}', "'messages' must not be empty"),
+        ("chat/completions", b'{"model": "m", "messages": [1]}', "'messages[0]' must be an"),
+        ("completions", b'{"model": "m", "prompt": 5}', "'prompt' must be a string or an array"),
+        ("completions", b'{"model": "m", "prompt": "x", "n": 0}', "'n' must be at least 1"),
+        ("completions", b'{"model": "m", "prompt": "x", "max_tokens": true}', "an integer, not a"),
+        ("completions", b'{"model": "m", "prompt": "x", "temperature": "hot"}', "a number"),
+        ("embeddings", b'{"model": "", "input": "x"}', "'model' is required"),
+    ],
+)
+def test_bad_bodies_are_refused_naming_the_field(endpoint, body, message):
+    with pytest.raises(GatewayError) as err:
+        validate.parse(endpoint, body)
+    assert err.value.status == 400
+    assert message in err.value.message
+
+
+def test_a_good_body_is_passed_on_as_sent():
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": true}'
+    req = validate.parse("chat/completions", raw)
+    assert (req.model, req.stream, req.raw) == ("m", True, raw)
+    assert validate.parse("embeddings", b'{"model": "m", "input": ["a"], "user": null}').model
