@@ -73,6 +73,8 @@ class LoadSampler:
         seen = {}
         for shard_id, pgid in sorted(groups.items()):
             procs = group_processes(pgid)
+            if not procs:
+                continue  # gone: no figure is better than a zero that looks measured
             cpu: dict[int, float] = {}
             rss = 0
             for p in procs:
