@@ -258,3 +258,20 @@ def test_profile_rules_hold_in_the_admin(admin_client):
     assert resp.status_code == 200
     assert "must equal gpus_per_node × nodes (8 × 1 = 8)" in resp.content.decode()
     assert not EngineProfile.objects.exists()
+
+
+def test_secrets_filter_by_status(admin_client, fleet):
+    revoked, _ = access.create_join_token("old", ttl=timedelta(hours=1))
+    access.revoke_join_token(revoked)
+
+    def names(status):
+        page = admin_client.get(url(JoinToken, "changelist") + f"?status={status}")
+        return sorted(
+            re.findall(r'<th class="field-name"><a [^>]*>([^<]+)</a>', page.content.decode())
+        )
+
+    assert names("revoked") == ["old"]
+    assert names("usable") == ["rack-4"]
+    assert names("expired") == ["test"]  # used up by enrolling gpu-01
+    page = admin_client.get(url(NodeCredential, "changelist") + "?status=revoked")
+    assert page.status_code == 200 and "0 node credentials" in page.content.decode()

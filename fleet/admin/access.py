@@ -7,8 +7,10 @@ stored nowhere but as a hash: not in the database, not in a message cookie.
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
+from django.db.models import F, Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 
 from fleet.models import ApiKey, ApiKeyScope, JoinToken, Model, NodeCredential
@@ -19,6 +21,33 @@ from .common import ReadOnlyAdmin
 
 def _status(obj) -> str:
     return obj.usable() or "usable"
+
+
+class SecretStatusFilter(admin.SimpleListFilter):
+    """Usable, revoked or expired: what operators ask of a secret, rather than dates."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        choices = [("usable", "usable"), ("revoked", "revoked")]
+        if model_admin.model is not NodeCredential:
+            choices.append(("expired", "expired or used up"))
+        return choices
+
+    def queryset(self, request, queryset):
+        expired = Q(pk__in=[])  # a node credential does not expire
+        if queryset.model is not NodeCredential:
+            expired = Q(expires_at__lte=timezone.now())
+        if queryset.model is JoinToken:
+            expired |= Q(uses__gte=F("max_uses"))
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        if self.value() == "expired":
+            return queryset.filter(expired, revoked_at__isnull=True)
+        if self.value() == "usable":
+            return queryset.filter(revoked_at__isnull=True).exclude(expired)
+        return queryset
 
 
 class SecretOnceMixin:
@@ -93,7 +122,7 @@ class JoinTokenAdmin(SecretOnceMixin, admin.ModelAdmin):
         "created_at",
         "created_by",
     )
-    list_filter = ("revoked_at",)
+    list_filter = (SecretStatusFilter,)
     search_fields = ("name", "prefix")
     list_select_related = ("created_by",)
     actions = ("revoke_tokens",)
@@ -150,7 +179,7 @@ class JoinTokenAdmin(SecretOnceMixin, admin.ModelAdmin):
 @admin.register(NodeCredential)
 class NodeCredentialAdmin(ReadOnlyAdmin):
     list_display = ("node", "prefix", "status", "created_at", "last_used_at", "join_token")
-    list_filter = ("revoked_at",)
+    list_filter = (SecretStatusFilter,)
     search_fields = ("node__id", "prefix")
     list_select_related = ("node", "join_token")
 
@@ -212,7 +241,7 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
         "expires_at",
         "last_used_at",
     )
-    list_filter = ("scope", "revoked_at")
+    list_filter = ("scope", SecretStatusFilter)
     search_fields = ("name", "prefix", "user__username")
     list_select_related = ("user",)
     actions = ("revoke_keys",)
