@@ -264,6 +264,21 @@ def test_profile_update_is_checked_against_the_whole_row(api):
     assert EngineProfile.objects.get(pk=profile.pk).tp == 8
 
 
+def test_a_profile_cannot_move_to_another_model(api):
+    _, profile = add_model("qwen-7b")
+    other = Model.objects.create(name="llama-8b")
+
+    resp = api.patch(
+        f"/api/v1/engine-profiles/{profile.pk}/",
+        {"model": other.pk},
+        content_type="application/json",
+    )
+
+    assert resp.status_code == 400
+    assert "belongs to model 'qwen-7b'" in resp.json()["model"][0]
+    assert EngineProfile.objects.get(pk=profile.pk).model.name == "qwen-7b"
+
+
 def test_negative_replicas_is_a_field_error(api):
     model, _ = add_model()
 

@@ -83,4 +83,9 @@ class EngineProfileAdmin(admin.ModelAdmin):
     list_filter = ("engine", "model")
     search_fields = ("name", "model__name", "model_path", "served_model_name")
     list_select_related = ("model",)
-    readonly_fields = ("created_at", "updated_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        # A profile belongs to its model for life (replicas point at it).
+        return (
+            ("created_at", "updated_at") if obj is None else ("model", "created_at", "updated_at")
+        )

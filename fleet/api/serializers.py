@@ -213,6 +213,16 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         )
         read_only_fields = ("created_at", "updated_at")
 
+    def validate_model(self, value):
+        # A profile belongs to its model for life: replicas and the model's
+        # active_profile point at it, and moving it would take them along.
+        if self.instance is not None and value.pk != self.instance.model_id:
+            raise serializers.ValidationError(
+                f"profile '{self.instance.name}' belongs to model '{self.instance.model.name}'; "
+                "create a new profile for another model"
+            )
+        return value
+
 
 class ShardSerializer(serializers.ModelSerializer):
     class Meta:
