@@ -5,3 +5,6 @@ class FleetConfig(AppConfig):
     name = "fleet"
     verbose_name = "Fleet"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import signals  # noqa: F401 - connects the reconciler's receivers

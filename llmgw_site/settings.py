@@ -143,6 +143,9 @@ CELERY_TASK_ALWAYS_EAGER = _env_bool("CELERY_TASK_ALWAYS_EAGER")
 # (fleet.tasks.request_reconcile). An entry expires rather than piling up behind
 # a busy worker: the next one does the same work.
 _RECONCILE_EVERY_S = float(os.environ.get("LLMGW_RECONCILE_INTERVAL_S", "5"))
+# One queue per installation (and per test run) sharing a Redis, named like the
+# channel-layer prefix, so one installation's workers never run another's tasks.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("LLMGW_CHANNEL_PREFIX", "llmgw")
 CELERY_BEAT_SCHEDULE: dict = {
     "reconcile": {
         "task": "fleet.tasks.reconcile",

@@ -24,6 +24,8 @@ from fleet.models import (
     Storage,
 )
 
+from . import reconcile_lock
+
 logger = logging.getLogger(__name__)
 
 _FAILED_INSTALL = {"failed", "unsupported"}
@@ -181,6 +183,7 @@ def apply_heartbeats(
         )
         for n in back:
             logger.info("node back node=%s was=%s", n.pk, n.state)
+            reconcile_lock.request_reconcile()
 
         gpus_needed = [b for b in batch if b[2].gpu_memory_used_mb or b[2].new_problems]
         gpus: dict[str, list[GPU]] = {}
@@ -335,6 +338,8 @@ def apply_shard_status(node_id: str, msg: protocol.ShardStatus) -> bool:
         logger.info("shard state node=%s shard=%s state=%s", node_id, msg.shard_id, state)
     # Where requests may go has changed: every gateway reloads its table.
     transaction.on_commit(lambda: gateway_notify.changed("routes"))
+    if state in (ShardState.FAILED, ShardState.READY, ShardState.STOPPED):
+        reconcile_lock.request_reconcile()  # restart, roll on, or finish a drain now
     return True
 
 

@@ -1,0 +1,121 @@
+"""Running reconciler passes: one at a time across every worker, and soon after a change.
+
+The lock is a PostgreSQL advisory lock when the database is PostgreSQL (it dies
+with the connection of a worker that dies), else a Redis lock with an expiry
+(the embedded SQLite setup). A pass that finds the lock held leaves a note, and
+the pass holding it runs once more when it is done, so a change made while a
+pass was reading is never left for the next beat.
+"""
+
+import logging
+from contextlib import contextmanager
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+from . import reconcile
+
+logger = logging.getLogger(__name__)
+
+ADVISORY_LOCK_ID = 0x6C6C6D67  # "llmg"
+# A Redis lock outlives a pass by far; it only matters if a worker dies holding it.
+LOCK_TTL_S = 60
+# Kicks within this window share one queued pass.
+KICK_COALESCE_MS = 1000
+MAX_RERUNS = 3
+
+_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2
+        )
+    return _client
+
+
+def _prefix() -> str:
+    # The channel-layer prefix keeps separate installations (and test runs)
+    # sharing one Redis apart; it also names their Celery queue (settings).
+    return settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "llmgw")
+
+
+def _key(name: str) -> str:
+    return f"{_prefix()}:reconcile:{name}"
+
+
+@contextmanager
+def pass_lock():
+    """Yields whether this process holds the reconciler lock; never waits for it."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_ID])
+            got = bool(cur.fetchone()[0])
+        try:
+            yield got
+        finally:
+            if got:
+                try:
+                    with connection.cursor() as cur:
+                        cur.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_ID])
+                except Exception:  # noqa: BLE001 - the connection is gone, and the lock with it
+                    logger.warning("could not release the reconciler lock", exc_info=True)
+        return
+    lock = _redis().lock(_key("lock"), timeout=LOCK_TTL_S)
+    got = lock.acquire(blocking=False)
+    try:
+        yield got
+    finally:
+        if got:
+            try:
+                lock.release()
+            except redis.exceptions.LockError:
+                logger.warning("the reconciler lock expired during a pass")
+
+
+def run_locked(now=None) -> reconcile.PassReport | None:
+    """Run a pass if no other is running (and again if asked meanwhile); None if skipped."""
+    try:
+        _redis().delete(_key("kick"))
+    except redis.RedisError:
+        pass  # only the coalescing of kicks is lost
+    with pass_lock() as got:
+        if not got:
+            try:
+                _redis().set(_key("again"), 1, ex=LOCK_TTL_S)
+            except redis.RedisError:
+                pass  # the next beat covers it
+            logger.debug("reconciler pass skipped: another one is running")
+            return None
+        report = None
+        for _ in range(MAX_RERUNS):
+            report = reconcile.run_pass(now)
+            try:
+                if not _redis().getdel(_key("again")):
+                    break
+            except redis.RedisError:
+                break
+        return report
+
+
+def request_reconcile() -> None:
+    """Ask for a pass soon after the current transaction commits."""
+    transaction.on_commit(_kick)
+
+
+def _kick() -> None:
+    try:
+        if not _redis().set(_key("kick"), 1, nx=True, px=KICK_COALESCE_MS):
+            return  # a pass is queued already and will see this change
+    except redis.RedisError:
+        logger.warning("could not ask for a reconciler pass; the next beat will run one")
+        return
+    from fleet.tasks import reconcile as task
+
+    try:
+        task.apply_async(expires=settings.LLMGW["RECONCILE_INTERVAL_S"], queue=_prefix())
+    except Exception:  # noqa: BLE001 - broker down: the next beat covers it
+        logger.warning("could not queue a reconciler pass", exc_info=True)

@@ -1,0 +1,21 @@
+"""Changes that matter to the reconciler ask for a pass as soon as they commit.
+
+Catalog edits (admin, API, ``apply``) and node registrations arrive here;
+shard status and heartbeats are updates without signals, so inventory asks
+for a pass itself when a shard fails, gets ready or stops, or a node returns.
+"""
+
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from fleet.models import EngineProfile, Model, Node
+from fleet.services.reconcile_lock import request_reconcile
+
+
+@receiver(post_save, sender=Model)
+@receiver(post_delete, sender=Model)
+@receiver(post_save, sender=EngineProfile)
+@receiver(post_save, sender=Node)
+@receiver(post_delete, sender=Node)
+def _catalog_or_node_changed(sender, **kwargs) -> None:
+    request_reconcile()
