@@ -7,11 +7,12 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.apps import apps
 from django.db import connections
+from hypothesis import strategies as st
 
 from agentd import protocol
 from fleet.models import EngineProfile, Model, Replica, Shard
 from llmgw_site.asgi import application
-from tests.fleet_helpers import join_token, register_msg
+from tests.fleet_helpers import heartbeat_msg, join_token, register_msg
 
 db = database_sync_to_async
 
@@ -152,3 +153,43 @@ def snapshot() -> dict:
     for model in apps.get_app_config("fleet").get_models():
         out[model.__name__] = list(model.objects.order_by("pk").values())
     return out
+
+
+# ---- hypothesis strategies ------------------------------------------------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
+    max_leaves=20,
+)
+
+MESSAGE_FIELDS = {
+    kind: sorted(set(model.model_fields) - {"type", "v"})
+    for kind, model in {
+        "register": protocol.Register,
+        "heartbeat": protocol.Heartbeat,
+        "shard_status": protocol.ShardStatus,
+        "fetch_progress": protocol.FetchProgress,
+        "logs_reply": protocol.LogsReply,
+        "ack": protocol.AgentAck,
+        "goodbye": protocol.Goodbye,
+    }.items()
+}
+
+
+@st.composite
+def fuzzed_messages(draw):
+    """A known type and version with some of its real fields set to arbitrary JSON values."""
+    kind = draw(st.sampled_from(sorted(MESSAGE_FIELDS)))
+    base = {"register": register_msg(), "heartbeat": heartbeat_msg()}.get(
+        kind, {"type": kind, "v": 1}
+    )
+    names = MESSAGE_FIELDS[kind]
+    fuzzed = draw(st.dictionaries(st.sampled_from(names), json_values, max_size=4))
+    return {**base, **fuzzed}

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
 from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
+from tests.helpers_consumer import fuzzed_messages, json_values
 
 LOAD = {
     "cpu_percent": 12.5,
@@ -202,43 +203,6 @@ def test_many_errors_are_summarised_in_one_reason():
 
 
 # ---- properties ----------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20),
-    lambda children: (
-        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
-    ),
-    max_leaves=20,
-)
-
-MESSAGE_FIELDS = {
-    kind: sorted(set(model.model_fields) - {"type", "v"})
-    for kind, model in {
-        "register": protocol.Register,
-        "heartbeat": protocol.Heartbeat,
-        "shard_status": protocol.ShardStatus,
-        "fetch_progress": protocol.FetchProgress,
-        "logs_reply": protocol.LogsReply,
-        "ack": protocol.AgentAck,
-        "goodbye": protocol.Goodbye,
-    }.items()
-}
-
-
-@st.composite
-def fuzzed_messages(draw):
-    """A known type and version with some of its real fields set to arbitrary JSON values."""
-    kind = draw(st.sampled_from(sorted(MESSAGE_FIELDS)))
-    base = {"register": register_msg(), "heartbeat": heartbeat_msg()}.get(
-        kind, {"type": kind, "v": 1}
-    )
-    names = MESSAGE_FIELDS[kind]
-    fuzzed = draw(st.dictionaries(st.sampled_from(names), json_values, max_size=4))
-    return {**base, **fuzzed}
 
 
 def _outcome(raw):
