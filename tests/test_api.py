@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from fleet.models import ApiKey, ApiKeyScope, EngineProfile, Model, Node
-from fleet.services import api_keys
+from fleet.services import api_keys, reconcile_lock
 from tests.helpers_api import (
     add_model,
     add_node,
@@ -152,7 +152,7 @@ def test_node_filters(api):
     assert "'=b' is not a valid selector term" in bad.json()["selector"][0]
 
 
-def test_cordon_and_uncordon(api):
+def test_cordon_and_uncordon(api, django_capture_on_commit_callbacks):
     add_node("gpu-01")
     Node.objects.filter(pk="gpu-01").update(draining=True)
 
@@ -160,8 +160,11 @@ def test_cordon_and_uncordon(api):
     assert cordoned.status_code == 200 and cordoned.json()["cordoned"] is True
     assert Node.objects.get(pk="gpu-01").cordoned
 
-    uncordoned = api.post("/api/v1/nodes/gpu-01/uncordon/")
+    with django_capture_on_commit_callbacks() as after_commit:
+        uncordoned = api.post("/api/v1/nodes/gpu-01/uncordon/")
     assert uncordoned.status_code == 200
+    # replicas waiting for room may fit now: a reconciler pass is asked for
+    assert reconcile_lock._kick in after_commit
     node = Node.objects.get(pk="gpu-01")
     assert not node.cordoned and not node.draining  # uncordon ends a drain
 

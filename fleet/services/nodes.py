@@ -10,6 +10,7 @@ from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from fleet.models import GPU, Node, NodeLoad, ShardState
+from fleet.services.reconcile_lock import request_reconcile
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ def uncordon(node: Node) -> bool:
     )
     if changed:
         logger.info("node uncordoned node=%s", node.pk)
+        # Replicas waiting for room may fit now; an update sends no post_save.
+        request_reconcile()
     return changed
 
 
