@@ -134,9 +134,10 @@ async def _serve(cfg) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    agent = Agent(cfg, shards=_shards(cfg))
-    agent.start()
+    agent = Agent(cfg)
+    agent.shards = _shards(cfg, agent)
     try:
+        await agent.start()
         await client.run(agent, stop)
     except client.Refused as exc:
         logger.error("stopping: %s", exc)
@@ -150,9 +151,20 @@ async def _serve(cfg) -> int:
     return 0
 
 
-def _shards(cfg):
-    """The engine supervisor, once there is one to hand shards to."""
-    return None
+def _shards(cfg, agent):
+    """The engine supervisor, its shard events going to the control plane through the agent."""
+    from agentd.agent import SupervisedShards
+    from agentd.supervisor import Supervisor
+
+    return SupervisedShards(
+        Supervisor(
+            cfg.state_dir,
+            port_range=cfg.engine_port_range,
+            binaries=dict(cfg.engines.binaries),
+            disabled=list(cfg.engines.disabled),
+            on_event=agent.on_shard_event,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -29,12 +29,19 @@ logger = logging.getLogger(__name__)
 # Weights dirs can hold thousands of files; sizing them every heartbeat is
 # waste when they change a few times a day. A removal rescans at once.
 WEIGHTS_RESCAN_S = 60.0
+# Engines are installed by someone at a keyboard: a minute's delay in noticing
+# one is invisible, while a probe may start a Python that imports vLLM.
+ENGINE_REPROBE_S = 60.0
 OUTBOX_LIMIT = 1000
 
 
 class Shards(Protocol):
     """What the agent needs from the engine supervisor."""
 
+    desired_version: int
+
+    async def start(self) -> None: ...
+    async def refresh(self) -> None: ...
     async def apply(self, desired: protocol.Desired) -> None: ...
     def running(self) -> list[protocol.RunningShard]: ...
     def process_groups(self) -> dict[str, int]: ...
@@ -42,11 +49,20 @@ class Shards(Protocol):
     def tail(self, shard_id: str, lines: int) -> list[str] | None: ...
     def paths_in_use(self) -> list[str]: ...
     def engine_versions(self) -> dict[str, str]: ...
+    def engine_problems(self) -> dict[str, str]: ...
     async def close(self) -> None: ...
 
 
 class NoShards:
     """An agent without engine supervision: it runs nothing and says so."""
+
+    desired_version = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def refresh(self) -> None:
+        return None
 
     async def apply(self, desired: protocol.Desired) -> None:
         if any(s.state == "running" for s in desired.shards):
@@ -74,8 +90,65 @@ class NoShards:
     def engine_versions(self) -> dict[str, str]:
         return {}
 
+    def engine_problems(self) -> dict[str, str]:
+        return {}
+
     async def close(self) -> None:
         return None
+
+
+class SupervisedShards:
+    """The engine supervisor (agentd/supervisor.py) as the agent uses it."""
+
+    def __init__(self, supervisor):
+        self.sup = supervisor
+
+    @property
+    def desired_version(self) -> int:
+        return self.sup.desired_version
+
+    async def start(self) -> None:
+        await self.sup.start()  # adopts what a previous agent left running
+
+    async def refresh(self) -> None:
+        await self.sup.probe_engines()
+
+    async def apply(self, desired: protocol.Desired) -> None:
+        await self.sup.apply(desired)
+
+    def running(self) -> list[protocol.RunningShard]:
+        return self.sup.running_shards()
+
+    def process_groups(self) -> dict[str, int]:
+        return self.sup.process_groups()
+
+    def sources(self) -> list[str]:
+        return self.sup.log_sources()
+
+    def tail(self, shard_id: str, lines: int) -> list[str] | None:
+        try:
+            return self.sup.tail(shard_id, lines)
+        except KeyError:
+            return None
+
+    def paths_in_use(self) -> list[str]:
+        # Every shard the supervisor still holds, not only the running ones: a
+        # starting engine is about to read its weights.
+        out = []
+        for sh in getattr(self.sup, "_shards", {}).values():
+            spec = sh.spec_or_want
+            if spec is not None and spec.profile.model_path:
+                out.append(spec.profile.model_path)
+        return out
+
+    def engine_versions(self) -> dict[str, str]:
+        return self.sup.engine_versions()
+
+    def engine_problems(self) -> dict[str, str]:
+        return self.sup.engine_problems()
+
+    async def close(self) -> None:
+        await self.sup.close()
 
 
 class Agent:
@@ -105,24 +178,31 @@ class Agent:
         self._sent_engines: dict[str, str] = {}
         self._sent_provision: list[protocol.EngineInstall] = []
         self._reported: set[tuple[int, str]] = set()
-        self._provision: list[protocol.EngineInstall] = []
+        self._wants: list[protocol.EngineWant] = []
         # Messages for the control plane, sent in order whenever a socket is up.
         self.outbox: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
         self.outbox_ready = asyncio.Event()
         self._pending_desired: protocol.Desired | None = None
         self._desired_wakeup = asyncio.Event()
-        self._converger: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     # ---- lifetime ------------------------------------------------------------
 
-    def start(self) -> None:
-        self._converger = asyncio.ensure_future(self._converge_loop())
+    async def start(self) -> None:
+        """Adopt what a previous agent left running, before the first register reports it."""
+        await self.shards.start()
+        # The supervisor keeps its own record of the newest version; the larger wins.
+        self.desired_version = max(self.desired_version, self.shards.desired_version)
+        self._tasks = [
+            asyncio.ensure_future(self._converge_loop()),
+            asyncio.ensure_future(self._reprobe_loop()),
+        ]
 
     async def close(self) -> None:
         """Stop watching. The engines keep running: they outlive the agent."""
-        if self._converger is not None:
-            self._converger.cancel()
-            await asyncio.gather(self._converger, return_exceptions=True)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.shards.close()
         self.machine.close()
 
@@ -153,8 +233,21 @@ class Agent:
         logger.info("enrolled: node credential written to %s", path)
 
     def send(self, msg) -> None:
+        """Queue a message for the control plane. Call on the event loop's thread."""
         self.outbox.append(msg)
         self.outbox_ready.set()
+
+    async def on_shard_event(self, msg) -> None:
+        """The supervisor's shard_status and fetch_progress, passed on as they come."""
+        self.send(msg)
+
+    async def _reprobe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(ENGINE_REPROBE_S)
+            try:
+                await self.shards.refresh()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                logger.exception("probing the engines failed")
 
     # ---- what goes to the control plane ---------------------------------------
 
@@ -171,11 +264,11 @@ class Agent:
             self._weights = self._sent_weights = list(inv["weights"])
             self._weights_at = time.monotonic()
             self._sent_engines = dict(inv["engine_versions"])
-            self._sent_provision = list(self._provision)
+            provision = self._sent_provision = self.provision()
             self._reported = {(g.index, p) for g in inv["gpus"] for p in g.problems}
         return protocol.Register(
             type="register",
-            provision=list(self._provision),
+            provision=provision,
             running_shards=self.shards.running(),
             desired_version=self.desired_version,
             **inv,
@@ -198,6 +291,7 @@ class Agent:
             weights = m.weights(mounts)
         memory = m.memory_total_mb()
         engines = self.shards.engine_versions()
+        provision = self.provision()
         load = self.sampler.sample(self.shards.process_groups())
         with self._lock:
             self._seq += 1
@@ -223,9 +317,9 @@ class Agent:
             if engines != self._sent_engines:
                 hb["engines_changed"], hb["engine_versions"] = True, engines
                 self._sent_engines = dict(engines)
-            if self._provision != self._sent_provision:
-                hb["provision_changed"], hb["provision"] = True, list(self._provision)
-                self._sent_provision = list(self._provision)
+            if provision != self._sent_provision:
+                hb["provision_changed"], hb["provision"] = True, provision
+                self._sent_provision = provision
             hb["desired_version"] = self.desired_version
         return protocol.Heartbeat(**hb)
 
@@ -288,30 +382,43 @@ class Agent:
             )
 
     def on_provision(self, msg: protocol.Provision) -> None:
-        """Recorded and reported; installing engines is not this agent's job (yet)."""
-        installs = []
-        by_hand = self.cfg.engines.binaries
-        for want in msg.engines:
-            if want.engine in self.cfg.engines.disabled or want.engine in by_hand:
-                continue  # the node's own say wins: disabled, or a binary named by hand
-            installs.append(
-                protocol.EngineInstall(
-                    engine=want.engine,
-                    version=want.version,
-                    variant=want.variant,
-                    state="unsupported",
-                    detail=(
-                        "this agent does not install engines; name the binary in agent.yaml "
-                        f"(engines.binaries.{want.engine})"
-                    ),
-                )
-            )
-        if installs != self._provision:
+        """Recorded, and answered in heartbeats; installing engines is not this agent's job."""
+        if list(msg.engines) != self._wants:
             logger.info(
-                "control plane wants engines %s; not installed by this agent",
+                "control plane wants engines %s",
                 [f"{e.engine} {e.version}".strip() for e in msg.engines],
             )
-        self._provision = installs
+        self._wants = list(msg.engines)
+
+    def provision(self) -> list[protocol.EngineInstall]:
+        """Where each wanted engine stands here. The node's own say wins: an engine it
+        disabled, or whose binary it names by hand, is not the control plane's to install."""
+        versions = self.shards.engine_versions()
+        problems = self.shards.engine_problems()
+        out = []
+        for want in self._wants:
+            name = want.engine
+            if name in self.cfg.engines.disabled or name in self.cfg.engines.binaries:
+                continue
+            if name in versions:
+                state, version, detail = "ready", versions[name], "found on this node"
+            else:
+                state, version = "unsupported", want.version
+                why = problems.get(name) or f"{name} is not installed"
+                detail = (
+                    f"{why}; this agent does not install engines: install it, or name its "
+                    f"binary in agent.yaml (engines.binaries.{name})"
+                )
+            out.append(
+                protocol.EngineInstall(
+                    engine=name,
+                    version=version[:255],
+                    variant=want.variant,
+                    state=state,
+                    detail=detail[:4096],
+                )
+            )
+        return out
 
     def logs_reply(self, msg: protocol.LogsRequest) -> protocol.LogsReply:
         sources = [logs.AGENT_SOURCE, *self.shards.sources()]

@@ -19,8 +19,6 @@ from agentd.protocol import NODE_ID_PATTERN
 
 AGENT_PATH = "/ws/agent/"
 DEFAULT_STATE_DIR = "/var/lib/llmgw-agent"
-# The engines the agent knows how to run; a name outside this list is a typo.
-KNOWN_ENGINES = ("vllm", "sglang", "llamacpp")
 
 
 class ConfigError(ValueError):
@@ -66,9 +64,17 @@ class EnginesConfig(BaseModel):
         return value
 
 
+def known_engines() -> list[str]:
+    """The engines the agent knows how to run; a name outside this list is a typo."""
+    from agentd.engines import engine_classes
+
+    return sorted(engine_classes())
+
+
 def _known_engine(name: str) -> None:
-    if name not in KNOWN_ENGINES:
-        raise ValueError(f"unknown engine '{name}' (known: {', '.join(KNOWN_ENGINES)})")
+    known = known_engines()
+    if name not in known:
+        raise ValueError(f"unknown engine '{name}' (known: {', '.join(known)})")
 
 
 class GPUChecks(BaseModel):

@@ -111,7 +111,7 @@ async def test_superseded_and_dropped_connections_are_retried(tmp_path):
     stop = asyncio.Event()
     async with await _serve(plane) as server:
         agent = make_agent(tmp_path, control_plane_url=_url(server))
-        agent.start()
+        await agent.start()
         task = asyncio.ensure_future(client.run(agent, stop, _quick()))
         # the third connection holds; heartbeats flow on it at the ack's interval
         await _wait_for(lambda: plane.connections == 3 and len(plane.received) >= 2)
@@ -164,7 +164,7 @@ async def test_a_desired_set_is_acknowledged_over_the_socket(tmp_path):
 
     async with websockets.serve(handler, "127.0.0.1", 0) as server:
         agent = make_agent(tmp_path, control_plane_url=_url(server))
-        agent.start()
+        await agent.start()
         task = asyncio.ensure_future(client.run(agent, stop, _quick()))
         await asyncio.wait_for(sent.wait(), 10)
         stop.set()

@@ -39,7 +39,7 @@ def test_the_example_config_is_valid():
         ({"engine_port_range": [80, 90]}, "engine_port_range: must be [first, last]"),
         (
             {"engines": {"binaries": {"vllmm": "/opt/vllm"}}},
-            "engines.binaries: unknown engine 'vllmm' (known: vllm, sglang, llamacpp)",
+            "engines.binaries: unknown engine 'vllmm' (known: fake, llamacpp, sglang, vllm)",
         ),
         ({"engines": {"disabled": ["tgi"]}}, "unknown engine 'tgi'"),
         ({"heartbeat_intervall_s": 5}, "heartbeat_intervall_s: unknown field (a typo?)"),
