@@ -391,8 +391,21 @@ class LogsRequest(_Msg):
     lines: Annotated[int, Field(ge=1, le=10000)] = 200
 
 
+class Closing(_Msg):
+    """Sent just before the control plane closes the socket: the close code, and why.
+
+    The close frame carries the same code, but Daphne drops a close frame's
+    reason (django/daphne#374), so this message is how the reason reaches the
+    agent's log. An agent that does not know it can ignore it.
+    """
+
+    type: Literal["closing"]
+    code: Annotated[int, Field(ge=1000, le=4999)]
+    reason: Text = ""
+
+
 ControlMessage = Annotated[
-    ServerAck | Desired | Provision | RemoveWeights | LogsRequest,
+    ServerAck | Desired | Provision | RemoveWeights | LogsRequest | Closing,
     Field(discriminator="type"),
 ]
 
@@ -480,7 +493,7 @@ AGENT_TYPES = {
     "ack",
     "goodbye",
 }
-CONTROL_TYPES = {"ack", "desired", "provision", "remove_weights", "logs_request"}
+CONTROL_TYPES = {"ack", "desired", "provision", "remove_weights", "logs_request", "closing"}
 
 
 def parse_agent_message(raw: str | bytes | dict):

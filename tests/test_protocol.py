@@ -85,6 +85,8 @@ def test_control_messages_round_trip():
     assert protocol.parse_control_message(protocol.dump(desired)) == desired
     ack = protocol.ServerAck(type="ack", of="register", node_id="gpu-01", credential="lgn_x")
     assert protocol.parse_control_message(protocol.dump(ack)).credential == "lgn_x"
+    closing = protocol.Closing(type="closing", code=CloseCode.FORBIDDEN, reason="not yours")
+    assert protocol.parse_control_message(protocol.dump(closing)) == closing
 
 
 # ---- refused messages ----------------------------------------------------------
