@@ -331,3 +331,39 @@ def test_nothing_is_restarted_before_its_retry_time_even_across_passes():
     for _ in range(3):
         clock.pass_()
     assert running(model) == []
+
+
+def test_editing_the_active_profile_rolls_its_replicas():
+    add_node("gpu-01")
+    model = add_model(gpus_per_node=2, tp=2)
+    clock = Clock()
+    clock.pass_()
+    make_ready(model)
+    clock.pass_()
+    [old] = replicas(model)
+
+    profile = model.active_profile
+    profile.args = ["--max-model-len", "8192"]
+    profile.save()
+    clock.pass_()
+
+    assert {r.pk: r.state for r in replicas(model)}[old.pk] == ReplicaState.READY
+    make_ready(model)
+    clock.pass_()
+    assert {r.pk: r.state for r in replicas(model)}[old.pk] == ReplicaState.DRAINING
+
+
+def test_a_change_that_does_not_touch_the_engine_rolls_nothing():
+    add_node("gpu-01")
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    make_ready(model)
+    clock.pass_()
+
+    profile = model.active_profile
+    profile.startup_timeout_s = 600
+    profile.save()
+    result = clock.pass_()
+
+    assert not result.changed()

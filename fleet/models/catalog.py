@@ -1,5 +1,8 @@
 """The catalog: which models should run, and how (engine profiles)."""
 
+import hashlib
+import json
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -128,6 +131,26 @@ class EngineProfile(models.Model):
     @property
     def gpus_total(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    # What the engine process is started with. Changing any of it makes the
+    # reconciler replace running replicas, one at a time.
+    SPEC_FIELDS = (
+        "engine",
+        "gpu_class",
+        "tp",
+        "pp",
+        "gpus_per_node",
+        "nodes",
+        "args",
+        "env",
+        "model_path",
+        "served_model_name",
+    )
+
+    @property
+    def spec_hash(self) -> str:
+        spec = {f: getattr(self, f) for f in self.SPEC_FIELDS}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
     def clean(self) -> None:
         errors: dict[str, str] = {}

@@ -36,6 +36,11 @@ class Replica(models.Model):
     retry_at = models.DateTimeField(
         null=True, blank=True, help_text="Not restarted before this (backoff after a failure)."
     )
+    spec_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="What its profile said when it was created; an edit since rolls it.",
+    )
     node_failures = models.JSONField(
         default=dict,
         blank=True,

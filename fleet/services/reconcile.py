@@ -337,7 +337,14 @@ class _Pass:
         if profile is None:
             return  # nothing to run new replicas with; existing ones are left alone
         wanted = max(0, model.desired_replicas)
-        outdated = [r for r in live if r.profile_id != profile.pk or self.on_draining_node(r)]
+        spec = profile.spec_hash
+        outdated = [
+            r
+            for r in live
+            if r.profile_id != profile.pk
+            or (r.spec_hash and r.spec_hash != spec)
+            or self.on_draining_node(r)
+        ]
         old = {r.pk for r in outdated}
         current = [r for r in live if r.pk not in old]
         for r in outdated:
@@ -369,6 +376,7 @@ class _Pass:
         r = Replica.objects.create(
             model=model,
             profile=model.active_profile,
+            spec_hash=model.active_profile.spec_hash,
             state=ReplicaState.PENDING,
             reason="waiting for placement",
             state_changed_at=self.now,

@@ -1,0 +1,237 @@
+"""``apply -f catalog.yaml``: models and their engine profiles, declared in a file.
+
+The file is the truth for what it names: a field left out takes its default.
+Models and profiles it does not name are left alone. The whole file applies or
+nothing does, and every problem is reported at once with the field it is in,
+using the same ``clean()`` rules as the admin and the API::
+
+    models:
+      - name: qwen2.5-7b
+        replicas: 2
+        placement_policy: spread      # or binpack (default)
+        replace_after_s: 120          # optional; default: the fleet's
+        profile: h100                 # the active profile
+        profiles:
+          - name: h100
+            engine: vllm
+            model_path: Qwen/Qwen2.5-7B-Instruct
+            gpus_per_node: 1
+            gpu_class: H100
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+import yaml
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from fleet.models import EngineProfile, Model
+
+logger = logging.getLogger(__name__)
+
+# File key -> model field. Everything else in a model entry is refused.
+MODEL_KEYS = {
+    "name": "name",
+    "description": "description",
+    "replicas": "desired_replicas",
+    "placement_policy": "placement_policy",
+    "replace_after_s": "replace_after_s",
+}
+PROFILE_KEYS = {
+    "name",
+    "engine",
+    "gpu_class",
+    "tp",
+    "pp",
+    "gpus_per_node",
+    "nodes",
+    "args",
+    "env",
+    "model_path",
+    "served_model_name",
+    "min_memory_gb",
+    "node_selector",
+    "startup_timeout_s",
+}
+
+
+class CatalogError(Exception):
+    """The file cannot be applied. ``errors`` lists every problem, each naming its field."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass
+class ApplyResult:
+    changes: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+
+def parse(text: str) -> list[dict]:
+    """The model entries of a catalog file, or CatalogError saying what is malformed."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise CatalogError([f"not valid YAML: {where}{problem}"]) from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise CatalogError(["the file must be a mapping with a list under 'models'"])
+    unknown = set(data) - {"models"}
+    if unknown:
+        raise CatalogError([f"unknown top-level key(s): {', '.join(sorted(unknown))}"])
+    errors, seen = [], set()
+    for i, entry in enumerate(data["models"]):
+        where = f"models[{i}]"
+        if not isinstance(entry, dict):
+            errors.append(f"{where}: must be a mapping")
+            continue
+        name = entry.get("name")
+        if not name:
+            errors.append(f"{where}.name: required")
+        elif name in seen:
+            errors.append(f"{where}.name: model '{name}' appears twice")
+        seen.add(name)
+        where = f"model {name}" if name else where
+        for key in sorted(set(entry) - set(MODEL_KEYS) - {"profile", "profiles"}):
+            errors.append(f"{where}: unknown field '{key}'")
+        profiles = entry.get("profiles", [])
+        if not isinstance(profiles, list):
+            errors.append(f"{where}.profiles: must be a list")
+            continue
+        names = set()
+        for j, prof in enumerate(profiles):
+            pwhere = f"{where}.profiles[{j}]"
+            if not isinstance(prof, dict):
+                errors.append(f"{pwhere}: must be a mapping")
+                continue
+            if not prof.get("name"):
+                errors.append(f"{pwhere}.name: required")
+            elif prof["name"] in names:
+                errors.append(f"{pwhere}.name: profile '{prof['name']}' appears twice")
+            names.add(prof.get("name"))
+            for key in sorted(set(prof) - PROFILE_KEYS):
+                errors.append(f"{pwhere}: unknown field '{key}'")
+    if errors:
+        raise CatalogError(errors)
+    return data["models"]
+
+
+def _messages(where: str, exc: ValidationError) -> list[str]:
+    if hasattr(exc, "error_dict"):
+        return [f"{where}.{f}: {m}" for f, msgs in exc.message_dict.items() for m in msgs]
+    return [f"{where}: {m}" for m in exc.messages]
+
+
+def _validate(obj, where: str, exclude=()) -> list[str]:
+    # Field types first: clean() compares values and must not meet a string
+    # where a number belongs.
+    for check in (obj.clean_fields, obj.full_clean):
+        try:
+            check(exclude=list(exclude))
+        except ValidationError as exc:
+            return _messages(where, exc)
+    return []
+
+
+def _assign(obj, values: dict, defaults: dict) -> list[str]:
+    """Set fields on ``obj``; returns "field old → new" for each that changed."""
+    diffs = []
+    for name, default in defaults.items():
+        new = values.get(name, default)
+        old = getattr(obj, name)
+        if old != new:
+            diffs.append(f"{name} {old!r} → {new!r}")
+            setattr(obj, name, new)
+    return diffs
+
+
+def _defaults(model_cls, names) -> dict:
+    return {n: model_cls._meta.get_field(n).get_default() for n in names}
+
+
+def apply(text: str, *, dry_run: bool = False) -> ApplyResult:
+    """Apply a catalog file; returns what changed. Raises CatalogError and changes nothing."""
+    entries = parse(text)
+    result = ApplyResult()
+    errors: list[str] = []
+    model_defaults = _defaults(Model, MODEL_KEYS.values())
+    profile_defaults = _defaults(EngineProfile, PROFILE_KEYS - {"name"})
+    with transaction.atomic():
+        for entry in entries:
+            errors += _apply_model(entry, model_defaults, profile_defaults, result)
+        if errors:
+            transaction.set_rollback(True)
+            raise CatalogError(errors)
+        if dry_run:
+            transaction.set_rollback(True)
+    if not dry_run:
+        for line in result.changes:
+            logger.info("catalog applied: %s", line)
+    return result
+
+
+def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:
+    name = entry["name"]
+    where = f"model {name}"
+    model = Model.objects.filter(name=name).first()
+    created = model is None
+    model = model or Model(name=name)
+    values = {MODEL_KEYS[k]: v for k, v in entry.items() if k in MODEL_KEYS}
+    diffs = _assign(model, values, model_defaults)
+    errors = _validate(model, where, exclude=["active_profile"])
+    if errors:
+        # Still check its profiles, so one run reports every problem.
+        for prof in entry.get("profiles", []):
+            unsaved = EngineProfile(model=model, name=prof["name"])
+            _assign(unsaved, {k: v for k, v in prof.items() if k != "name"}, profile_defaults)
+            errors += _validate(unsaved, f"profile {name}/{prof['name']}", exclude=["model"])
+        return errors
+    if created or diffs:
+        model.save()
+    errors = []
+    for prof in entry.get("profiles", []):
+        errors += _apply_profile(model, prof, profile_defaults, result)
+    active = entry.get("profile")
+    if active is None and len(entry.get("profiles", [])) == 1:
+        active = entry["profiles"][0]["name"]  # the only one there is
+    if active is not None:
+        profile = EngineProfile.objects.filter(model=model, name=active).first()
+        if profile is None:
+            errors.append(f"{where}.profile: no profile named '{active}' for this model")
+        elif model.active_profile_id != profile.pk:
+            old = model.active_profile.name if model.active_profile_id else None
+            diffs.append(f"active profile {old!r} → {active!r}")
+            model.active_profile = profile
+            model.save()
+    if errors:
+        return errors
+    if created:
+        result.changes.append(f"model {name} created")
+    elif diffs:
+        result.changes.append(f"model {name}: " + ", ".join(diffs))
+    else:
+        result.unchanged.append(f"model {name}")
+    return []
+
+
+def _apply_profile(model, prof, defaults, result) -> list[str]:
+    where = f"profile {model.name}/{prof['name']}"
+    profile = EngineProfile.objects.filter(model=model, name=prof["name"]).first()
+    created = profile is None
+    profile = profile or EngineProfile(model=model, name=prof["name"])
+    diffs = _assign(profile, {k: v for k, v in prof.items() if k != "name"}, defaults)
+    errors = _validate(profile, where)
+    if errors:
+        return errors
+    if created:
+        profile.save()
+        result.changes.append(f"{where} created")
+    elif diffs:
+        profile.save()
+        result.changes.append(f"{where}: " + ", ".join(diffs))
+    return []
