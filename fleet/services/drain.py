@@ -1,0 +1,111 @@
+"""Draining a node: its replicas move elsewhere, replacements ready first.
+
+``drain_node`` only records the intent (cordoned and draining) and asks for a
+pass. The reconciler does the moving: a replica with a shard on a draining
+node counts as outdated, so a replacement is placed elsewhere, and only once
+it is ready does the old one drain (the gateway stops sending it work and
+in-flight requests finish) and stop. When nothing runs there any more the
+node stays cordoned and stops draining.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from fleet.models import DesiredState, Node, Replica, ReplicaState, Shard
+
+from .reconcile_lock import request_reconcile
+
+logger = logging.getLogger(__name__)
+
+
+def drain_node(node: Node) -> bool:
+    """Cordon the node and move its replicas away. Returns whether anything changed."""
+    with transaction.atomic():
+        changed = bool(
+            Node.objects.filter(pk=node.pk)
+            .exclude(cordoned=True, draining=True)
+            .update(cordoned=True, draining=True)
+        )
+        if changed:
+            logger.info("node draining node=%s", node.pk)
+            request_reconcile()
+    return changed
+
+
+@dataclass
+class DrainProgress:
+    node_id: str
+    draining: bool
+    # One line per replica still on the node, saying what it waits for.
+    waiting: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not self.draining and not self.waiting
+
+    def __str__(self) -> str:
+        if self.done:
+            return f"node {self.node_id} drained: nothing runs there; it stays cordoned"
+        if not self.draining:
+            return f"node {self.node_id} is not draining ({len(self.waiting)} shards still there)"
+        head = f"node {self.node_id}: {len(self.waiting)} replica(s) still there"
+        return "\n  ".join([head, *self.waiting])
+
+
+def progress(node_id: str) -> DrainProgress:
+    """Where a drain stands: each replica still on the node and what it waits for."""
+    draining = Node.objects.filter(pk=node_id).values_list("draining", flat=True).first()
+    on_node = (
+        Shard.objects.filter(node_id=node_id)
+        .exclude(desired_state=DesiredState.STOPPED)
+        .select_related("replica__model")
+        .order_by("replica__created_at")
+    )
+    lines, seen = [], set()
+    for shard in on_node:
+        replica = shard.replica
+        if replica.pk in seen:
+            continue
+        seen.add(replica.pk)
+        lines.append(f"{replica}: {shard.state} here; {_waits_for(replica, node_id)}")
+    return DrainProgress(node_id, bool(draining), lines)
+
+
+def _waits_for(replica: Replica, node_id: str) -> str:
+    if replica.state == ReplicaState.DRAINING:
+        return "draining (in-flight requests finish)"
+    if replica.state != ReplicaState.READY:
+        return "stopping (it was not serving)"
+    others = (
+        Replica.objects.filter(model=replica.model_id, created_at__gt=replica.created_at)
+        .exclude(state__in=[ReplicaState.READY, ReplicaState.DRAINING, ReplicaState.STOPPED])
+        .exclude(shards__node_id=node_id)
+        .distinct()
+    )
+    pending = [f"{r.state}" + (f": {r.reason}" if r.reason else "") for r in others[:1]]
+    if pending:
+        return f"waiting for its replacement ({pending[0]})"
+    return "waiting for a replacement to be placed"
+
+
+def wait(
+    node_id: str,
+    timeout_s: float,
+    on_progress: Callable[[DrainProgress], None],
+    tick: Callable[[], None] = lambda: time.sleep(1),
+) -> DrainProgress:
+    """Report progress whenever it changes until the drain is done or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        now = progress(node_id)
+        if str(now) != last:
+            on_progress(now)
+            last = str(now)
+        if now.done or time.monotonic() >= deadline:
+            return now
+        tick()
