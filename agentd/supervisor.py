@@ -21,22 +21,20 @@ a new shard id starts it again.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
-import re
 import shlex
-import shutil
-import signal
 import socket
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agentd import protocol, state
 from agentd.engines import Engine, EngineUnavailable, Probe, make_engines
+from agentd.engines.base import tree_size, weights_path
 from agentd.protocol import DesiredShard, ShardState
+from agentd.shard import LIVE, Shard, identity, parse_spec
+from agentd.shardproc import EngineProcess, exit_reason
 
 logger = logging.getLogger(__name__)
 
@@ -48,62 +46,6 @@ TICK_READY_S = 1.0  # once ready, only "is it still alive": a waitpid or a /proc
 FETCH_CHECK_S = 1.0
 DRAIN_POLL_S = 0.25
 DRAIN_WITHOUT_METRIC_S = 30.0  # engines that cannot count requests in flight
-KILL_WAIT_S = 5.0
-RING_LINES = 1000
-LAST_LINES = 50  # sent with a failure
-MAX_LOG_BYTES = 64 * 1024 * 1024
-LIVE = (ShardState.STARTING, ShardState.LOADING, ShardState.READY, ShardState.DRAINING)
-
-
-def _identity(spec: DesiredShard) -> DesiredShard:
-    """The parts of a spec that decide the process; a new timeout restarts nothing."""
-    return spec.model_copy(update={"state": "running", "startup_timeout_s": 1.0})
-
-
-def exit_reason(code: int | None) -> str:
-    if code is None:
-        return "the engine exited (its exit code is unknown: the agent restarted since)"
-    if code < 0:
-        try:
-            return f"the engine was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"the engine was killed by signal {-code}"
-    return f"the engine exited with code {code}"
-
-
-class _Shard:
-    """What the supervisor knows about one shard."""
-
-    def __init__(self, shard_id: str, log_path: Path):
-        self.shard_id = shard_id
-        self.log_path = log_path
-        self.spec: DesiredShard | None = None  # what the process runs
-        self.want: DesiredShard | None = None  # the newest desired entry
-        self.target = "running"  # running | draining | stopped | absent
-        self.engine = ""
-        self.port = 0
-        self.state = ShardState.PENDING
-        self.error = ""
-        self.failed_spec: DesiredShard | None = None
-        self.pid: int | None = None
-        self.ticks: int | None = None
-        self.proc: subprocess.Popen | None = None  # only for processes this agent started
-        self.gen = 0  # one per process, so a stale monitor knows to leave
-        self.stopping = False
-        self.started_at = 0.0
-        self.progress_at = 0.0
-        self.timeout_s = 1800.0
-        self.fetch_path: Path | None = None
-        self.fetch_bytes = -1
-        self.fetch_checked = 0.0
-        self.lock = asyncio.Lock()
-        self.ring: collections.deque[str] = collections.deque(maxlen=RING_LINES)
-        self.log_pos = 0
-        self.partial = b""
-
-    @property
-    def spec_or_want(self) -> DesiredShard | None:
-        return self.spec or self.want
 
 
 class Supervisor:
@@ -148,7 +90,7 @@ class Supervisor:
         self._engines: dict[str, Engine] = make_engines(binaries)
         self._disabled = set(disabled or [])
         self._on_event = on_event
-        self._shards: dict[str, _Shard] = {}
+        self._shards: dict[str, Shard] = {}
         self._version = 0
         self._versions: dict[str, str] = {}
         self._unavailable: dict[str, str] = {}
@@ -174,30 +116,27 @@ class Supervisor:
         version, records = state.load(self.state_dir)
         self._version = version
         marked = await asyncio.to_thread(state.find_marked, self.state_dir)
-        died: list[_Shard] = []
+        died: list[Shard] = []
         for rec in records.values():
             sh = self._new_shard(rec.shard_id)
-            sh.engine, sh.port, sh.target, sh.error = rec.engine, rec.port, rec.target, rec.error
-            sh.spec = sh.want = self._parse_spec(rec.spec)
-            if sh.want and rec.target != sh.want.state:
-                sh.want = sh.want.model_copy(update={"state": rec.target})
+            sh.restore(rec)
             if rec.pid and state.still_running(
                 rec.pid, rec.start_ticks, sh.shard_id, self.state_dir
             ):
                 marked.pop(sh.shard_id, None)
                 await self._adopt(sh, rec.pid, ShardState(rec.state))
             elif rec.state in LIVE:
-                sh.state, sh.pid = ShardState.FAILED, None
+                sh.state, sh.process = ShardState.FAILED, None
                 sh.error = exit_reason(None)
                 sh.failed_spec = sh.spec
                 died.append(sh)
             else:
-                sh.state = state_from(rec.state)
+                sh.state = protocol.shard_state_from_wire(rec.state)
         for shard_id, (pid, env) in marked.items():
             sh = self._new_shard(shard_id)
             sh.engine = env.get(state.MARK_ENGINE, "")
             sh.port = int(env.get(state.MARK_PORT) or 0)
-            sh.spec = sh.want = self._parse_spec(env.get(state.MARK_SPEC))
+            sh.spec = sh.want = parse_spec(env.get(state.MARK_SPEC))
             logger.info("adopting engine pid %s of shard %s found by its mark", pid, shard_id)
             await self._adopt(sh, pid, None)
         await self.probe_engines()
@@ -234,30 +173,11 @@ class Supervisor:
 
     def running_shards(self) -> list[protocol.RunningShard]:
         """Every shard not stopped, for register: the control plane adopts these."""
-        out = []
-        for sh in self._shards.values():
-            if sh.state == ShardState.STOPPED:
-                continue
-            spec = sh.spec_or_want
-            out.append(
-                protocol.RunningShard(
-                    shard_id=sh.shard_id,
-                    replica_id=spec.replica_id if spec else "",
-                    rank=spec.rank if spec else 0,
-                    gpu_uuids=list(spec.gpu_uuids) if spec else [],
-                    hcas=list(spec.hcas) if spec else [],
-                    port=sh.port,
-                    state=sh.state.value,
-                    model=spec.model if spec else "",
-                    profile=spec.profile.name if spec else "",
-                    pid=sh.pid if self._alive(sh) else None,
-                )
-            )
-        return out
+        return [sh.running() for sh in self._shards.values() if sh.state != ShardState.STOPPED]
 
     def process_groups(self) -> dict[str, int]:
         """Shard id -> process group id of its engine, for load sampling."""
-        return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and self._alive(sh)}
+        return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
     def engine_versions(self) -> dict[str, str]:
         """Probed versions of the engines that can run here (not disabled, installed)."""
@@ -294,7 +214,7 @@ class Supervisor:
         if sh is None:
             known = ", ".join(self.log_sources()) or "none"
             raise KeyError(f"no log source {source!r} on this node; sources: {known}")
-        return tail_file(sh.log_path, lines)
+        return sh.log.tail(lines)
 
     async def fetch_progress(
         self, shard_id: str, bytes_done: int, bytes_total: int | None = None, source: str = ""
@@ -304,7 +224,7 @@ class Supervisor:
         if sh is None:
             return
         sh.progress_at = time.monotonic()
-        await self._emit_progress(sh, bytes_done, bytes_total, source)
+        await self._emit(sh.progress(bytes_done, bytes_total, source))
 
     async def close(self) -> None:
         """Stop watching. The engines keep running; the next agent adopts them."""
@@ -327,11 +247,11 @@ class Supervisor:
         if not task.cancelled() and task.exception() is not None:
             logger.error("supervisor task failed", exc_info=task.exception())
 
-    async def _converge(self, sh: _Shard) -> None:
+    async def _converge(self, sh: Shard) -> None:
         async with sh.lock:
             if self._closed:
                 return
-            alive = self._alive(sh)
+            alive = sh.alive()
             if sh.target == "running":
                 await self._converge_running(sh, alive)
             elif sh.target == "draining":
@@ -346,18 +266,18 @@ class Supervisor:
                 elif sh.state in (ShardState.PENDING, ShardState.FAILED):
                     sh.failed_spec = None
                     await self._set(sh, ShardState.STOPPED)
-                if sh.target == "absent" and not self._alive(sh):
+                if sh.target == "absent" and not sh.alive():
                     self._shards.pop(sh.shard_id, None)
                     self._save()
 
-    async def _converge_running(self, sh: _Shard, alive: bool) -> None:
+    async def _converge_running(self, sh: Shard, alive: bool) -> None:
         want = sh.want
         if want is None:
             return
         if alive:
             if sh.spec is None:
                 sh.spec = want  # adopted by its mark alone: now we know what it runs
-            elif _identity(want) != _identity(sh.spec):
+            elif identity(want) != identity(sh.spec):
                 logger.info("shard %s: spec changed, restarting its engine", sh.shard_id)
                 await self._stop(sh, None)
                 await self._start(sh, want)
@@ -367,11 +287,11 @@ class Supervisor:
         if sh.state in LIVE:
             return  # it just died: the monitor reports it, and nothing restarts it here
         if sh.state == ShardState.FAILED and sh.failed_spec is not None:
-            if _identity(want) == _identity(sh.failed_spec):
+            if identity(want) == identity(sh.failed_spec):
                 return
         await self._start(sh, want)
 
-    async def _start(self, sh: _Shard, spec: DesiredShard) -> None:
+    async def _start(self, sh: Shard, spec: DesiredShard) -> None:
         sh.spec, sh.failed_spec, sh.error = spec, None, ""
         sh.engine = name = spec.profile.engine
         engine = self._engines.get(name)
@@ -391,37 +311,23 @@ class Supervisor:
             return await self._fail(sh, str(exc))
         env = {**os.environ, **launch.env, **self._marks(sh.shard_id, name, port, spec)}
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            sh.log_pos = sh.log_path.stat().st_size
-        except FileNotFoundError:
-            sh.log_pos = 0
-        sh.partial = b""
-        with open(sh.log_path, "ab") as log:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        sh.log.skip_to_end()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(sh.log.path, "ab") as log:
             log.write(
                 f"--- llmgw {stamp}: starting {sh.shard_id}: {shlex.join(launch.argv)}\n".encode()
             )
-            log.flush()
-            try:
-                proc = subprocess.Popen(
-                    launch.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=self.log_dir,
-                    start_new_session=True,  # its own session and group: it outlives us
-                )
-            except OSError as exc:
-                return await self._fail(sh, f"could not start {launch.argv[0]}: {exc}")
-        sh.proc, sh.pid, sh.port = proc, proc.pid, port
-        sh.ticks = state.start_ticks(proc.pid)
+        try:
+            sh.process = EngineProcess.spawn(launch.argv, env, sh.log.path, self.log_dir)
+        except OSError as exc:
+            return await self._fail(sh, f"could not start {launch.argv[0]}: {exc}")
+        sh.port = port
         sh.gen += 1
         sh.stopping = False
         sh.started_at = sh.progress_at = time.monotonic()
         sh.timeout_s = self.startup_timeout_s or spec.startup_timeout_s
-        sh.fetch_path, sh.fetch_bytes, sh.fetch_checked = fetch_path(spec), -1, 0.0
-        logger.info("shard %s: started %s as pid %s on port %s", sh.shard_id, name, proc.pid, port)
+        sh.fetch_path, sh.fetch_bytes, sh.fetch_checked = weights_path(spec), -1, 0.0
+        logger.info("shard %s: started %s as pid %s on port %s", sh.shard_id, name, sh.pid, port)
         await self._set(sh, ShardState.STARTING)
         self._spawn(self._monitor(sh, sh.gen))
 
@@ -450,7 +356,7 @@ class Supervisor:
     def _check_port(self, shard_id: str, port: int) -> None:
         """Refuse a port another shard holds or another process listens on: never share one."""
         for other in self._shards.values():
-            if other.shard_id != shard_id and other.port == port and self._alive(other):
+            if other.shard_id != shard_id and other.port == port and other.alive():
                 raise EngineUnavailable(f"port {port} is already in use by shard {other.shard_id}")
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -465,19 +371,15 @@ class Supervisor:
                     f" ({exc.strerror})"
                 ) from None
 
-    async def _adopt(self, sh: _Shard, pid: int, recorded: ShardState | None) -> None:
-        sh.pid, sh.ticks, sh.proc = pid, state.start_ticks(pid), None
+    async def _adopt(self, sh: Shard, pid: int, recorded: ShardState | None) -> None:
+        sh.process = EngineProcess(pid)
         sh.gen += 1
         sh.stopping = False
         sh.started_at = sh.progress_at = time.monotonic()
         spec = sh.spec
         sh.timeout_s = self.startup_timeout_s or (spec.startup_timeout_s if spec else 1800.0)
-        sh.fetch_path = fetch_path(spec) if spec else None
-        sh.ring.extend(tail_file(sh.log_path, LAST_LINES))
-        try:
-            sh.log_pos = sh.log_path.stat().st_size
-        except FileNotFoundError:
-            sh.log_pos = 0
+        sh.fetch_path = weights_path(spec) if spec else None
+        sh.log.skip_to_end()
         engine = self._engines.get(sh.engine)
         if recorded == ShardState.DRAINING:
             sh.state = ShardState.DRAINING
@@ -495,21 +397,21 @@ class Supervisor:
 
     # ---- watching ----------------------------------------------------------------
 
-    async def _monitor(self, sh: _Shard, gen: int) -> None:
+    async def _monitor(self, sh: Shard, gen: int) -> None:
         engine = self._engines.get(sh.engine)
         while sh.gen == gen and not self._closed:
-            self._read_log(sh)
-            if not self._alive(sh):
+            sh.log.read_new()
+            if not sh.alive():
                 if sh.stopping or sh.gen != gen:
                     return
-                code = sh.proc.returncode if sh.proc else None
+                code = sh.process.returncode
                 return await self._fail(sh, exit_reason(code), exit_code=code)
             if sh.state in (ShardState.STARTING, ShardState.LOADING) and engine is not None:
                 if await self._check_ready(sh, engine, gen):
                     return
             await asyncio.sleep(TICK_READY_S if sh.state == ShardState.READY else TICK_STARTING_S)
 
-    async def _check_ready(self, sh: _Shard, engine: Engine, gen: int) -> bool:
+    async def _check_ready(self, sh: Shard, engine: Engine, gen: int) -> bool:
         """One readiness step; True when the monitor is done (the shard failed)."""
         if sh.spec is not None and not engine.serves_http(sh.spec):
             # A multi-node follower has no endpoint; rank 0 cannot be ready until it joined.
@@ -529,12 +431,11 @@ class Supervisor:
         error = f"the engine did not become ready within {sh.timeout_s:g} s"
         logger.warning("shard %s: %s; stopping it", sh.shard_id, error)
         sh.stopping = True
-        await self._terminate(sh)
-        self._read_log(sh)
-        await self._fail(sh, error, exit_code=sh.proc.returncode if sh.proc else None)
+        await sh.process.terminate(self.stop_grace_s, f"shard {sh.shard_id}")
+        await self._fail(sh, error, exit_code=sh.process.returncode)
         return True
 
-    async def _watch_fetch(self, sh: _Shard) -> None:
+    async def _watch_fetch(self, sh: Shard) -> None:
         now = time.monotonic()
         if sh.fetch_path is None or now - sh.fetch_checked < FETCH_CHECK_S:
             return
@@ -544,19 +445,11 @@ class Supervisor:
         sh.fetch_bytes = size
         if grew:
             sh.progress_at = time.monotonic()
-            await self._emit_progress(sh, size, None, str(sh.fetch_path))
-
-    def _alive(self, sh: _Shard) -> bool:
-        if sh.pid is None:
-            return False
-        if sh.proc is not None:
-            return sh.proc.poll() is None
-        ticks = state.start_ticks(sh.pid)
-        return ticks is not None and (sh.ticks is None or ticks == sh.ticks)
+            await self._emit(sh.progress(size, None, str(sh.fetch_path)))
 
     # ---- stopping ----------------------------------------------------------------
 
-    async def _drain(self, sh: _Shard) -> None:
+    async def _drain(self, sh: Shard) -> None:
         """Wait for requests in flight to finish (the gateway already sends no more), then stop."""
         if sh.state != ShardState.DRAINING:
             await self._set(sh, ShardState.DRAINING)
@@ -569,7 +462,7 @@ class Supervisor:
             if sh.target == "running":
                 await self._set(sh, ShardState.READY)  # drain called off
                 return
-            if sh.target != "draining" or not self._alive(sh):
+            if sh.target != "draining" or not sh.alive():
                 break
             now = time.monotonic()
             # A follower rank has no requests of its own but carries the leader's:
@@ -581,59 +474,21 @@ class Supervisor:
                 logger.info("shard %s: drain ends with %s in flight", sh.shard_id, in_flight)
                 break
             await asyncio.sleep(DRAIN_POLL_S)
-        if self._alive(sh):
+        if sh.alive():
             await self._stop(sh, ShardState.STOPPED)
 
-    async def _stop(self, sh: _Shard, final: ShardState | None) -> None:
+    async def _stop(self, sh: Shard, final: ShardState | None) -> None:
         sh.stopping = True
-        await self._terminate(sh)
-        self._read_log(sh)
+        if sh.process is not None:
+            await sh.process.terminate(self.stop_grace_s, f"shard {sh.shard_id}")
+        sh.log.read_new()
         logger.info("shard %s: engine pid %s stopped", sh.shard_id, sh.pid)
         if final is not None:
             await self._set(sh, final)
 
-    async def _terminate(self, sh: _Shard) -> None:
-        """SIGTERM to the whole group, SIGKILL after the grace period."""
-        pgid = sh.pid
-        if pgid is None:
-            return
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_grace_s
-        killed_at = None
-        while self._group_alive(sh, pgid):
-            now = time.monotonic()
-            if killed_at is None and now >= deadline:
-                logger.warning(
-                    "shard %s: still running %gs after SIGTERM, SIGKILL",
-                    sh.shard_id,
-                    self.stop_grace_s,
-                )
-                _signal_group(pgid, signal.SIGKILL)
-                killed_at = now
-            elif killed_at is not None and now - killed_at > KILL_WAIT_S:
-                logger.error("shard %s: process group %s survived SIGKILL", sh.shard_id, pgid)
-                return
-            await asyncio.sleep(0.05)
-
-    def _group_alive(self, sh: _Shard, pgid: int) -> bool:
-        if sh.proc is not None:
-            sh.proc.poll()  # reap our child, or it lingers as a zombie in the group
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        # Zombies still count for killpg; a group of zombies is a dead group.
-        return any(
-            state.process_group(int(e.name)) == pgid and state.start_ticks(int(e.name)) is not None
-            for e in os.scandir("/proc")
-            if e.name.isdigit()
-        )
-
     # ---- reporting ---------------------------------------------------------------
 
-    async def _set(self, sh: _Shard, new: ShardState, error: str = "", exit_code=None) -> None:
+    async def _set(self, sh: Shard, new: ShardState, error: str = "", exit_code=None) -> None:
         if sh.state == new and new != ShardState.FAILED:
             return
         sh.state, sh.error = new, error
@@ -642,39 +497,13 @@ class Supervisor:
         logger.log(level, "shard %s: %s%s", sh.shard_id, new.value, f" ({error})" if error else "")
         await self._emit_status(sh, exit_code)
 
-    async def _fail(self, sh: _Shard, error: str, exit_code: int | None = None) -> None:
-        self._read_log(sh)
+    async def _fail(self, sh: Shard, error: str, exit_code: int | None = None) -> None:
+        sh.log.read_new()
         sh.failed_spec = sh.spec or sh.want
         await self._set(sh, ShardState.FAILED, error, exit_code)
 
-    async def _emit_status(self, sh: _Shard, exit_code: int | None = None) -> None:
-        spec = sh.spec_or_want
-        last = []
-        if sh.state == ShardState.FAILED:
-            # NUL cannot be stored in PostgreSQL text and the protocol refuses it.
-            last = [ln.replace("\x00", "")[:4096] for ln in list(sh.ring)[-LAST_LINES:]]
-        msg = protocol.ShardStatus(
-            type="shard_status",
-            shard_id=sh.shard_id,
-            replica_id=spec.replica_id if spec else "",
-            state=sh.state.value,
-            error=sh.error[:4096],
-            exit_code=exit_code,
-            last_output=last,
-        )
-        await self._emit(msg)
-
-    async def _emit_progress(self, sh, done: int, total: int | None, source: str) -> None:
-        spec = sh.spec_or_want
-        msg = protocol.FetchProgress(
-            type="fetch_progress",
-            shard_id=sh.shard_id,
-            replica_id=spec.replica_id if spec else "",
-            source=source[:1024],
-            bytes_done=done,
-            bytes_total=total,
-        )
-        await self._emit(msg)
+    async def _emit_status(self, sh: Shard, exit_code: int | None = None) -> None:
+        await self._emit(sh.status(exit_code))
 
     async def _emit(self, msg: Event) -> None:
         if self._on_event is None:
@@ -686,130 +515,14 @@ class Supervisor:
 
     # ---- bookkeeping -------------------------------------------------------------
 
-    def _new_shard(self, shard_id: str) -> _Shard:
-        sh = _Shard(shard_id, self.log_dir / f"{shard_id}.log")
+    def _new_shard(self, shard_id: str) -> Shard:
+        sh = Shard(shard_id, self.log_dir / f"{shard_id}.log")
         self._shards[shard_id] = sh
         return sh
 
-    @staticmethod
-    def _parse_spec(raw) -> DesiredShard | None:
-        if not raw:
-            return None
-        try:
-            if isinstance(raw, str):
-                return DesiredShard.model_validate_json(raw)
-            return DesiredShard.model_validate(raw, strict=False)
-        except ValueError as exc:
-            logger.warning("ignoring an unreadable shard spec: %s", exc)
-            return None
-
     def _save(self) -> None:
-        records = {}
-        for sid, sh in self._shards.items():
-            spec = sh.spec_or_want
-            alive = self._alive(sh)
-            records[sid] = state.ShardRecord(
-                shard_id=sid,
-                engine=sh.engine,
-                port=sh.port,
-                state=sh.state.value,
-                target=sh.target if sh.target != "absent" else "stopped",
-                pid=sh.pid if alive else None,
-                start_ticks=sh.ticks if alive else None,
-                spec=spec.model_dump(mode="json") if spec else None,
-                error=sh.error,
-            )
+        records = {sid: sh.record() for sid, sh in self._shards.items()}
         try:
             state.save(self.state_dir, self._version, records)
         except OSError:
             logger.exception("could not write the state file in %s", self.state_dir)
-
-    def _read_log(self, sh: _Shard) -> None:
-        """Move the engine's new output into the ring; rotate the file when it grows too big."""
-        try:
-            size = sh.log_path.stat().st_size
-        except FileNotFoundError:
-            return
-        if size < sh.log_pos:
-            sh.log_pos, sh.partial = 0, b""  # truncated under us
-        if size > sh.log_pos:
-            start = max(sh.log_pos, size - 4 * 1024 * 1024)
-            with open(sh.log_path, "rb") as fh:
-                fh.seek(start)
-                data = sh.partial + fh.read(size - start)
-            sh.log_pos = size
-            *lines, sh.partial = data.split(b"\n")
-            sh.ring.extend(ln.decode("utf-8", "replace").rstrip("\r") for ln in lines)
-        if size > MAX_LOG_BYTES:
-            # The engine holds the file open in append mode, so copy and truncate:
-            # its next write lands at the start of the emptied file.
-            shutil.copyfile(sh.log_path, sh.log_path.with_suffix(".log.1"))
-            os.truncate(sh.log_path, 0)
-            sh.log_pos, sh.partial = 0, b""
-
-
-def state_from(value: str) -> ShardState:
-    return protocol.shard_state_from_wire(value)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
-
-def fetch_path(spec: DesiredShard) -> Path | None:
-    """Where the shard's weights land while they download: the model path, or its hub cache."""
-    model = spec.profile.model_path or spec.model
-    if os.path.isabs(model):
-        return Path(model)
-    if _REPO_ID.match(model):
-        env = {**os.environ, **spec.profile.env}
-        hub = env.get("HF_HUB_CACHE") or os.path.join(
-            env.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
-        )
-        return Path(hub) / ("models--" + model.replace("/", "--"))
-    return None
-
-
-def tree_size(path: Path) -> int:
-    """Bytes in regular files under path (symlinks not followed: the hub cache links blobs)."""
-    try:
-        if path.is_file():
-            return path.stat().st_size
-    except OSError:
-        return 0
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if not os.path.islink(os.path.join(root, name)):
-                total += st.st_size
-    return total
-
-
-def tail_file(path: Path, lines: int) -> list[str]:
-    """The last ``lines`` lines of a file, read backwards in blocks."""
-    if lines <= 0:
-        return []
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        return []
-    with fh:
-        end = fh.seek(0, os.SEEK_END)
-        data, pos = b"", end
-        while pos > 0 and data.count(b"\n") <= lines:
-            step = min(65536, pos)
-            pos -= step
-            fh.seek(pos)
-            data = fh.read(step) + data
-    text = data.decode("utf-8", "replace").splitlines()
-    return text[-lines:]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # the fake engine imports this module and should start fast
@@ -261,3 +263,40 @@ def _dechunk(body: bytes) -> bytes:
 def executable_dir_python(path: str) -> bool:
     """Whether a configured binary is a Python interpreter (so a module is run with -m)."""
     return os.path.basename(path).startswith("python")
+
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def weights_path(spec: DesiredShard) -> Path | None:
+    """Where a shard's weights land while they download: the model path, or its hub cache."""
+    model = spec.profile.model_path or spec.model
+    if os.path.isabs(model):
+        return Path(model)
+    if _REPO_ID.match(model):
+        env = {**os.environ, **spec.profile.env}
+        hub = env.get("HF_HUB_CACHE") or os.path.join(
+            env.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
+        )
+        return Path(hub) / ("models--" + model.replace("/", "--"))
+    return None
+
+
+def tree_size(path: Path) -> int:
+    """Bytes in regular files under path (symlinks not followed: the hub cache links blobs)."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+    except OSError:
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if not os.path.islink(full):
+                total += st.st_size
+    return total

@@ -1,0 +1,140 @@
+"""What the supervisor knows about one shard, and how it is told to others.
+
+The control plane hears of a shard as a ``ShardStatus`` (every transition) or a
+``RunningShard`` (on register); the next agent hears of it through the state file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from agentd import protocol, state
+from agentd.protocol import DesiredShard, ShardState
+from agentd.shardlog import ShardLog
+from agentd.shardproc import EngineProcess
+
+logger = logging.getLogger(__name__)
+
+LAST_LINES = 50  # sent with a failure
+LIVE = (ShardState.STARTING, ShardState.LOADING, ShardState.READY, ShardState.DRAINING)
+
+
+def identity(spec: DesiredShard) -> DesiredShard:
+    """The parts of a spec that decide the process; a new timeout restarts nothing."""
+    return spec.model_copy(update={"state": "running", "startup_timeout_s": 1.0})
+
+
+def parse_spec(raw) -> DesiredShard | None:
+    """A spec from the state file or an engine's mark; None if it no longer validates."""
+    if not raw:
+        return None
+    try:
+        if isinstance(raw, str):
+            return DesiredShard.model_validate_json(raw)
+        return DesiredShard.model_validate(raw, strict=False)
+    except ValueError as exc:
+        logger.warning("ignoring an unreadable shard spec: %s", exc)
+        return None
+
+
+class Shard:
+    def __init__(self, shard_id: str, log_path: Path):
+        self.shard_id = shard_id
+        self.spec: DesiredShard | None = None  # what the process runs
+        self.want: DesiredShard | None = None  # the newest desired entry
+        self.target = "running"  # running | draining | stopped | absent
+        self.engine = ""
+        self.port = 0
+        self.state = ShardState.PENDING
+        self.error = ""
+        self.failed_spec: DesiredShard | None = None  # what failed: the same again is no restart
+        self.process: EngineProcess | None = None
+        self.gen = 0  # one per process, so a stale monitor knows to leave
+        self.stopping = False  # an exit now is ours, not a failure
+        self.started_at = 0.0
+        self.progress_at = 0.0
+        self.timeout_s = 1800.0
+        self.fetch_path: Path | None = None
+        self.fetch_bytes = -1
+        self.fetch_checked = 0.0
+        self.lock = asyncio.Lock()  # one change at a time: start, stop, drain
+        self.log = ShardLog(log_path)
+
+    @property
+    def spec_or_want(self) -> DesiredShard | None:
+        return self.spec or self.want
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def status(self, exit_code: int | None = None) -> protocol.ShardStatus:
+        spec = self.spec_or_want
+        failed = self.state == ShardState.FAILED
+        return protocol.ShardStatus(
+            type="shard_status",
+            shard_id=self.shard_id,
+            replica_id=spec.replica_id if spec else "",
+            state=self.state.value,
+            error=self.error[:4096],
+            exit_code=exit_code,
+            last_output=self.log.recent(LAST_LINES) if failed else [],
+        )
+
+    def progress(self, done: int, total: int | None, source: str) -> protocol.FetchProgress:
+        spec = self.spec_or_want
+        return protocol.FetchProgress(
+            type="fetch_progress",
+            shard_id=self.shard_id,
+            replica_id=spec.replica_id if spec else "",
+            source=source[:1024],
+            bytes_done=done,
+            bytes_total=total,
+        )
+
+    def running(self) -> protocol.RunningShard:
+        spec = self.spec_or_want
+        return protocol.RunningShard(
+            shard_id=self.shard_id,
+            replica_id=spec.replica_id if spec else "",
+            rank=spec.rank if spec else 0,
+            gpu_uuids=list(spec.gpu_uuids) if spec else [],
+            hcas=list(spec.hcas) if spec else [],
+            port=self.port,
+            state=self.state.value,
+            model=spec.model if spec else "",
+            profile=spec.profile.name if spec else "",
+            pid=self.pid if self.alive() else None,
+        )
+
+    def record(self) -> state.ShardRecord:
+        spec = self.spec_or_want
+        alive = self.alive()
+        return state.ShardRecord(
+            shard_id=self.shard_id,
+            engine=self.engine,
+            port=self.port,
+            state=self.state.value,
+            target=self.target if self.target != "absent" else "stopped",
+            pid=self.pid if alive else None,
+            start_ticks=self.process.ticks if alive else None,
+            spec=spec.model_dump(mode="json") if spec else None,
+            error=self.error,
+        )
+
+    def restore(self, rec: state.ShardRecord) -> None:
+        """Take back what the state file says (the process is adopted separately)."""
+        self.engine, self.port, self.target, self.error = (
+            rec.engine,
+            rec.port,
+            rec.target,
+            rec.error,
+        )
+        self.spec = self.want = parse_spec(rec.spec)
+        if self.want and rec.target != self.want.state:
+            self.want = self.want.model_copy(update={"state": rec.target})
