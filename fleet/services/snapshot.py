@@ -4,6 +4,8 @@ A handful of ``values()`` queries, no model instances: a pass over 5,000 nodes
 with 40,000 GPUs must stay well under a second.
 """
 
+from dataclasses import dataclass
+
 from django.conf import settings
 
 from fleet.models import (
@@ -16,7 +18,17 @@ from fleet.models import (
 )
 from fleet.selectors import parse_selector
 
-from .placement import MB_PER_GB, GpuInfo, NodeInfo, Request, Snapshot
+from .placement import (
+    MB_PER_GB,
+    GpuInfo,
+    NodeInfo,
+    NoPlacement,
+    Placement,
+    Request,
+    Snapshot,
+    Verdict,
+    explain,
+)
 
 PORTS_LABEL = "llmgw.io/ports"
 
@@ -143,3 +155,88 @@ def request_for(model, profile, replica=None, prefer=()) -> Request:
         avoid=avoid,
         prefer=tuple(prefer),
     )
+
+
+class ExplainError(LookupError):
+    """The model or profile to explain does not exist. The message names it."""
+
+
+@dataclass
+class Explanation:
+    model: str
+    profile: str
+    summary: str  # the profile's needs, in a line
+    verdicts: list[Verdict]
+    choice: str  # where a new replica would go, or why nowhere
+    placement: Placement | None
+
+    def lines(self) -> list[str]:
+        return [
+            f"model {self.model}, profile {self.profile}: {self.summary}",
+            f"a new replica: {self.choice}",
+            *(v.text for v in self.verdicts),
+        ]
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "profile": self.profile,
+            "summary": self.summary,
+            "choice": self.choice,
+            "placement": [
+                {"node": s.node_id, "rank": s.rank, "gpus": list(s.gpu_uuids), "port": s.port}
+                for s in (self.placement.shards if self.placement else ())
+            ],
+            "nodes": [{"node": v.node_id, "fits": v.fits, "reason": v.text} for v in self.verdicts],
+        }
+
+
+def _needs(model, profile) -> str:
+    parts = [profile.engine]
+    if profile.gpus_per_node:
+        gpu = f"{profile.gpus_per_node} {profile.gpu_class or ''} GPU(s)".replace("  ", " ")
+        parts.append(f"{gpu} on each of {profile.nodes} node(s)" if profile.nodes > 1 else gpu)
+    else:
+        parts.append("CPU")
+    if profile.min_memory_gb:
+        parts.append(f"{profile.min_memory_gb} GB of memory")
+    if profile.node_selector:
+        parts.append(f"nodes matching '{profile.node_selector}'")
+    parts.append(f"policy {model.placement_policy}")
+    return ", ".join(parts)
+
+
+def explain_model(model_name: str, profile_name: str | None = None) -> Explanation:
+    """Every node and why it could run a new replica of the model, or not.
+
+    ``profile_name`` asks "what if" with another of the model's profiles.
+    """
+    from fleet.models import EngineProfile, Model
+
+    model = Model.objects.select_related("active_profile").filter(name=model_name).first()
+    if model is None:
+        raise ExplainError(f"no model '{model_name}'")
+    if profile_name is None:
+        profile = model.active_profile
+        if profile is None:
+            raise ExplainError(f"model '{model_name}' has no active profile; name one")
+    else:
+        profile = EngineProfile.objects.filter(model=model, name=profile_name).first()
+        if profile is None:
+            names = ", ".join(model.profiles.values_list("name", flat=True)) or "none"
+            raise ExplainError(
+                f"model '{model_name}' has no profile '{profile_name}' (it has: {names})"
+            )
+    snap = build()
+    verdicts, result = explain(snap, request_for(model, profile))
+    if isinstance(result, NoPlacement):
+        choice, chosen = f"cannot be placed: {result.summary}", None
+    else:
+        where = ", ".join(
+            f"{s.node_id} (port {s.port}"
+            + (f", {len(s.gpu_uuids)} GPUs" if s.gpu_uuids else "")
+            + ")"
+            for s in result.shards
+        )
+        choice, chosen = f"would go to {where}", result
+    return Explanation(model.name, profile.name, _needs(model, profile), verdicts, choice, chosen)
