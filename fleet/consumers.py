@@ -9,7 +9,7 @@ from django.conf import settings
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
-from fleet.heartbeats import batcher
+from fleet.heartbeats import ReportMemo, batcher
 from fleet.services import access, dispatch, inventory
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # wins, since the old is by definition the dead one.
             await dispatch.anotify_node(self.node_id, "node.supersede", channel=self.channel_name)
         await database_sync_to_async(inventory.register_node)(msg, channel_name=self.channel_name)
+        # A register rewrites the GPU and storage rows: whatever was written before is no guide.
+        self.memo = ReportMemo()
         await self.send_msg(
             protocol.ServerAck(
                 type="ack",
@@ -135,7 +137,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_desired()
 
     async def on_heartbeat(self, msg: protocol.Heartbeat):
-        result = await batcher().submit(self.node_id, self.identity.credential_id, msg)
+        result = await batcher().submit(self.node_id, self.identity.credential_id, msg, self.memo)
         if result.revoked:
             await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
             return

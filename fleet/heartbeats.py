@@ -1,18 +1,27 @@
-"""Coalescing heartbeat writes.
+"""Coalescing heartbeat writes: group commit on a writer thread of their own.
 
-Each consumer hands its heartbeat to the batcher of its event loop and waits;
-the batcher writes everything that arrived in the last few milliseconds in one
-transaction, so a thousand agents cost a few queries a flush, not a few
-thousand. GPUStack reached 200 workers only after batching its heartbeat
-writes; this is the same idea from the start.
+Each consumer hands its heartbeat to the batcher of its event loop and waits.
+When the writer is idle a heartbeat is written at once; heartbeats that arrive
+while a write is running are written together by the next one. So a lone
+heartbeat waits for nothing, and under load a batch grows with the time a
+write takes: a thousand agents cost a few queries a write, not a few thousand.
+GPUStack reached 200 workers only after batching its heartbeat writes; this is
+the same idea from the start.
+
+The writer is a thread of its own with its own database connection, so
+heartbeats never queue behind a burst of registrations on the consumers'
+shared database thread, and the connection stays open while heartbeats keep
+coming. The ack an agent receives is sent after the write holding its
+heartbeat committed.
 """
 
 import asyncio
 import logging
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
-from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from agentd import protocol
@@ -20,29 +29,84 @@ from fleet.services import inventory
 
 logger = logging.getLogger(__name__)
 
+# One writer: batches are applied in order, and one connection does it.
+_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-heartbeats")
+_async_commit: "weakref.WeakSet" = weakref.WeakSet()
+
+
+class ReportMemo:
+    """What one agent socket last had written, so an unchanged fact is not written again.
+
+    Most heartbeats repeat the GPU memory and disk figures of the one before; a
+    fact equal to what was written is sent to the writer as no news, which the
+    protocol already defines as "leave it as it is". Reset on every register,
+    since a register rewrites those rows.
+    """
+
+    def __init__(self) -> None:
+        self.gpu_used: list[int] | None = None
+        self.storage: list | None = None
+
+    def news(self, hb: protocol.Heartbeat) -> protocol.Heartbeat:
+        update = {}
+        if hb.gpu_memory_used_mb and hb.gpu_memory_used_mb == self.gpu_used:
+            update["gpu_memory_used_mb"] = []
+        if hb.storage and hb.storage == self.storage:
+            update["storage"] = []
+        return hb.model_copy(update=update) if update else hb
+
+    def written(self, hb: protocol.Heartbeat) -> None:
+        if hb.gpu_memory_used_mb:
+            self.gpu_used = list(hb.gpu_memory_used_mb)
+        if hb.storage:
+            self.storage = list(hb.storage)
+
+
+def _prepare_connection() -> None:
+    connection.ensure_connection()
+    raw = connection.connection
+    if connection.vendor == "postgresql" and raw not in _async_commit:
+        # Heartbeats are soft state, repeated every interval: if PostgreSQL
+        # crashes in the few hundred ms before the WAL reaches disk, the next
+        # heartbeat says it all again. Not waiting for the flush takes a disk
+        # sync off every write. Only this writer's own connection is affected.
+        with connection.cursor() as cur:
+            cur.execute("SET synchronous_commit TO off")
+        _async_commit.add(raw)
+
 
 class HeartbeatBatcher:
-    def __init__(self, delay: float):
-        self.delay = delay
+    def __init__(self, linger: float = 0.0):
+        self.linger = linger
         self.pending: list[tuple[tuple, asyncio.Future]] = []
         self.task: asyncio.Task | None = None
 
     async def submit(
-        self, node_id: str, credential_id: int, hb: protocol.Heartbeat
+        self,
+        node_id: str,
+        credential_id: int,
+        hb: protocol.Heartbeat,
+        memo: ReportMemo | None = None,
     ) -> inventory.HeartbeatResult:
         fut = asyncio.get_running_loop().create_future()
-        self.pending.append(((node_id, credential_id, hb, timezone.now()), fut))
+        news = memo.news(hb) if memo is not None else hb
+        self.pending.append(((node_id, credential_id, news, timezone.now()), fut))
         if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._flush_soon())
-        return await fut
+            self.task = asyncio.ensure_future(self._drain())
+        result = await fut
+        if memo is not None and not result.revoked:
+            memo.written(hb)
+        return result
 
-    async def _flush_soon(self) -> None:
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self.pending:
-            await asyncio.sleep(self.delay)
+            if self.linger > 0:
+                await asyncio.sleep(self.linger)
             batch, self.pending = self.pending, []
             try:
-                results = await database_sync_to_async(inventory.apply_heartbeats)(
-                    [item for item, _ in batch]
+                results = await loop.run_in_executor(
+                    _writer, self._write, [item for item, _ in batch]
                 )
             except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
                 logger.exception("writing %d heartbeats failed", len(batch))
@@ -53,6 +117,21 @@ class HeartbeatBatcher:
             for item, fut in batch:
                 if not fut.done():
                     fut.set_result(results[item[0]])
+
+    def _write(self, items: list) -> dict[str, inventory.HeartbeatResult]:
+        """In the writer thread: one transaction for the whole batch."""
+        failed = False
+        try:
+            _prepare_connection()
+            return inventory.apply_heartbeats(items)
+        except DatabaseError:
+            failed = True
+            raise
+        finally:
+            # Idle, or broken: give the connection back as every other database
+            # call would (CONN_MAX_AGE decides). Busy: keep it for the next batch.
+            if failed or not self.pending:
+                close_old_connections()
 
 
 _batchers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HeartbeatBatcher]" = (

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import FilteredRelation, Q
 from django.utils import timezone
 
 from agentd import protocol
@@ -15,7 +16,6 @@ from fleet.models import (
     FabricAttachment,
     LocalWeights,
     Node,
-    NodeCredential,
     NodeLoad,
     NodeState,
     Shard,
@@ -169,26 +169,61 @@ def apply_heartbeats(
     ``batch`` holds (node id, credential id, heartbeat, arrival time). One node
     may appear more than once; its heartbeats are applied in order. Returns, per
     node, the desired-set version it should have and whether its credential has
-    been revoked since it connected.
+    been revoked (or its node removed) since it connected.
     """
     if not batch:
         return {}
     now = timezone.now()
-    node_ids = sorted({b[0] for b in batch})
     with transaction.atomic():
-        nodes = {n.pk: n for n in Node.objects.filter(pk__in=node_ids)}
-        back = [n for n in nodes.values() if n.state != NodeState.READY]
-        Node.objects.filter(pk__in=list(nodes)).update(
-            last_seen=now, state=NodeState.READY, connected=True
+        # One query for the nodes and whether each credential still holds: the
+        # heartbeat path runs it for every batch.
+        rows = (
+            Node.objects.filter(pk__in={b[0] for b in batch})
+            .annotate(
+                live=FilteredRelation(
+                    "credentials",
+                    condition=Q(
+                        credentials__pk__in={b[1] for b in batch},
+                        credentials__revoked_at__isnull=True,
+                    ),
+                )
+            )
+            .values_list(
+                "pk",
+                "state",
+                "desired_version",
+                "acked_version",
+                "memory_total_mb",
+                "engine_versions",
+                "live__pk",
+            )
         )
-        for n in back:
-            logger.info("node back node=%s was=%s", n.pk, n.state)
-            reconcile_lock.request_reconcile()
+        live: set[tuple[str, int]] = set()
+        nodes: dict[str, Node] = {}
+        for node_id, state, desired, acked, memory, engines, cred in rows:
+            if cred is not None:
+                live.add((node_id, cred))
+            nodes[node_id] = Node(
+                id=node_id,
+                state=state,
+                desired_version=desired,
+                acked_version=acked,
+                memory_total_mb=memory,
+                engine_versions=engines,
+            )
+        if nodes:
+            Node.objects.filter(pk__in=list(nodes)).update(
+                last_seen=now, state=NodeState.READY, connected=True
+            )
+        for n in nodes.values():
+            if n.state != NodeState.READY:
+                logger.info("node back node=%s was=%s", n.pk, n.state)
+                reconcile_lock.request_reconcile()
 
-        gpus_needed = [b for b in batch if b[2].gpu_memory_used_mb or b[2].new_problems]
+        gpus_needed = {b[0] for b in batch if b[2].gpu_memory_used_mb or b[2].new_problems}
         gpus: dict[str, list[GPU]] = {}
         if gpus_needed:
-            for g in GPU.objects.filter(node_id__in={b[0] for b in gpus_needed}).order_by("index"):
+            for g in GPU.objects.filter(node_id__in=gpus_needed).order_by("index"):
                 gpus.setdefault(g.node_id, []).append(g)
         dirty_gpus: dict[int, GPU] = {}
 
@@ -253,19 +288,12 @@ def apply_heartbeats(
             _replace_storage(list(storage.items()))
         if loads:
             _store_loads(loads)
-
-        creds = {b[1] for b in batch}
-        live = set(
-            NodeCredential.objects.filter(pk__in=creds, revoked_at__isnull=True).values_list(
-                "pk", flat=True
-            )
-        )
     results = {}
     for node_id, cred, _hb, _at in batch:
         node = nodes.get(node_id)
         results[node_id] = HeartbeatResult(
             desired_version=node.desired_version if node else 0,
-            revoked=node is None or cred not in live,
+            revoked=(node_id, cred) not in live,
         )
     return results
 

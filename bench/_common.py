@@ -1,0 +1,262 @@
+"""Pieces the benchmarks share: scratch databases, a Daphne process, CPU/RSS sampling.
+
+Benchmarks run the real control plane as a subprocess, never in-process, so
+what they measure is what an operator would run. Nothing here imports Django.
+"""
+
+import os
+import platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+OUT = ROOT / "bench" / "out"
+
+# Thousands of sockets need thousands of file descriptors, on both ends.
+NOFILE_WANTED = 65536
+
+
+def raise_nofile(wanted: int = NOFILE_WANTED) -> int:
+    """Raise this process's open-file limit as far as the hard limit allows; returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (0-100), nearest-rank. NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = psutil.virtual_memory().total / 2**30
+    return (
+        f"{psutil.cpu_count()} CPU ({cpu}), {mem_gb:.0f} GiB RAM, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
+
+
+# ---- databases ---------------------------------------------------------------
+
+
+def _pg_admin(pg_url: str, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url + "/postgres", autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def migrate(database_url: str, log: Path) -> None:
+    env = {**os.environ, "DATABASE_URL": database_url}
+    with open(log, "ab") as fh:
+        subprocess.run(
+            [PY, "manage.py", "migrate", "--no-input"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+
+
+class ScratchDatabases:
+    """A migrated template, copied for each level so every level starts empty and fast.
+
+    ``pg_url`` is a server URL without a database name (postgres://user@host:port).
+    """
+
+    def __init__(self, kind: str, *, pg_url: str, name: str, workdir: Path):
+        self.kind, self.pg_url, self.name, self.workdir = kind, pg_url, name, workdir
+        self.template = f"{name}_tpl"
+
+    def _url(self, db: str) -> str:
+        if self.kind == "sqlite":
+            return f"sqlite:///{self.workdir / (db + '.sqlite3')}"
+        return f"{self.pg_url}/{db}"
+
+    def prepare_template(self, log: Path) -> None:
+        if self.kind == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                (self.workdir / f"{self.template}.sqlite3{suffix}").unlink(missing_ok=True)
+        else:
+            _pg_admin(self.pg_url, f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+            _pg_admin(self.pg_url, f'CREATE DATABASE "{self.template}"')
+        migrate(self._url(self.template), log)
+
+    def fresh(self, level: str) -> str:
+        """A new database for one level, copied from the template; returns its URL."""
+        db = f"{self.name}_{level}"
+        if self.kind == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                (self.workdir / f"{db}.sqlite3{suffix}").unlink(missing_ok=True)
+            shutil.copyfile(
+                self.workdir / f"{self.template}.sqlite3", self.workdir / f"{db}.sqlite3"
+            )
+        else:
+            _pg_admin(self.pg_url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            _pg_admin(self.pg_url, f'CREATE DATABASE "{db}" TEMPLATE "{self.template}"')
+        return self._url(db)
+
+    def drop(self, url: str) -> None:
+        if self.kind == "sqlite":
+            path = url[len("sqlite:///") :]
+            for suffix in ("", "-wal", "-shm"):
+                Path(path + suffix).unlink(missing_ok=True)
+        else:
+            db = url.rsplit("/", 1)[1]
+            _pg_admin(self.pg_url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+    def drop_template(self) -> None:
+        if self.kind == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                (self.workdir / f"{self.template}.sqlite3{suffix}").unlink(missing_ok=True)
+        else:
+            _pg_admin(self.pg_url, f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+
+
+# ---- the control plane under test --------------------------------------------
+
+
+def _child_nofile():
+    raise_nofile()
+
+
+@dataclass
+class Daphne:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws/agent/"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_daphne(env: dict, log: Path, timeout: float = 60) -> Daphne:
+    """One Daphne process on a free loopback port, with a raised open-file limit."""
+    port = free_port()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_child_nofile,
+        )
+    server = Daphne(proc, port, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"daphne did not listen within {timeout:g} s:\n{log.read_text()[-3000:]}")
+
+
+@dataclass
+class CpuWindow:
+    """CPU % (of one core) and RSS of a set of processes over a window."""
+
+    procs: list[psutil.Process]
+    start_cpu: float = 0.0
+    start_wall: float = 0.0
+    rss_peak: int = 0
+    samples: list[float] = field(default_factory=list)
+
+    @staticmethod
+    def _cpu(p: psutil.Process) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    def begin(self) -> None:
+        self.start_cpu = sum(self._cpu(p) for p in self.procs)
+        self.start_wall = time.monotonic()
+        self.sample()
+
+    def sample(self) -> None:
+        rss = 0
+        for p in self.procs:
+            try:
+                rss += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        self.rss_peak = max(self.rss_peak, rss)
+
+    def end(self) -> tuple[float, int]:
+        """(CPU % over the window, peak RSS in bytes)."""
+        self.sample()
+        wall = time.monotonic() - self.start_wall
+        used = sum(self._cpu(p) for p in self.procs) - self.start_cpu
+        return (100.0 * used / wall if wall > 0 else float("nan")), self.rss_peak
+
+
+class DbProbe:
+    """`SELECT 1` round trips to the level's database, timed: the baseline of a DB write.
+
+    Every heartbeat write is a handful of such round trips, each needing the
+    database server to get a CPU; on a busy machine this is where latency hides.
+    """
+
+    def __init__(self, database_url: str):
+        if database_url.startswith("sqlite:///"):
+            import sqlite3
+
+            self.conn = sqlite3.connect(database_url[len("sqlite:///") :])
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(database_url, autocommit=True)
+        self.rtt: list[float] = []
+
+    def once(self) -> None:
+        t = time.perf_counter()
+        self.conn.execute("SELECT 1").fetchall()
+        self.rtt.append(time.perf_counter() - t)
+
+    def close(self) -> None:
+        self.conn.close()
