@@ -179,6 +179,13 @@ class Supervisor:
         """Shard id -> process group id of its engine, for load sampling."""
         return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
+    def paths_in_use(self) -> list[str]:
+        """Model paths of every shard held, not only running ones: a starting engine reads them."""
+        paths = {
+            sh.spec_or_want.profile.model_path for sh in self._shards.values() if sh.spec_or_want
+        }
+        return sorted(p for p in paths if p)
+
     def engine_versions(self) -> dict[str, str]:
         """Probed versions of the engines that can run here (not disabled, installed)."""
         return dict(self._versions)

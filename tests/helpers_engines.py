@@ -127,3 +127,22 @@ def pid_alive(pid: int) -> bool:
     from agentd import state
 
     return state.start_ticks(pid) is not None
+
+
+async def http_post(port: int, path: str, payload: dict, timeout: float = 60) -> tuple[int, bytes]:
+    """A bare HTTP/1.0 POST of JSON: status and body (the agent itself carries no HTTP client)."""
+    import json
+
+    body = json.dumps(payload).encode()
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            f"POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        data = await reader.read()
+        writer.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), rest

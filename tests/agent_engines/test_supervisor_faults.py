@@ -33,6 +33,7 @@ async def test_slow_load_stays_loading_then_becomes_ready(state_dir):
         assert rec.states("r1-s0") == ["pending", "starting", "loading", "ready"]
         status, body = await http_get("127.0.0.1", running.port, "/v1/models", 2)
         assert status == 200 and b"tiny-llama" in body
+        assert sup.paths_in_use() == []  # no model path: nothing on disk to keep
     finally:
         await sup.close()
 
@@ -209,6 +210,7 @@ async def test_a_download_that_progresses_is_not_a_hung_start(state_dir, tmp_pat
     sup, rec = await started(state_dir, spec)
     try:
         await rec.wait_for("r1-s0", "ready", timeout=30)
+        assert sup.paths_in_use() == [str(weights)]
         progress = [e for e in rec.events if e.type == "fetch_progress"]
         assert progress and progress[-1].source == str(weights)
         assert progress[-1].bytes_done > progress[0].bytes_done > 0
