@@ -68,6 +68,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.node_id or "-",
             self.client,
         )
+        # Daphne drops a close frame's reason (django/daphne#374), so the agent
+        # hears it in a last message; the frame keeps the code.
+        await self.send_msg(protocol.Closing(type="closing", code=int(code), reason=reason[:4096]))
         await self.close(code=int(code), reason=reason[:120])
 
     async def receive(self, text_data=None, bytes_data=None):

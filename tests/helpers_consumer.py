@@ -56,16 +56,30 @@ async def recv_type(comm: WebsocketCommunicator, kind: str, timeout: float = 3) 
 
 
 async def expect_close(comm: WebsocketCommunicator, timeout: float = 3) -> tuple[int, str]:
-    """The server closes: returns (code, reason), then completes the close as Daphne would."""
+    """The server closes: returns (code, reason), then completes the close as Daphne would.
+
+    A close the control plane decides is preceded by a `closing` message with the
+    same code and the whole reason (Daphne drops the close frame's reason).
+    """
+    closing = None
     while True:
         out = await comm.receive_output(timeout)
         if out["type"] == "websocket.close":
             break
         assert out["type"] == "websocket.send", out
+        msg = json.loads(out["text"])
+        if msg["type"] == "closing":
+            closing = msg
     code = out.get("code", 1000)
+    frame_reason = out.get("reason") or ""
     # Daphne tells the application the socket is gone; the communicator must be told to.
     await comm.disconnect(code=code)
-    return code, out.get("reason") or ""
+    if closing is None:
+        assert code == 1000, f"closed with {code} without a closing message"
+        return code, frame_reason
+    assert closing["code"] == code, (closing, code)
+    assert closing["reason"].startswith(frame_reason), (closing, frame_reason)
+    return code, closing["reason"]
 
 
 @dataclass
