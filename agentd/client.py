@@ -25,6 +25,7 @@ from agentd.protocol import CloseCode
 logger = logging.getLogger(__name__)
 
 REGISTER_ACK_TIMEOUT_S = 15
+GOODBYE_TIMEOUT_S = 7
 FATAL_CLOSE = {CloseCode.FORBIDDEN, CloseCode.REVOKED}
 
 
@@ -66,7 +67,8 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
     url = agent.cfg.control_plane_url
     while not stop.is_set():
         try:
-            await _session(agent, stop, backoff)
+            registered = asyncio.Event()
+            await _until_stopped(_session(agent, stop, backoff, registered), stop, registered)
         except Refused:
             raise
         except InvalidStatus as exc:
@@ -93,6 +95,8 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
             logger.warning(
                 "cannot reach the control plane at %s: %s", url, exc or type(exc).__name__
             )
+        except Exception:  # noqa: BLE001 - a bug here must not end the agent: engines need it
+            logger.exception("the connection to the control plane failed")
         if stop.is_set():
             return
         delay = backoff.next()
@@ -101,7 +105,30 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
             await asyncio.wait_for(stop.wait(), delay)
 
 
-async def _session(agent: Agent, stop: asyncio.Event, backoff: Backoff) -> None:
+async def _until_stopped(session, stop: asyncio.Event, registered: asyncio.Event) -> None:
+    """Run a session until it ends or stop is set. A registered session gets a few seconds
+    to say goodbye; one still connecting is cancelled at once (a SIGTERM must not wait
+    out the timeout of a control plane that does not answer)."""
+    task = asyncio.ensure_future(session)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and registered.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), GOODBYE_TIMEOUT_S)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if not task.cancelled():
+        task.result()
+
+
+async def _session(
+    agent: Agent, stop: asyncio.Event, backoff: Backoff, registered: asyncio.Event
+) -> None:
     cfg = agent.cfg
     async with websockets.connect(
         cfg.control_plane_url,
@@ -121,6 +148,7 @@ async def _session(agent: Agent, stop: asyncio.Event, backoff: Backoff) -> None:
         if ack.credential:
             agent.store_credential(ack.credential)
         backoff.reset()
+        registered.set()
         interval = ack.heartbeat_interval_s
         logger.info(
             "registered node=%s gpus=%d running_shards=%d heartbeat=%gs",
@@ -144,7 +172,14 @@ async def _session(agent: Agent, stop: asyncio.Event, backoff: Backoff) -> None:
         for t in done:
             if t.exception() is not None:
                 raise t.exception()
-        if stop.is_set():
+        if not stop.is_set():
+            # The receive loop ended on a clean close (1000/1001): the server is going away.
+            logger.warning(
+                "the control plane closed the connection code=%s reason=%s",
+                ws.close_code,
+                ws.close_reason or "-",
+            )
+        else:
             # Leaving on purpose. The engines keep running: they outlive the agent.
             with contextlib.suppress(ConnectionClosed):
                 await ws.send(

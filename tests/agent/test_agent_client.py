@@ -182,3 +182,17 @@ async def test_an_unreachable_control_plane_is_retried_not_fatal(tmp_path):
     await _wait_for(lambda: backoff.attempt >= 3)
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+async def test_stopping_while_the_handshake_hangs_does_not_wait_for_the_timeout(tmp_path):
+    # given: a control plane that accepts TCP connections and never answers
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    agent = make_agent(tmp_path, control_plane_url=f"ws://127.0.0.1:{port}/ws/agent/")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(client.run(agent, stop, _quick()))
+    await asyncio.sleep(0.2)
+    # when: SIGTERM's stop arrives mid-handshake; then: run ends well before open_timeout
+    stop.set()
+    await asyncio.wait_for(task, 5)  # the handshake's own timeout is 10 s
+    silent.close()

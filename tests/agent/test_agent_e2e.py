@@ -41,6 +41,7 @@ def _has_load(node_id):
 
 def test_agent_enrols_reports_and_comes_back_on_its_credential(fast_daphne, tmp_path):
     from fleet.models import GPU, JoinToken
+    from fleet.services import dispatch
 
     # given: a join token, an HGX H100 node (the NVML double) with weights
     _, secret = join_token(uses=1)
@@ -95,8 +96,15 @@ def test_agent_enrols_reports_and_comes_back_on_its_credential(fast_daphne, tmp_
             check=True,
         ).stdout
         row = next(line for line in table.splitlines() if line.startswith("gpu-e2e-01"))
-        assert "8×H100" in row and "ready" in row
-        assert f"{node.memory_total_mb / 1024:.0f}" in row.split()
+        _, state, cpu, mem, gpu_summary, *_ = row.split()
+        assert state == "ready" and gpu_summary == "8×H100"
+        assert cpu != "-" and 0 <= float(cpu) <= 100  # the load arrived and is fresh
+        assert mem == f"{node.memory_total_mb / 1024:.0f}"
+
+        # the control plane can read the agent's own log through the socket
+        reply = dispatch.request_logs("gpu-e2e-01", "agent", lines=50)
+        assert reply.error == "" and reply.sources == ["agent"]
+        assert any("registered node=gpu-e2e-01 gpus=8" in line for line in reply.lines)
 
         # a GPU running hot after registration arrives as a new problem
         spec = nvml_data.hgx(nvml_data.H100)

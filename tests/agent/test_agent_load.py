@@ -16,13 +16,16 @@ ENGINE = """
 import os, sys, time
 block = bytearray(40 * 2**20)
 for i in range(0, len(block), 4096): block[i] = 1
+r, w = os.pipe()
 if os.fork() == 0:
     if os.fork() == 0:
         os.setsid()  # a process that left the engine's group is not the engine's
         other = bytearray(40 * 2**20)
         for i in range(0, len(other), 4096): other[i] = 1
+        os.write(w, b"x")
         time.sleep(60); os._exit(0)
     time.sleep(60); os._exit(0)
+os.read(r, 1)  # all three are in place
 print("up", flush=True)
 while True: pass
 """
