@@ -237,10 +237,19 @@ async def test_a_second_register_naming_another_node_closes_the_socket(caplog):
 async def test_a_second_register_for_the_same_node_updates_the_inventory(caplog):
     caplog.set_level(logging.INFO)
     agent = await enrol("gpu-a")
+    # Operator intent, which no agent message may change.
+    await db(Node.objects.filter(pk="gpu-a").update)(
+        cordoned=True, draining=True, operator_labels={"zone": "b", "team": "infra"}
+    )
 
     # A GPU fell off the bus and memory was added: the agent registers again.
     await agent.send(
-        register_msg("gpu-a", gpus=register_msg()["gpus"][:7], memory_total_mb=4127000)
+        register_msg(
+            "gpu-a",
+            gpus=register_msg()["gpus"][:7],
+            memory_total_mb=4127000,
+            labels={"zone": "c", "rack": "r7"},
+        )
     )
     ack = await agent.recv_type("ack")
     await agent.recv_type("desired")
@@ -250,6 +259,9 @@ async def test_a_second_register_for_the_same_node_updates_the_inventory(caplog)
     assert node.memory_total_mb == 4127000 and node.connected
     assert await db(GPU.objects.filter(node=node).count)() == 7
     assert any("node memory changed node=gpu-a" in r.getMessage() for r in caplog.records)
+    assert node.cordoned and node.draining
+    assert node.agent_labels == {"zone": "c", "rack": "r7"}
+    assert node.labels == {"zone": "b", "rack": "r7", "team": "infra"}
     # The socket is still the node's: heartbeats go on.
     await agent.heartbeat(seq=2)
     await agent.close()

@@ -301,3 +301,26 @@ async def test_fetch_progress_is_progress_and_never_a_transition(agent):
     # A download that takes an hour must not keep the start timer at zero.
     assert shard.state == ShardState.STARTING
     assert shard.state_changed_at == started
+
+
+async def test_running_shards_on_register_touch_only_this_nodes_shards():
+    # given a shard of this node (known before its agent enrols) and one of another node
+    await db(Node.objects.create)(id="gpu-01")
+    await db(Node.objects.create)(id="gpu-02")
+    ours = await db(make_shard)("gpu-01", state=ShardState.PENDING)
+    theirs = await db(make_shard)("gpu-02", state=ShardState.READY)
+    before = await db(Shard.objects.values().get)(pk=theirs.pk)
+
+    # when the agent registers, reporting both as running in some state
+    def running(shard, state):
+        return {"shard_id": shard.pk, "replica_id": shard.replica_id, "state": state}
+
+    agent = await enrol(
+        "gpu-01",
+        running_shards=[running(ours, "loading"), running(theirs, "stopped")],
+    )
+    await agent.close()
+
+    # then its own shard takes the reported state, the other node's is untouched
+    assert (await db(Shard.objects.get)(pk=ours.pk)).state == ShardState.LOADING
+    assert await db(Shard.objects.values().get)(pk=theirs.pk) == before
