@@ -19,6 +19,8 @@ from django.db.models import F
 
 from fleet.models import FleetStatus, Node, NodeState
 
+from .reconcile_rows import node_silence_rows
+
 logger = logging.getLogger(__name__)
 
 
@@ -64,9 +66,7 @@ def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
     """Move silent nodes to suspect and lost, unless most of the fleet is silent."""
     suspect_s = settings.LLMGW["SUSPECT_AFTER_S"]
     lost_s = settings.LLMGW["REPLACE_AFTER_S"]
-    rows = list(
-        Node.objects.filter(last_seen__isnull=False).values_list("id", "state", "last_seen")
-    )
+    rows = node_silence_rows()
     silence = {nid: silence_of(seen, status.grace_from, now) for nid, _, seen in rows}
     # Nodes lost long ago are not the fleet any more; counting them would keep
     # replacement paused forever after a rack is retired without being deleted.

@@ -55,6 +55,7 @@ class NodeInfo:
     used_ports: set[int] = field(default_factory=set)
     promised_mb: int = 0  # memory that shards already placed here asked for
     shards: int = 0
+    by_class: dict[str, list[GpuInfo]] = field(default_factory=dict, repr=False)
 
     @property
     def free_gpus(self) -> int:
@@ -304,8 +305,12 @@ def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
 def _class_gpus(node: NodeInfo, req: Request) -> list[GpuInfo]:
     if not req.gpu_class:
         return node.gpus
-    want = req.gpu_class.lower()
-    return [g for g in node.gpus if want in g.name.lower()]
+    # A node's GPUs never change within a snapshot; only which are used does.
+    got = node.by_class.get(req.gpu_class)
+    if got is None:
+        want = req.gpu_class.lower()
+        got = node.by_class[req.gpu_class] = [g for g in node.gpus if want in g.name.lower()]
+    return got
 
 
 def _choose_gpus(node: NodeInfo, req: Request) -> tuple[tuple[str, ...], bool] | None:

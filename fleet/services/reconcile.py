@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from fleet.models import (
     DesiredState,
+    EngineProfile,
     Model,
     Node,
     Replica,
@@ -32,6 +33,7 @@ from fleet.models import (
 )
 
 from . import dispatch, expiry, placement
+from . import reconcile_rows as rows
 from . import snapshot as snapshots
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,12 @@ class _Pass:
         # Replicas to place this pass, by id, in the order they asked.
         self.to_place: dict[str, Replica] = {}
         self.prefer: dict[str, list[str]] = {}
+        # Writes are gathered and made in a few statements (``flush``): one
+        # UPDATE per replica cost most of a pass at a few thousand replicas.
+        self.replica_writes: dict[str, dict] = {}
+        self.shard_writes: dict[str, set[str]] = {}
+        self.new_shards: list[Shard] = []
+        self.new_replicas: dict[str, Replica] = {}
 
     # ---- loading ---------------------------------------------------------------
 
@@ -136,14 +144,11 @@ class _Pass:
         self.models = {
             m.pk: m for m in Model.objects.select_related("active_profile").order_by("pk")
         }
-        self.replicas = list(
-            Replica.objects.exclude(state=ReplicaState.STOPPED)
-            .select_related("profile")
-            .order_by("created_at", "pk")
-        )
-        self.shards: dict[str, list[Shard]] = {r.pk: [] for r in self.replicas}
-        active = Shard.objects.exclude(desired_state=DesiredState.STOPPED).order_by("rank")
-        for s in active:
+        # Each profile once, shared by its replicas.
+        profiles = {p.pk: p for p in EngineProfile.objects.all()}
+        self.replicas = rows.live_replicas(profiles)
+        self.shards: dict[str, list] = {r.pk: [] for r in self.replicas}
+        for s in rows.active_shards():
             self.shards.setdefault(s.replica_id, []).append(s)
         self.draining_nodes = set(Node.objects.filter(draining=True).values_list("pk", flat=True))
         self.by_model: dict[int, list[Replica]] = {}
@@ -166,6 +171,7 @@ class _Pass:
         for model in self.models.values():
             self.scale(model, self.by_model.get(model.pk, []))
         self.place_all()
+        self.flush()
         self.finish_drains()
         self.check_registrations()
         self.clean_up()
@@ -178,10 +184,11 @@ class _Pass:
             fields["state_changed_at"] = self.now
             if state == ReplicaState.READY:
                 logger.info("replica ready replica=%s model=%s", r.pk, self.models[r.model_id])
-        Replica.objects.filter(pk=r.pk).update(state=state, reason=reason, **fields)
-        r.state, r.reason = state, reason
+        fields.update(state=state, reason=reason)
         for k, v in fields.items():
             setattr(r, k, v)
+        if r.pk not in self.new_replicas:  # a new one is inserted as it is by then
+            self.replica_writes.setdefault(r.pk, {}).update(fields)
 
     def set_shards(self, r: Replica, desired: str) -> None:
         """Tell every active shard of a replica to drain or stop, as a group."""
@@ -189,7 +196,7 @@ class _Pass:
         ids = [s.pk for s in shards if s.desired_state != desired]
         if not ids:
             return
-        Shard.objects.filter(pk__in=ids).update(desired_state=desired)
+        self.shard_writes.setdefault(desired, set()).update(ids)
         for s in shards:
             s.desired_state = desired
             if s.node_id:
@@ -197,6 +204,24 @@ class _Pass:
         if desired == DesiredState.STOPPED:
             self.report.stopped += len(ids)
             self.shards[r.pk] = []
+
+    def flush(self) -> None:
+        """Make the gathered writes: a statement per distinct change, not per row."""
+        Replica.objects.bulk_create(self.new_replicas.values(), batch_size=500)
+        self.new_replicas = {}
+        for desired, ids in self.shard_writes.items():
+            Shard.objects.filter(pk__in=list(ids)).update(desired_state=desired)
+        self.shard_writes = {}
+        groups: dict[tuple, tuple[dict, list[str]]] = {}
+        for pk, fields in self.replica_writes.items():
+            key = tuple(sorted((k, repr(v)) for k, v in fields.items()))
+            groups.setdefault(key, (fields, []))[1].append(pk)
+        for fields, ids in groups.values():
+            for i in range(0, len(ids), 500):
+                Replica.objects.filter(pk__in=ids[i : i + 500]).update(**fields)
+        self.replica_writes = {}
+        Shard.objects.bulk_create(self.new_shards, batch_size=500)
+        self.new_shards = []
 
     # ---- one replica -----------------------------------------------------------
 
@@ -373,14 +398,16 @@ class _Pass:
                 current.append(self.create(model))
 
     def create(self, model: Model) -> Replica:
-        r = Replica.objects.create(
+        r = Replica(
             model=model,
             profile=model.active_profile,
             spec_hash=model.active_profile.spec_hash,
             state=ReplicaState.PENDING,
             reason="waiting for placement",
             state_changed_at=self.now,
+            created_at=self.now,
         )
+        self.new_replicas[r.pk] = r
         self.shards[r.pk] = []
         self.replicas.append(r)
         self.to_place[r.pk] = r
@@ -430,9 +457,9 @@ class _Pass:
                 self.unplaced(r, result.summary)
                 continue
             snap.commit(result, req)
-            Shard.objects.bulk_create(
+            self.new_shards.extend(
                 Shard(
-                    replica=r,
+                    replica_id=r.pk,
                     node_id=s.node_id,
                     rank=s.rank,
                     gpu_uuids=list(s.gpu_uuids),
@@ -462,8 +489,8 @@ class _Pass:
 
     def last_nodes(self, r: Replica) -> list[str]:
         """The nodes of a replica's last attempt, where a restart goes first."""
-        rows = Shard.objects.filter(replica=r, node__isnull=False).order_by("-created_at")
-        return list(rows.values_list("node_id", flat=True)[: r.profile.nodes])
+        last = Shard.objects.filter(replica_id=r.pk, node__isnull=False).order_by("-created_at")
+        return list(last.values_list("node_id", flat=True)[: r.profile.nodes])
 
     # ---- drains, registrations, clean-up -------------------------------------------
 
