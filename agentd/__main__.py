@@ -94,18 +94,13 @@ def _discover(args) -> int:
         inv = machine.inventory(node_id=node_id, labels=labels)
     finally:
         machine.close()
-    out = {k: _plain(v) for k, v in inv.items()}
-    json.dump(out, sys.stdout, indent=2)
+    # Built as the message itself, so what is printed is known to pass the schema.
+    from agentd import protocol
+
+    reg = protocol.Register(type="register", **inv)
+    json.dump(reg.model_dump(mode="json"), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
-
-
-def _plain(value):
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return value
 
 
 def _run(cfg) -> int:

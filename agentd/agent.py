@@ -251,34 +251,51 @@ class Agent:
 
     # ---- what goes to the control plane ---------------------------------------
 
-    def register_message(self, mgmt_addr: str = "") -> protocol.Register:
-        """The whole inventory. Whatever it carries is what the control plane now knows."""
+    def shard_facts(self) -> dict:
+        """What the supervisor knows, read on the event loop: its state changes there, and
+        reading it from the thread that collects a heartbeat could catch it mid-change."""
+        return {
+            "engines": self.shards.engine_versions(),
+            "provision": self.provision(),
+            "groups": self.shards.process_groups(),
+            "running": self.shards.running(),
+        }
+
+    def register_message(self, mgmt_addr: str = "", facts: dict | None = None) -> protocol.Register:
+        """The whole inventory. Whatever it carries is what the control plane now knows.
+
+        Blocking (NVML, statvfs, a weights walk): call it off the event loop with
+        ``facts`` from ``shard_facts()`` taken on it.
+        """
+        facts = facts or self.shard_facts()
         inv = self.machine.inventory(
             node_id=self.cfg.node_id,
             labels=dict(self.cfg.labels),
             mgmt_addr=self.cfg.mgmt_addr or mgmt_addr,
-            engine_versions=self.shards.engine_versions(),
+            engine_versions=facts["engines"],
         )
         with self._lock:
             self._sent_memory = inv["memory_total_mb"]
             self._weights = self._sent_weights = list(inv["weights"])
             self._weights_at = time.monotonic()
             self._sent_engines = dict(inv["engine_versions"])
-            provision = self._sent_provision = self.provision()
+            provision = self._sent_provision = facts["provision"]
             self._reported = {(g.index, p) for g in inv["gpus"] for p in g.problems}
         return protocol.Register(
             type="register",
             provision=provision,
-            running_shards=self.shards.running(),
+            running_shards=facts["running"],
             desired_version=self.desired_version,
             **inv,
         )
 
-    def heartbeat_message(self) -> protocol.Heartbeat:
+    def heartbeat_message(self, facts: dict | None = None) -> protocol.Heartbeat:
         """Cheap facts, each only as often as it means something (docs/protocol.md).
 
-        Blocking (NVML, statvfs, a weights walk): call it off the event loop.
+        Blocking (NVML, statvfs, a weights walk): call it off the event loop, with
+        ``facts`` from ``shard_facts()`` taken on it.
         """
+        facts = facts or self.shard_facts()
         m = self.machine
         mounts = m.mounts()
         storage = m.storage(mounts)
@@ -290,9 +307,8 @@ class Agent:
         if now - self._weights_at >= self.weights_rescan_s:
             weights = m.weights(mounts)
         memory = m.memory_total_mb()
-        engines = self.shards.engine_versions()
-        provision = self.provision()
-        load = self.sampler.sample(self.shards.process_groups())
+        engines, provision = facts["engines"], facts["provision"]
+        load = self.sampler.sample(facts["groups"])
         with self._lock:
             self._seq += 1
             hb = {"type": "heartbeat", "seq": self._seq, "storage": storage, "load": load}

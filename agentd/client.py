@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 REGISTER_ACK_TIMEOUT_S = 15
 GOODBYE_TIMEOUT_S = 7
+# Discovery stuck this long (a hung NFS mount) is retried on the next connection.
+REGISTER_COLLECT_TIMEOUT_S = 60
 FATAL_CLOSE = {CloseCode.FORBIDDEN, CloseCode.REVOKED}
 
 
@@ -142,14 +144,21 @@ async def _session(
         user_agent_header=f"llmgw-agent/{agent.version}",
     ) as ws:
         local = ws.local_address[0] if ws.local_address else ""
-        register = agent.register_message(mgmt_addr=local)
+        register = await asyncio.wait_for(
+            asyncio.to_thread(agent.register_message, local, agent.shard_facts()),
+            REGISTER_COLLECT_TIMEOUT_S,
+        )
         await ws.send(protocol.dump(register))
         ack = await asyncio.wait_for(_register_ack(ws), REGISTER_ACK_TIMEOUT_S)
         if ack.credential:
             agent.store_credential(ack.credential)
         backoff.reset()
         registered.set()
-        interval = ack.heartbeat_interval_s
+        # The control plane's interval when it names one, else agent.yaml's.
+        if "heartbeat_interval_s" in ack.model_fields_set:
+            interval = ack.heartbeat_interval_s
+        else:
+            interval = cfg.heartbeat_interval_s
         logger.info(
             "registered node=%s gpus=%d running_shards=%d heartbeat=%gs",
             register.node_id,
@@ -215,7 +224,9 @@ async def _heartbeats(agent: Agent, ws, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         if collecting is None or collecting.done():
-            collecting = asyncio.ensure_future(asyncio.to_thread(agent.heartbeat_message))
+            collecting = asyncio.ensure_future(
+                asyncio.to_thread(agent.heartbeat_message, agent.shard_facts())
+            )
         try:
             hb = await asyncio.wait_for(asyncio.shield(collecting), timeout=interval)
         except TimeoutError:

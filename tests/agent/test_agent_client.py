@@ -196,3 +196,24 @@ async def test_stopping_while_the_handshake_hangs_does_not_wait_for_the_timeout(
     stop.set()
     await asyncio.wait_for(task, 5)  # the handshake's own timeout is 10 s
     silent.close()
+
+
+async def test_without_an_interval_in_the_ack_the_configured_one_is_used(tmp_path):
+    beats = []
+
+    async def handler(ws):
+        reg = json.loads(await ws.recv())
+        # an ack as a control plane that does not name an interval would send it
+        await ws.send(
+            json.dumps({"type": "ack", "v": 1, "of": "register", "node_id": reg["node_id"]})
+        )
+        async for raw in ws:
+            beats.append(json.loads(raw)["type"])
+
+    async with websockets.serve(handler, "127.0.0.1", 0) as server:
+        agent = make_agent(tmp_path, control_plane_url=_url(server), heartbeat_interval_s=0.05)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(client.run(agent, stop, _quick()))
+        await _wait_for(lambda: beats.count("heartbeat") >= 3)  # not one in 10 s
+        stop.set()
+        await asyncio.wait_for(task, 10)

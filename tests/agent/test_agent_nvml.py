@@ -163,6 +163,7 @@ def test_discover_on_this_machine_prints_a_cpu_node():
         check=True,
     )
     inv = json.loads(out.stdout)
+    assert inv["type"] == "register" and inv["running_shards"] == []
     assert inv["gpus"] == []
     assert inv["memory_total_mb"] > 0
 
