@@ -12,13 +12,11 @@ import collections
 import json
 import logging
 import os
-import shutil
 import threading
 import time
-from pathlib import Path
 from typing import Protocol
 
-from agentd import __version__, logs, protocol
+from agentd import __version__, logs, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
 from agentd.load import LoadSampler
@@ -459,51 +457,10 @@ class Agent:
         )
 
     def remove_weights(self, paths: list[str]) -> tuple[str, bool]:
-        """Remove what the control plane proposed, after checking every path again here.
-
-        The control plane cannot see the disk: a path outside the weights dirs, a
-        weights dir itself, or weights a running shard loads are kept, whatever it says.
-        """
-        roots = [Path(os.path.realpath(d)) for d in self.cfg.weights_dirs]
-        in_use = [
-            Path(f(p))
-            for p in self.shards.paths_in_use()
-            if p
-            for f in (os.path.abspath, os.path.realpath)
-        ]
-        removed, kept = [], []
-        for raw in paths:
-            # The directories above resolved, the last part not: a link in a
-            # weights dir to a model kept elsewhere is removed, not what it names.
-            given = os.path.abspath(raw)
-            real = Path(os.path.realpath(os.path.dirname(given))) / os.path.basename(given)
-            if not any(real != r and real.is_relative_to(r) for r in roots):
-                kept.append(f"{raw}: not inside a weights dir")
-                continue
-            user = next(
-                (u for u in in_use if u.is_relative_to(real) or real.is_relative_to(u)), None
-            )
-            if user is not None:
-                kept.append(f"{raw}: in use by a running shard ({user})")
-                continue
-            if not os.path.lexists(real):
-                removed.append(raw)  # already gone: the wanted outcome
-                continue
-            try:
-                if real.is_dir() and not real.is_symlink():
-                    shutil.rmtree(real)
-                else:
-                    real.unlink()
-            except OSError as exc:
-                kept.append(f"{raw}: {exc.strerror or exc}")
-                continue
-            removed.append(raw)
-            logger.info("removed weights %s", raw)
-        for k in kept:
-            logger.warning("kept weights %s", k)
+        """Remove what the control plane proposed, each path checked again here."""
+        detail, ok = weights.remove(paths, self.cfg.weights_dirs, self.shards.paths_in_use())
         self._weights_at = 0.0  # the next heartbeat rescans and reports the change
-        detail = f"removed {len(removed)}" + (f"; kept {'; '.join(kept)}" if kept else "")
-        return detail[:4096], not kept
+        return detail, ok
 
     # ---- small things -----------------------------------------------------------
 
