@@ -204,5 +204,7 @@ async def test_bad_frames_over_a_real_daphne(daphne_server):
     assert not await db(Node.objects.filter(pk="gpu-02").exists)()
 
     log = server.output()
+    # The oversize frame is seen in the log only as the socket closing abnormally.
+    assert log.count("agent stream closed node=gpu-01 code=1006") == 1
     assert log.count("agent socket closed code=4003") == 1
     assert "Traceback" not in log
