@@ -89,6 +89,10 @@ def parent(args) -> int:
             f"{r['ready_pass_ms']:>13.0f} {r['steady_pass_ms']:>14.0f} {r['churn_pass_ms']:>13.0f}",
             flush=True,
         )
+    for r in results:
+        for name in ("first", "steady"):
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in r[f"{name}_pass_phases_ms"].items())
+            print(f"# {r['nodes']}x{r['replicas']} {name} pass, ms: {phases}")
     dbs.drop_template()
     if redis is not None:
         redis.stop()
@@ -176,6 +180,8 @@ def child(level: str) -> None:
                 "steady_pass_max_ms": max(steady),
                 "churn_pass_ms": churn_ms,
                 "churn_restarts": churn.restarts,
+                "first_pass_phases_ms": first.phases,
+                "steady_pass_phases_ms": report.phases,
             }
         )
     )

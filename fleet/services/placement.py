@@ -196,7 +196,7 @@ class Snapshot:
             self._free[n.id] = free
             self._buckets[free][n.id] = None
         self._static: dict[tuple, dict[str, Reason | None]] = {}
-        self._weights: dict[str, set[str]] = {}
+        self._weights: dict[str, set[str]] | None = None
 
     def free(self, node_id: str) -> int:
         return self._free[node_id]
@@ -233,11 +233,9 @@ class Snapshot:
     def weight_holders(self, model_path: str) -> set[str]:
         if not model_path:
             return set()
-        held = self._weights.get(model_path)
-        if held is None:
-            held = {n.id for n in self.nodes.values() if _holds(n.weights, model_path)}
-            self._weights[model_path] = held
-        return held
+        if self._weights is None:
+            self._weights = _weights_index(self.nodes.values())
+        return self._weights.get(model_path.strip("/"), set())
 
     def static_reason(self, node: NodeInfo, req: Request) -> Reason | None:
         """Why this node can never take the request as things stand (cached per profile shape)."""
@@ -249,14 +247,23 @@ class Snapshot:
         return reason
 
 
-def _holds(weights: frozenset[str], model_path: str) -> bool:
-    # A hub id is cached under its own path or Hugging Face's models--org--name.
-    hub_dir = "models--" + model_path.strip("/").replace("/", "--")
-    tail = "/" + model_path.strip("/")
-    return any(
-        w == model_path or w.endswith(tail) or w.rstrip("/").endswith("/" + hub_dir)
-        for w in weights
-    )
+def _weights_index(nodes) -> dict[str, set[str]]:
+    """Which nodes hold what, by every name a profile's model_path could use for it.
+
+    A path is known by its every trailing run of components ("org/name" finds
+    /var/lib/llmgw/weights/org/name), and Hugging Face's cache directory
+    models--org--name by "org/name".
+    """
+    index: dict[str, set[str]] = {}
+    for node in nodes:
+        for path in node.weights:
+            parts = path.strip("/").split("/")
+            keys = {"/".join(parts[i:]) for i in range(len(parts))}
+            if parts[-1].startswith("models--"):
+                keys.add(parts[-1][len("models--") :].replace("--", "/"))
+            for key in keys:
+                index.setdefault(key, set()).add(node.id)
+    return index
 
 
 def _gb(mb: int) -> int:

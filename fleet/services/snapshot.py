@@ -118,20 +118,13 @@ def build() -> Snapshot:
         node = nodes.get(nid)
         if node is None:
             continue
+        # Inline rather than through decode(): this loop runs once per GPU.
         key = nvlink if isinstance(nvlink, str) else json.dumps(nvlink)
         linked = peers.get(key)
         if linked is None:
             linked = peers[key] = frozenset(decode(nvlink, ()))
-        node.gpus.append(
-            GpuInfo(
-                uuid=uuid,
-                index=index,
-                name=name,
-                healthy=not decode(problems, ()),
-                nvlink_peers=linked,
-                numa_node=numa,
-            )
-        )
+        healthy = problems in ("[]", None) or not decode(problems, ())
+        node.gpus.append(GpuInfo(uuid, index, name, healthy, linked, numa))
     for nid, fabric, hcas in _rows(f"SELECT node_id, fabric, hcas FROM {t[FabricAttachment]}"):
         if nid in nodes:
             nodes[nid].fabrics[fabric] = list(decode(hcas, ()))
