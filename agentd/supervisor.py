@@ -120,18 +120,21 @@ class Supervisor:
         for rec in records.values():
             sh = self._new_shard(rec.shard_id)
             sh.restore(rec)
+            found = marked.pop(sh.shard_id, None)
+            recorded = protocol.shard_state_from_wire(rec.state)
             if rec.pid and state.still_running(
                 rec.pid, rec.start_ticks, sh.shard_id, self.state_dir
             ):
-                marked.pop(sh.shard_id, None)
-                await self._adopt(sh, rec.pid, ShardState(rec.state))
+                await self._adopt(sh, rec.pid, recorded)
+            elif found is not None:
+                await self._adopt(sh, found[0], recorded)  # another PID carries the mark
             elif rec.state in LIVE:
                 sh.state, sh.process = ShardState.FAILED, None
                 sh.error = exit_reason(None)
                 sh.failed_spec = sh.spec
                 died.append(sh)
             else:
-                sh.state = protocol.shard_state_from_wire(rec.state)
+                sh.state = recorded
         for shard_id, (pid, env) in marked.items():
             sh = self._new_shard(shard_id)
             sh.engine = env.get(state.MARK_ENGINE, "")
