@@ -65,19 +65,20 @@ class Recorder:
     def states(self, shard_id: str) -> list[str]:
         return [e.state for e in self.events if e.type == "shard_status" and e.shard_id == shard_id]
 
-    def last(self, shard_id: str, state: str | None = None):
-        for e in reversed(self.events):
+    def last(self, shard_id: str, state: str | None = None, after: int = 0):
+        for e in reversed(self.events[after:]):
             if e.type == "shard_status" and e.shard_id == shard_id:
                 if state is None or e.state == state:
                     return e
         return None
 
     async def wait_for(
-        self, shard_id: str, state: str, timeout: float = 20
+        self, shard_id: str, state: str, timeout: float = 20, after: int = 0
     ) -> protocol.ShardStatus:
+        """The latest report of that state, waiting for one; ``after``: among events from there."""
         deadline = time.monotonic() + timeout
         while True:
-            found = self.last(shard_id, state)
+            found = self.last(shard_id, state, after)
             if found is not None:
                 return found
             left = deadline - time.monotonic()

@@ -231,3 +231,42 @@ async def test_tail_shows_the_engine_output(state_dir):
             sup.tail("agent-x", 10)
     finally:
         await sup.close()
+
+
+async def test_progress_the_agent_reports_pushes_the_deadline_back(state_dir):
+    spec = shard(args=["--load-time", "2.5"], startup_timeout_s=1.2)
+    sup, rec = await started(state_dir, spec)
+    try:
+
+        async def fetching():
+            for done in range(1, 100):
+                await sup.fetch_progress("r1-s0", done * 1000, 100_000, "hf://tiny")
+                await asyncio.sleep(0.4)
+
+        reporter = asyncio.create_task(fetching())
+        await rec.wait_for("r1-s0", "ready")
+        reporter.cancel()
+        assert "failed" not in rec.states("r1-s0")
+        progress = [e for e in rec.events if e.type == "fetch_progress"]
+        assert progress[0].bytes_total == 100_000 and progress[0].source == "hf://tiny"
+    finally:
+        await sup.close()
+
+
+async def test_a_changed_spec_restarts_a_new_timeout_does_not(state_dir):
+    sup, rec = await started(state_dir, shard())
+    try:
+        await rec.wait_for("r1-s0", "ready")
+        first = sup.process_groups()["r1-s0"]
+        await sup.apply(desired(2, shard(startup_timeout_s=60)))
+        await asyncio.sleep(0.5)
+        assert sup.process_groups()["r1-s0"] == first
+        # when the profile's arguments change, then the engine is replaced
+        mark = len(rec.events)
+        await sup.apply(desired(3, shard(args=["--token-delay", "0.01"])))
+        await rec.wait_for("r1-s0", "ready", after=mark)
+        second = sup.process_groups()["r1-s0"]
+        assert second != first and not pid_alive(first)
+        assert "--token-delay" in sup.tail("r1-s0", 50)[-4]
+    finally:
+        await sup.close()
