@@ -236,3 +236,35 @@ def inference_key(name: str = "client", **fields):
     from fleet.models import ApiKey
 
     return ApiKey.issue(name=name, scope="inference", **fields)
+
+
+class FakeEngine:
+    """The project's fake engine (``python -m agentd.engines.fake``) as a real process."""
+
+    def __init__(self, tmp_path, name: str = "tiny", *extra: str):
+        import subprocess
+        import sys
+
+        from tests.live import ROOT, wait_for_port
+
+        self.port = free_port()
+        self.log = tmp_path / f"engine-{self.port}.log"
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentd.engines.fake", "--port", str(self.port)]
+                + ["--served-model-name", name, *extra],
+                cwd=ROOT,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for_port(self.port, self.proc)
+
+    def metrics(self) -> dict[str, float]:
+        import urllib.request
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics").read().decode()
+        return {k: float(v) for k, v in (line.split() for line in text.splitlines() if line)}
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)

@@ -17,6 +17,9 @@ from .state import gateway
 
 logger = logging.getLogger(__name__)
 
+# How soon a request starts listening for its client going away.
+_WATCH_AFTER_S = 0.02
+
 _PROXIED = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
@@ -139,7 +142,7 @@ async def _read_body(scope, receive, limit: int) -> bytes:
 async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
     """Proxy, and cancel the upstream request if the client goes away meanwhile."""
     task = asyncio.current_task()
-    state = {"gone": False, "done": False}
+    state = {"gone": False, "done": False, "watcher": None}
 
     def on_message(fut: asyncio.Future) -> None:
         if fut.cancelled() or state["done"]:
@@ -148,8 +151,13 @@ async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
             state["gone"] = True
             task.cancel()
 
-    watcher = asyncio.ensure_future(receive())
-    watcher.add_done_callback(on_message)
+    def watch() -> None:
+        if not state["done"]:
+            watcher = state["watcher"] = asyncio.ensure_future(receive())
+            watcher.add_done_callback(on_message)
+
+    # Most answers take less than this; they pay for a timer, not for a task.
+    timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, watch)
     try:
         await proxy.forward(gw, route, req, reply, t0)
     except asyncio.CancelledError:
@@ -164,7 +172,9 @@ async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
         raise _ClientGone() from None
     finally:
         state["done"] = True
-        watcher.cancel()
+        timer.cancel()
+        if state["watcher"] is not None:
+            state["watcher"].cancel()
 
 
 async def _models(gw, key, model_id: str | None, reply) -> None:

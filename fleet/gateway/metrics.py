@@ -1,10 +1,11 @@
 """The gateway's metrics, on the shared registry of ``fleet.metrics``.
 
-Label children are cached on the route and upstream objects, so a request pays
-for a few increments, not for label lookups.
+Label children are cached per model, so a request pays for two or three
+increments, not for label lookups; what is in flight is read at scrape time.
 """
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from fleet.metrics import REGISTRY
 
@@ -30,19 +31,6 @@ TTFT = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-IN_FLIGHT = Gauge(
-    "llmgw_gateway_in_flight_requests",
-    "Requests being served by each replica through this gateway process.",
-    ["model", "replica"],
-    registry=REGISTRY,
-)
-QUEUE_DEPTH = Gauge(
-    "llmgw_gateway_queue_depth",
-    "Requests in flight at this gateway process for each model (the engines' own "
-    "queues are not included).",
-    ["model"],
-    registry=REGISTRY,
-)
 UPSTREAM_ERRORS = Counter(
     "llmgw_gateway_upstream_errors",
     "Failures talking to replicas, by kind: connect, status (502/503), timeout, protocol.",
@@ -64,13 +52,14 @@ COOLDOWNS = Counter(
 
 
 class RouteMetrics:
-    __slots__ = ("latency", "ttft", "queue", "retries", "statuses", "model")
+    """A model's metric children, looked up once rather than on every request."""
+
+    __slots__ = ("latency", "ttft", "retries", "statuses", "model")
 
     def __init__(self, model: str):
         self.model = model
         self.latency = LATENCY.labels(model)
         self.ttft = TTFT.labels(model)
-        self.queue = QUEUE_DEPTH.labels(model)
         self.retries = RETRIES.labels(model)
         self.statuses: dict[int, object] = {}
 
@@ -81,15 +70,8 @@ class RouteMetrics:
         child.inc()
 
 
-class UpstreamMetrics:
-    __slots__ = ("in_flight", "model", "replica")
-
-    def __init__(self, model: str, replica: str):
-        self.model, self.replica = model, replica
-        self.in_flight = IN_FLIGHT.labels(model, replica)
-
-    def error(self, kind: str) -> None:
-        UPSTREAM_ERRORS.labels(self.model, self.replica, kind).inc()
+def upstream_error(model: str, replica: str, kind: str) -> None:
+    UPSTREAM_ERRORS.labels(model, replica, kind).inc()
 
 
 def count_unrouted(status: int) -> None:
@@ -101,8 +83,38 @@ def count_unrouted(status: int) -> None:
     REQUESTS.labels("-", str(status)).inc()
 
 
-def forget_replica(model: str, replica: str) -> None:
-    try:
-        IN_FLIGHT.remove(model, replica)
-    except KeyError:
-        pass
+class InFlightCollector:
+    """In flight per replica and per model, read from the gateways' own counters at scrape time.
+
+    The routing table counts outstanding requests anyway (it routes by them);
+    reading them when Prometheus asks costs requests nothing.
+    """
+
+    def collect(self):
+        from .state import live_gateways
+
+        in_flight = GaugeMetricFamily(
+            "llmgw_gateway_in_flight_requests",
+            "Requests being served by each replica through this gateway process.",
+            labels=["model", "replica"],
+        )
+        queue = GaugeMetricFamily(
+            "llmgw_gateway_queue_depth",
+            "Requests in flight at this gateway process for each model (the engines' own "
+            "queues are not included).",
+            labels=["model"],
+        )
+        per_model: dict[str, int] = {}
+        for gw in live_gateways():
+            for model in list(gw.routes):
+                per_model.setdefault(model, 0)
+            for model, up in gw.upstreams_in_service():
+                in_flight.add_metric([model, up.replica_id], up.outstanding)
+                per_model[model] = per_model.get(model, 0) + up.outstanding
+        for model, n in sorted(per_model.items()):
+            queue.add_metric([model], n)
+        yield in_flight
+        yield queue
+
+
+REGISTRY.register(InFlightCollector())

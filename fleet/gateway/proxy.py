@@ -14,7 +14,7 @@ import time
 
 import aiohttp
 
-from . import table
+from . import metrics, table
 from .errors import GatewayError, error_body, sse_error_event
 
 logger = logging.getLogger(__name__)
@@ -149,14 +149,15 @@ async def _attempt(
     gw, route, up: table.Upstream, req, reply: Reply, t0: float, may_retry: bool
 ) -> None:
     limits = gw.limits
-    um = up.metrics
+
+    def error(kind):
+        metrics.upstream_error(route.name, up.replica_id, kind)
+
     body = req.raw
     if up.served_name != route.name:
         # The engine serves the profile's name; the client asked for the model's.
         body = json.dumps({**req.body, "model": up.served_name}).encode()
     up.outstanding += 1
-    um.in_flight.inc()
-    route.metrics.queue.inc()
     try:
         try:
             async with asyncio.timeout(limits.first_byte_timeout_s):
@@ -164,7 +165,7 @@ async def _attempt(
                     up.url + "/v1/" + req.endpoint, data=body, headers=_UPSTREAM_HEADERS
                 )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            um.error("connect")
+            error("connect")
             _connect_failed(gw, route, up)
             raise _Retry(
                 f"could not connect to replica {up.replica_id} at {up.url}: {exc}"
@@ -172,10 +173,10 @@ async def _attempt(
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             # A pooled connection to an engine that restarted or died, before any
             # answer: nothing reached the client, so another replica may take it.
-            um.error("disconnect")
+            error("disconnect")
             raise _Retry(f"replica {up.replica_id} dropped the connection: {exc}") from None
         except TimeoutError:
-            um.error("timeout")
+            error("timeout")
             raise GatewayError(
                 504,
                 f"replica {up.replica_id} of model '{route.name}' sent no answer within "
@@ -185,7 +186,7 @@ async def _attempt(
         up.connect_failures = 0
         try:
             if resp.status in (502, 503) and may_retry:
-                um.error("status")
+                error("status")
                 raise _Retry(f"replica {up.replica_id} answered {resp.status}")
             if resp.content_type == "text/event-stream" and resp.status == 200:
                 await _stream(route, up, resp, reply, t0)
@@ -199,8 +200,6 @@ async def _attempt(
         resp.release()
     finally:
         up.outstanding -= 1
-        um.in_flight.dec()
-        route.metrics.queue.dec()
 
 
 def _connect_failed(gw, route, up: table.Upstream) -> None:
@@ -208,9 +207,7 @@ def _connect_failed(gw, route, up: table.Upstream) -> None:
     if up.connect_failures >= gw.limits.cooldown_after:
         up.cooldown_until = time.monotonic() + gw.limits.cooldown_s
         up.connect_failures = 0
-        from .metrics import COOLDOWNS
-
-        COOLDOWNS.labels(route.name, up.replica_id).inc()
+        metrics.COOLDOWNS.labels(route.name, up.replica_id).inc()
         logger.warning(
             "replica set aside after failed connects model=%s replica=%s url=%s for_s=%g",
             route.name,
@@ -224,7 +221,7 @@ async def _whole(route, up, resp, reply: Reply) -> None:
     try:
         body = await resp.read()
     except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-        up.metrics.error("protocol")
+        metrics.upstream_error(route.name, up.replica_id, "protocol")
         raise GatewayError(
             502,
             f"replica {up.replica_id} of model '{route.name}' closed the connection "
@@ -232,22 +229,26 @@ async def _whole(route, up, resp, reply: Reply) -> None:
             code="upstream_incomplete",
         ) from None
     status = resp.status
-    if resp.content_type == "application/json" or status >= 400:
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if status < 400 and not isinstance(parsed, dict):
-            up.metrics.error("protocol")
+    if status < 400:
+        # A look at the ends, not a parse: enough to catch an HTML error page or a
+        # cut-off body, and it costs nothing on the path every answer takes.
+        text = body.strip()
+        if resp.content_type == "application/json" and not (
+            text.startswith(b"{") and text.endswith(b"}")
+        ):
+            metrics.upstream_error(route.name, up.replica_id, "protocol")
             raise GatewayError(
                 502,
                 f"replica {up.replica_id} of model '{route.name}' answered with "
                 f"something that is not a JSON object: {body[:60]!r}",
                 code="upstream_malformed",
             )
-        if status >= 400 and not (
-            isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
-        ):
+    else:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
             # Engines word their errors their own way; clients expect OpenAI's shape.
             text = body[:300].decode("utf-8", "replace").strip() or resp.reason or ""
             body = error_body(
@@ -294,7 +295,7 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
             f"replica {up.replica_id} of model '{route.name}' closed the stream before it finished"
         )
     if problem:
-        up.metrics.error("protocol")
+        metrics.upstream_error(route.name, up.replica_id, "protocol")
         logger.warning(
             "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
         )

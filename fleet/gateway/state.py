@@ -80,6 +80,7 @@ class Gateway:
         self._wake_what: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._miss_reload: asyncio.Future | None = None
+        self.retired: list[tuple[str, table.Upstream]] = []
         self._channel: str | None = None
 
     # ---- start and stop --------------------------------------------------------
@@ -139,21 +140,29 @@ class Gateway:
             new = table.build_routes(models, replicas, self.routes)
             self._log_changes(self.routes, new)
             for route in new.values():
-                if route.metrics is None:
-                    old = self.routes.get(route.name)
-                    route.metrics = (
-                        old.metrics if old is not None else metrics.RouteMetrics(route.name)
-                    )
-                for u in route.upstreams:
-                    if u.metrics is None:
-                        u.metrics = metrics.UpstreamMetrics(route.name, u.replica_id)
-            live = {(r.name, u.replica_id) for r in new.values() for u in r.upstreams}
-            for route in self.routes.values():
-                for u in route.upstreams:
-                    if (route.name, u.replica_id) not in live and u.outstanding == 0:
-                        metrics.forget_replica(route.name, u.replica_id)
+                old = self.routes.get(route.name)
+                route.metrics = old.metrics if old is not None else metrics.RouteMetrics(route.name)
+            # Replicas that left the table (draining, say) with requests still in
+            # flight stay visible in the in-flight gauge until those finish.
+            live = {id(u) for r in new.values() for u in r.upstreams}
+            self.retired = list(
+                {
+                    id(u): (model, u)
+                    for model, u in self.upstreams_in_service()
+                    if id(u) not in live
+                }.values()
+            )
             self.routes = new
             self.routes_loaded_at = time.monotonic()
+
+    def upstreams_in_service(self):
+        """(model, upstream) for every replica in the table or still finishing requests."""
+        for route in list(self.routes.values()):
+            for up in route.upstreams:
+                yield route.name, up
+        for model, up in self.retired:
+            if up.outstanding > 0:
+                yield model, up
 
     @staticmethod
     def _log_changes(old: dict, new: dict) -> None:
@@ -265,6 +274,10 @@ class Gateway:
 _gateways: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway]" = (
     weakref.WeakKeyDictionary()
 )
+
+
+def live_gateways() -> list[Gateway]:
+    return [gw for gw in list(_gateways.values()) if gw.started]
 
 
 def gateway() -> Gateway:

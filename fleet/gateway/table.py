@@ -55,7 +55,6 @@ class Upstream:
     outstanding: int = 0
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
-    metrics: object = None  # per-replica metric children, cached by the gateway
 
 
 @dataclass(eq=False)

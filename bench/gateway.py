@@ -1,0 +1,394 @@
+"""Gateway benchmark: the latency llmgw's gateway adds over the engine, beside LiteLLM's proxy.
+
+    .venv/bin/python bench/gateway.py [--duration 5] [--concurrency 1,16,64] [--no-litellm]
+
+Same machine, same run, same engine (``agentd.engines.fake``): an instant
+answer (``max_tokens`` 1) and a 20-token stream, each at every concurrency,
+measured with wrk directly against the engine, through llmgw's gateway on
+Daphne (the default deployment) and on uvicorn (``llmgw_site.gateway_asgi``),
+and through LiteLLM's proxy (one process, a master key, no database) from its
+own virtualenv (``--litellm-venv``; made with ``pip install 'litellm[proxy]'``).
+Also compares the two async HTTP clients the gateway could use upstream.
+
+Every process shares the machine's cores with wrk and the engine, so the
+figures are for this machine and meaningful side by side, not alone.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PY = sys.executable
+MODEL = "tiny"
+PAYLOADS = {
+    "instant": {
+        "model": MODEL,
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+    "stream20": {
+        "model": MODEL,
+        "max_tokens": 20,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except urllib.error.HTTPError:
+            return  # it answers; a 401 or 404 is an answer
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
+
+
+class Procs:
+    def __init__(self, logdir: Path):
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---- llmgw's side: a database with one ready replica, and a key ---------------
+
+
+def setup_db(engine_port: int) -> None:
+    """Run in a subprocess with the bench's environment: migrate, then the fleet rows."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    django.setup()
+    from django.core.management import call_command
+
+    from fleet.models import (
+        ApiKey,
+        Engine,
+        EngineProfile,
+        Model,
+        Node,
+        Replica,
+        ReplicaState,
+        Shard,
+        ShardState,
+    )
+
+    call_command("migrate", verbosity=0)
+    model = Model.objects.create(name=MODEL, desired_replicas=1)
+    profile = EngineProfile.objects.create(
+        model=model, name="bench", engine=Engine.FAKE, model_path="/none"
+    )
+    node = Node.objects.create(pk="bench-01", mgmt_addr="127.0.0.1", connected=True)
+    replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
+    Shard.objects.create(replica=replica, node=node, port=engine_port, state=ShardState.READY)
+    _, secret = ApiKey.issue(name="bench", scope="inference")
+    print(secret)
+
+
+# ---- load ----------------------------------------------------------------------
+
+_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def wrk(url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path) -> dict:
+    script = workdir / "post.lua"
+    script.write_text(
+        "wrk.method = 'POST'\n"
+        f"wrk.body = {json.dumps(json.dumps(payload))}\n"
+        "wrk.headers['Content-Type'] = 'application/json'\n"
+        f"wrk.headers['Authorization'] = 'Bearer {key}'\n"
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{conc}", f"-d{duration:g}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pct = {
+        m.group(1): float(m.group(2)) * _UNIT[m.group(3)]
+        for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    }
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "p50_ms": pct["50"],
+        "p99_ms": pct["99"],
+        "rps": rps,
+        "non_2xx": int(bad.group(1)) if bad else 0,
+        "socket_errors": errors.group(1) if errors else "",
+    }
+
+
+def check_answer(url: str, key: str) -> None:
+    """One request of each kind, checked, so no figure is the speed of an error."""
+    import urllib.request
+
+    for name, payload in PAYLOADS.items():
+        req = urllib.request.Request(
+            url,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = resp.read()
+        if name == "stream20":
+            assert body.count(b"data: ") >= 21 and body.rstrip().endswith(b"[DONE]"), body[:300]
+        else:
+            assert json.loads(body)["choices"], body[:300]
+
+
+# ---- the upstream client choice ---------------------------------------------------
+
+
+async def _client_rate(kind: str, url: str, payload: dict, n: int, conc: int) -> float:
+    body = json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json"}
+    if kind == "aiohttp":
+        import aiohttp
+
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+        async def one():
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+
+        close = session.close
+    else:
+        import httpx
+
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+
+        async def one():
+            resp = await client.post(url, content=body, headers=headers)
+            await resp.aread()
+
+        close = client.aclose
+
+    async def worker(count):
+        for _ in range(count):
+            await one()
+
+    await asyncio.gather(*(worker(20) for _ in range(conc)))  # warm the pool
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(n // conc) for _ in range(conc)))
+    rate = (n // conc * conc) / (time.perf_counter() - t0)
+    await close()
+    return rate
+
+
+def compare_clients(url: str) -> dict:
+    results = {}
+    for kind in ("aiohttp", "httpx"):
+        for conc in (1, 16):
+            results[f"{kind} c={conc}"] = asyncio.run(
+                _client_rate(kind, url, PAYLOADS["instant"], 3000, conc)
+            )
+    return results
+
+
+# ---- the run -------------------------------------------------------------------
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--litellm-venv", default=str(ROOT / "var" / "bench-litellm-venv"))
+    p.add_argument("--no-litellm", action="store_true")
+    p.add_argument("--no-uvicorn", action="store_true")
+    p.add_argument("--out", default=str(ROOT / "bench" / "out" / "gateway.json"))
+    p.add_argument("--only", help="comma-separated targets to measure, e.g. direct,litellm")
+    p.add_argument("--setup-db", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.setup_db:
+        setup_db(args.setup_db)
+        return 0
+    if not shutil.which("wrk"):
+        sys.exit("wrk is needed: apt-get install wrk")
+    concs = [int(c) for c in args.concurrency.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
+    procs = Procs(work)
+    env = {
+        **os.environ,
+        "LLMGW_STATE_DIR": str(work / "state"),
+        "LLMGW_CHANNEL_PREFIX": f"bench-{os.getpid()}",
+        "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING",
+    }
+    env.pop("DATABASE_URL", None)  # its own SQLite: the request path never reads it anyway
+    redis = None
+    if not env.get("REDIS_URL"):
+        from llmgw_site.embedded import PrivateRedis
+
+        (work / "redis").mkdir()
+        redis = PrivateRedis(work / "redis").start()
+        env["REDIS_URL"] = redis.url
+    results: dict = {"targets": {}, "machine": {"cpus": os.cpu_count()}}
+    try:
+        engine_port = free_port()
+        engine = procs.start(
+            "engine",
+            [PY, "-m", "agentd.engines.fake", "--port", str(engine_port)]
+            + ["--served-model-name", MODEL],
+            env,
+        )
+        wait_http(f"http://127.0.0.1:{engine_port}/health", engine)
+        out = subprocess.run(
+            [PY, __file__, "--setup-db", str(engine_port)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode:
+            sys.exit(f"setting up the bench database failed:\n{out.stderr}")
+        key = out.stdout.strip().splitlines()[-1]
+        targets = {"direct": (f"http://127.0.0.1:{engine_port}", key)}
+
+        port = free_port()
+        daphne = procs.start(
+            "daphne",
+            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
+            env,
+        )
+        wait_http(f"http://127.0.0.1:{port}/metrics", daphne)
+        targets["llmgw (daphne)"] = (f"http://127.0.0.1:{port}", key)
+        if not args.no_uvicorn:
+            port = free_port()
+            uv = procs.start(
+                "uvicorn",
+                [PY, "-m", "uvicorn", "llmgw_site.gateway_asgi:application"]
+                + ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+                + ["--loop", "uvloop", "--http", "httptools", "--log-level", "warning"],
+                env,
+            )
+            wait_http(f"http://127.0.0.1:{port}/metrics", uv)
+            targets["llmgw (uvicorn)"] = (f"http://127.0.0.1:{port}", key)
+        if not args.no_litellm:
+            litellm = Path(args.litellm_venv) / "bin" / "litellm"
+            if not litellm.exists():
+                sys.exit(f"no LiteLLM at {litellm}: pip install 'litellm[proxy]' in that venv")
+            port = free_port()
+            cfg = work / "litellm.yaml"
+            cfg.write_text(
+                "model_list:\n"
+                f"  - model_name: {MODEL}\n"
+                "    litellm_params:\n"
+                f"      model: openai/{MODEL}\n"
+                f"      api_base: http://127.0.0.1:{engine_port}/v1\n"
+                "      api_key: none\n"
+                "general_settings:\n"
+                "  master_key: sk-bench-master\n"
+            )
+            lenv = {k: v for k, v in env.items() if not k.startswith(("DATABASE_URL", "REDIS"))}
+            proc = procs.start(
+                "litellm",
+                [str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
+                # No network here: its model price map ships with it.
+                {**lenv, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+            )
+            wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, timeout=300)
+            targets["litellm"] = (f"http://127.0.0.1:{port}", "sk-bench-master")
+
+        for base, k in targets.values():
+            check_answer(base + "/v1/chat/completions", k)
+        results["clients"] = compare_clients(f"http://127.0.0.1:{engine_port}/v1/chat/completions")
+        for name, (base, k) in targets.items():
+            if args.only and name not in args.only.split(","):
+                continue
+            for payload in PAYLOADS:
+                for conc in concs:
+                    if engine.poll() is not None:
+                        sys.exit(f"the engine exited with {engine.returncode}; see {work}")
+                    url = base + "/v1/chat/completions"
+                    wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
+                    r = wrk(url, PAYLOADS[payload], k, conc, args.duration, work)
+                    results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = r
+                    print(
+                        f"{name:16} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
+                        f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s"
+                        + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
+                        + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""),
+                        flush=True,
+                    )
+    finally:
+        procs.stop_all()
+        if redis is not None:
+            redis.stop()
+    report(results)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"\nfigures: {args.out}; logs: {work}")
+    return 0
+
+
+def report(results: dict) -> None:
+    t = results["targets"]
+    direct = t["direct"]
+    print("\nadded over direct (ms, p50 / p99) and highest req/s:")
+    for name, by_payload in t.items():
+        if name == "direct":
+            continue
+        for payload, by_conc in by_payload.items():
+            cells = []
+            for conc, r in by_conc.items():
+                d = direct[payload][conc]
+                cells.append(
+                    f"c={conc}: +{r['p50_ms'] - d['p50_ms']:.2f}/+{r['p99_ms'] - d['p99_ms']:.2f}"
+                )
+            best = max(r["rps"] for r in by_conc.values())
+            print(f"  {name:16} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s")
+    if "clients" in results:
+        print("\nupstream client, direct to the engine (req/s):")
+        for name, rate in results["clients"].items():
+            print(f"  {name:14} {rate:8.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
