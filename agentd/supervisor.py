@@ -312,10 +312,10 @@ class Supervisor:
                 known = ", ".join(sorted(n for n in self._engines if n not in self._disabled))
                 raise EngineUnavailable(f"engine {name!r} is not available here (known: {known})")
             engine.command()  # installed since the last probe, or removed?
-            serves = engine.serves_http(spec)
-            port = spec.port or (self._free_port(sh.shard_id) if serves else 0)
-            if serves:
-                self._check_port(sh.shard_id, port)
+            # Followers of a multi-node replica serve no HTTP, but engines derive
+            # internal ports from --port, so every shard gets a free one.
+            port = spec.port or self._free_port(sh.shard_id)
+            self._check_port(sh.shard_id, port)
             launch = engine.build(spec.profile, spec, host=self.host, port=port)
         except EngineUnavailable as exc:
             return await self._fail(sh, str(exc))

@@ -270,3 +270,16 @@ async def test_a_changed_spec_restarts_a_new_timeout_does_not(state_dir):
         assert "--token-delay" in sup.tail("r1-s0", 50)[-4]
     finally:
         await sup.close()
+
+
+async def test_a_multi_node_follower_is_ready_once_running(state_dir):
+    # A follower rank serves no HTTP (rank 0 does, and cannot be ready until the
+    # followers joined), so running is all there is to see of it.
+    spec = shard(args=["--hang"], rank=1, nnodes=2, leader_addr="10.0.0.11", leader_port=29500)
+    sup, rec = await started(state_dir, spec, stop_grace_s=0.5)
+    try:
+        await rec.wait_for("r1-s0", "ready")
+        assert rec.states("r1-s0") == ["pending", "starting", "ready"]
+        assert sup.running_shards()[0].port > 0
+    finally:
+        await sup.close()
