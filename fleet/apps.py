@@ -8,3 +8,6 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         from . import signals  # noqa: F401 - connects the reconciler's receivers
+        from .services import reconcile_metrics
+
+        reconcile_metrics.register()

@@ -18,6 +18,7 @@ from fleet.models import (
     Storage,
 )
 from fleet.services import access
+from fleet.services import drain as drain_service
 from fleet.services import nodes as node_service
 
 from .common import ReadOnlyAdmin, ReadOnlyTabularInline, count_message, human_bytes
@@ -124,7 +125,7 @@ class NodeAdmin(admin.ModelAdmin):
     )
     list_filter = ("state", "connected", "cordoned", "draining", "agent_version")
     search_fields = ("id", "hostname", "mgmt_addr")
-    actions = ("cordon_nodes", "uncordon_nodes", "revoke_credentials")
+    actions = ("cordon_nodes", "drain_nodes", "uncordon_nodes", "revoke_credentials")
     inlines = (
         GPUInline,
         ShardInline,
@@ -265,6 +266,12 @@ class NodeAdmin(admin.ModelAdmin):
         nodes = list(queryset)
         done = sum(node_service.cordon(n) for n in nodes)
         self.message_user(request, count_message(done, len(nodes), "cordoned", "already cordoned"))
+
+    @admin.action(description="Drain: move replicas elsewhere (replacements ready first)")
+    def drain_nodes(self, request, queryset):
+        nodes = list(queryset)
+        done = sum(drain_service.drain_node(n) for n in nodes)
+        self.message_user(request, count_message(done, len(nodes), "draining", "already draining"))
 
     @admin.action(description="Uncordon: allow placements again (ends a drain)")
     def uncordon_nodes(self, request, queryset):

@@ -1,14 +1,17 @@
 """The management API: thin viewsets over the fleet models and services."""
 
 from django.db.models import ProtectedError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 
 from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
+from fleet.services import drain as drain_service
 from fleet.services import nodes as node_service
+from fleet.services import snapshot
 
 from . import filters, serializers
 
@@ -40,6 +43,12 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def cordon(self, request, pk=None):
         """No new placements on this node. Idempotent."""
         return self._intent(request, node_service.cordon)
+
+    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """Cordon, start replacements elsewhere, and once they are ready retire what runs here."""
+        return self._intent(request, drain_service.drain_node)
 
     @extend_schema(request=None, responses=serializers.NodeSerializer)
     @action(detail=True, methods=["post"])
@@ -78,6 +87,19 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     filterset_class = filters.ModelFilterSet
     search_fields = ("name", "description")
     ordering_fields = ("name", "updated_at")
+
+    @extend_schema(
+        parameters=[OpenApiParameter("profile", str, description="Ask about this profile.")],
+        responses=OpenApiTypes.OBJECT,
+    )
+    @action(detail=True, methods=["get"])
+    def explain(self, request, pk=None):
+        """Every node and why a new replica could run there or not; ?profile= asks "what if"."""
+        try:
+            result = snapshot.explain_model(self.get_object().name, request.GET.get("profile"))
+        except snapshot.ExplainError as exc:
+            raise ValidationError({"profile": [str(exc)]}) from None
+        return Response(result.as_dict())
 
 
 class EngineProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):

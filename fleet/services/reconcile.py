@@ -120,6 +120,26 @@ def run_pass(now: datetime | None = None) -> PassReport:
     return report
 
 
+def fleet_warnings(now: datetime | None = None) -> list[str]:
+    """What operators must know about the reconciler itself: replacement paused, or no passes."""
+    from fleet.models import FleetStatus
+
+    now = now or timezone.now()
+    status = FleetStatus.objects.filter(pk=1).first()
+    if status is None or status.last_pass_at is None:
+        return ["the reconciler has never run: start a Celery worker and beat (docs/operations.md)"]
+    warnings = []
+    if status.replacement_paused:
+        warnings.append(f"replacement paused: {status.message}")
+    idle = (now - status.last_pass_at).total_seconds()
+    if idle > settings.LLMGW["OUTAGE_GAP_S"]:
+        warnings.append(
+            f"no reconciler pass for {idle:.0f} s: nothing is placed, restarted or replaced; "
+            "is the Celery worker and beat running?"
+        )
+    return warnings
+
+
 def _summary(r: PassReport) -> str:
     fields = ("created", "placed", "unplaceable", "restarts", "timed_out", "replaced", "retired")
     parts = [f"{f}={getattr(r, f)}" for f in fields if getattr(r, f)]
