@@ -102,8 +102,15 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Many agents write at once; WAL lets readers go on while one writes, and the
     # busy timeout queues writers instead of failing them with "database is locked".
+    # IMMEDIATE: a transaction takes the write lock when it begins, so the busy
+    # timeout applies; a deferred one that reads, then writes after another
+    # process wrote, fails at once with "database is locked" whatever the timeout.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        {
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+        }
     )
     DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test.sqlite3")}
 
