@@ -86,10 +86,11 @@ class LiveServer:
                 self.proc.wait()
 
 
-def start_daphne(log_dir: Path, **env) -> LiveServer:
-    port = free_port()
+def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
+    # A given port lets a restarted Daphne come back where its agents reconnect.
+    port = port or free_port()
     log = log_dir / f"daphne-{port}.log"
-    with open(log, "wb") as fh:
+    with open(log, "ab") as fh:
         proc = subprocess.Popen(
             [
                 sys.executable,

@@ -1,0 +1,336 @@
+"""The whole stack as real processes, for tests/e2e/: a private Redis, Daphne, a Celery
+worker and beat, agentd processes and the llama.cpp engines they start.
+
+Every control-plane process shares the test database (``tests.live.subprocess_env``)
+and a redis-server of the test's own (so a test may stop it), with short intervals
+so a scenario takes seconds. Waits poll with generous deadlines; a deadline only
+bounds a wait, it never judges speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from agentd import state
+from llmgw_site.embedded import PrivateRedis
+from tests.agent.live_agent import AgentProcess, start_agent, write_config
+from tests.live import ROOT, LiveServer, start_daphne, subprocess_env
+
+# Short intervals for the scenarios; replacement stays far off so nothing in a
+# test is replaced by accident while a process is being restarted.
+FAST = {
+    "LLMGW_HEARTBEAT_INTERVAL_S": "0.5",
+    "LLMGW_RECONCILE_INTERVAL_S": "1",
+    "LLMGW_SUSPECT_AFTER_S": "5",
+    "LLMGW_REPLACE_AFTER_S": "120",
+    "LLMGW_OUTAGE_GAP_S": "5",
+    "LLMGW_RESTART_BACKOFF_S": "1",
+    "LLMGW_DRAIN_TIMEOUT_S": "15",
+    "LLMGW_GATEWAY_REFRESH_S": "1",
+    "LLMGW_CREDENTIAL_RECHECK_S": "2",
+}
+CELERY_WORKER = [
+    "worker",
+    "--loglevel",
+    "INFO",
+    "--concurrency",
+    "1",
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+]
+
+_handed_out: set[int] = set()
+
+
+def port_block(size: int = 10) -> tuple[int, int]:
+    """A range of ports nothing listens on now, apart per process and per call."""
+    base = 20000 + (os.getpid() * 37) % 10000
+    for lo in range(base, 32000, size):
+        if lo in _handed_out:
+            continue
+        free = True
+        for port in range(lo, lo + size):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            _handed_out.add(lo)
+            return lo, lo + size - 1
+    raise RuntimeError("no free block of ports below 32000")
+
+
+def wait_for(check, what: str, timeout: float = 60, logs=(), interval: float = 0.2):
+    """Poll ``check`` until it returns something truthy; fail naming ``what``, with the logs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{tails(logs)}")
+        time.sleep(interval)
+
+
+def tails(paths, chars: int = 3000) -> str:
+    out = []
+    for p in paths:
+        p = Path(p)
+        if p.exists():
+            out.append(f"\n--- {p.name}\n{p.read_text(errors='replace')[-chars:]}")
+    return "".join(out)
+
+
+class Agent:
+    """One agentd process with its own state dir and port range, as a node of the fleet."""
+
+    def __init__(self, directory: Path, node_id: str, url: str, join_token: str):
+        self.dir = directory
+        self.node_id = node_id
+        self.ports = port_block()
+        self.state_dir = (directory / "state").resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        lo, hi = self.ports
+        self.config = write_config(
+            directory,
+            url,
+            node_id=node_id,
+            join_token=join_token,
+            engine_port_range=[lo, hi],
+            # The control plane hands out this node's engine ports from the same range.
+            labels={"llmgw.io/ports": f"{lo}-{hi}"},
+        )
+        self.proc: AgentProcess | None = None
+
+    def start(self) -> None:
+        self.proc = start_agent(self.config)
+
+    def kill_9(self) -> None:
+        self.proc.proc.send_signal(signal.SIGKILL)
+        self.proc.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.proc.poll() is None:
+            try:
+                self.proc.terminate(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def engines(self) -> dict[str, int]:
+        """Engines running with this agent's mark: shard id -> the PID of their group leader."""
+        return {sid: pid for sid, (pid, _env) in state.find_marked(self.state_dir).items()}
+
+    def kill_engines(self) -> None:
+        for pid in self.engines().values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def logs(self) -> list[Path]:
+        return sorted(self.dir.glob("agent-*.out"))
+
+
+class Stack:
+    """The processes of one scenario; ``close()`` stops all of them, engines included."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        (tmp / "redis").mkdir(parents=True, exist_ok=True)
+        self.redis = PrivateRedis(tmp / "redis").start()
+        self.env = {"REDIS_URL": self.redis.url, **FAST}
+        self.port: int | None = None
+        self.daphne: LiveServer | None = None
+        self.celery: list[tuple[subprocess.Popen, Path]] = []
+        self.agents: list[Agent] = []
+        self.manage_key = ""
+        self.inference_key = ""
+
+    # ---- control plane ---------------------------------------------------------------
+
+    def start_daphne(self) -> None:
+        self.daphne = start_daphne(self.tmp, port=self.port, **self.env)
+        self.port = self.daphne.port
+
+    def start_celery(self) -> None:
+        n = len(self.celery)
+        schedule = str(self.tmp / "beat-schedule")
+        for name, argv in (
+            (f"worker-{n}", CELERY_WORKER),
+            (f"beat-{n}", ["beat", "--loglevel", "INFO", "-s", schedule]),
+        ):
+            log = self.tmp / f"{name}.log"
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "llmgw_site", *argv],
+                    cwd=ROOT,
+                    env=subprocess_env(**self.env),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                )
+            self.celery.append((proc, log))
+
+    def stop_control_plane(self) -> None:
+        """Daphne, the worker and beat go away together (a deploy, a crash of the host)."""
+        for proc, _ in self.celery:
+            if proc.poll() is None:
+                proc.terminate()
+        if self.daphne is not None:
+            self.daphne.stop()
+        for proc, _ in self.celery:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def start_control_plane(self) -> None:
+        self.start_daphne()
+        self.start_celery()
+
+    @property
+    def url(self) -> str:
+        return self.daphne.url
+
+    # ---- agents ------------------------------------------------------------------------
+
+    def add_agent(self, node_id: str) -> Agent:
+        from tests.fleet_helpers import join_token
+
+        _, secret = join_token(name=f"e2e {node_id}", uses=1)
+        agent = Agent(self.tmp / node_id, node_id, self.daphne.ws_url, secret)
+        agent.start()
+        self.agents.append(agent)
+        return agent
+
+    # ---- clients -------------------------------------------------------------------------
+
+    def make_keys(self) -> None:
+        """A staff user's manage key for the API, and an inference key for the gateway."""
+        from django.contrib.auth import get_user_model
+
+        from fleet.models import ApiKeyScope
+        from fleet.services.api_keys import create_api_key
+
+        user = get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True)
+        _, self.manage_key = create_api_key("e2e ops", scope=ApiKeyScope.MANAGE, user=user)
+        _, self.inference_key = create_api_key("e2e client", scope=ApiKeyScope.INFERENCE)
+
+    def api(self, method: str, path: str, **kwargs) -> dict:
+        resp = requests.request(
+            method,
+            f"{self.url}/api/v1/{path}",
+            headers={"Authorization": f"Bearer {self.manage_key}"},
+            timeout=30,
+            **kwargs,
+        )
+        assert resp.status_code < 300, f"{method} {path}: {resp.status_code} {resp.text}"
+        return resp.json() if resp.content else {}
+
+    def openai(self, **kwargs):
+        from openai import OpenAI
+
+        return OpenAI(
+            base_url=f"{self.url}/v1", api_key=self.inference_key, max_retries=0, **kwargs
+        )
+
+    def logs(self) -> list[Path]:
+        paths = [log for _, log in self.celery]
+        if self.daphne is not None:
+            paths += sorted(self.tmp.glob("daphne-*.log"))
+        for agent in self.agents:
+            paths += agent.logs()
+        return paths
+
+    def wait(self, check, what: str, timeout: float = 60):
+        return wait_for(check, what, timeout, logs=self.logs())
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.stop()
+        for agent in self.agents:
+            agent.kill_engines()
+        self.stop_control_plane()
+        self.redis.stop()
+
+
+# ---- the catalog and what runs -------------------------------------------------------
+
+
+def apply_model(stack: Stack, path: Path, name: str = "tiny-llama", replicas: int = 1) -> int:
+    """Declare a llama.cpp CPU model through the DRF API, as an operator's script would."""
+    model = stack.api("post", "models/", json={"name": name, "desired_replicas": replicas})
+    profile = stack.api(
+        "post",
+        "engine-profiles/",
+        json={"model": model["id"], "name": "cpu", "engine": "llamacpp", "model_path": str(path)},
+    )
+    stack.api("patch", f"models/{model['id']}/", json={"active_profile": profile["id"]})
+    return model["id"]
+
+
+def live_shards(name: str = "tiny-llama"):
+    """Shards of the model that should be running, oldest first."""
+    from fleet.models import Shard
+
+    return list(
+        Shard.objects.filter(replica__model__name=name, desired_state="running").order_by(
+            "created_at"
+        )
+    )
+
+
+def ready_shards(name: str = "tiny-llama"):
+    """Running shards of ready replicas."""
+    return [s for s in live_shards(name) if s.replica.state == "ready" and s.state == "ready"]
+
+
+def answers(stack: Stack, name: str = "tiny-llama") -> str | None:
+    """A non-streamed chat completion through the gateway, or None if it failed."""
+    import openai
+
+    try:
+        reply = stack.openai(timeout=30).chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+        )
+    except openai.APIError:
+        return None
+    return reply.choices[0].finish_reason
+
+
+def wait_serving(stack: Stack, name: str = "tiny-llama", count: int = 1, timeout: float = 120):
+    """Wait until ``count`` replicas are ready and the gateway answers; returns their shards."""
+    shards = stack.wait(
+        lambda: (s := ready_shards(name)) and len(s) == count and s,
+        f"{count} ready replica(s) of {name}",
+        timeout,
+    )
+    stack.wait(lambda: answers(stack, name), f"the gateway to answer for {name}")
+    return shards
+
+
+def passes() -> int:
+    """Reconciler passes run so far (FleetStatus)."""
+    from fleet.models import FleetStatus
+
+    status = FleetStatus.objects.filter(pk=1).first()
+    return status.passes if status else 0
+
+
+def wait_passes(stack: Stack, count: int) -> None:
+    """Wait until the reconciler has run ``count`` more passes, so what they would do is done."""
+    target = passes() + count
+    stack.wait(lambda: passes() >= target, f"{count} more reconciler passes")
