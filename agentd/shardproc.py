@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -86,6 +87,20 @@ class EngineProcess:
             for e in os.scandir("/proc")
             if e.name.isdigit()
         )
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why the port cannot be listened on here, or None when it is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR as the engines' servers set it: a port in TIME_WAIT is
+        # free for them, a port someone listens on is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host or "0.0.0.0", port))
+        except OSError as exc:
+            return f"port {port} is already in use by another process on this node ({exc.strerror})"
+    return None
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

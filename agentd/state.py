@@ -49,6 +49,19 @@ class ShardRecord:
     error: str = ""
 
 
+def marks(state_dir: Path, shard_id: str, engine: str, port: int, spec_json: str) -> dict:
+    """The environment variables that mark an engine as this agent's shard."""
+    out = {
+        MARK_SHARD: shard_id,
+        MARK_STATE_DIR: str(state_dir),
+        MARK_ENGINE: engine,
+        MARK_PORT: str(port),
+    }
+    if len(spec_json) <= MAX_SPEC_ENV:
+        out[MARK_SPEC] = spec_json
+    return out
+
+
 def load(state_dir: Path) -> tuple[int, dict[str, ShardRecord]]:
     """The recorded desired version and shards; nothing if the file is missing or unreadable."""
     path = state_dir / STATE_FILE

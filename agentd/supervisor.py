@@ -24,7 +24,6 @@ import asyncio
 import logging
 import os
 import shlex
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,7 +33,7 @@ from agentd.engines import Engine, EngineUnavailable, Probe, make_engines
 from agentd.engines.base import tree_size, weights_path
 from agentd.protocol import DesiredShard, ShardState
 from agentd.shard import LIVE, Shard, identity, parse_spec
-from agentd.shardproc import EngineProcess, exit_reason
+from agentd.shardproc import EngineProcess, exit_reason, port_taken
 
 logger = logging.getLogger(__name__)
 
@@ -319,7 +318,11 @@ class Supervisor:
             launch = engine.build(spec.profile, spec, host=self.host, port=port)
         except EngineUnavailable as exc:
             return await self._fail(sh, str(exc))
-        env = {**os.environ, **launch.env, **self._marks(sh.shard_id, name, port, spec)}
+        env = {
+            **os.environ,
+            **launch.env,
+            **state.marks(self.state_dir, sh.shard_id, name, port, spec.model_dump_json()),
+        }
         self.log_dir.mkdir(parents=True, exist_ok=True)
         sh.log.skip_to_end()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -341,18 +344,6 @@ class Supervisor:
         await self._set(sh, ShardState.STARTING)
         self._spawn(self._monitor(sh, sh.gen))
 
-    def _marks(self, shard_id: str, engine: str, port: int, spec: DesiredShard) -> dict[str, str]:
-        marks = {
-            state.MARK_SHARD: shard_id,
-            state.MARK_STATE_DIR: str(self.state_dir),
-            state.MARK_ENGINE: engine,
-            state.MARK_PORT: str(port),
-        }
-        spec_json = spec.model_dump_json()
-        if len(spec_json) <= state.MAX_SPEC_ENV:
-            marks[state.MARK_SPEC] = spec_json
-        return marks
-
     def _free_port(self, shard_id: str) -> int:
         lo, hi = self.port_range
         for port in range(lo, hi + 1):
@@ -368,18 +359,9 @@ class Supervisor:
         for other in self._shards.values():
             if other.shard_id != shard_id and other.port == port and other.alive():
                 raise EngineUnavailable(f"port {port} is already in use by shard {other.shard_id}")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            # SO_REUSEADDR as the engines' servers set it: a port in TIME_WAIT is
-            # free for them, a port someone listens on is not.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((self.host or "0.0.0.0", port))
-            except OSError as exc:
-                raise EngineUnavailable(
-                    f"port {port} is already in use by another process on this node"
-                    f" ({exc.strerror})"
-                ) from None
+        problem = port_taken(self.host, port)
+        if problem:
+            raise EngineUnavailable(problem)
 
     async def _adopt(self, sh: Shard, pid: int, recorded: ShardState | None) -> None:
         sh.process = EngineProcess(pid)

@@ -260,7 +260,7 @@ def _dechunk(body: bytes) -> bytes:
         pos = end + 2 + size + 2
 
 
-def executable_dir_python(path: str) -> bool:
+def is_python(path: str) -> bool:
     """Whether a configured binary is a Python interpreter (so a module is run with -m)."""
     return os.path.basename(path).startswith("python")
 

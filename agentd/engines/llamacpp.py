@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from agentd.engines.base import (
     Engine,
     EngineUnavailable,
-    executable_dir_python,
+    is_python,
     model_of,
     python_dist_version,
     run_capture,
@@ -51,7 +51,7 @@ class LlamaCpp(Engine):
         """("server", argv prefix) for llama-server, ("python", ...) for llama_cpp.server."""
         if self.binary:
             path = which(self.binary)
-            if executable_dir_python(path):
+            if is_python(path):
                 return "python", [path, "-m", "llama_cpp.server"]
             return "server", [path]
         path = shutil.which("llama-server")
