@@ -4,7 +4,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import FilteredRelation, Q
 from django.utils import timezone
 
@@ -24,7 +24,7 @@ from fleet.models import (
     Storage,
 )
 
-from . import reconcile_lock
+from . import heartbeat_pg, reconcile_lock
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,18 @@ class HeartbeatResult:
     revoked: bool
 
 
+def _says_something_rare(hb: protocol.Heartbeat) -> bool:
+    """Facts a heartbeat carries only now and then (or, for GPU memory, only when changed)."""
+    return bool(
+        hb.gpu_memory_used_mb
+        or hb.new_problems
+        or hb.weights_changed
+        or hb.memory_total_mb is not None
+        or hb.engines_changed
+        or hb.provision_changed
+    )
+
+
 def apply_heartbeats(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]],
 ) -> dict[str, HeartbeatResult]:
@@ -174,128 +186,145 @@ def apply_heartbeats(
     if not batch:
         return {}
     now = timezone.now()
-    with transaction.atomic():
-        # One query for the nodes and whether each credential still holds: the
-        # heartbeat path runs it for every batch.
-        rows = (
-            Node.objects.filter(pk__in={b[0] for b in batch})
-            .annotate(
-                live=FilteredRelation(
-                    "credentials",
-                    condition=Q(
-                        credentials__pk__in={b[1] for b in batch},
-                        credentials__revoked_at__isnull=True,
-                    ),
-                )
-            )
-            .values_list(
-                "pk",
-                "state",
-                "desired_version",
-                "acked_version",
-                "memory_total_mb",
-                "engine_versions",
-                "live__pk",
-            )
-        )
-        live: set[tuple[str, int]] = set()
-        nodes: dict[str, Node] = {}
-        for node_id, state, desired, acked, memory, engines, cred in rows:
-            if cred is not None:
-                live.add((node_id, cred))
-            nodes[node_id] = Node(
-                id=node_id,
-                state=state,
-                desired_version=desired,
-                acked_version=acked,
-                memory_total_mb=memory,
-                engine_versions=engines,
-            )
-        if nodes:
-            Node.objects.filter(pk__in=list(nodes)).update(
-                last_seen=now, state=NodeState.READY, connected=True
-            )
-        for n in nodes.values():
-            if n.state != NodeState.READY:
-                logger.info("node back node=%s was=%s", n.pk, n.state)
-                reconcile_lock.request_reconcile()
-
-        gpus_needed = {b[0] for b in batch if b[2].gpu_memory_used_mb or b[2].new_problems}
-        gpus: dict[str, list[GPU]] = {}
-        if gpus_needed:
-            for g in GPU.objects.filter(node_id__in=gpus_needed).order_by("index"):
-                gpus.setdefault(g.node_id, []).append(g)
-        dirty_gpus: dict[int, GPU] = {}
-
-        storage: dict[str, list] = {}
-        loads: dict[str, tuple[protocol.Load, datetime]] = {}
-        for node_id, _cred, hb, arrived in batch:
-            node = nodes.get(node_id)
-            if node is None:
-                continue
-            node_gpus = gpus.get(node_id, [])
-            for gpu, used in zip(node_gpus, hb.gpu_memory_used_mb, strict=False):
-                if gpu.memory_used_mb != used:
-                    gpu.memory_used_mb = used
-                    dirty_gpus[gpu.pk] = gpu
-            for p in hb.new_problems:
-                # Charged to the named GPU, else the first: any problem keeps a
-                # GPU out of placement, which is the conservative direction.
-                target = next((g for g in node_gpus if g.index == p.gpu_index), None)
-                target = target or (node_gpus[0] if node_gpus else None)
-                if target is not None and p.problem not in target.problems:
-                    target.problems = [*target.problems, p.problem]
-                    dirty_gpus[target.pk] = target
-                    logger.warning(
-                        "gpu problem node=%s gpu=%d problem=%s", node_id, target.index, p.problem
-                    )
-            # Disk is a fact about a moment, not a machine: replaced every time.
-            if hb.storage:
-                storage[node_id] = hb.storage
-            # Only when flagged: an empty list without the flag is silence.
-            if hb.weights_changed:
-                _replace_weights(node, hb.weights)
-            if hb.memory_total_mb is not None and hb.memory_total_mb != node.memory_total_mb:
-                logger.info(
-                    "node memory changed node=%s from_mb=%s to_mb=%s",
-                    node_id,
-                    node.memory_total_mb,
-                    hb.memory_total_mb,
-                )
-                node.memory_total_mb = hb.memory_total_mb
-                Node.objects.filter(pk=node_id).update(memory_total_mb=hb.memory_total_mb)
-            if hb.engines_changed and hb.engine_versions != node.engine_versions:
-                logger.info(
-                    "node engines changed node=%s from=%s to=%s",
-                    node_id,
-                    sorted(node.engine_versions),
-                    sorted(hb.engine_versions),
-                )
-                node.engine_versions = hb.engine_versions
-                Node.objects.filter(pk=node_id).update(engine_versions=hb.engine_versions)
-            if hb.provision_changed:
-                _replace_installs(node, hb.provision)
-            if hb.load is not None:
-                loads[node_id] = (hb.load, arrived)
-            if hb.desired_version and hb.desired_version != node.acked_version:
-                new_ack = min(hb.desired_version, node.desired_version)
-                node.acked_version = new_ack
-                Node.objects.filter(pk=node_id).update(acked_version=new_ack)
-
-        if dirty_gpus:
-            GPU.objects.bulk_update(dirty_gpus.values(), ["memory_used_mb", "problems"])
-        if storage:
-            _replace_storage(list(storage.items()))
-        if loads:
-            _store_loads(loads)
-    results = {}
-    for node_id, cred, _hb, _at in batch:
-        node = nodes.get(node_id)
-        results[node_id] = HeartbeatResult(
-            desired_version=node.desired_version if node else 0,
+    rare = [b for b in batch if _says_something_rare(b[2])]
+    write = _common_writer()
+    if write is heartbeat_pg.apply_common and not rare:
+        # One statement is atomic by itself: no BEGIN and COMMIT round trips.
+        nodes, live = write(batch, now)
+    else:
+        with transaction.atomic():
+            nodes, live = write(batch, now)
+            if rare:
+                _apply_rare([b for b in rare if b[0] in nodes])
+    for node_id, (state, _) in nodes.items():
+        if state != NodeState.READY:
+            logger.info("node back node=%s was=%s", node_id, state)
+            reconcile_lock.request_reconcile()
+    return {
+        node_id: HeartbeatResult(
+            desired_version=nodes[node_id][1] if node_id in nodes else 0,
             revoked=(node_id, cred) not in live,
         )
-    return results
+        for node_id, cred, _hb, _at in batch
+    }
+
+
+def _common_writer():
+    return heartbeat_pg.apply_common if connection.vendor == "postgresql" else _apply_common
+
+
+def _apply_common(
+    batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
+    """What every heartbeat carries, portably (heartbeat_pg.apply_common is the same on
+    PostgreSQL in one statement). Returns ({node: (old state, desired version)},
+    {(node, credential) still live}).
+    """
+    rows = (
+        Node.objects.filter(pk__in={b[0] for b in batch})
+        .annotate(
+            live=FilteredRelation(
+                "credentials",
+                condition=Q(
+                    credentials__pk__in={b[1] for b in batch},
+                    credentials__revoked_at__isnull=True,
+                ),
+            )
+        )
+        .values_list("pk", "state", "desired_version", "acked_version", "live__pk")
+    )
+    live: set[tuple[str, int]] = set()
+    nodes: dict[str, tuple[str, int]] = {}
+    acked: dict[str, int] = {}
+    for node_id, state, desired, acked_version, cred in rows:
+        if cred is not None:
+            live.add((node_id, cred))
+        nodes[node_id] = (state, desired)
+        acked[node_id] = acked_version
+    if nodes:
+        Node.objects.filter(pk__in=list(nodes)).update(
+            last_seen=now, state=NodeState.READY, connected=True
+        )
+    storage: dict[str, list] = {}
+    loads: dict[str, tuple[protocol.Load, datetime]] = {}
+    for node_id, _cred, hb, arrived in batch:
+        if node_id not in nodes:
+            continue
+        # Disk is a fact about a moment, not a machine: replaced every time.
+        if hb.storage:
+            storage[node_id] = hb.storage
+        if hb.load is not None:
+            loads[node_id] = (hb.load, arrived)
+        if hb.desired_version and hb.desired_version != acked[node_id]:
+            acked[node_id] = min(hb.desired_version, nodes[node_id][1])
+            Node.objects.filter(pk=node_id).update(acked_version=acked[node_id])
+    if storage:
+        _replace_storage(list(storage.items()))
+    if loads:
+        _store_loads(loads)
+    return nodes, live
+
+
+def _apply_rare(batch: list[tuple[str, int, protocol.Heartbeat, datetime]]) -> None:
+    """GPU figures, new problems, weights, memory, engines: what heartbeats say now and then."""
+    node_ids = {b[0] for b in batch}
+    nodes = {
+        n.pk: n
+        for n in Node.objects.filter(pk__in=node_ids).only(
+            "id", "memory_total_mb", "engine_versions"
+        )
+    }
+    gpus_needed = {b[0] for b in batch if b[2].gpu_memory_used_mb or b[2].new_problems}
+    gpus: dict[str, list[GPU]] = {}
+    if gpus_needed:
+        for g in GPU.objects.filter(node_id__in=gpus_needed).order_by("index"):
+            gpus.setdefault(g.node_id, []).append(g)
+    dirty_gpus: dict[int, GPU] = {}
+    for node_id, _cred, hb, _arrived in batch:
+        node = nodes.get(node_id)
+        if node is None:
+            continue
+        node_gpus = gpus.get(node_id, [])
+        for gpu, used in zip(node_gpus, hb.gpu_memory_used_mb, strict=False):
+            if gpu.memory_used_mb != used:
+                gpu.memory_used_mb = used
+                dirty_gpus[gpu.pk] = gpu
+        for p in hb.new_problems:
+            # Charged to the named GPU, else the first: any problem keeps a
+            # GPU out of placement, which is the conservative direction.
+            target = next((g for g in node_gpus if g.index == p.gpu_index), None)
+            target = target or (node_gpus[0] if node_gpus else None)
+            if target is not None and p.problem not in target.problems:
+                target.problems = [*target.problems, p.problem]
+                dirty_gpus[target.pk] = target
+                logger.warning(
+                    "gpu problem node=%s gpu=%d problem=%s", node_id, target.index, p.problem
+                )
+        # Only when flagged: an empty list without the flag is silence.
+        if hb.weights_changed:
+            _replace_weights(node, hb.weights)
+        if hb.memory_total_mb is not None and hb.memory_total_mb != node.memory_total_mb:
+            logger.info(
+                "node memory changed node=%s from_mb=%s to_mb=%s",
+                node_id,
+                node.memory_total_mb,
+                hb.memory_total_mb,
+            )
+            node.memory_total_mb = hb.memory_total_mb
+            Node.objects.filter(pk=node_id).update(memory_total_mb=hb.memory_total_mb)
+        if hb.engines_changed and hb.engine_versions != node.engine_versions:
+            logger.info(
+                "node engines changed node=%s from=%s to=%s",
+                node_id,
+                sorted(node.engine_versions),
+                sorted(hb.engine_versions),
+            )
+            node.engine_versions = hb.engine_versions
+            Node.objects.filter(pk=node_id).update(engine_versions=hb.engine_versions)
+        if hb.provision_changed:
+            _replace_installs(node, hb.provision)
+    if dirty_gpus:
+        GPU.objects.bulk_update(dirty_gpus.values(), ["memory_used_mb", "problems"])
 
 
 def _store_loads(loads: dict[str, tuple[protocol.Load, datetime]]) -> None:

@@ -1,0 +1,155 @@
+"""The heartbeat write on PostgreSQL: what every heartbeat carries, in one statement.
+
+A batch of heartbeats always says the same few things: these nodes were seen
+now (and have applied desired version so-and-so), their disks, their load. The
+portable ORM path spends about nine round trips and a model instance per row on
+that; on a busy machine every round trip waits for the database process to get
+a CPU. Here it is one statement of data-modifying CTEs fed with arrays, so a
+batch costs one round trip however many heartbeats it holds. What heartbeats
+say only now and then (GPU figures, new problems, weights, engines, memory) is
+left to the portable code in inventory.py.
+
+Semantics are the portable path's, fact by fact; tests/test_heartbeat_writes.py
+runs both paths on the same heartbeats and compares the rows they leave.
+"""
+
+from datetime import datetime
+
+from django.db import connection
+
+from agentd import protocol
+from fleet.models import NodeState
+
+# The sub-statements of one statement all see the rows as they were when it
+# started, and run in no defined order. So: the node's old state is read from
+# that snapshot (for "node back" logging), storage rows are deleted and
+# inserted freely (the delete cannot see the new rows), and shard loads are
+# upserted while only the shards a node no longer reports are deleted, so the
+# two never touch the same row.
+_SQL = """
+WITH seen AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(dvs)s::bigint[]) AS u(id, dv)
+),
+old AS (
+    SELECT n.id, n.state, n.desired_version FROM fleet_node n JOIN seen ON seen.id = n.id
+),
+touched AS (
+    UPDATE fleet_node n
+    SET last_seen = %(now)s, state = %(ready)s, connected = true,
+        acked_version = CASE WHEN seen.dv > 0 AND seen.dv <> n.acked_version
+                             THEN LEAST(seen.dv, n.desired_version)
+                             ELSE n.acked_version END
+    FROM seen WHERE n.id = seen.id
+),
+storage_gone AS (
+    DELETE FROM fleet_storage WHERE node_id = ANY(%(st_nodes)s::text[])
+),
+storage_new AS (
+    INSERT INTO fleet_storage (node_id, path, free_bytes, total_bytes, shared)
+    SELECT * FROM unnest(
+        %(st_node)s::text[], %(st_path)s::text[], %(st_free)s::bigint[],
+        %(st_total)s::bigint[], %(st_shared)s::boolean[]
+    ) AS u(node_id, path, free_bytes, total_bytes, shared)
+    WHERE u.node_id IN (SELECT id FROM old)
+),
+load_new AS (
+    INSERT INTO fleet_nodeload (
+        node_id, sampled_at, cpu_percent, cpu_count, load1, load5, load15,
+        memory_used_bytes, memory_available_bytes
+    )
+    SELECT * FROM unnest(
+        %(ld_node)s::text[], %(ld_at)s::timestamptz[], %(ld_cpu)s::float8[],
+        %(ld_cpus)s::integer[], %(ld_l1)s::float8[], %(ld_l5)s::float8[],
+        %(ld_l15)s::float8[], %(ld_used)s::bigint[], %(ld_avail)s::bigint[]
+    ) AS u(node_id, sampled_at, cpu_percent, cpu_count, load1, load5, load15,
+           memory_used_bytes, memory_available_bytes)
+    WHERE u.node_id IN (SELECT id FROM old)
+    ON CONFLICT (node_id) DO UPDATE SET
+        sampled_at = EXCLUDED.sampled_at, cpu_percent = EXCLUDED.cpu_percent,
+        cpu_count = EXCLUDED.cpu_count, load1 = EXCLUDED.load1, load5 = EXCLUDED.load5,
+        load15 = EXCLUDED.load15, memory_used_bytes = EXCLUDED.memory_used_bytes,
+        memory_available_bytes = EXCLUDED.memory_available_bytes
+),
+shards_gone AS (
+    DELETE FROM fleet_shardload s
+    WHERE s.node_id = ANY(%(ld_node)s::text[])
+      AND NOT EXISTS (
+        SELECT 1 FROM unnest(%(sh_node)s::text[], %(sh_id)s::text[]) AS k(node_id, shard_id)
+        WHERE k.node_id = s.node_id AND k.shard_id = s.shard_id
+      )
+),
+shards_new AS (
+    INSERT INTO fleet_shardload (node_id, shard_id, sampled_at, cpu_cores, rss_bytes)
+    SELECT * FROM unnest(
+        %(sh_node)s::text[], %(sh_id)s::text[], %(sh_at)s::timestamptz[],
+        %(sh_cores)s::float8[], %(sh_rss)s::bigint[]
+    ) AS u(node_id, shard_id, sampled_at, cpu_cores, rss_bytes)
+    WHERE u.node_id IN (SELECT id FROM old)
+    ON CONFLICT (node_id, shard_id) DO UPDATE SET
+        sampled_at = EXCLUDED.sampled_at, cpu_cores = EXCLUDED.cpu_cores,
+        rss_bytes = EXCLUDED.rss_bytes
+)
+SELECT old.id, old.state, old.desired_version, c.id
+FROM old
+LEFT JOIN fleet_nodecredential c
+    ON c.node_id = old.id AND c.id = ANY(%(creds)s::bigint[]) AND c.revoked_at IS NULL
+"""
+
+
+def apply_common(
+    batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
+    """Write what every heartbeat carries. Returns ({node: (old state, desired version)},
+    {(node, credential) still live}); a node missing from the first was removed.
+    """
+    # Later heartbeats of a node win, as they would applied one by one; an
+    # unset desired version (0) says nothing and leaves the earlier one.
+    dvs: dict[str, int] = {}
+    storage: dict[str, list] = {}
+    loads: dict[str, tuple[protocol.Load, datetime]] = {}
+    for node_id, _cred, hb, arrived in batch:
+        if hb.desired_version or node_id not in dvs:
+            dvs[node_id] = hb.desired_version
+        if hb.storage:
+            storage[node_id] = hb.storage
+        if hb.load is not None:
+            loads[node_id] = (hb.load, arrived)
+
+    st = [(n, s) for n, lst in storage.items() for s in lst]
+    shards = {(n, s.shard_id): (s, at) for n, (load, at) in loads.items() for s in load.shards}
+    params = {
+        "ids": list(dvs),
+        "dvs": list(dvs.values()),
+        "now": now,
+        "ready": NodeState.READY.value,
+        "creds": sorted({b[1] for b in batch}),
+        "st_nodes": list(storage),
+        "st_node": [n for n, _ in st],
+        "st_path": [s.path for _, s in st],
+        "st_free": [s.free_bytes for _, s in st],
+        "st_total": [s.total_bytes for _, s in st],
+        "st_shared": [s.shared for _, s in st],
+        "ld_node": list(loads),
+        "ld_at": [at for _, at in loads.values()],
+        "ld_cpu": [ld.cpu_percent for ld, _ in loads.values()],
+        "ld_cpus": [ld.cpu_count for ld, _ in loads.values()],
+        "ld_l1": [ld.load1 for ld, _ in loads.values()],
+        "ld_l5": [ld.load5 for ld, _ in loads.values()],
+        "ld_l15": [ld.load15 for ld, _ in loads.values()],
+        "ld_used": [ld.memory_used_bytes for ld, _ in loads.values()],
+        "ld_avail": [ld.memory_available_bytes for ld, _ in loads.values()],
+        "sh_node": [n for n, _ in shards],
+        "sh_id": [sid for _, sid in shards],
+        "sh_at": [at for _, at in shards.values()],
+        "sh_cores": [s.cpu_cores for s, _ in shards.values()],
+        "sh_rss": [s.rss_bytes for s, _ in shards.values()],
+    }
+    nodes: dict[str, tuple[str, int]] = {}
+    live: set[tuple[str, int]] = set()
+    with connection.cursor() as cur:
+        cur.execute(_SQL, params)
+        for node_id, state, desired, cred in cur.fetchall():
+            nodes[node_id] = (state, desired)
+            if cred is not None:
+                live.add((node_id, cred))
+    return nodes, live

@@ -1,0 +1,270 @@
+"""Batched heartbeat writes: what a batch leaves in the inventory, on every write path.
+
+On PostgreSQL the facts every heartbeat carries are written by one statement
+(fleet/services/heartbeat_pg.py); elsewhere by the portable ORM code. Each test
+runs on every path the database offers, so the two cannot drift apart.
+"""
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from agentd import protocol
+from fleet.models import GPU, Node, NodeCredential, NodeLoad, NodeState, ShardLoad, Storage
+from fleet.services import inventory
+from tests.fleet_helpers import heartbeat_msg, register_msg
+
+pytestmark = pytest.mark.django_db
+
+ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+PATHS = ["portable", "postgresql"] if ON_POSTGRES else ["portable"]
+
+LOAD = {
+    "cpu_percent": 41.5,
+    "cpu_count": 224,
+    "load1": 93.0,
+    "load5": 90.5,
+    "load15": 88.25,
+    "memory_used_bytes": 600 * 2**30,
+    "memory_available_bytes": 1400 * 2**30,
+}
+
+
+@pytest.fixture(params=PATHS)
+def write_path(request, monkeypatch):
+    if request.param == "portable":
+        monkeypatch.setattr(inventory, "_common_writer", lambda: inventory._apply_common)
+    return request.param
+
+
+def node_with_credential(node_id: str) -> int:
+    inventory.register_node(protocol.parse_agent_message(register_msg(node_id)))
+    cred, _ = NodeCredential.issue(node=Node.objects.get(pk=node_id))
+    return cred.pk
+
+
+def hb(**fields) -> protocol.Heartbeat:
+    return protocol.parse_agent_message(heartbeat_msg(**fields))
+
+
+def storage_of(node_id):
+    return sorted(
+        Storage.objects.filter(node_id=node_id).values_list("path", "free_bytes", "shared")
+    )
+
+
+def shard_loads_of(node_id):
+    return sorted(ShardLoad.objects.filter(node_id=node_id).values_list("shard_id", "cpu_cores"))
+
+
+def test_a_batch_of_many_nodes_writes_each_nodes_facts(write_path):
+    creds = {n: node_with_credential(n) for n in ("gpu-01", "gpu-02", "gpu-03")}
+    old = timezone.now() - timedelta(minutes=1)
+    Node.objects.update(last_seen=old, connected=False)
+    arrived = timezone.now() - timedelta(milliseconds=30)
+
+    results = inventory.apply_heartbeats(
+        [
+            (
+                "gpu-01",
+                creds["gpu-01"],
+                hb(
+                    storage=[{"path": "/var/lib/llmgw", "free_bytes": 5, "total_bytes": 9}],
+                    load={**LOAD, "shards": [{"shard_id": "s1", "cpu_cores": 2.5, "rss_bytes": 7}]},
+                ),
+                arrived,
+            ),
+            # No storage and no load: no news, what was there stays.
+            ("gpu-02", creds["gpu-02"], hb(), arrived),
+            (
+                "gpu-03",
+                creds["gpu-03"],
+                hb(
+                    storage=[
+                        {"path": "/models", "free_bytes": 8, "total_bytes": 10, "shared": True},
+                        {"path": "/var/lib/llmgw", "free_bytes": 1, "total_bytes": 9},
+                    ],
+                    load=LOAD,
+                ),
+                arrived,
+            ),
+        ]
+    )
+
+    assert not any(r.revoked for r in results.values())
+    for node in Node.objects.all():
+        assert node.connected and node.last_seen > old and node.state == NodeState.READY
+    assert storage_of("gpu-01") == [("/var/lib/llmgw", 5, False)]
+    assert storage_of("gpu-02") == [("/var/lib/llmgw", 10**12, False)]  # from its register
+    assert storage_of("gpu-03") == [("/models", 8, True), ("/var/lib/llmgw", 1, False)]
+    load = NodeLoad.objects.get(node_id="gpu-01")
+    assert load.sampled_at == arrived and load.load15 == 88.25
+    assert load.memory_available_bytes == 1400 * 2**30
+    assert shard_loads_of("gpu-01") == [("s1", 2.5)]
+    assert not NodeLoad.objects.filter(node_id="gpu-02").exists()
+    assert NodeLoad.objects.get(node_id="gpu-03").cpu_count == 224
+
+
+def test_the_next_load_replaces_the_last_and_drops_stopped_shards(write_path):
+    cred = node_with_credential("gpu-01")
+    shards = [
+        {"shard_id": "s1", "cpu_cores": 1.0, "rss_bytes": 1},
+        {"shard_id": "s2", "cpu_cores": 2.0, "rss_bytes": 2},
+    ]
+    first = timezone.now() - timedelta(seconds=10)
+    inventory.apply_heartbeats([("gpu-01", cred, hb(load={**LOAD, "shards": shards}), first)])
+
+    # s1 stopped, s2 goes on, s3 started.
+    now_shards = [
+        {"shard_id": "s2", "cpu_cores": 2.75, "rss_bytes": 2},
+        {"shard_id": "s3", "cpu_cores": 0.5, "rss_bytes": 3},
+    ]
+    second = timezone.now()
+    inventory.apply_heartbeats(
+        [("gpu-01", cred, hb(load={**LOAD, "cpu_percent": 3.0, "shards": now_shards}), second)]
+    )
+
+    load = NodeLoad.objects.get(node_id="gpu-01")
+    assert load.cpu_percent == 3.0 and load.sampled_at == second
+    assert shard_loads_of("gpu-01") == [("s2", 2.75), ("s3", 0.5)]
+    assert set(ShardLoad.objects.values_list("sampled_at", flat=True)) == {second}
+
+
+def test_a_node_twice_in_one_batch_ends_as_its_later_heartbeat_says(write_path):
+    cred = node_with_credential("gpu-01")
+    Node.objects.filter(pk="gpu-01").update(desired_version=7)
+    early, late = timezone.now() - timedelta(milliseconds=40), timezone.now()
+    disk = {"path": "/var/lib/llmgw", "total_bytes": 9}
+
+    inventory.apply_heartbeats(
+        [
+            ("gpu-01", cred, hb(seq=1, storage=[{**disk, "free_bytes": 3}], load=LOAD,
+                               desired_version=5), early),
+            # No desired version: silence, the 5 above stands.
+            ("gpu-01", cred, hb(seq=2, storage=[{**disk, "free_bytes": 2}],
+                               load={**LOAD, "cpu_percent": 9.0}), late),
+        ]
+    )  # fmt: skip
+
+    assert storage_of("gpu-01") == [("/var/lib/llmgw", 2, False)]
+    load = NodeLoad.objects.get(node_id="gpu-01")
+    assert load.cpu_percent == 9.0 and load.sampled_at == late
+    assert Node.objects.get(pk="gpu-01").acked_version == 5
+
+
+@pytest.mark.parametrize(
+    ("reported", "desired", "acked"),
+    [
+        (3, 7, 3),  # behind: the agent has applied 3
+        (7, 7, 7),  # caught up
+        (9, 7, 7),  # ahead of what exists (a stale control plane): never past desired
+        (0, 7, 4),  # an agent that says nothing changes nothing
+    ],
+)
+def test_the_acknowledged_desired_version(write_path, reported, desired, acked):
+    cred = node_with_credential("gpu-01")
+    Node.objects.filter(pk="gpu-01").update(desired_version=desired, acked_version=4)
+
+    result = inventory.apply_heartbeats(
+        [("gpu-01", cred, hb(desired_version=reported), timezone.now())]
+    )
+
+    assert Node.objects.get(pk="gpu-01").acked_version == acked
+    assert result["gpu-01"].desired_version == desired
+
+
+def test_a_suspect_node_is_back_and_logged_once(write_path, caplog):
+    caplog.set_level(logging.INFO, logger="fleet.services.inventory")
+    cred = node_with_credential("gpu-01")
+    Node.objects.filter(pk="gpu-01").update(state=NodeState.SUSPECT)
+
+    inventory.apply_heartbeats([("gpu-01", cred, hb(), timezone.now())])
+    inventory.apply_heartbeats([("gpu-01", cred, hb(seq=2), timezone.now())])
+
+    assert Node.objects.get(pk="gpu-01").state == NodeState.READY
+    back = [r for r in caplog.records if "node back node=gpu-01 was=suspect" in r.getMessage()]
+    assert len(back) == 1
+
+
+def test_revoked_and_removed_are_told_apart_from_live(write_path):
+    live = node_with_credential("gpu-01")
+    revoked = node_with_credential("gpu-02")
+    gone = node_with_credential("gpu-03")
+    NodeCredential.objects.filter(pk=revoked).update(revoked_at=timezone.now())
+    Node.objects.filter(pk="gpu-03").delete()
+    disk = [{"path": "/var/lib/llmgw", "free_bytes": 1, "total_bytes": 2}]
+
+    results = inventory.apply_heartbeats(
+        [
+            ("gpu-01", live, hb(storage=disk, load=LOAD), timezone.now()),
+            ("gpu-02", revoked, hb(), timezone.now()),
+            ("gpu-03", gone, hb(storage=disk, load=LOAD), timezone.now()),
+        ]
+    )
+
+    assert not results["gpu-01"].revoked
+    assert results["gpu-02"].revoked and results["gpu-03"].revoked
+    # A removed node is not brought back by its last heartbeat.
+    assert not Node.objects.filter(pk="gpu-03").exists()
+    assert not Storage.objects.filter(node_id="gpu-03").exists()
+    assert not NodeLoad.objects.filter(node_id="gpu-03").exists()
+    assert storage_of("gpu-01") == [("/var/lib/llmgw", 1, False)]
+
+
+def test_rare_facts_ride_in_the_same_batch(write_path, caplog):
+    caplog.set_level(logging.INFO, logger="fleet.services.inventory")
+    a, b = node_with_credential("gpu-01"), node_with_credential("gpu-02")
+
+    inventory.apply_heartbeats(
+        [
+            ("gpu-01", a, hb(gpu_memory_used_mb=[70000] * 8, memory_total_mb=4127000, load=LOAD),
+             timezone.now()),
+            ("gpu-02", b, hb(new_problems=[{"gpu_index": 3, "problem": "XID 48"}],
+                             engines_changed=True, engine_versions={"vllm": "0.11.0"},
+                             load=LOAD), timezone.now()),
+        ]
+    )  # fmt: skip
+
+    assert (
+        list(GPU.objects.filter(node_id="gpu-01").values_list("memory_used_mb", flat=True))
+        == [70000] * 8
+    )
+    assert Node.objects.get(pk="gpu-01").memory_total_mb == 4127000
+    assert GPU.objects.get(node_id="gpu-02", index=3).problems == ["XID 48"]
+    assert Node.objects.get(pk="gpu-02").engine_versions == {"vllm": "0.11.0"}
+    assert NodeLoad.objects.count() == 2
+    assert any("node memory changed node=gpu-01" in r.getMessage() for r in caplog.records)
+
+
+# ---- through the agent socket -------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_repeated_figure_is_written_again_after_a_register_rewrote_it():
+    # The socket skips writing GPU memory and disk figures equal to the ones it
+    # last wrote; a register rewrites those rows, so it must forget them.
+    from tests.helpers_consumer import db, enrol, register
+
+    def gpu_used():
+        return list(
+            GPU.objects.filter(node_id="gpu-01")
+            .order_by("index")
+            .values_list("memory_used_mb", flat=True)
+        )
+
+    agent = await enrol("gpu-01")
+    disk = [{"path": "/var/lib/llmgw", "free_bytes": 5 * 10**11, "total_bytes": 2 * 10**12}]
+    await agent.heartbeat(seq=1, gpu_memory_used_mb=[70000] * 8, storage=disk)
+    await agent.heartbeat(seq=2, gpu_memory_used_mb=[70000] * 8, storage=disk)
+    assert await db(gpu_used)() == [70000] * 8
+
+    await register(agent.comm, "gpu-01")  # reports 0 MB used and 10**12 free
+    assert await db(gpu_used)() == [0] * 8
+
+    await agent.heartbeat(seq=3, gpu_memory_used_mb=[70000] * 8, storage=disk)
+    assert await db(gpu_used)() == [70000] * 8
+    assert await db(storage_of)("gpu-01") == [("/var/lib/llmgw", 5 * 10**11, False)]
+    await agent.close()
