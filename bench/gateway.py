@@ -132,10 +132,26 @@ def setup_db(engine_port: int) -> None:
 
 # ---- load ----------------------------------------------------------------------
 
+
+def cpu_seconds(pgid: int) -> float:
+    """User and system CPU of every process in a process group, from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
-def wrk(url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path) -> dict:
+def wrk(
+    url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path, pgid=None
+) -> dict:
     script = workdir / "post.lua"
     script.write_text(
         "wrk.method = 'POST'\n"
@@ -143,8 +159,10 @@ def wrk(url: str, payload: dict, key: str, conc: int, duration: float, workdir: 
         "wrk.headers['Content-Type'] = 'application/json'\n"
         f"wrk.headers['Authorization'] = 'Bearer {key}'\n"
     )
+    cpu0 = cpu_seconds(pgid) if pgid else 0.0
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{conc}", f"-d{duration:g}s", "--latency", "-s", str(script), url],
+        ["wrk", "-t1", f"-c{conc}", f"-d{duration:g}s", "--timeout", "30s", "--latency"]
+        + ["-s", str(script), url],
         capture_output=True,
         text=True,
         check=True,
@@ -154,12 +172,16 @@ def wrk(url: str, payload: dict, key: str, conc: int, duration: float, workdir: 
         for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
     }
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    done = int(re.search(r"(\d+) requests in", out).group(1))
+    cpu_ms = (cpu_seconds(pgid) - cpu0) * 1000 / done if pgid and done else None
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
     return {
+        "load1": os.getloadavg()[0],
         "p50_ms": pct["50"],
         "p99_ms": pct["99"],
         "rps": rps,
+        "cpu_ms_per_request": cpu_ms,
         "non_2xx": int(bad.group(1)) if bad else 0,
         "socket_errors": errors.group(1) if errors else "",
     }
@@ -227,7 +249,7 @@ def compare_clients(url: str) -> dict:
     for kind in ("aiohttp", "httpx"):
         for conc in (1, 16):
             results[f"{kind} c={conc}"] = asyncio.run(
-                _client_rate(kind, url, PAYLOADS["instant"], 3000, conc)
+                _client_rate(kind, url, PAYLOADS["instant"], 1000, conc)
             )
     return results
 
@@ -289,7 +311,7 @@ def main() -> int:
         if out.returncode:
             sys.exit(f"setting up the bench database failed:\n{out.stderr}")
         key = out.stdout.strip().splitlines()[-1]
-        targets = {"direct": (f"http://127.0.0.1:{engine_port}", key)}
+        targets = {"direct": (f"http://127.0.0.1:{engine_port}", key, engine.pid)}
 
         port = free_port()
         daphne = procs.start(
@@ -298,7 +320,7 @@ def main() -> int:
             env,
         )
         wait_http(f"http://127.0.0.1:{port}/metrics", daphne)
-        targets["llmgw (daphne)"] = (f"http://127.0.0.1:{port}", key)
+        targets["llmgw (daphne)"] = (f"http://127.0.0.1:{port}", key, daphne.pid)
         if not args.no_uvicorn:
             port = free_port()
             uv = procs.start(
@@ -309,7 +331,7 @@ def main() -> int:
                 env,
             )
             wait_http(f"http://127.0.0.1:{port}/metrics", uv)
-            targets["llmgw (uvicorn)"] = (f"http://127.0.0.1:{port}", key)
+            targets["llmgw (uvicorn)"] = (f"http://127.0.0.1:{port}", key, uv.pid)
         if not args.no_litellm:
             litellm = Path(args.litellm_venv) / "bin" / "litellm"
             if not litellm.exists():
@@ -334,12 +356,12 @@ def main() -> int:
                 {**lenv, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
             )
             wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, timeout=300)
-            targets["litellm"] = (f"http://127.0.0.1:{port}", "sk-bench-master")
+            targets["litellm"] = (f"http://127.0.0.1:{port}", "sk-bench-master", proc.pid)
 
-        for base, k in targets.values():
+        for base, k, _ in targets.values():
             check_answer(base + "/v1/chat/completions", k)
         results["clients"] = compare_clients(f"http://127.0.0.1:{engine_port}/v1/chat/completions")
-        for name, (base, k) in targets.items():
+        for name, (base, k, pgid) in targets.items():
             if args.only and name not in args.only.split(","):
                 continue
             for payload in PAYLOADS:
@@ -348,11 +370,17 @@ def main() -> int:
                         sys.exit(f"the engine exited with {engine.returncode}; see {work}")
                     url = base + "/v1/chat/completions"
                     wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
-                    r = wrk(url, PAYLOADS[payload], k, conc, args.duration, work)
+                    r = wrk(url, PAYLOADS[payload], k, conc, args.duration, work, pgid)
                     results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = r
                     print(
                         f"{name:16} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
-                        f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s"
+                        f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s  "
+                        + (
+                            f"cpu {r['cpu_ms_per_request']:6.2f} ms/req  "
+                            if r["cpu_ms_per_request"] is not None
+                            else ""
+                        )
+                        + f"load {r['load1']:.1f}"
                         + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
                         + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""),
                         flush=True,
@@ -383,7 +411,11 @@ def report(results: dict) -> None:
                     f"c={conc}: +{r['p50_ms'] - d['p50_ms']:.2f}/+{r['p99_ms'] - d['p99_ms']:.2f}"
                 )
             best = max(r["rps"] for r in by_conc.values())
-            print(f"  {name:16} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s")
+            cpu = [r["cpu_ms_per_request"] for r in by_conc.values() if r["cpu_ms_per_request"]]
+            print(
+                f"  {name:16} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s"
+                + (f"  cpu {min(cpu):.2f} ms/req" if cpu else "")
+            )
     if "clients" in results:
         print("\nupstream client, direct to the engine (req/s):")
         for name, rate in results["clients"].items():

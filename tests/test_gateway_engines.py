@@ -6,6 +6,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -151,3 +152,48 @@ def test_a_client_that_hangs_up_cancels_the_engines_request(daphne_server, engin
             break
         assert time.monotonic() < deadline, f"the engine's request was never cancelled: {m}"
         time.sleep(0.1)
+
+
+def test_the_real_llama_cpp_engine_through_the_gateway(daphne_server, tmp_path):
+    from agentd.engines.llamacpp import LlamaCpp
+    from fleet.demo.tinymodel import write_tiny_model
+    from tests.helpers_engines import profile, shard
+
+    # given the generated tiny model served by llama.cpp, as the agent would start it
+    gguf = write_tiny_model(tmp_path / "tiny.gguf")
+    engine = LlamaCpp()
+    port = free_port()
+    prof = profile("llamacpp", model_path=str(gguf), served_model_name="tiny-llama")
+    args = engine.command() + engine.args(prof, shard(profile=prof), "127.0.0.1", port)
+    with open(tmp_path / "llama.log", "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{engine.health_path}")
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "llama.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, "llama.cpp did not come up"
+                time.sleep(0.2)
+
+        ready_model("tiny", [SimpleNamespace(port=port)], served_name="tiny-llama")
+        _, secret = inference_key()
+        c = openai.OpenAI(base_url=daphne_server.url + "/v1", api_key=secret, max_retries=0)
+
+        # when the unmodified openai client asks through the gateway
+        msgs = [{"role": "user", "content": "hello"}]
+        chat = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8)
+        stream = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, stream=True)
+        chunks = list(stream)
+        completion = c.completions.create(model="tiny", prompt="the", max_tokens=4)
+
+        # then the engine's answers come back whole: its text is noise, its shape is real
+        assert chat.object == "chat.completion" and chat.usage.completion_tokens >= 1
+        assert isinstance(chat.choices[0].message.content, str)
+        assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+        assert completion.choices[0].text is not None
+    finally:
+        proc.kill()
+        proc.wait(10)
