@@ -95,6 +95,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
     # ---- agent -> control plane ------------------------------------------------
 
     async def on_register(self, msg: protocol.Register):
+        # The register is here: the deadline was for the agent to send it, not
+        # for a busy control plane to get through its queue of registrations.
+        self.register_deadline.cancel()
         if self.node_id is not None and msg.node_id != self.node_id:
             await self.refuse(
                 CloseCode.FORBIDDEN,
@@ -110,7 +113,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             except access.EnrolmentError as exc:
                 await self.refuse(CloseCode.FORBIDDEN, str(exc))
                 return
-            self.register_deadline.cancel()
             self.node_id = msg.node_id
             self.group = dispatch.node_group(self.node_id)
             await self.channel_layer.group_add(self.group, self.channel_name)
