@@ -130,14 +130,7 @@ class SupervisedShards:
             return None
 
     def paths_in_use(self) -> list[str]:
-        # Every shard the supervisor still holds, not only the running ones: a
-        # starting engine is about to read its weights.
-        out = []
-        for sh in getattr(self.sup, "_shards", {}).values():
-            spec = sh.spec_or_want
-            if spec is not None and spec.profile.model_path:
-                out.append(spec.profile.model_path)
-        return out
+        return self.sup.paths_in_use()
 
     def engine_versions(self) -> dict[str, str]:
         return self.sup.engine_versions()
