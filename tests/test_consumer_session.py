@@ -266,3 +266,19 @@ async def test_an_ack_of_the_desired_set_is_recorded_and_never_goes_back():
     await agent.recv_type("desired")
     assert (await node()).acked_version == 5
     await agent.close()
+
+
+async def test_an_agent_ahead_of_a_restored_database_gets_versions_it_will_accept():
+    # given: the database was restored from a backup, so it knows version 2 while
+    # the agent already applied 40 and ignores anything older (fencing)
+    await db(Node.objects.create)(id="gpu-01", desired_version=2)
+    shard = await db(make_shard)("gpu-01")
+
+    # when
+    agent = await enrol("gpu-01", desired_version=40)
+
+    # then: the set it receives is newer than anything it has seen, so it applies it
+    assert agent.desired["version"] > 40
+    assert [s["shard_id"] for s in agent.desired["shards"]] == [shard.pk]
+    assert (await node()).desired_version == agent.desired["version"]
+    await agent.close()

@@ -98,6 +98,18 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
         node.engine_versions = reg.engine_versions
         node.memory_total_mb = reg.memory_total_mb
         node.running_shards = [s.model_dump() for s in reg.running_shards]
+        if reg.desired_version > node.desired_version:
+            # The agent has seen newer versions than this database knows: it was
+            # restored from a backup, or rebuilt. The agent ignores versions older
+            # than its newest (fencing), so continue numbering above its count.
+            logger.warning(
+                "node reports a newer desired version than the database node=%s reported=%d "
+                "known=%d; continuing from the node's",
+                node.pk,
+                reg.desired_version,
+                node.desired_version,
+            )
+            node.desired_version = reg.desired_version + 1
         node.acked_version = min(reg.desired_version, node.desired_version)
         node.state = NodeState.READY
         node.connected = True
