@@ -203,6 +203,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def node_logs_request(self, event):
         if self.closing:
             return
+        # An agent that never answers must not grow this forever: the asker has
+        # long given up on all but the newest few requests.
+        while len(self.logs_waiting) >= 32:
+            self.logs_waiting.pop(next(iter(self.logs_waiting)))
         self.logs_waiting[event["request_id"]] = event["reply_channel"]
         await self.send_msg(
             protocol.LogsRequest(
@@ -217,12 +221,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         deadline = getattr(self, "register_deadline", None)
         if deadline is not None:
             deadline.cancel()
-        if code == 1009:
-            logger.warning(
-                "agent socket closed: message over the size limit node=%s client=%s",
-                self.node_id or "-",
-                getattr(self, "client", "?"),
-            )
         if self.node_id is None:
             return
         await self.channel_layer.group_discard(self.group, self.channel_name)

@@ -203,9 +203,6 @@ LLMGW = {
     "SUSPECT_AFTER_S": float(os.environ.get("LLMGW_SUSPECT_AFTER_S", "50")),
     "REPLACE_AFTER_S": float(os.environ.get("LLMGW_REPLACE_AFTER_S", "300")),
     "LOGS_TIMEOUT_S": float(os.environ.get("LLMGW_LOGS_TIMEOUT_S", "10")),
-    # How often a connected agent's credential is checked again, in case the
-    # revocation doorbell was lost.
-    "CREDENTIAL_RECHECK_S": float(os.environ.get("LLMGW_CREDENTIAL_RECHECK_S", "5")),
     # Heartbeats are written in batches: at most this long after arrival.
     "HEARTBEAT_FLUSH_S": float(os.environ.get("LLMGW_HEARTBEAT_FLUSH_S", "0.05")),
     # The gateway (/v1/*). A request body over the limit is refused with 413.
