@@ -162,7 +162,7 @@ async def _attempt(
         try:
             async with asyncio.timeout(limits.first_byte_timeout_s):
                 resp = await gw.session.post(
-                    up.url + "/v1/" + req.endpoint, data=body, headers=_UPSTREAM_HEADERS
+                    up.endpoint_url(req.endpoint), data=body, headers=_UPSTREAM_HEADERS
                 )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             error("connect")

@@ -107,6 +107,8 @@ class Gateway:
                     total=None, sock_connect=self.limits.connect_timeout_s
                 ),
                 auto_decompress=False,
+                # Engines set no cookies worth keeping; skipping the jar saves work per request.
+                cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
             )
             self._tasks = [

@@ -55,6 +55,16 @@ class Upstream:
     outstanding: int = 0
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
+    _urls: dict = field(default_factory=dict, repr=False)
+
+    def endpoint_url(self, endpoint: str):
+        """The parsed URL of an endpoint, parsed once: aiohttp would parse a string every time."""
+        url = self._urls.get(endpoint)
+        if url is None:
+            from yarl import URL
+
+            url = self._urls[endpoint] = URL(f"{self.url}/v1/{endpoint}")
+        return url
 
 
 @dataclass(eq=False)

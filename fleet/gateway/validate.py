@@ -88,9 +88,10 @@ def parse(endpoint: str, raw: bytes) -> ParsedRequest:
         raise GatewayError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise GatewayError(400, f"the request body must be a JSON object, not {_json_type(body)}")
-    for name, expected in _COMMON.items():
-        value = body.get(name)
-        if value is not None and not _type_ok(value, expected):
+    # Over the body's keys, not the table's: a request has a handful.
+    for name, value in body.items():
+        expected = _COMMON.get(name)
+        if expected is not None and value is not None and not _type_ok(value, expected):
             raise GatewayError(
                 400,
                 f"'{name}' must be {_TYPE_NAMES[expected]}, not {_json_type(value)}",
