@@ -16,8 +16,13 @@ measures, in the order a fleet lives them:
 - steady pass: nothing to do, the pass beat runs every 5 s (median of 5);
 - churn pass: 1 % of shards failed, the pass that stops and schedules them.
 
+With --latency N it measures instead, over real processes (Daphne, a Celery
+worker and beat, an agent socket), the time from `apply` to the desired set
+reaching the agent (bench/_reconcile_latency.py).
+
 Targets (issue 4): a steady full pass over 5,000 nodes and 2,000 replicas under
-1 s, and at least 1,000 placement decisions per second.
+1 s, at least 1,000 placement decisions per second, and apply → desired set at
+the agent under 1 s at p99.
 """
 
 import argparse
@@ -273,11 +278,21 @@ def main() -> int:
     parser.add_argument("--pg", help="PostgreSQL server URL without a database name")
     parser.add_argument("--levels", nargs="+", default=LEVELS, help="NODESxREPLICAS ...")
     parser.add_argument("--json", help="Also write the figures to this file")
+    parser.add_argument(
+        "--latency",
+        type=int,
+        metavar="N",
+        help="Instead: N samples of apply → desired set at the agent, over real processes",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)
         return 0
+    if args.latency:
+        from bench import _reconcile_latency
+
+        return _reconcile_latency.parent(args)
     return parent(args)
 
 

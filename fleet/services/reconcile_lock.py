@@ -76,29 +76,59 @@ def pass_lock():
                 logger.warning("the reconciler lock expired during a pass")
 
 
+def _note_again() -> None:
+    try:
+        _redis().set(_key("again"), 1, ex=LOCK_TTL_S)
+    except redis.RedisError:
+        pass  # the next beat covers it
+
+
+def _take_again() -> bool:
+    try:
+        return bool(_redis().getdel(_key("again")))
+    except redis.RedisError:
+        return False
+
+
 def run_locked(now=None) -> reconcile.PassReport | None:
-    """Run a pass if no other is running (and again if asked meanwhile); None if skipped."""
+    """Run a pass if no other is running (and again if asked meanwhile); None if skipped.
+
+    A request must never fall between two passes: one that finds the lock held
+    leaves a note and tries the lock once more, and the holder looks for notes
+    after each pass and again after releasing the lock, so whichever of them
+    comes last runs the pass.
+    """
     try:
         _redis().delete(_key("kick"))
     except redis.RedisError:
         pass  # only the coalescing of kicks is lost
-    with pass_lock() as got:
-        if not got:
-            try:
-                _redis().set(_key("again"), 1, ex=LOCK_TTL_S)
-            except redis.RedisError:
-                pass  # the next beat covers it
-            logger.debug("reconciler pass skipped: another one is running")
-            return None
-        report = None
-        for _ in range(MAX_RERUNS):
-            report = reconcile.run_pass(now)
-            try:
-                if not _redis().getdel(_key("again")):
-                    break
-            except redis.RedisError:
-                break
-        return report
+    report = None
+    for attempt in range(MAX_RERUNS + 1):
+        with pass_lock() as got:
+            if not got:
+                if attempt:
+                    return report  # whoever holds it now started after our note
+                _note_again()
+                with pass_lock() as got_now:
+                    if not got_now:
+                        logger.debug("reconciler pass left to the one running")
+                        return None
+                    _take_again()
+                    report = _passes(now)
+            else:
+                report = _passes(now)
+        if not _take_again():
+            return report
+    return report
+
+
+def _passes(now) -> reconcile.PassReport:
+    report = reconcile.run_pass(now)
+    for _ in range(MAX_RERUNS - 1):
+        if not _take_again():
+            break
+        report = reconcile.run_pass(now)
+    return report
 
 
 def request_reconcile() -> None:

@@ -1,0 +1,73 @@
+"""One pass at a time, and no request for a pass lost while one runs."""
+
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+
+from fleet.models import FleetStatus
+from fleet.services import reconcile_lock
+from tests.helpers_reconciler import add_model, add_node, running
+
+pytestmark = pytest.mark.django_db
+
+
+@contextmanager
+def held_elsewhere():
+    """The reconciler lock, held by another process's connection."""
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        s = connection.settings_dict
+        conn = psycopg.connect(
+            dbname=s["NAME"],
+            user=s["USER"],
+            host=s["HOST"] or None,
+            port=s["PORT"] or None,
+            password=s["PASSWORD"] or None,
+            autocommit=True,
+        )
+        conn.execute("SELECT pg_advisory_lock(%s)", [reconcile_lock.ADVISORY_LOCK_ID])
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", [reconcile_lock.ADVISORY_LOCK_ID])
+            conn.close()
+    else:
+        lock = reconcile_lock._redis().lock(reconcile_lock._key("lock"), timeout=30)
+        assert lock.acquire(blocking=False)
+        try:
+            yield
+        finally:
+            lock.release()
+
+
+def passes():
+    status = FleetStatus.objects.filter(pk=1).first()
+    return status.passes if status else 0
+
+
+def test_a_pass_asked_for_while_another_runs_is_run_by_the_holder():
+    add_node("gpu-01")
+    model = add_model()
+    reconcile_lock._take_again()  # nothing left over from another test
+
+    with held_elsewhere():
+        assert reconcile_lock.run_locked() is None  # skipped, not queued behind it
+        assert passes() == 0
+
+    # the holder finishes and looks for notes: it runs the pass that was asked for
+    report = reconcile_lock.run_locked()
+    assert report is not None
+    assert passes() == 2  # its own pass, then the one asked for
+    assert len(running(model)) == 1
+    assert not reconcile_lock._take_again()
+
+
+def test_without_contention_one_pass_runs():
+    add_node("gpu-01")
+    reconcile_lock._take_again()
+
+    reconcile_lock.run_locked()
+
+    assert passes() == 1
