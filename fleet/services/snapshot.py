@@ -89,7 +89,7 @@ def build() -> Snapshot:
     nodes: dict[str, NodeInfo] = {}
     for nid, state, cordoned, draining, connected, agent, operator, mem, engines in _rows(
         f"SELECT id, state, cordoned, draining, connected, agent_labels, operator_labels, "
-        f"memory_total_mb, engine_versions FROM {t[Node]}"
+        f"memory_total_mb, engine_versions FROM {t[Node]} ORDER BY id"
     ):
         labels = {**decode(agent, {}), **decode(operator, {})}
         port_range = None
