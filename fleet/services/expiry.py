@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import F
+from django.utils import timezone
 
 from fleet.models import FleetStatus, Node, NodeState
 
@@ -128,3 +129,21 @@ def may_replace_now(status: FleetStatus, now: datetime) -> bool:
     """At most one lost node's replicas are replaced per REPLACE_EVERY_S."""
     every = timedelta(seconds=settings.LLMGW["REPLACE_EVERY_S"])
     return status.last_replacement_at is None or now - status.last_replacement_at >= every
+
+
+def fleet_warnings(now: datetime | None = None) -> list[str]:
+    """What operators must know about the reconciler itself: replacement paused, or no passes."""
+    now = now or timezone.now()
+    status = FleetStatus.objects.filter(pk=1).first()
+    if status is None or status.last_pass_at is None:
+        return ["the reconciler has never run: start a Celery worker and beat (docs/operations.md)"]
+    warnings = []
+    if status.replacement_paused:
+        warnings.append(f"replacement paused: {status.message}")
+    idle = (now - status.last_pass_at).total_seconds()
+    if idle > settings.LLMGW["OUTAGE_GAP_S"]:
+        warnings.append(
+            f"no reconciler pass for {idle:.0f} s: nothing is placed, restarted or replaced; "
+            "is the Celery worker and beat running?"
+        )
+    return warnings

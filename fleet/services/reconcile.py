@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from fleet.models import (
@@ -33,6 +32,7 @@ from fleet.models import (
 )
 
 from . import dispatch, expiry, placement
+from . import reconcile_housekeeping as housekeeping
 from . import reconcile_rows as rows
 from . import snapshot as snapshots
 
@@ -120,26 +120,6 @@ def run_pass(now: datetime | None = None) -> PassReport:
     return report
 
 
-def fleet_warnings(now: datetime | None = None) -> list[str]:
-    """What operators must know about the reconciler itself: replacement paused, or no passes."""
-    from fleet.models import FleetStatus
-
-    now = now or timezone.now()
-    status = FleetStatus.objects.filter(pk=1).first()
-    if status is None or status.last_pass_at is None:
-        return ["the reconciler has never run: start a Celery worker and beat (docs/operations.md)"]
-    warnings = []
-    if status.replacement_paused:
-        warnings.append(f"replacement paused: {status.message}")
-    idle = (now - status.last_pass_at).total_seconds()
-    if idle > settings.LLMGW["OUTAGE_GAP_S"]:
-        warnings.append(
-            f"no reconciler pass for {idle:.0f} s: nothing is placed, restarted or replaced; "
-            "is the Celery worker and beat running?"
-        )
-    return warnings
-
-
 def _summary(r: PassReport) -> str:
     fields = ("created", "placed", "unplaceable", "restarts", "timed_out", "replaced", "retired")
     parts = [f"{f}={getattr(r, f)}" for f in fields if getattr(r, f)]
@@ -202,9 +182,9 @@ class _Pass:
         self.phase("placement")
         self.flush()
         self.phase("writes")
-        self.finish_drains()
-        self.check_registrations()
-        self.clean_up()
+        housekeeping.finish_drains(self.draining_nodes, self.report)
+        housekeeping.check_registrations(self.exp.status.last_pass_at, self.touched, self.report)
+        housekeeping.clean_up(self.touched, self.report)
         self.phase("clean_up")
 
     def phase(self, name: str | None = None) -> None:
@@ -530,67 +510,3 @@ class _Pass:
         return list(last.values_list("node_id", flat=True)[: r.profile.nodes])
 
     # ---- drains, registrations, clean-up -------------------------------------------
-
-    def finish_drains(self) -> None:
-        for node_id in self.draining_nodes:
-            busy = Shard.objects.filter(node_id=node_id).exclude(desired_state=DesiredState.STOPPED)
-            if not busy.exists() and Node.objects.filter(pk=node_id, draining=True).update(
-                draining=False, cordoned=True
-            ):
-                logger.info("node drained node=%s (stays cordoned)", node_id)
-                self.report.drains_finished += 1
-
-    def check_registrations(self) -> None:
-        """Shards agents reported at registration: adopted, duplicates, or unclaimed.
-
-        Each node's desired set already says what to keep; a shard it does not
-        name is stopped by the agent. This says so in the log, once per
-        registration, and rings the node so it hears the current set.
-        """
-        since = self.exp.status.last_pass_at
-        nodes = Node.objects.exclude(running_shards=[])
-        if since is not None:
-            nodes = nodes.filter(registered_at__gte=since)
-        for node_id, running in nodes.values_list("pk", "running_shards"):
-            ids = [s.get("shard_id") for s in running]
-            known = dict(
-                Shard.objects.filter(pk__in=ids, node_id=node_id).values_list("pk", "desired_state")
-            )
-            for shard_id in ids:
-                desired = known.get(shard_id)
-                if desired is None:
-                    logger.warning(
-                        "unclaimed shard on node: nothing claims it, stopping it node=%s shard=%s",
-                        node_id,
-                        shard_id,
-                    )
-                    self.report.unclaimed += 1
-                    self.touched.add(node_id)
-                elif desired == DesiredState.STOPPED:
-                    logger.warning(
-                        "duplicate shard on a returning node, stopping it node=%s shard=%s",
-                        node_id,
-                        shard_id,
-                    )
-                    self.report.unclaimed += 1
-                    self.touched.add(node_id)
-                else:
-                    self.report.adopted += 1
-
-    def clean_up(self) -> None:
-        """Forget shards the agent no longer runs, and replicas with nothing left."""
-        # Only once the agent has applied the set that stopped them: until then
-        # the set must keep saying "stopped".
-        synced = Node.objects.filter(acked_version__gte=F("desired_version")).exclude(
-            pk__in=self.touched
-        )
-        gone = Shard.objects.filter(desired_state=DesiredState.STOPPED).filter(
-            node__isnull=True
-        ) | Shard.objects.filter(
-            desired_state=DesiredState.STOPPED,
-            state__in=[*snapshots.FINISHED, ShardState.PENDING],
-            node__in=synced,
-        )
-        deleted, _ = gone.delete()
-        self.report.deleted += deleted
-        Replica.objects.filter(state=ReplicaState.STOPPED, shards__isnull=True).delete()
