@@ -190,3 +190,19 @@ def test_after_a_control_plane_restart_running_shards_are_adopted_not_placed_aga
     assert {s.pk: s.node_id for s in running(model)} == before
     assert Shard.objects.count() == 2
     assert {r.state for r in replicas(model)} == {ReplicaState.READY}
+
+
+def test_a_shard_whose_node_was_deleted_is_healed_by_placing_again():
+    for n in ("gpu-01", "gpu-02"):
+        add_node(n)
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    [shard] = running(model)
+
+    Node.objects.filter(pk=shard.node_id).delete()  # an operator removes it
+    clock.pass_()
+
+    [again] = running(model)
+    assert again.node_id not in (None, shard.node_id)
+    assert replicas(model)[0].state == ReplicaState.STARTING
