@@ -149,6 +149,20 @@ def cpu_seconds(pgid: int) -> float:
 _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
+def settle(pgid: int, timeout: float = 90) -> None:
+    """Wait until a proxy has finished what the last run left it.
+
+    A server that does not cancel the requests wrk abandoned at the end of a run
+    would spend the next run's time on them.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pgid)
+        time.sleep(0.5)
+        if cpu_seconds(pgid) - before < 0.05:
+            return
+
+
 def wrk(
     url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path, pgid=None
 ) -> dict:
@@ -261,6 +275,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument(
+        "--litellm-duration",
+        type=float,
+        default=15.0,
+        help="seconds per LiteLLM measurement: at a few requests a second, 5 s is too few",
+    )
     p.add_argument("--litellm-venv", default=str(ROOT / "var" / "bench-litellm-venv"))
     p.add_argument("--no-litellm", action="store_true")
     p.add_argument("--no-uvicorn", action="store_true")
@@ -370,7 +390,10 @@ def main() -> int:
                         sys.exit(f"the engine exited with {engine.returncode}; see {work}")
                     url = base + "/v1/chat/completions"
                     wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
-                    r = wrk(url, PAYLOADS[payload], k, conc, args.duration, work, pgid)
+                    settle(pgid)
+                    duration = args.litellm_duration if name == "litellm" else args.duration
+                    r = wrk(url, PAYLOADS[payload], k, conc, duration, work, pgid)
+                    settle(pgid)
                     results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = r
                     print(
                         f"{name:16} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
