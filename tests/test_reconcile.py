@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from fleet.models import FleetStatus, Replica, ReplicaState
+from fleet.services import dispatch
 from tests.helpers_reconciler import (
     Clock,
     add_model,
@@ -211,6 +212,11 @@ def test_multi_node_replica_restarts_as_a_group():
     make_ready(model)
     clock.pass_()
 
+    leader = dispatch.desired_set(group[0].node_id).shards[0]
+    follower = dispatch.desired_set(group[1].node_id).shards[0]
+    assert leader.leader_addr == follower.leader_addr == "10.0.0.7"  # rank 0's mgmt address
+    assert follower.leader_port == leader.leader_port not in (0, group[0].port)
+
     report(group[1], "failed", error="NCCL timeout")
     clock.pass_()
 
@@ -342,11 +348,20 @@ def test_editing_the_active_profile_rolls_its_replicas():
     clock.pass_()
     [old] = replicas(model)
 
+    [old_shard] = running(model)
     profile = model.active_profile
     profile.args = ["--max-model-len", "8192"]
     profile.save()
     clock.pass_()
 
+    # the running engine keeps the spec it was started with, so its agent
+    # does not restart it; the new replica gets the new one
+    sets = dispatch.desired_set("gpu-01").shards
+    by_id = {s.shard_id: s for s in sets}
+    assert by_id[old_shard.pk].profile.args == []
+    assert [s.profile.args for s in sets if s.shard_id != old_shard.pk] == [
+        ["--max-model-len", "8192"]
+    ]
     assert {r.pk: r.state for r in replicas(model)}[old.pk] == ReplicaState.READY
     make_ready(model)
     clock.pass_()

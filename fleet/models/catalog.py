@@ -147,6 +147,12 @@ class EngineProfile(models.Model):
         "served_model_name",
     )
 
+    def spec(self) -> dict:
+        """What a shard of this profile runs, as its desired set carries it."""
+        spec = {f: getattr(self, f) for f in ("name", *self.SPEC_FIELDS)}
+        spec["served_model_name"] = self.served_model_name or self.model.name
+        return {"model": self.model.name, "profile": spec}
+
     @property
     def spec_hash(self) -> str:
         spec = {f: getattr(self, f) for f in self.SPEC_FIELDS}

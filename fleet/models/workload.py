@@ -72,6 +72,12 @@ class Shard(models.Model):
     gpu_uuids = models.JSONField("GPUs", default=list, blank=True)
     hcas = models.JSONField("HCAs", default=list, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    spec = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The model name and profile as they were when it was placed: what the agent "
+        "runs. Editing the profile rolls replicas instead of changing this under a live engine.",
+    )
     desired_state = models.CharField(
         max_length=16, choices=DesiredState.choices, default=DesiredState.RUNNING
     )

@@ -71,31 +71,25 @@ def desired_set(node_id: str) -> protocol.Desired:
     out = []
     for s in shards:
         p = s.replica.profile
+        # What the shard was placed with (the reconciler keeps it on the row):
+        # the agent restarts an engine whose spec changes, so an edit to the
+        # profile must reach running shards as a rolling replacement, not here.
+        spec = s.spec or p.spec()
         out.append(
             protocol.DesiredShard(
                 shard_id=s.id,
                 replica_id=s.replica_id,
-                model=s.replica.model.name,
+                model=spec["model"],
                 state=s.desired_state,
                 rank=s.rank,
-                nnodes=p.nodes,
+                nnodes=spec["profile"]["nodes"],
+                leader_addr=spec.get("leader_addr", ""),
+                leader_port=spec.get("leader_port", 0),
                 gpu_uuids=s.gpu_uuids,
                 hcas=s.hcas,
                 port=s.port or 0,
                 startup_timeout_s=p.startup_timeout_s,
-                profile=protocol.ProfileSpec(
-                    name=p.name,
-                    engine=p.engine,
-                    gpu_class=p.gpu_class,
-                    tp=p.tp,
-                    pp=p.pp,
-                    gpus_per_node=p.gpus_per_node,
-                    nodes=p.nodes,
-                    args=p.args,
-                    env=p.env,
-                    model_path=p.model_path,
-                    served_model_name=p.served_model_name or s.replica.model.name,
-                ),
+                profile=protocol.ProfileSpec(**spec["profile"]),
             )
         )
     return protocol.Desired(type="desired", version=version or 0, shards=out)

@@ -345,7 +345,8 @@ def _choose_gpus(node: NodeInfo, req: Request) -> tuple[tuple[str, ...], bool] |
     return tuple(g.uuid for g in free[:n]), False
 
 
-def _free_port(node: NodeInfo, snapshot: Snapshot) -> int | None:
+def free_port(node: NodeInfo, snapshot: Snapshot) -> int | None:
+    """The lowest port of the node's range that nothing holds."""
     lo, hi = node.port_range or snapshot.port_range
     for port in range(lo, hi + 1):
         if port not in node.used_ports:
@@ -371,7 +372,7 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
                 f"{node.promised_mb // MB_PER_GB} GB promised to other shards, "
                 f"needs {req.min_memory_gb}",
             )
-    if _free_port(node, snapshot) is None:
+    if free_port(node, snapshot) is None:
         lo, hi = node.port_range or snapshot.port_range
         if lo > hi:
             return Reason(nid, "ports", f"{nid}: its port range label is not LO-HI")
@@ -396,7 +397,7 @@ def _shard_on(node: NodeInfo, req: Request, snapshot: Snapshot, rank: int, hcas=
         if chosen is None:
             return None
         gpus, nvlink = chosen
-    port = _free_port(node, snapshot)
+    port = free_port(node, snapshot)
     if port is None:
         return None
     return ShardPlacement(node.id, rank, gpus, port, tuple(hcas), nvlink)

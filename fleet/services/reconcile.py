@@ -474,9 +474,11 @@ class _Pass:
                 self.unplaced(r, result.summary)
                 continue
             snap.commit(result, req)
+            spec = self.spec_of(r, result, snap)
             self.new_shards.extend(
                 Shard(
                     replica_id=r.pk,
+                    spec=spec,
                     node_id=s.node_id,
                     rank=s.rank,
                     gpu_uuids=list(s.gpu_uuids),
@@ -497,6 +499,21 @@ class _Pass:
                 ",".join(result.node_ids),
             )
             self.report.placed += 1
+
+    def spec_of(self, r: Replica, result: placement.Placement, snap) -> dict:
+        """What the shards will run, kept on them so a later profile edit cannot change it."""
+        profile = r.profile
+        profile.model = self.models[profile.model_id]  # no query per profile
+        spec = profile.spec()
+        if len(result.shards) > 1:
+            # The other ranks find rank 0 here: its management address and a
+            # port of its own for the engines' rendezvous.
+            leader = result.shards[0].node_id
+            port = placement.free_port(snap.nodes[leader], snap)
+            snap.nodes[leader].used_ports.add(port)
+            addr = Node.objects.filter(pk=leader).values_list("mgmt_addr", flat=True).first()
+            spec.update(leader_addr=addr or "", leader_port=port or 0)
+        return spec
 
     def unplaced(self, r: Replica, summary: str) -> None:
         if r.reason != summary:

@@ -138,8 +138,8 @@ def build() -> Snapshot:
     # it ever started (still pending) holds nothing.
     held = Shard.objects.filter(node__isnull=False).exclude(state__in=FINISHED)
     held = held.exclude(desired_state=DesiredState.STOPPED, state=ShardState.PENDING)
-    for nid, gpu_uuids, port, min_gb in held.values_list(
-        "node_id", "gpu_uuids", "port", "replica__profile__min_memory_gb"
+    for nid, gpu_uuids, port, min_gb, rank, spec in held.values_list(
+        "node_id", "gpu_uuids", "port", "replica__profile__min_memory_gb", "rank", "spec"
     ):
         node = nodes.get(nid)
         if node is None:
@@ -147,6 +147,8 @@ def build() -> Snapshot:
         node.used_gpus.update(gpu_uuids or ())
         if port:
             node.used_ports.add(port)
+        if rank == 0 and (spec or {}).get("leader_port"):
+            node.used_ports.add(spec["leader_port"])  # a multi-node replica's rendezvous
         node.promised_mb += (min_gb or 0) * MB_PER_GB
         node.shards += 1
     return Snapshot(list(nodes.values()), port_range=default_port_range())
