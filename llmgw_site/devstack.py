@@ -1,21 +1,45 @@
-"""`make run`: the whole control plane on one machine, in the foreground.
+"""`make run`: the whole stack on one machine, in the foreground.
 
 Starts the private Redis (unless REDIS_URL names one), Daphne, a Celery worker
-and Celery beat; creates an admin login and an API key once, keeping them in the
-state dir; prints where everything is. Ctrl-C stops everything it started.
+and beat, and a local agentd enrolled with a join token (its credential kept for
+later runs); creates an admin login and an API key once, keeping them in the
+state dir; applies a demo model served by llama.cpp on the CPU (the generated
+tiny model, or the GGUF file LLMGW_DEMO_MODEL names); waits for it to answer
+through the gateway, showing progress; then prints how to call it.
+
+Ctrl-C stops everything it started, engines included. The agent leaves its
+engines running when it exits (an agent restart must not interrupt serving),
+so the demo model's engine is stopped first, the way the fleet retires any
+replica: the model is scaled to zero, the control plane drains its shard, the
+engine stops and the agent reports it. The next run scales it back to one and
+it starts afresh. Killing the engine behind a stopped agent's back instead
+would make the next run's agent report it as crashed, and its restart would
+wait out the failure backoff. Engines still there after that (another model
+placed on this node, a control plane that died) are stopped by process group.
 """
 
+import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+from datetime import timedelta
 from pathlib import Path
 
+from llmgw_site import devstack_node as node
+from llmgw_site.devstack_node import write_private
 from llmgw_site.embedded import PrivateRedis, state_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+# Engines on this node listen here; the control plane hands out ports from the
+# same range (the node's llmgw.io/ports label), so the two always agree.
+DEFAULT_ENGINE_PORTS = "30000-30999"
+# How long Ctrl-C waits for the control plane to stop the demo model's engine.
+RETIRE_WAIT_S = 20
 
 
 def _setup_django():
@@ -40,9 +64,7 @@ def ensure_admin(directory: Path) -> tuple[str, str]:
     user.is_staff = user.is_superuser = True
     user.set_password(password)
     user.save()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"{username}:{password}")
+    write_private(path, f"{username}:{password}")
     return username, password
 
 
@@ -57,10 +79,11 @@ def ensure_api_key(directory: Path) -> str:
         if key is not None and key.usable() is None:
             return secret
     _, secret = ApiKey.issue(name="make run", scope=ApiKeyScope.INFERENCE)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret)
+    write_private(path, secret)
     return secret
+
+
+# ---- processes -----------------------------------------------------------------
 
 
 class Stack:
@@ -85,94 +108,212 @@ class Stack:
         self.procs.append((name, proc))
         return proc
 
-    def stop(self, grace: float = 10) -> None:
-        for _, proc in reversed(self.procs):
+    def stop(self, names=None, grace: float = 10) -> None:
+        procs = [(n, p) for n, p in reversed(self.procs) if names is None or n in names]
+        for _, proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                node.signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for name, proc in self.procs:
+        for name, proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 print(f"  {name} did not stop in {grace:g} s; killing it")
-                os.killpg(proc.pid, signal.SIGKILL)
+                node.signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs if proc.poll() is not None]
 
 
+class StackDied(Exception):
+    pass
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _wait_listening(stack: Stack, port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while _port_free(port):
+        if dead := stack.dead():
+            raise StackDied(", ".join(dead))
+        if time.monotonic() > deadline:
+            raise StackDied(f"daphne (nothing listened on port {port} within {timeout:g} s)")
+        time.sleep(0.1)
+
+
+def _follow(stack: Stack, label: str, status, t0: float) -> None:
+    """Print each change of ``status()`` (a line, done) until done; a line a while otherwise."""
+    last, said_at = "", 0.0
+    while True:
+        if dead := stack.dead():
+            raise StackDied(", ".join(dead))
+        line, done = status()
+        now = time.monotonic()
+        if line != last or now - said_at >= 15:
+            still = "still " if line == last else ""
+            print(f"  [{now - t0:5.0f} s] {label}: {still}{line}", flush=True)
+            last, said_at = line, now
+        if done:
+            return
+        time.sleep(0.5)
+
+
+def _first_answer(stack: Stack, base: str, api_key: str, name: str, t0: float) -> str | None:
+    """Wait until the gateway routes to the ready replica; its answer, or None after a minute."""
+    deadline, said_at = time.monotonic() + 60, time.monotonic()
+    while True:
+        if dead := stack.dead():
+            raise StackDied(", ".join(dead))
+        try:
+            reply = node.ask_gateway(base, api_key, name)
+            return reply["choices"][0]["message"]["content"]
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            detail = exc.read().decode(errors="replace") if hasattr(exc, "read") else exc
+            now = time.monotonic()
+            if now > deadline:
+                print(f"  [{now - t0:5.0f} s] the gateway still answers: {detail}", flush=True)
+                return None
+            if now - said_at >= 10:
+                print(f"  [{now - t0:5.0f} s] waiting for the gateway: {detail}", flush=True)
+                said_at = now
+            time.sleep(0.5)
+
+
+def _retire(directory: Path, name: str, path: Path, agent_state: Path, node_id: str) -> None:
+    """Scale the demo model to zero and see its engine stopped, within RETIRE_WAIT_S."""
+    try:
+        node.apply_demo_model(directory, name, path, replicas=0)
+    except Exception as exc:  # noqa: BLE001 - the database is gone: the engines are killed instead
+        print(f"  could not scale {name} to zero ({exc}); stopping its engine by signal")
+        return
+    print(f"  scaled {name} to zero; stopping its engine", flush=True)
+    deadline = time.monotonic() + RETIRE_WAIT_S
+    signalled: set[str] = set()
+    while time.monotonic() < deadline:
+        draining, done = node.retiring(name, node_id)
+        if done:
+            print(f"  {name} stopped", flush=True)
+            return
+        # llama.cpp's server cannot count requests in flight, so the agent would
+        # drain it blind for half a minute. Nothing is in flight on the way out:
+        # once the control plane has it draining, stop the engine now; the agent
+        # reports it, and the drained replica is retired.
+        if todo := set(draining) - signalled:
+            node.kill_engines(agent_state, todo)
+            signalled |= todo
+        time.sleep(0.2)
+    print(f"  {name} still running after {RETIRE_WAIT_S} s; stopping it by signal")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    # Ctrl-C and a plain kill stop everything alike; set here because a shell
+    # that starts us in the background leaves SIGINT ignored.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     directory = state_dir()
     logs = directory / "logs"
     logs.mkdir(exist_ok=True)
+    (directory / "models").mkdir(exist_ok=True)
     port = int(os.environ.get("LLMGW_PORT", "8000"))
+    ports = node.parse_ports(os.environ.get("LLMGW_AGENT_PORTS", DEFAULT_ENGINE_PORTS))
+    if not _port_free(port):
+        raise SystemExit(f"port {port} is in use; set LLMGW_PORT to another one")
+    t0 = time.monotonic()
     redis = None
     env = dict(os.environ)
     if not env.get("REDIS_URL"):
         redis = PrivateRedis(directory).start()
         env["REDIS_URL"] = redis.url
     os.environ["REDIS_URL"] = env["REDIS_URL"]
+    env["PYTHONUNBUFFERED"] = "1"
     _setup_django()
+    from django.utils import timezone
+
+    # This process prints progress; the children's logs are in the state dir.
+    logging.getLogger().setLevel(logging.WARNING)
+    name, model_path = node.demo_model(directory)
     username, password = ensure_admin(directory)
     api_key = ensure_api_key(directory)
+    base = f"http://127.0.0.1:{port}"
+    ws_url = f"ws://127.0.0.1:{port}/ws/agent/"
+    agent_yaml, node_id = node.ensure_agent_config(directory, ws_url, ports)
+    agent_state = directory / "agent"
 
     py = sys.executable
     stack = Stack(env, logs)
-    stack.start(
-        "daphne",
-        [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
-    )
-    stack.start(
-        "celery-worker",
-        [
-            py,
-            "-m",
-            "celery",
-            "-A",
-            "llmgw_site",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--concurrency",
-            "2",
-        ],
-    )
-    stack.start(
-        "celery-beat",
-        [
-            py,
-            "-m",
-            "celery",
-            "-A",
-            "llmgw_site",
-            "beat",
-            "--loglevel",
-            "INFO",
-            "--schedule",
-            str(directory / "celerybeat-schedule"),
-        ],
-    )
-    base = f"http://127.0.0.1:{port}"
-    print(
-        f"\nllmgw is running (logs in {logs}):\n"
-        f"  admin     {base}/admin/   login {username} / {password}\n"
-        f"  API       {base}/api/v1/  (schema {base}/api/schema/)\n"
-        f"  gateway   {base}/v1/      API key {api_key}\n"
-        f"  database  {os.environ.get('DATABASE_URL') or 'SQLite in ' + str(directory)}\n"
-        f"  redis     {env['REDIS_URL']}\n"
-        "Ctrl-C stops everything.\n",
-        flush=True,
-    )
-    code = 0
+    code, applied = 0, False
     try:
+        stack.start(
+            "daphne",
+            [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
+        )
+        stack.start(
+            "celery-worker",
+            [py, "-m", "celery", "-A", "llmgw_site", "worker", "--loglevel", "INFO"]
+            + ["--concurrency", "2", "--without-gossip", "--without-mingle"],
+        )
+        schedule = str(directory / "celerybeat-schedule")
+        stack.start(
+            "celery-beat",
+            [py, "-m", "celery", "-A", "llmgw_site", "beat", "--loglevel", "INFO", "-s", schedule],
+        )
+        _wait_listening(stack, port)
+        stack.start("agent", [py, "-m", "agentd", "--config", str(agent_yaml)])
+        print(
+            f"\nllmgw is up (logs in {logs}):\n"
+            f"  admin     {base}/admin/   login {username} / {password}\n"
+            f"  API       {base}/api/v1/  (schema {base}/api/schema/)\n"
+            f"  gateway   {base}/v1/      API key {api_key}\n"
+            f"  database  {os.environ.get('DATABASE_URL') or 'SQLite in ' + str(directory)}\n"
+            f"  redis     {env['REDIS_URL']}\n"
+            f"  node      {node_id} (agent config {agent_yaml})\n",
+            flush=True,
+        )
+        since = timezone.now() - timedelta(seconds=time.monotonic() - t0)
+        _follow(stack, f"node {node_id}", lambda: node.agent_status(node_id, since), t0)
+        for change in node.apply_demo_model(directory, name, model_path):
+            print(f"  catalog: {change}")
+        applied = True
+        print(f"Starting {name} ({model_path}) on llama.cpp; Ctrl-C stops everything.", flush=True)
+        _follow(stack, name, lambda: node.model_status(name, node_id, since), t0)
+        text = _first_answer(stack, base, api_key, name, t0)
+        curl, client = node.usage_lines(base, api_key, name)
+        took = time.monotonic() - t0
+        if text is None:
+            head = f"{name} is ready, but the gateway has not answered for it yet (see {logs})"
+        else:
+            head = f"{name} answered through the gateway in {took:.0f} s: {text!r}"
+        print(
+            f"\n{head}\nTry it:\n  {curl}\n  {client}\n\nCtrl-C stops everything.\n",
+            flush=True,
+        )
         while not (dead := stack.dead()):
             time.sleep(0.5)
-        print(f"{', '.join(dead)} exited; see {logs}. Stopping the rest.", file=sys.stderr)
+        raise StackDied(", ".join(dead))
+    except StackDied as exc:
+        print(f"{exc} exited; see {logs}. Stopping the rest.", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         print("\nstopping…", flush=True)
     finally:
+        # The demo model's engine through the control plane, then the agent (it
+        # says goodbye), then any engine left behind, then the control plane.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if applied and not stack.dead():
+            _retire(directory, name, model_path, agent_state, node_id)
+        stack.stop(["agent"])
+        killed = node.kill_engines(agent_state)
+        if killed:
+            print(f"  stopped {len(killed)} engine(s) by signal")
         stack.stop()
         if redis is not None:
             redis.stop()

@@ -1,0 +1,147 @@
+"""`make run`'s orchestrator as a user runs it: the lines it prints work as printed, a second
+run comes back on the agent's credential, and Ctrl-C stops everything, engines included."""
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from agentd import state
+from llmgw_site.embedded import _ping
+from tests.helpers_e2e import port_block
+from tests.live import ROOT, free_port, subprocess_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Devstack:
+    """``python -m llmgw_site.devstack`` (what `make run` runs after migrating), read live."""
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw_site.devstack"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._q.put(line.rstrip("\n"))
+        self._q.put(None)
+
+    def read_until(self, pattern: str, timeout: float = 300) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._q.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.lines.append(line)
+            if re.search(pattern, line):
+                return line
+        raise AssertionError(f"no line matching {pattern!r}; it printed:\n" + self.output())
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def ctrl_c(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout)
+        while (line := self._q.get(timeout=5)) is not None:
+            self.lines.append(line)
+        return code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _run_printed(line: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        line, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_make_run_prints_a_curl_and_a_client_line_that_work_and_ctrl_c_stops_everything(
+    transactional_db, tmp_path
+):
+    # given: the embedded defaults on the test database, with no Redis named
+    var = tmp_path / "var"
+    port = free_port()
+    lo, hi = port_block()
+    env = subprocess_env(
+        LLMGW_STATE_DIR=var, LLMGW_PORT=port, LLMGW_AGENT_PORTS=f"{lo}-{hi}", LLMGW_NODE_ID="demo"
+    )
+    del env["REDIS_URL"]
+    agent_state = var / "agent"
+
+    run = Devstack(env)
+    try:
+        # when: it is up
+        run.read_until(r"^Try it:")
+        curl = run.read_until(r"^\s+curl ").strip()
+        client = run.read_until(r" -c ").strip()
+
+        # then: the printed curl returns a chat completion from llama.cpp through the gateway
+        assert f"http://127.0.0.1:{port}/v1/chat/completions" in curl
+        done = _run_printed(curl)
+        assert done.returncode == 0, done.stderr
+        reply = json.loads(done.stdout)
+        assert reply["object"] == "chat.completion" and reply["model"] == "tiny-llama"
+        assert reply["choices"][0]["finish_reason"] in ("length", "stop")
+        # and the printed openai-client line runs as printed
+        done = _run_printed(client)
+        assert done.returncode == 0, done.stderr
+
+        # the agent enrolled on a join token, kept its credential, and serves the model
+        assert (agent_state / "credential").exists()
+        (engine_pid,) = [pid for pid, _ in state.find_marked(agent_state).values()]
+        out = run.output()
+        assert "login admin / " in out and "redis     unix://" in out
+
+        # when: Ctrl-C
+        code = run.ctrl_c()
+    finally:
+        run.kill()
+
+    # then: everything stopped cleanly, the engine included
+    # (through the control plane: scaled to zero, its engine stopped and reported)
+    assert code == 0, run.output()
+    assert "tiny-llama stopped" in run.output(), run.output()
+    assert state.find_marked(agent_state) == {}
+    assert state.start_ticks(engine_pid) is None
+    assert not _ping(var / "redis.sock")
+
+    # when: it runs again
+    again = Devstack(env)
+    try:
+        again.read_until(r"^Try it:")
+        curl = again.read_until(r"^\s+curl ").strip()
+        # then: the agent came back on its credential (no join token this time) and serves
+        config = yaml.safe_load((var / "agent.yaml").read_text())
+        assert "join_token" not in config
+        assert json.loads(_run_printed(curl).stdout)["model"] == "tiny-llama"
+        # and its engine started afresh: the last run's was stopped, not crashed
+        assert "failed" not in again.output(), again.output()
+        assert again.ctrl_c() == 0
+    finally:
+        again.kill()
+    assert state.find_marked(agent_state) == {}
+    assert os.stat(var / "agent.yaml").st_mode & 0o077 == 0
