@@ -22,7 +22,30 @@ venv: $(STAMP)
 migrate: $(STAMP)
 	$(PY) manage.py migrate --no-input
 
-run: migrate
+# llama.cpp compiles from source when llama-cpp-python installs: minutes, once per
+# virtualenv. `make run` does that first, as a step of its own that shows how far
+# the compiler has got (the whole log goes to $(VENV)/llama-build.log).
+LLAMA_REQ = $(shell grep -m1 '^llama-cpp-python' requirements.txt)
+LLAMA_STAMP := $(VENV)/.llama-installed
+
+$(LLAMA_STAMP): requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing $(LLAMA_REQ): the first time it compiles llama.cpp, several minutes"
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install -v '$(LLAMA_REQ)' >$(VENV)/llama-build.log 2>&1 & pid=$$!; \
+	i=0; while kill -0 $$pid 2>/dev/null; do \
+	  sleep 1; i=$$((i + 1)); [ $$((i % 15)) -eq 0 ] || continue; \
+	  step=$$(grep -oE '\[ *[0-9]+%\]|\[[0-9]+/[0-9]+\]' $(VENV)/llama-build.log | tail -n1); \
+	  echo "  $${i} s: $${step:-preparing the build} ($$(wc -l <$(VENV)/llama-build.log) lines of log)"; \
+	done; \
+	wait $$pid || { tail -n 40 $(VENV)/llama-build.log; \
+	  echo "llama-cpp-python did not install; the whole log: $(VENV)/llama-build.log"; exit 1; }
+	@touch $@
+
+run:
+	@$(MAKE) --no-print-directory $(LLAMA_STAMP)
+	@$(MAKE) --no-print-directory migrate
 	$(PY) -m llmgw_site.devstack
 
 lint: $(STAMP)
