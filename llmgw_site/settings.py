@@ -226,6 +226,8 @@ LLMGW = {
     "GATEWAY_MAX_OUTSTANDING_PER_REPLICA": int(
         os.environ.get("LLMGW_GATEWAY_MAX_OUTSTANDING_PER_REPLICA", "256")
     ),
+    # How often each gateway reads its engines' queue lengths from their /metrics.
+    "GATEWAY_ENGINE_SCRAPE_S": float(os.environ.get("LLMGW_GATEWAY_ENGINE_SCRAPE_S", "5")),
 }
 
 # The reconciler (fleet.services.reconcile; docs/operations.md). Seconds.

@@ -29,6 +29,7 @@ class Upstream:
         self.cancelled = 0
         self.requests: list[dict] = []
         self.release = threading.Event()  # lets "hang" requests finish
+        self.waiting: int | None = None  # what /metrics says is queued, as vLLM says it
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -46,6 +47,7 @@ class Upstream:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
@@ -64,6 +66,15 @@ class Upstream:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+    async def _metrics(self, request):
+        if self.waiting is None:
+            raise web.HTTPNotFound()
+        return web.Response(
+            text="# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="{self.name}"}} {self.waiting}.0\n'
+            'vllm:num_requests_running{model_name="x"} 3.0\n'
+        )
 
     async def _enter(self, request) -> dict:
         body = await request.json()

@@ -15,6 +15,7 @@ FAST_REFRESH = {
     "LLMGW_GATEWAY_KEYS_REFRESH_S": "0.5",
     "LLMGW_GATEWAY_REFRESH_S": "0.5",
     "LLMGW_GATEWAY_LAST_USED_FLUSH_S": "0.5",
+    "LLMGW_GATEWAY_ENGINE_SCRAPE_S": "0.3",
 }
 
 
@@ -246,3 +247,19 @@ def test_metrics_count_requests_time_to_first_token_and_in_flight(gateway_server
     assert 'llmgw_gateway_request_duration_seconds_count{model="tiny"} 2.0' in text
     assert "llmgw_gateway_in_flight_requests{" in text
     assert 'llmgw_gateway_queue_depth{model="tiny"} 0.0' in text
+
+
+def test_queue_depth_adds_what_the_engines_hold_waiting(gateway_server, upstreams):
+    # given two replicas whose engines report 7 and 2 requests queued inside them
+    a, b = upstreams("a"), upstreams("b")
+    a.waiting, b.waiting = 7, 2
+    ready_model("tiny", [a, b])
+    _, secret = inference_key()
+    assert chat(client(gateway_server, secret)).status_code == 200
+
+    # then the gateway's queue depth for the model counts them
+    def depth():
+        text = urllib.request.urlopen(gateway_server.url + "/metrics").read().decode()
+        return 'llmgw_gateway_queue_depth{model="tiny"} 9.0' in text
+
+    wait_until(depth, what="the engines' queues in the queue depth")

@@ -5,6 +5,7 @@ import collections
 import pytest
 
 from fleet.gateway import table, validate
+from fleet.gateway.engines import parse_waiting
 from fleet.gateway.errors import GatewayError
 from fleet.gateway.proxy import SSECheck
 
@@ -131,3 +132,20 @@ def test_a_good_body_is_passed_on_as_sent():
     req = validate.parse("chat/completions", raw)
     assert (req.model, req.stream, req.raw) == ("m", True, raw)
     assert validate.parse("embeddings", b'{"model": "m", "input": ["a"], "user": null}').model
+
+
+@pytest.mark.parametrize(
+    "exposition, waiting",
+    [
+        (b'vllm:num_requests_waiting{model_name="m"} 4.0\n', 4.0),
+        (
+            b"# HELP sglang:num_queue_reqs x\nsglang:num_queue_reqs 2\nsglang:num_queue_reqs 1\n",
+            3.0,
+        ),
+        (b"llamacpp:requests_deferred 0\nllamacpp:requests_processing 5\n", 0.0),
+        (b"vllm:num_requests_waiting_by_reason 9\nfake:requests_running 1\n", None),
+        (b"", None),
+    ],
+)
+def test_engine_queues_are_read_from_their_metrics_and_unknown_is_not_zero(exposition, waiting):
+    assert parse_waiting(exposition) == waiting

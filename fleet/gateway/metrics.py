@@ -100,17 +100,21 @@ class InFlightCollector:
         )
         queue = GaugeMetricFamily(
             "llmgw_gateway_queue_depth",
-            "Requests in flight at this gateway process for each model (the engines' own "
-            "queues are not included).",
+            "Requests in flight at this gateway process for each model, plus those waiting "
+            "inside its engines where they export it.",
             labels=["model"],
         )
-        per_model: dict[str, int] = {}
+        per_model: dict[str, float] = {}
         for gw in live_gateways():
             for model in list(gw.routes):
                 per_model.setdefault(model, 0)
             for model, up in gw.upstreams_in_service():
                 in_flight.add_metric([model, up.replica_id], up.outstanding)
                 per_model[model] = per_model.get(model, 0) + up.outstanding
+            for route in list(gw.routes.values()):
+                for up in route.upstreams:
+                    if up.engine_waiting:
+                        per_model[route.name] += up.engine_waiting
         for model, n in sorted(per_model.items()):
             queue.add_metric([model], n)
         yield in_flight

@@ -19,7 +19,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
-from . import keys, metrics, notify, table
+from . import engines, keys, metrics, notify, table
 from .errors import GatewayError
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class Limits:
     cooldown_s: float
     cooldown_after: int
     max_outstanding: int
+    engine_scrape_s: float
 
     @classmethod
     def from_settings(cls) -> "Limits":
@@ -54,6 +55,7 @@ class Limits:
             cooldown_s=float(c["GATEWAY_COOLDOWN_S"]),
             cooldown_after=int(c["GATEWAY_COOLDOWN_AFTER"]),
             max_outstanding=int(c["GATEWAY_MAX_OUTSTANDING_PER_REPLICA"]),
+            engine_scrape_s=float(c["GATEWAY_ENGINE_SCRAPE_S"]),
         )
 
 
@@ -115,6 +117,7 @@ class Gateway:
                 asyncio.ensure_future(self._listen()),
                 asyncio.ensure_future(self._refresher()),
                 asyncio.ensure_future(self._flush_last_used()),
+                asyncio.ensure_future(self._scrape_engines()),
             ]
             self.started = True
             logger.info(
@@ -266,6 +269,15 @@ class Gateway:
             await database_sync_to_async(_write_last_used)(ids)
         except Exception:  # noqa: BLE001 - a lost last_used is not worth a failed request
             logger.warning("could not record API key use for %d keys", len(ids), exc_info=True)
+
+    async def _scrape_engines(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.engine_scrape_s)
+            upstreams = [u for r in list(self.routes.values()) for u in r.upstreams]
+            try:
+                await engines.scrape(self.session, upstreams, min(2.0, self.limits.engine_scrape_s))
+            except Exception:  # noqa: BLE001 - a missing gauge is not worth a dead task
+                logger.warning("scraping the engines' queues failed", exc_info=True)
 
     async def _flush_last_used(self) -> None:
         while True:

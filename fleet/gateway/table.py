@@ -55,6 +55,7 @@ class Upstream:
     outstanding: int = 0
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
+    engine_waiting: float | None = None  # queued inside the engine, from its /metrics
     _urls: dict = field(default_factory=dict, repr=False)
 
     def endpoint_url(self, endpoint: str):
