@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from agentd import state
+from fleet.demo.tinymodel import write_tiny_model
+from fleet.models import Model
 from llmgw_site.embedded import _ping
 from tests.helpers_e2e import port_block
 from tests.live import ROOT, free_port, subprocess_env
@@ -127,21 +129,28 @@ def test_make_run_prints_a_curl_and_a_client_line_that_work_and_ctrl_c_stops_eve
     assert "tiny-llama stopped" in run.output(), run.output()
     assert state.find_marked(agent_state) == {}
     assert state.start_ticks(engine_pid) is None
+    # the agent let go of it, so the next run's agent has no crash to report
+    assert state.load(agent_state)[1] == {}
     assert not _ping(var / "redis.sock")
 
-    # when: it runs again
-    again = Devstack(env)
+    # when: it runs again, asked to serve a GGUF file of the user's
+    own = write_tiny_model(tmp_path / "models" / "My Model.Q4.gguf", seed=1)
+    again = Devstack({**env, "LLMGW_DEMO_MODEL": str(own)})
     try:
         again.read_until(r"^Try it:")
         curl = again.read_until(r"^\s+curl ").strip()
-        # then: the agent came back on its credential (no join token this time) and serves
+        # then: the agent came back on its credential (no join token this time)
         config = yaml.safe_load((var / "agent.yaml").read_text())
         assert "join_token" not in config
-        assert json.loads(_run_printed(curl).stdout)["model"] == "tiny-llama"
-        # and its engine started afresh: the last run's was stopped, not crashed
+        # and the printed curl gets that file's model, the tiny one no longer wanted
+        assert json.loads(_run_printed(curl).stdout)["model"] == "my-model.q4"
+        assert Model.objects.get(name="tiny-llama").desired_replicas == 0
         assert "failed" not in again.output(), again.output()
+        (spec,) = [env_["LLMGW_SHARD_SPEC"] for _, env_ in state.find_marked(agent_state).values()]
+        assert json.loads(spec)["profile"]["model_path"] == str(own)
         assert again.ctrl_c() == 0
     finally:
         again.kill()
+    assert "my-model.q4 stopped" in again.output(), again.output()
     assert state.find_marked(agent_state) == {}
     assert os.stat(var / "agent.yaml").st_mode & 0o077 == 0
