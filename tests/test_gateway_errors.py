@@ -16,11 +16,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def server(transactional_db, tmp_path):
-    # A small body limit to test 413 cheaply; refreshes a minute apart, so
-    # anything seen sooner came through the doorbell.
+    # Small limits to test 413, 429 and 504 cheaply; refreshes a minute apart,
+    # so anything seen sooner came through the doorbell.
     s = start_daphne(
         tmp_path,
         LLMGW_GATEWAY_MAX_BODY_BYTES="4096",
+        LLMGW_GATEWAY_MAX_OUTSTANDING_PER_REPLICA="2",
+        LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT_S="2",
         LLMGW_GATEWAY_REFRESH_S="60",
         LLMGW_GATEWAY_KEYS_REFRESH_S="60",
     )
@@ -222,3 +224,35 @@ def test_an_engine_that_answers_503_is_retried_on_another_replica(server, upstre
         assert got == 200, answer
     assert good.served == 6
     assert len(bad.requests) >= 1
+
+
+def test_a_full_replica_is_429_and_a_silent_engine_504(server, upstream):
+    from concurrent.futures import ThreadPoolExecutor
+
+    # given the only replica holding its limit of two requests, never answering
+    up = upstream(mode="hang")
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(post, server, "/v1/chat/completions", body, secret) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while up.in_flight < 2:
+            assert time.monotonic() < deadline, "the two requests never reached the engine"
+            time.sleep(0.02)
+
+        # then a third is turned away at once, and told when to come back
+        got, headers, answer = post(server, "/v1/chat/completions", body, secret)
+        assert got == 429 and headers["retry-after"] == "1"
+        assert_openai_error(answer, "rate_limit_error", contains="model 'tiny' is at capacity")
+
+        # and the two held ones end after the first-byte timeout, with the engine told
+        for f in held:
+            got, _, answer = f.result(timeout=30)
+            assert got == 504
+            assert "sent no answer within 2 s" in answer["error"]["message"]
+    deadline = time.monotonic() + 10
+    while up.in_flight:
+        assert time.monotonic() < deadline, "the engine still holds the timed-out requests"
+        time.sleep(0.05)
+    assert up.cancelled == 2

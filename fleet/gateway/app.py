@@ -53,9 +53,8 @@ async def application(scope, receive, send) -> None:
             if scope["method"] not in ("GET", "HEAD"):
                 raise GatewayError(405, f"{path} takes GET, not {scope['method']}")
             key = await gw.key_for(scope["headers"])
-            await _models(
-                gw, key, path[len("/v1/models/") :] if path != "/v1/models" else None, reply
-            )
+            model_id = path[len("/v1/models/") :] if path != "/v1/models" else None
+            await _models(gw, key, model_id, reply, head=scope["method"] == "HEAD")
         else:
             raise GatewayError(
                 404,
@@ -177,7 +176,7 @@ async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
             state["watcher"].cancel()
 
 
-async def _models(gw, key, model_id: str | None, reply) -> None:
+async def _models(gw, key, model_id: str | None, reply, head: bool = False) -> None:
     def obj(route):
         return {"id": route.name, "object": "model", "created": route.created, "owned_by": "llmgw"}
 
@@ -193,7 +192,7 @@ async def _models(gw, key, model_id: str | None, reply) -> None:
     await reply.start(
         200, [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     )
-    await reply.send({"type": "http.response.body", "body": raw})
+    await reply.send({"type": "http.response.body", "body": b"" if head else raw})
 
 
 async def _lifespan(receive, send) -> None:
