@@ -236,7 +236,9 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=10.0, help="heartbeat interval, s")
     p.add_argument("--intervals", type=int, default=3, help="intervals measured per level")
     p.add_argument("--clients", type=int, default=1, help="client processes")
-    p.add_argument("--enrol-concurrency", type=int, default=32, help="per client process")
+    p.add_argument(
+        "--enrol-concurrency", type=int, default=8, help="enrolments in flight per client process"
+    )
     p.add_argument("--enrol-timeout", type=float, default=120.0)
     p.add_argument(
         "--server-env", action="append", default=[], help="KEY=VALUE for Daphne (repeatable)"

@@ -3,6 +3,7 @@
 import asyncio
 import logging
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -72,6 +73,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # hears it in a last message; the frame keeps the code.
         await self.send_msg(protocol.Closing(type="closing", code=int(code), reason=reason[:4096]))
         await self.close(code=int(code), reason=reason[:120])
+
+    async def dispatch(self, message):
+        # Channels would first close stale database connections, with a hop to
+        # the shared database thread, before every message: a heartbeat would
+        # queue behind other agents' registrations just to be read. Every
+        # database call here goes through database_sync_to_async (or the
+        # heartbeat writer), which looks after its connection itself.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     async def receive(self, text_data=None, bytes_data=None):
         if self.closing:

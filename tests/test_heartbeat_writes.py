@@ -15,7 +15,7 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import GPU, Node, NodeCredential, NodeLoad, NodeState, ShardLoad, Storage
 from fleet.services import inventory
-from tests.fleet_helpers import heartbeat_msg, register_msg
+from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
 
 pytestmark = pytest.mark.django_db
 
@@ -212,6 +212,26 @@ def test_revoked_and_removed_are_told_apart_from_live(write_path):
     assert not Storage.objects.filter(node_id="gpu-03").exists()
     assert not NodeLoad.objects.filter(node_id="gpu-03").exists()
     assert storage_of("gpu-01") == [("/var/lib/llmgw", 1, False)]
+
+
+def test_gpu_memory_goes_to_gpus_in_index_order_and_later_figures_win(write_path):
+    # A node showing only GPUs 2 and 5 (CUDA_VISIBLE_DEVICES): figures go by
+    # position in index order, not by index; a figure beyond the GPUs is dropped.
+    gpus = [dict(g, index=i) for g, i in zip(H100_GPUS[:2], (5, 2), strict=True)]
+    inventory.register_node(protocol.parse_agent_message(register_msg("gpu-01", gpus=gpus)))
+    cred, _ = NodeCredential.issue(node=Node.objects.get(pk="gpu-01"))
+    now = timezone.now()
+
+    inventory.apply_heartbeats(
+        [
+            ("gpu-01", cred.pk, hb(seq=1, gpu_memory_used_mb=[100, 200, 300]), now),
+            # A later, shorter list: the first GPU's figure is news, the second stands.
+            ("gpu-01", cred.pk, hb(seq=2, gpu_memory_used_mb=[400]), now),
+        ]
+    )
+
+    used = dict(GPU.objects.filter(node_id="gpu-01").values_list("index", "memory_used_mb"))
+    assert used == {2: 400, 5: 200}
 
 
 def test_rare_facts_ride_in_the_same_batch(write_path, caplog):

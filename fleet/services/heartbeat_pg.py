@@ -1,13 +1,14 @@
 """The heartbeat write on PostgreSQL: what every heartbeat carries, in one statement.
 
 A batch of heartbeats always says the same few things: these nodes were seen
-now (and have applied desired version so-and-so), their disks, their load. The
+now (and have applied desired version so-and-so), their disks, their load,
+often their GPUs' memory. The
 portable ORM path spends about nine round trips and a model instance per row on
 that; on a busy machine every round trip waits for the database process to get
 a CPU. Here it is one statement of data-modifying CTEs fed with arrays, so a
 batch costs one round trip however many heartbeats it holds. What heartbeats
-say only now and then (GPU figures, new problems, weights, engines, memory) is
-left to the portable code in inventory.py.
+say only now and then (new GPU problems, weights, engines, memory) is left to
+the portable code in inventory.py.
 
 Semantics are the portable path's, fact by fact; tests/test_heartbeat_writes.py
 runs both paths on the same heartbeats and compares the rows they leave.
@@ -40,6 +41,18 @@ touched AS (
                              THEN LEAST(seen.dv, n.desired_version)
                              ELSE n.acked_version END
     FROM seen WHERE n.id = seen.id
+),
+gpu_pos AS (
+    SELECT id, node_id, memory_used_mb,
+           row_number() OVER (PARTITION BY node_id ORDER BY index) - 1 AS pos
+    FROM fleet_gpu WHERE node_id = ANY(%(gp_nodes)s::text[])
+),
+gpu_used AS (
+    UPDATE fleet_gpu g SET memory_used_mb = u.used
+    FROM gpu_pos p
+    JOIN unnest(%(gp_node)s::text[], %(gp_pos)s::integer[], %(gp_used)s::integer[])
+        AS u(node_id, pos, used) ON u.node_id = p.node_id AND u.pos = p.pos
+    WHERE g.id = p.id AND p.memory_used_mb <> u.used
 ),
 storage_gone AS (
     DELETE FROM fleet_storage WHERE node_id = ANY(%(st_nodes)s::text[])
@@ -105,16 +118,20 @@ def apply_common(
     # Later heartbeats of a node win, as they would applied one by one; an
     # unset desired version (0) says nothing and leaves the earlier one.
     dvs: dict[str, int] = {}
+    gpu_used: dict[str, dict[int, int]] = {}  # node -> {position in index order: MB}
     storage: dict[str, list] = {}
     loads: dict[str, tuple[protocol.Load, datetime]] = {}
     for node_id, _cred, hb, arrived in batch:
         if hb.desired_version or node_id not in dvs:
             dvs[node_id] = hb.desired_version
+        if hb.gpu_memory_used_mb:
+            gpu_used.setdefault(node_id, {}).update(enumerate(hb.gpu_memory_used_mb))
         if hb.storage:
             storage[node_id] = hb.storage
         if hb.load is not None:
             loads[node_id] = (hb.load, arrived)
 
+    gp = [(n, pos, mb) for n, used in gpu_used.items() for pos, mb in used.items()]
     st = [(n, s) for n, lst in storage.items() for s in lst]
     shards = {(n, s.shard_id): (s, at) for n, (load, at) in loads.items() for s in load.shards}
     params = {
@@ -123,6 +140,10 @@ def apply_common(
         "now": now,
         "ready": NodeState.READY.value,
         "creds": sorted({b[1] for b in batch}),
+        "gp_nodes": list(gpu_used),
+        "gp_node": [n for n, _, _ in gp],
+        "gp_pos": [pos for _, pos, _ in gp],
+        "gp_used": [mb for _, _, mb in gp],
         "st_nodes": list(storage),
         "st_node": [n for n, _ in st],
         "st_path": [s.path for _, s in st],

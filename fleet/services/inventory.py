@@ -173,10 +173,10 @@ class HeartbeatResult:
     revoked: bool
 
 
-def _says_something_rare(hb: protocol.Heartbeat) -> bool:
-    """Facts a heartbeat carries only now and then (or, for GPU memory, only when changed)."""
+def _says_something_rare(hb: protocol.Heartbeat, *, gpu_memory_too: bool) -> bool:
+    """Facts a heartbeat carries only now and then, left to _apply_rare."""
     return bool(
-        hb.gpu_memory_used_mb
+        (gpu_memory_too and hb.gpu_memory_used_mb)
         or hb.new_problems
         or hb.weights_changed
         or hb.memory_total_mb is not None
@@ -198,8 +198,9 @@ def apply_heartbeats(
     if not batch:
         return {}
     now = timezone.now()
-    rare = [b for b in batch if _says_something_rare(b[2])]
     write = _common_writer()
+    gpu_memory_too = write is not heartbeat_pg.apply_common
+    rare = [b for b in batch if _says_something_rare(b[2], gpu_memory_too=gpu_memory_too)]
     if write is heartbeat_pg.apply_common and not rare:
         # One statement is atomic by itself: no BEGIN and COMMIT round trips.
         nodes, live = write(batch, now)
@@ -207,7 +208,7 @@ def apply_heartbeats(
         with transaction.atomic():
             nodes, live = write(batch, now)
             if rare:
-                _apply_rare([b for b in rare if b[0] in nodes])
+                _apply_rare([b for b in rare if b[0] in nodes], gpu_memory_too=gpu_memory_too)
     for node_id, (state, _) in nodes.items():
         if state != NodeState.READY:
             logger.info("node back node=%s was=%s", node_id, state)
@@ -277,8 +278,11 @@ def _apply_common(
     return nodes, live
 
 
-def _apply_rare(batch: list[tuple[str, int, protocol.Heartbeat, datetime]]) -> None:
-    """GPU figures, new problems, weights, memory, engines: what heartbeats say now and then."""
+def _apply_rare(
+    batch: list[tuple[str, int, protocol.Heartbeat, datetime]], *, gpu_memory_too: bool
+) -> None:
+    """New GPU problems, weights, memory, engines (and GPU memory where the common write
+    does not do it): what heartbeats say now and then."""
     node_ids = {b[0] for b in batch}
     nodes = {
         n.pk: n
@@ -286,7 +290,9 @@ def _apply_rare(batch: list[tuple[str, int, protocol.Heartbeat, datetime]]) -> N
             "id", "memory_total_mb", "engine_versions"
         )
     }
-    gpus_needed = {b[0] for b in batch if b[2].gpu_memory_used_mb or b[2].new_problems}
+    gpus_needed = {
+        b[0] for b in batch if (gpu_memory_too and b[2].gpu_memory_used_mb) or b[2].new_problems
+    }
     gpus: dict[str, list[GPU]] = {}
     if gpus_needed:
         for g in GPU.objects.filter(node_id__in=gpus_needed).order_by("index"):
@@ -297,7 +303,9 @@ def _apply_rare(batch: list[tuple[str, int, protocol.Heartbeat, datetime]]) -> N
         if node is None:
             continue
         node_gpus = gpus.get(node_id, [])
-        for gpu, used in zip(node_gpus, hb.gpu_memory_used_mb, strict=False):
+        for gpu, used in zip(
+            node_gpus, hb.gpu_memory_used_mb if gpu_memory_too else (), strict=False
+        ):
             if gpu.memory_used_mb != used:
                 gpu.memory_used_mb = used
                 dirty_gpus[gpu.pk] = gpu
