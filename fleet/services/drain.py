@@ -80,15 +80,18 @@ def _waits_for(replica: Replica, node_id: str) -> str:
         return "draining (in-flight requests finish)"
     if replica.state != ReplicaState.READY:
         return "stopping (it was not serving)"
-    others = (
+    others = list(
         Replica.objects.filter(model=replica.model_id, created_at__gt=replica.created_at)
-        .exclude(state__in=[ReplicaState.READY, ReplicaState.DRAINING, ReplicaState.STOPPED])
+        .exclude(state__in=[ReplicaState.DRAINING, ReplicaState.STOPPED])
         .exclude(shards__node_id=node_id)
         .distinct()
+        .order_by("created_at")
     )
-    pending = [f"{r.state}" + (f": {r.reason}" if r.reason else "") for r in others[:1]]
-    if pending:
-        return f"waiting for its replacement ({pending[0]})"
+    if any(r.state == ReplicaState.READY for r in others):
+        return "its replacement is ready; it drains next"
+    if others:
+        r = others[0]
+        return f"waiting for its replacement ({r.state}" + (f": {r.reason})" if r.reason else ")")
     return "waiting for a replacement to be placed"
 
 
