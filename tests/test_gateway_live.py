@@ -263,3 +263,37 @@ def test_queue_depth_adds_what_the_engines_hold_waiting(gateway_server, upstream
         return 'llmgw_gateway_queue_depth{model="tiny"} 9.0' in text
 
     wait_until(depth, what="the engines' queues in the queue depth")
+
+
+def test_without_redis_the_gateway_serves_and_still_hears_revocations(
+    transactional_db, tmp_path, upstreams
+):
+    from django.utils import timezone
+
+    from fleet.models import ApiKey
+
+    # given a gateway whose channel layer points at nothing
+    server = start_daphne(
+        tmp_path, REDIS_URL="redis://127.0.0.1:9/0", LLMGW_GATEWAY_KEYS_REFRESH_S="0.5"
+    )
+    try:
+        ready_model("tiny", [upstreams("a")])
+        key, secret = inference_key()
+        c = client(server, secret)
+        # then requests are served from the database's table all the same
+        assert chat(c).status_code == 200
+        # and a revocation still arrives, through the periodic refresh
+        ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
+
+        def refused():
+            try:
+                chat(c)
+            except openai.AuthenticationError:
+                return True
+            return False
+
+        wait_until(refused, what="the revocation without Redis")
+        # and the operator is told once, not on every retry
+        assert server.output().count("gateway cannot hear the channel layer") == 1
+    finally:
+        server.stop()

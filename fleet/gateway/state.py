@@ -220,11 +220,15 @@ class Gateway:
         layer = get_channel_layer()
         if layer is None:
             return
+        down = False
         while True:
             try:
                 channel = await layer.new_channel("gateway.")
                 await layer.group_add(notify.GROUP, channel)
                 self._channel = channel
+                if down:
+                    logger.info("gateway hears the channel layer again")
+                    down = False
                 # Whatever changed while we were not listening.
                 self.wake()
                 while True:
@@ -232,12 +236,21 @@ class Gateway:
                     self.wake(msg.get("what") or "all")
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - Redis away: periodic refresh covers it
-                logger.warning("gateway lost the channel layer; retrying", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - Redis away: periodic refresh covers it
+                # Once per outage, not every retry.
+                if not down:
+                    logger.warning(
+                        "gateway cannot hear the channel layer (%s); refreshing every %g s "
+                        "until it is back",
+                        exc,
+                        self.limits.keys_refresh_s,
+                    )
+                    down = True
                 await asyncio.sleep(2)
 
     async def _refresher(self) -> None:
         last_group_add = time.monotonic()
+        failing = False
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.limits.keys_refresh_s)
@@ -255,10 +268,18 @@ class Gateway:
                     # Group membership expires in Redis after a day: renew it.
                     await get_channel_layer().group_add(notify.GROUP, channel)
                     last_group_add = now
+                if failing:
+                    logger.info("gateway refresh works again")
+                    failing = False
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep serving from what we have
-                logger.warning("gateway refresh failed; serving the last table", exc_info=True)
+                if not failing:
+                    logger.warning(
+                        "gateway refresh failed; serving the last table until it works",
+                        exc_info=True,
+                    )
+                    failing = True
                 await asyncio.sleep(1)
 
     async def _write_used(self) -> None:
