@@ -71,3 +71,26 @@ def test_without_contention_one_pass_runs():
     reconcile_lock.run_locked()
 
     assert passes() == 1
+
+
+def test_with_redis_down_changes_stop_asking_for_a_while_and_beat_covers(monkeypatch):
+    import redis
+
+    class Down:
+        calls = 0
+
+        def set(self, *args, **kwargs):
+            Down.calls += 1
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379")
+
+    # given: Redis is down
+    monkeypatch.setattr(reconcile_lock, "_client", Down())
+    monkeypatch.setattr(reconcile_lock, "_kicks_off_until", 0.0)
+
+    # when: two changes ask for a pass
+    reconcile_lock._kick()
+    reconcile_lock._kick()
+
+    # then: only the first waited on Redis; the second, in the same thread a
+    # socket or a request runs in, did not
+    assert Down.calls == 1

@@ -8,6 +8,7 @@ pass was reading is never left for the next beat.
 """
 
 import logging
+import time
 from contextlib import contextmanager
 
 import redis
@@ -32,7 +33,7 @@ def _redis() -> redis.Redis:
     global _client
     if _client is None:
         _client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2
+            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=1
         )
     return _client
 
@@ -136,16 +137,28 @@ def request_reconcile() -> None:
     transaction.on_commit(_kick)
 
 
+# After Redis fails a kick, kicks are skipped for this long: they run in the
+# request and socket threads, which must not wait on a Redis that is down, and
+# beat covers what they would have asked for.
+KICK_BACKOFF_S = 5.0
+_kicks_off_until = 0.0
+
+
 def _kick() -> None:
+    global _kicks_off_until
+    if time.monotonic() < _kicks_off_until:
+        return
     try:
         if not _redis().set(_key("kick"), 1, nx=True, px=KICK_COALESCE_MS):
             return  # a pass is queued already and will see this change
-    except redis.RedisError:
-        logger.warning("could not ask for a reconciler pass; the next beat will run one")
-        return
-    from fleet.tasks import reconcile as task
+        from fleet.tasks import reconcile as task
 
-    try:
-        task.apply_async(expires=settings.LLMGW["RECONCILE_INTERVAL_S"], queue=_prefix())
-    except Exception:  # noqa: BLE001 - broker down: the next beat covers it
-        logger.warning("could not queue a reconciler pass", exc_info=True)
+        # No publish retries: a broker that is down must not hold this thread.
+        task.apply_async(
+            expires=settings.LLMGW["RECONCILE_INTERVAL_S"], queue=_prefix(), retry=False
+        )
+    except Exception:  # noqa: BLE001 - Redis or the broker down: the next beat covers it
+        _kicks_off_until = time.monotonic() + KICK_BACKOFF_S
+        logger.warning(
+            "could not ask for a reconciler pass; the next beat will run one", exc_info=True
+        )
