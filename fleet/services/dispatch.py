@@ -50,7 +50,11 @@ def bump_desired(node_ids) -> None:
     async def ring_all():
         # One event loop for every doorbell: a loop (and a Redis connection)
         # per node cost tens of milliseconds each when a pass touched thousands.
-        await asyncio.gather(*(anotify_node(n, "node.doorbell") for n in ids))
+        from fleet.gateway.notify import achanged
+
+        # A shard told to drain or stop must get no new request from now on, not
+        # after the gateways' next periodic refresh.
+        await asyncio.gather(*(anotify_node(n, "node.doorbell") for n in ids), achanged("routes"))
 
     transaction.on_commit(lambda: async_to_sync(ring_all)())
 
