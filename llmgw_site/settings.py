@@ -203,8 +203,10 @@ LLMGW = {
     "SUSPECT_AFTER_S": float(os.environ.get("LLMGW_SUSPECT_AFTER_S", "50")),
     "REPLACE_AFTER_S": float(os.environ.get("LLMGW_REPLACE_AFTER_S", "300")),
     "LOGS_TIMEOUT_S": float(os.environ.get("LLMGW_LOGS_TIMEOUT_S", "10")),
-    # Heartbeats are written in batches: at most this long after arrival.
-    "HEARTBEAT_FLUSH_S": float(os.environ.get("LLMGW_HEARTBEAT_FLUSH_S", "0.05")),
+    # Heartbeats that arrive while a write runs go together in the next one
+    # (fleet/heartbeats.py); this is an extra wait before each write, for
+    # bigger batches at the price of latency. 0: none.
+    "HEARTBEAT_FLUSH_S": float(os.environ.get("LLMGW_HEARTBEAT_FLUSH_S", "0")),
     # The gateway (/v1/*). A request body over the limit is refused with 413.
     "GATEWAY_MAX_BODY_BYTES": int(os.environ.get("LLMGW_GATEWAY_MAX_BODY_BYTES", str(16 << 20))),
     "GATEWAY_CONNECT_TIMEOUT_S": float(os.environ.get("LLMGW_GATEWAY_CONNECT_TIMEOUT_S", "3")),

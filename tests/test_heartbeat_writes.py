@@ -288,3 +288,65 @@ async def test_a_repeated_figure_is_written_again_after_a_register_rewrote_it():
     assert await db(gpu_used)() == [70000] * 8
     assert await db(storage_of)("gpu-01") == [("/var/lib/llmgw", 5 * 10**11, False)]
     await agent.close()
+
+
+# ---- the batcher ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_heartbeats_arriving_together_are_written_together_each_with_its_answer(
+    monkeypatch,
+):
+    import asyncio
+
+    from channels.db import database_sync_to_async as db
+
+    from fleet.heartbeats import HeartbeatBatcher
+
+    def make_nodes():
+        creds = {f"gpu-{i:02d}": node_with_credential(f"gpu-{i:02d}") for i in range(40)}
+        Node.objects.filter(pk="gpu-07").update(desired_version=3)
+        NodeCredential.objects.filter(node_id="gpu-09").update(revoked_at=timezone.now())
+        return creds
+
+    creds = await db(make_nodes)()
+    writes = []
+    apply = inventory.apply_heartbeats
+    monkeypatch.setattr(inventory, "apply_heartbeats", lambda b: writes.append(len(b)) or apply(b))
+    batcher = HeartbeatBatcher()
+
+    results = await asyncio.gather(*(batcher.submit(n, c, hb(load=LOAD)) for n, c in creds.items()))
+
+    answers = dict(zip(creds, results, strict=True))
+    assert answers["gpu-07"].desired_version == 3 and not answers["gpu-07"].revoked
+    assert answers["gpu-09"].revoked
+    assert not any(r.revoked for n, r in answers.items() if n != "gpu-09")
+    assert sum(writes) == 40 and len(writes) < 40  # batched, nobody left out
+    assert await db(NodeLoad.objects.count)() == 40
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_failed_write_fails_its_heartbeats_and_the_next_one_goes_through(monkeypatch):
+    from channels.db import database_sync_to_async as db
+    from django.db import OperationalError
+
+    from fleet.heartbeats import HeartbeatBatcher
+
+    cred = await db(node_with_credential)("gpu-01")
+    apply = inventory.apply_heartbeats
+    failures = iter([OperationalError("server closed the connection unexpectedly")])
+
+    def flaky(batch):
+        for exc in failures:
+            raise exc
+        return apply(batch)
+
+    monkeypatch.setattr(inventory, "apply_heartbeats", flaky)
+    batcher = HeartbeatBatcher()
+
+    with pytest.raises(OperationalError):
+        await batcher.submit("gpu-01", cred, hb(load=LOAD))
+    result = await batcher.submit("gpu-01", cred, hb(seq=2, load={**LOAD, "cpu_percent": 2.0}))
+
+    assert not result.revoked
+    assert (await db(NodeLoad.objects.get)(node_id="gpu-01")).cpu_percent == 2.0
