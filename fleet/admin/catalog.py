@@ -40,7 +40,8 @@ class ModelAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .select_related("active_profile")
+            # A profile's name shows its model's: without the model, a query per row.
+            .select_related("active_profile__model")
             .annotate(
                 replica_count=Count("replicas", distinct=True),
                 ready_count=Count(
