@@ -8,6 +8,7 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         from . import signals  # noqa: F401 - connects the reconciler's receivers
-        from .services import reconcile_metrics
+        from .services import fleet_metrics, reconcile_metrics
 
         reconcile_metrics.register()
+        fleet_metrics.register()

@@ -4,8 +4,8 @@ Everything llmgw exports registers on ``REGISTRY``: the gateway's metrics
 (``fleet.gateway.metrics``) and whoever adds more — metric objects with
 ``registry=REGISTRY``, or a custom collector through ``REGISTRY.register``.
 
-Reserved for the fleet gauges, which keep the Go system's names: they are left
-to the inventory's exporter and must not be reused for anything else.
+The fleet gauges keep the Go system's names, so dashboards carry over; they are
+exported by ``fleet.services.fleet_metrics`` and must not be reused for anything else.
 """
 
 from channels.db import database_sync_to_async

@@ -1,0 +1,111 @@
+"""The fleet gauges on /metrics: each node's CPU, load and memory, and each engine's share.
+
+Agents send these with their heartbeats; nothing is scraped on the nodes. The
+names are the Go system's, so dashboards and alerts carry over. A sample more
+than a minute old is left out rather than repeated: a silent node must not
+look busy (or idle) forever. A node that never reported its memory has no
+``llmgw_node_memory_bytes`` line: unknown is not zero.
+"""
+
+import logging
+
+from django.db import DatabaseError
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily
+
+from .nodes import LOAD_MAX_AGE
+
+logger = logging.getLogger(__name__)
+
+_registered = False
+
+
+def _families():
+    return {
+        "cpu": GaugeMetricFamily(
+            "llmgw_node_cpu_utilization_percent",
+            "CPU busy across all of the node's cores, percent.",
+            labels=["node"],
+        ),
+        "cpus": GaugeMetricFamily("llmgw_node_cpus", "CPUs on the node.", labels=["node"]),
+        "load": GaugeMetricFamily(
+            "llmgw_node_load", "Load average over the window.", labels=["node", "window"]
+        ),
+        "mem_total": GaugeMetricFamily(
+            "llmgw_node_memory_bytes", "Memory the node has.", labels=["node"]
+        ),
+        "mem_used": GaugeMetricFamily(
+            "llmgw_node_memory_used_bytes", "Memory in use on the node.", labels=["node"]
+        ),
+        "mem_available": GaugeMetricFamily(
+            "llmgw_node_memory_available_bytes",
+            "Memory available for new work on the node.",
+            labels=["node"],
+        ),
+        "shard_cpu": GaugeMetricFamily(
+            "llmgw_shard_cpu_cores",
+            "CPU cores an engine's process group uses.",
+            labels=["node", "shard", "model"],
+        ),
+        "shard_mem": GaugeMetricFamily(
+            "llmgw_shard_memory_bytes",
+            "Resident memory of an engine's process group.",
+            labels=["node", "shard", "model"],
+        ),
+    }
+
+
+def collect_fleet(now=None) -> list:
+    """The fleet gauges as metric families, in three queries whatever the fleet's size."""
+    from fleet.models import Node, NodeLoad, Shard, ShardLoad
+
+    now = now or timezone.now()
+    since = now - LOAD_MAX_AGE
+    f = _families()
+    for node_id, total_mb in Node.objects.filter(memory_total_mb__isnull=False).values_list(
+        "id", "memory_total_mb"
+    ):
+        f["mem_total"].add_metric([node_id], total_mb * 2**20)
+    for load in NodeLoad.objects.filter(sampled_at__gte=since):
+        node = load.node_id
+        f["cpu"].add_metric([node], load.cpu_percent)
+        f["cpus"].add_metric([node], load.cpu_count)
+        for window, value in (("1m", load.load1), ("5m", load.load5), ("15m", load.load15)):
+            f["load"].add_metric([node, window], value)
+        f["mem_used"].add_metric([node], load.memory_used_bytes)
+        f["mem_available"].add_metric([node], load.memory_available_bytes)
+    samples = list(ShardLoad.objects.filter(sampled_at__gte=since))
+    # A process the agent measures may belong to no shard the control plane
+    # knows (yet); it is still using the machine, so it is shown without a model.
+    models = dict(
+        Shard.objects.filter(id__in={s.shard_id for s in samples}).values_list(
+            "id", "replica__model__name"
+        )
+    )
+    for s in samples:
+        labels = [s.node_id, s.shard_id, models.get(s.shard_id, "")]
+        f["shard_cpu"].add_metric(labels, s.cpu_cores)
+        f["shard_mem"].add_metric(labels, s.rss_bytes)
+    return list(f.values())
+
+
+class FleetCollector:
+    def describe(self):
+        return list(_families().values())
+
+    def collect(self):
+        try:
+            return collect_fleet()
+        except DatabaseError:
+            logger.warning("fleet metrics: the database did not answer")
+            return []
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from fleet.metrics import REGISTRY
+
+    REGISTRY.register(FleetCollector())
+    _registered = True
