@@ -33,7 +33,7 @@ FAST = {
     "LLMGW_REPLACE_AFTER_S": "120",
     "LLMGW_OUTAGE_GAP_S": "5",
     "LLMGW_RESTART_BACKOFF_S": "1",
-    "LLMGW_DRAIN_TIMEOUT_S": "15",
+    "LLMGW_DRAIN_TIMEOUT_S": "5",
     "LLMGW_GATEWAY_REFRESH_S": "1",
     "LLMGW_CREDENTIAL_RECHECK_S": "2",
 }
@@ -119,13 +119,6 @@ class Agent:
     def kill_9(self) -> None:
         self.proc.proc.send_signal(signal.SIGKILL)
         self.proc.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.proc.poll() is None:
-            try:
-                self.proc.terminate(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
     def engines(self) -> dict[str, int]:
         """Engines running with this agent's mark: shard id -> the PID of their group leader."""
@@ -259,11 +252,22 @@ class Stack:
     # ---- teardown ------------------------------------------------------------------------
 
     def close(self) -> None:
-        for agent in self.agents:
-            agent.stop()
+        # Everything at once: nothing is left to care who hears of whose end.
+        procs = [a.proc.proc for a in self.agents if a.proc is not None]
+        procs += [proc for proc, _ in self.celery]
+        if self.daphne is not None:
+            procs.append(self.daphne.proc)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
         for agent in self.agents:
             agent.kill_engines()
-        self.stop_control_plane()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self.redis.stop()
 
 
