@@ -120,6 +120,18 @@ def test_agent_reported_fields_are_read_only(admin_client, fleet):
     assert node.memory_total_mb == 2063500 and node.state == "ready"
 
 
+def test_draining_from_the_form_also_cordons(admin_client, fleet):
+    data = form_data(admin_client.get(url(Node, "change", "gpu-01")).content.decode())
+    data.pop("cordoned", None)
+    data["draining"] = "on"
+
+    resp = admin_client.post(url(Node, "change", "gpu-01"), data)
+
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    node = Node.objects.get(pk="gpu-01")
+    assert node.draining and node.cordoned
+
+
 def test_operator_labels_must_be_an_object(admin_client, fleet):
     data = form_data(admin_client.get(url(Node, "change", "gpu-01")).content.decode())
     data["operator_labels"] = '["zone", "a"]'

@@ -105,6 +105,14 @@ class NodeForm(forms.ModelForm):
             raise forms.ValidationError(f"label values must be strings: {', '.join(bad)}")
         return labels
 
+    def clean(self):
+        cleaned = super().clean()
+        # A drain cordons, as drain_node does, so a node drained from this form
+        # reads and filters the same as one drained by the action, API or command.
+        if cleaned.get("draining"):
+            cleaned["cordoned"] = True
+        return cleaned
+
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
