@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 from datetime import timedelta
 from pathlib import Path
 
@@ -209,6 +210,17 @@ def _retire(directory: Path, name: str, path: Path, agent_state: Path, node_id: 
     print(f"  {name} still running after {RETIRE_WAIT_S} s; stopping it by signal")
 
 
+def _shown(url: str | None) -> str | None:
+    """A URL fit to print: any password in it masked."""
+    if not url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -267,13 +279,14 @@ def main() -> int:
         )
         _wait_listening(stack, port)
         stack.start("agent", [py, "-m", "agentd", "--config", str(agent_yaml)])
+        database = _shown(os.environ.get("DATABASE_URL")) or f"SQLite in {directory}"
         print(
             f"\nllmgw is up (logs in {logs}):\n"
             f"  admin     {base}/admin/   login {username} / {password}\n"
             f"  API       {base}/api/v1/  (schema {base}/api/schema/)\n"
             f"  gateway   {base}/v1/      API key {api_key}\n"
-            f"  database  {os.environ.get('DATABASE_URL') or 'SQLite in ' + str(directory)}\n"
-            f"  redis     {env['REDIS_URL']}\n"
+            f"  database  {database}\n"
+            f"  redis     {_shown(env['REDIS_URL'])}\n"
             f"  node      {node_id} (agent config {agent_yaml})\n",
             flush=True,
         )
