@@ -12,14 +12,12 @@ import json
 import logging
 import time
 
-import aiohttp
-
 from . import metrics, table
 from .errors import GatewayError, error_body, sse_error_event
+from .upstream import ConnectFailed, Disconnected, UpstreamError
 
 logger = logging.getLogger(__name__)
 
-_UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept": "*/*"}
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20
 
@@ -161,16 +159,15 @@ async def _attempt(
     try:
         try:
             async with asyncio.timeout(limits.first_byte_timeout_s):
-                resp = await gw.session.post(
-                    up.endpoint_url(req.endpoint), data=body, headers=_UPSTREAM_HEADERS
-                )
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                host, port = up.address
+                resp = await gw.client.post(host, port, up.request_head(req.endpoint), body)
+        except ConnectFailed as exc:
             error("connect")
             _connect_failed(gw, route, up)
             raise _Retry(
                 f"could not connect to replica {up.replica_id} at {up.url}: {exc}"
             ) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        except Disconnected as exc:
             # A pooled connection to an engine that restarted or died, before any
             # answer: nothing reached the client, so another replica may take it.
             error("disconnect")
@@ -220,7 +217,7 @@ def _connect_failed(gw, route, up: table.Upstream) -> None:
 async def _whole(route, up, resp, reply: Reply) -> None:
     try:
         body = await resp.read()
-    except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+    except UpstreamError:
         metrics.upstream_error(route.name, up.replica_id, "protocol")
         raise GatewayError(
             502,
@@ -250,12 +247,12 @@ async def _whole(route, up, resp, reply: Reply) -> None:
             parsed = None
         if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
             # Engines word their errors their own way; clients expect OpenAI's shape.
-            text = body[:300].decode("utf-8", "replace").strip() or resp.reason or ""
+            text = body[:300].decode("utf-8", "replace").strip() or resp.reason.strip()
             body = error_body(
                 status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
             )
     headers = [
-        (b"content-type", (resp.headers.get("Content-Type") or "application/json").encode()),
+        (b"content-type", (resp.header(b"content-type") or "application/json").encode()),
         (b"content-length", str(len(body)).encode()),
         _replica_header(up),
     ]
@@ -278,7 +275,7 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
     first = True
     problem = None
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.iter_chunks():
             if first:
                 route.metrics.ttft.observe(time.perf_counter() - t0)
                 first = False
@@ -288,7 +285,7 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
             if problem:
                 problem = f"replica {up.replica_id} of model '{route.name}' sent {problem}"
                 break
-    except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+    except UpstreamError:
         pass
     if problem is None and (check.tail or not check.done):
         problem = (

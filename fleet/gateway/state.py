@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from . import engines, keys, metrics, notify, table
 from .errors import GatewayError
+from .upstream import Client
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ class Gateway:
         self.routes: dict[str, table.Route] = {}
         self.keys: dict[str, keys.KeyEntry] = {}
         self.used_keys: set[int] = set()
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # scraping engines' /metrics
+        self.client: Client | None = None  # the request path
         self.started = False
         self.keys_loaded_at = 0.0
         self.routes_loaded_at = 0.0
@@ -103,6 +105,7 @@ class Gateway:
                     code="gateway_starting",
                     retry_after=1,
                 ) from exc
+            self.client = Client(self.limits.connect_timeout_s)
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60),
                 timeout=aiohttp.ClientTimeout(
@@ -133,6 +136,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self._write_used()
+        if self.client is not None:
+            self.client.close()
         if self.session is not None:
             await self.session.close()
         self.started = False

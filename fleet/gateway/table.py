@@ -56,16 +56,26 @@ class Upstream:
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
     engine_waiting: float | None = None  # queued inside the engine, from its /metrics
-    _urls: dict = field(default_factory=dict, repr=False)
+    _heads: dict = field(default_factory=dict, repr=False)
 
-    def endpoint_url(self, endpoint: str):
-        """The parsed URL of an endpoint, parsed once: aiohttp would parse a string every time."""
-        url = self._urls.get(endpoint)
-        if url is None:
-            from yarl import URL
+    def request_head(self, endpoint: str) -> bytes:
+        """The request line and headers, up to the value of Content-Length; built once."""
+        head = self._heads.get(endpoint)
+        if head is None:
+            hostport = self.url.split("://", 1)[-1]
+            head = self._heads[endpoint] = (
+                f"POST /v1/{endpoint} HTTP/1.1\r\nHost: {hostport}\r\n"
+                "Content-Type: application/json\r\nAccept: */*\r\nContent-Length: "
+            ).encode()
+        return head
 
-            url = self._urls[endpoint] = URL(f"{self.url}/v1/{endpoint}")
-        return url
+    @property
+    def address(self) -> tuple[str, int]:
+        addr = self._heads.get(None)
+        if addr is None:
+            host, _, port = self.url.split("://", 1)[-1].rpartition(":")
+            addr = self._heads[None] = (host.strip("[]"), int(port))
+        return addr
 
 
 @dataclass(eq=False)
