@@ -8,7 +8,8 @@ measured with wrk directly against the engine, through llmgw's gateway on
 Daphne (the default deployment) and on uvicorn (``llmgw_site.gateway_asgi``),
 and through LiteLLM's proxy (one process, a master key, no database) from its
 own virtualenv (``--litellm-venv``; made with ``pip install 'litellm[proxy]'``).
-Also compares the two async HTTP clients the gateway could use upstream.
+Also compares upstream HTTP clients: the gateway's own (``fleet.gateway.upstream``),
+aiohttp's and httpx's.
 
 Every process shares the machine's cores with wrk and the engine, so the
 figures are for this machine and meaningful side by side, not alone.
@@ -235,6 +236,25 @@ async def _client_rate(kind: str, url: str, payload: dict, n: int, conc: int) ->
                 await resp.read()
 
         close = session.close
+    elif kind == "llmgw":
+        from urllib.parse import urlsplit
+
+        from fleet.gateway.upstream import Client
+
+        parts = urlsplit(url)
+        head = (
+            f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            "Content-Type: application/json\r\nContent-Length: "
+        ).encode()
+        llmgw = Client(5.0)
+
+        async def one():
+            resp = await llmgw.post(parts.hostname, parts.port, head, body)
+            await resp.read()
+            resp.release()
+
+        async def close():
+            llmgw.close()
     else:
         import httpx
 
@@ -260,7 +280,7 @@ async def _client_rate(kind: str, url: str, payload: dict, n: int, conc: int) ->
 
 def compare_clients(url: str) -> dict:
     results = {}
-    for kind in ("aiohttp", "httpx"):
+    for kind in ("llmgw", "aiohttp", "httpx"):
         for conc in (1, 16):
             results[f"{kind} c={conc}"] = asyncio.run(
                 _client_rate(kind, url, PAYLOADS["instant"], 1000, conc)
