@@ -99,3 +99,37 @@ async def test_a_broken_answer_is_an_error_the_gateway_can_tell_apart(answer, er
 async def test_nobody_listening_is_a_connect_failure():
     with pytest.raises(ConnectFailed):
         await Client(1.0).post("127.0.0.1", free_port(), HEAD, b"{}")
+
+
+async def test_a_kept_alive_connection_the_engine_closed_is_replaced_not_failed():
+    # given an engine that answers once, then drops its idle connection exactly
+    # when the next request arrives on it (its keep-alive timeout racing ours)
+    state = {"connections": 0}
+
+    async def handle(reader, writer):
+        state["connections"] += 1
+        first = state["connections"] == 1
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(ok(b'{"n": %d}' % state["connections"]))
+        await writer.drain()
+        if first:
+            await reader.readuntil(b"\r\n\r\n")  # the second request: hang up on it
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Client(1.0)
+    resp = await client.post("127.0.0.1", port, HEAD, b"{}")
+    assert await resp.read() == b'{"n": 1}'
+    resp.release()
+
+    # when the client sends the next request on the pooled connection
+    resp = await client.post("127.0.0.1", port, HEAD, b"{}")
+
+    # then it is answered, on a new connection, instead of failing
+    assert await resp.read() == b'{"n": 2}'
+    assert state["connections"] == 2
+    client.close()
+    server.close()

@@ -291,19 +291,31 @@ class Client:
         if pool is None:
             pool = self._pools[(host, port)] = _Pool(host, port)
         conn = pool.take()
+        reused = conn is not None
         if conn is None:
             conn = await self._connect(pool)
-        resp = conn.resp = Response(conn)
-        conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
-        try:
-            while not resp.status:
-                if resp._error is not None:
-                    raise resp._error
-                await resp._wait()
-        except BaseException:
-            conn.done(reuse=False)
-            raise
-        return resp
+        while True:
+            resp = conn.resp = Response(conn)
+            conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
+            try:
+                while not resp.status:
+                    if resp._error is not None:
+                        raise resp._error
+                    await resp._wait()
+            except Disconnected:
+                conn.done(reuse=False)
+                if not reused:
+                    raise
+                # An idle kept-alive connection that the engine closed just as the
+                # request went out: nothing was answered, so send it once more on
+                # a new connection rather than fail a request the engine never saw.
+                reused = False
+                conn = await self._connect(pool)
+                continue
+            except BaseException:
+                conn.done(reuse=False)
+                raise
+            return resp
 
     async def _connect(self, pool: _Pool) -> _Conn:
         loop = asyncio.get_running_loop()
