@@ -145,7 +145,7 @@ def test_make_run_prints_a_curl_and_a_client_line_that_work_and_ctrl_c_stops_eve
         # and the printed curl gets that file's model, the tiny one no longer wanted
         assert json.loads(_run_printed(curl).stdout)["model"] == "my-model.q4"
         assert Model.objects.get(name="tiny-llama").desired_replicas == 0
-        assert "failed" not in again.output(), again.output()
+        assert "my-model.q4: failed" not in again.output(), again.output()
         (spec,) = [env_["LLMGW_SHARD_SPEC"] for _, env_ in state.find_marked(agent_state).values()]
         assert json.loads(spec)["profile"]["model_path"] == str(own)
         assert again.ctrl_c() == 0
