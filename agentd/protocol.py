@@ -37,6 +37,9 @@ Text = Annotated[str, Field(max_length=4096)]
 # wire would pass validation and then fail in the database, after the socket
 # had already been told its message was fine.
 Count = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a bigint column
+# Desired-set versions: room left above any reported one, since the control plane
+# continues numbering past what an agent reports (after a database restore).
+Version = Annotated[int, Field(ge=0, le=2**62)]
 SmallCount = Annotated[int, Field(ge=0, le=2**31 - 1)]  # an integer column
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 GpuIndex = Annotated[int, Field(ge=0, le=32767)]  # a smallint column
@@ -218,7 +221,7 @@ class Register(_Msg):
     provision: Annotated[list[EngineInstall], Field(max_length=32)] = []
     running_shards: Annotated[list[RunningShard], Field(max_length=256)] = []
     # The newest desired-set version the agent has converged to (0: none).
-    desired_version: Count = 0
+    desired_version: Version = 0
 
     @field_validator("gpus")
     @classmethod
@@ -251,7 +254,7 @@ class Heartbeat(_Msg):
     provision_changed: bool = False
     provision: Annotated[list[EngineInstall], Field(max_length=32)] = []
     load: Load | None = None
-    desired_version: Count = 0
+    desired_version: Version = 0
 
     @field_validator("provision")
     @classmethod
@@ -294,7 +297,7 @@ class AgentAck(_Msg):
 
     type: Literal["ack"]
     of: Literal["desired", "provision", "remove_weights"]
-    version: Count = 0
+    version: Version = 0
     ok: bool = True
     detail: Text = ""
 

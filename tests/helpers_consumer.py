@@ -225,6 +225,7 @@ def _int(lo: int, hi: int):
 
 
 INT64, INT32, INT16 = _int(0, 2**63 - 1), _int(0, 2**31 - 1), _int(0, 32767)
+VERSION = _int(0, 2**62)  # desired-set versions leave room to number past them
 _float = st.floats(min_value=0, allow_nan=False, allow_infinity=False)
 _shard_ids = st.from_regex(protocol.SHARD_ID_PATTERN, fullmatch=True) | st.just("s-1")
 
@@ -284,7 +285,7 @@ valid_heartbeats = st.fixed_dictionaries(
         "provision_changed": st.booleans(),
         "provision": _installs,
         "load": st.none() | _load,
-        "desired_version": INT64,
+        "desired_version": VERSION,
     },
 )
 _gpu = st.fixed_dictionaries(
@@ -335,7 +336,7 @@ valid_registers = st.fixed_dictionaries(
         "weights": _lists(_weights),
         "provision": _installs,
         "running_shards": _lists(_running),
-        "desired_version": INT64,
+        "desired_version": VERSION,
     },
 )
 valid_shard_reports = st.fixed_dictionaries(
