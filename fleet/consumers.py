@@ -10,6 +10,7 @@ from django.conf import settings
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
+from fleet import heartbeats
 from fleet.heartbeats import ReportMemo, batcher
 from fleet.services import access, dispatch, inventory
 
@@ -126,6 +127,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await self.refuse(CloseCode.FORBIDDEN, str(exc))
                 return
             self.node_id = msg.node_id
+            heartbeats.attach()
             self.group = dispatch.node_group(self.node_id)
             await self.channel_layer.group_add(self.group, self.channel_name)
             # A reconnect while the old socket still looks open: the new one
@@ -235,6 +237,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             deadline.cancel()
         if self.node_id is None:
             return
+        heartbeats.detach()
         await self.channel_layer.group_discard(self.group, self.channel_name)
         held = await database_sync_to_async(inventory.mark_disconnected)(
             self.node_id, self.channel_name

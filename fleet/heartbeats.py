@@ -10,13 +10,15 @@ the same idea from the start.
 
 The writer is a thread of its own with its own database connection, so
 heartbeats never queue behind a burst of registrations on the consumers'
-shared database thread, and the connection stays open while heartbeats keep
-coming. The ack an agent receives is sent after the write holding its
+shared database thread, and the connection stays open while agents are
+connected. The ack an agent receives is sent after the write holding its
 heartbeat committed.
 """
 
 import asyncio
 import logging
+import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +34,51 @@ logger = logging.getLogger(__name__)
 # One writer: batches are applied in order, and one connection does it.
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-heartbeats")
 _async_commit: "weakref.WeakSet" = weakref.WeakSet()
+# Agent sockets open in this process. While there are any, heartbeats keep
+# coming and the writer keeps its connection: opening one per write (as
+# CONN_MAX_AGE=0 would) cost more than the write itself once the writer went
+# idle between heartbeats, as it does many times a second at 1,000 agents.
+_sockets = 0
+
+
+def attach() -> None:
+    """An agent socket registered: heartbeats will follow."""
+    global _sockets
+    _sockets += 1
+
+
+def detach() -> None:
+    """An agent socket closed. With none left, the writer gives its connection back."""
+    global _sockets
+    _sockets = max(0, _sockets - 1)
+    if _sockets == 0:
+        _writer.submit(close_old_connections)
+
+
+# A socket whose consumer died without a disconnect never detaches; after this
+# long without a write the connection goes back anyway.
+IDLE_CLOSE_S = 5.0
+_last_write = 0.0
+_janitor: threading.Thread | None = None
+
+
+def _close_if_idle() -> None:
+    if time.monotonic() - _last_write >= IDLE_CLOSE_S:
+        close_old_connections()
+
+
+def _janitor_loop() -> None:
+    while True:
+        time.sleep(1.0)
+        if time.monotonic() - _last_write >= IDLE_CLOSE_S:
+            _writer.submit(_close_if_idle)
+
+
+def _start_janitor() -> None:
+    global _janitor
+    if _janitor is None:
+        _janitor = threading.Thread(target=_janitor_loop, name="llmgw-heartbeats-idle", daemon=True)
+        _janitor.start()
 
 
 class ReportMemo:
@@ -120,6 +167,8 @@ class HeartbeatBatcher:
 
     def _write(self, items: list) -> dict[str, inventory.HeartbeatResult]:
         """In the writer thread: one transaction for the whole batch."""
+        global _last_write
+        _start_janitor()
         failed = False
         try:
             _prepare_connection()
@@ -128,9 +177,10 @@ class HeartbeatBatcher:
             failed = True
             raise
         finally:
-            # Idle, or broken: give the connection back as every other database
-            # call would (CONN_MAX_AGE decides). Busy: keep it for the next batch.
-            if failed or not self.pending:
+            # Broken, or nothing more to write (no socket that will send more):
+            # give the connection back as every other database call would.
+            _last_write = time.monotonic()
+            if failed or (not self.pending and _sockets == 0):
                 close_old_connections()
 
 

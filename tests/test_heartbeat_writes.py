@@ -350,3 +350,28 @@ async def test_a_failed_write_fails_its_heartbeats_and_the_next_one_goes_through
 
     assert not result.revoked
     assert (await db(NodeLoad.objects.get)(node_id="gpu-01")).cpu_percent == 2.0
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_writer_keeps_its_connection_while_agents_are_connected_only():
+    import asyncio
+
+    from django.db import connection
+
+    from fleet import heartbeats
+    from tests.helpers_consumer import enrol
+
+    def writer_connected() -> bool:
+        return heartbeats._writer.submit(lambda: connection.connection is not None).result()
+
+    agents = [await enrol("gpu-01"), await enrol("gpu-02")]
+    await agents[0].heartbeat(seq=1, load=LOAD)
+    await agents[1].heartbeat(seq=1, load=LOAD)
+    # Between heartbeats the writer is idle, and keeps its connection for the next.
+    assert await asyncio.to_thread(writer_connected)
+
+    await agents[0].close()
+    assert await asyncio.to_thread(writer_connected)
+    await agents[1].close()
+    # The last agent gone: nothing holds a database connection for heartbeats.
+    assert not await asyncio.to_thread(writer_connected)
