@@ -137,7 +137,6 @@ def test_daphne_and_celery_restarted_adopt_the_running_shard_without_a_second_en
     # when: the whole control plane goes down and comes back
     stack.stop_control_plane()
     assert agent.engines() == {shard.pk: pid}, "engines do not depend on the control plane"
-    time.sleep(1)
     down_passes = passes()
     stack.start_control_plane()
 
