@@ -124,9 +124,13 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            # redis-py 8 times out any read after 5 s by default, which kills the
-            # layer's blocking BZPOPMIN and with it every idle consumer.
-            "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+            # redis-py 8 changed two defaults the layer relies on. It times out
+            # any read after 5 s, which kills the blocking BZPOPMIN and with it
+            # every idle consumer. And it caps a pool at 100 connections, failing
+            # the 101st: when 2,000 agents drop at once (bench/agents.py) their
+            # disconnects' group_discard died with "Too many connections" and
+            # left the nodes marked connected. Both back to redis-py 7's values.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": None, "max_connections": 2**31}],
             "prefix": os.environ.get("LLMGW_CHANNEL_PREFIX", "llmgw"),
             # Messages to a node are doorbells and requests: dropping one when a
             # channel is full is survivable (the desired set is re-sent), piling
