@@ -34,6 +34,16 @@ MODEL = table.ModelView(1, "m", 1700000000, 2)
         (replica("r", shard(desired="draining")), ("draining", "")),
         (replica("r", shard(state="draining")), ("draining", "")),
         (replica("r", shard(desired="stopped")), ("stopping", "")),
+        (replica("r", shard(state="stopped")), ("stopping", "")),
+        # placed again on n2: the old shard on a silent n1, told to stop, is not part of it
+        (
+            replica("r", shard(desired="stopped", node="n1"), shard(node="n2", addr="10.0.0.8")),
+            ("ready", ""),
+        ),
+        (
+            replica("r", shard(desired="stopped"), shard(node="n2", state="loading")),
+            ("loading", ""),
+        ),
         (replica("r", state="pending", reason="gpu-07: has 8 GB"), ("pending", "gpu-07: has 8 GB")),
         (replica("r", shard(state="failed", error="exit 1\ntrace")), ("failed", "exit 1")),
         (replica("r", shard(port=None)), ("unreachable", "its rank-0 shard has no address")),

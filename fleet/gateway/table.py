@@ -95,6 +95,16 @@ class Route:
 _ORDER = ["starting", "loading", "pending", "failed", "draining", "stopping", "unreachable"]
 
 
+def serving_shards(r: ReplicaView) -> list:
+    """The shards of the replica's current placement.
+
+    A replica placed again (a restart, or a silent node's replica moved) keeps its
+    old shards, told to stop, until their agent confirms: they are not part of
+    what serves now.
+    """
+    return [s for s in r.shards if s.desired_state != DesiredState.STOPPED]
+
+
 def replica_status(r: ReplicaView) -> tuple[str, str]:
     """("ready", "") or (what it is instead, a reason an operator can act on).
 
@@ -103,21 +113,24 @@ def replica_status(r: ReplicaView) -> tuple[str, str]:
     """
     if not r.shards:
         return "pending", r.reason
-    for s in r.shards:
-        if s.desired_state == DesiredState.STOPPED or s.state == ShardState.STOPPED:
+    shards = serving_shards(r)
+    if not shards:
+        return "stopping", ""
+    for s in shards:
+        if s.state == ShardState.STOPPED:
             return "stopping", ""
         if s.desired_state == DesiredState.DRAINING or s.state == ShardState.DRAINING:
             return "draining", ""
-    states = {s.state for s in r.shards}
+    states = {s.state for s in shards}
     if states == {ShardState.READY}:
-        leader = min(r.shards, key=lambda s: s.rank)
+        leader = min(shards, key=lambda s: s.rank)
         if leader.rank != 0 or not leader.mgmt_addr or not leader.port:
             return "unreachable", "its rank-0 shard has no address"
         if leader.node_state == NodeState.LOST:
             return "unreachable", f"node {leader.node_id} is lost"
         return "ready", ""
     if ShardState.FAILED in states:
-        err = r.reason or next((s.error for s in r.shards if s.error), "")
+        err = r.reason or next((s.error for s in shards if s.error), "")
         return "failed", (err.strip().splitlines() or [""])[0]
     if ShardState.PENDING in states:
         return "pending", r.reason
@@ -172,7 +185,7 @@ def build_routes(
             if what != "ready":
                 counts[(what, reason)] = counts.get((what, reason), 0) + 1
                 continue
-            leader = min(r.shards, key=lambda s: s.rank)
+            leader = min(serving_shards(r), key=lambda s: s.rank)
             url = upstream_url(leader.mgmt_addr, leader.port)
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
             u.served_name = r.served_name
