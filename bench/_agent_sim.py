@@ -4,10 +4,11 @@ Kept free of Django so a client process costs only what a real agent's socket wo
 """
 
 import asyncio
+import gc
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
@@ -16,6 +17,7 @@ from bench._common import raise_nofile
 # As agentd: give up on a handshake after 10 s, on the register's ack after 15 s.
 OPEN_TIMEOUT_S = 10
 REGISTER_ACK_TIMEOUT_S = 15
+LAG_PROBE_S = 0.05
 
 # ---- what an agent says ------------------------------------------------------
 
@@ -150,6 +152,8 @@ class WorkerResult:
     hb_lost: int = 0
     closed_early: int = 0
     enrol_retries: int = 0
+    lag_s: list = field(default_factory=list)
+    gc_pauses_s: list = field(default_factory=list)
 
 
 class Agent:
@@ -290,7 +294,15 @@ class Worker:
         conn.send(("registered", len(self.result.enrol_s)))
         t0, t1, drain = await loop.run_in_executor(None, conn.recv)
         self.window = (t0, t1)
-        await asyncio.sleep(max(0.0, t1 - time.time()))
+        await asyncio.sleep(max(0.0, t0 - time.time()))
+        # The clients' own stalls land in every round trip they time: measured
+        # so a slow client is not mistaken for a slow server.
+        gc.callbacks.append(self._gc_timer)
+        while time.time() < t1:
+            t = loop.time()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.result.lag_s.append(loop.time() - t - LAG_PROBE_S)
+        gc.callbacks.remove(self._gc_timer)
         # Heartbeats sent just before t1 get `drain` seconds to be acked, then count as lost.
         deadline = loop.time() + drain
         while loop.time() < deadline and any(
@@ -312,6 +324,14 @@ class Worker:
             return_exceptions=True,
         )
         conn.send(("done", asdict(self.result)))
+
+    _gc_started = 0.0
+
+    def _gc_timer(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif info.get("generation") == 2:
+            self.result.gc_pauses_s.append(time.perf_counter() - self._gc_started)
 
 
 def worker_main(conn, *args) -> None:

@@ -152,13 +152,20 @@ def run_level(args, dbs: ScratchDatabases, n: int, workdir: Path) -> dict:
         total = sum(busy1) - sum(busy0)
         idle = (busy1.idle + busy1.iowait) - (busy0.idle + busy0.iowait)
         machine_cpu = 100.0 * psutil.cpu_count() * (1 - idle / total) if total > 0 else 0.0
-        merged = {"enrol_s": [], "hb_rtt_s": [], "ping_rtt_s": [], "enrol_failed": {}}
+        merged = {
+            "enrol_s": [],
+            "hb_rtt_s": [],
+            "ping_rtt_s": [],
+            "lag_s": [],
+            "gc_pauses_s": [],
+            "enrol_failed": {},
+        }
         counts = {"hb_sent": 0, "hb_lost": 0, "closed_early": 0, "enrol_retries": 0}
         for pipe in pipes:
             if not pipe.poll(drain + 60):
                 raise RuntimeError(f"{label}: a client process did not report")
             res = pipe.recv()[1]
-            for key in ("enrol_s", "hb_rtt_s", "ping_rtt_s"):
+            for key in ("enrol_s", "hb_rtt_s", "ping_rtt_s", "lag_s", "gc_pauses_s"):
                 merged[key] += res[key]
             for kind, c in res["enrol_failed"].items():
                 merged["enrol_failed"][kind] = merged["enrol_failed"].get(kind, 0) + c
@@ -194,6 +201,9 @@ def run_level(args, dbs: ScratchDatabases, n: int, workdir: Path) -> dict:
         "hb_max_ms": _ms(max(hb) if hb else float("nan")),
         "ping_p50_ms": _ms(percentile(ping, 50)),
         "ping_p99_ms": _ms(percentile(ping, 99)),
+        "client_lag_p99_ms": _ms(percentile(merged["lag_s"], 99)),
+        "client_lag_max_ms": _ms(max(merged["lag_s"], default=float("nan"))),
+        "client_full_gcs": len(merged["gc_pauses_s"]),
         "db_p50_ms": _ms(percentile(probe.rtt, 50)),
         "db_p99_ms": _ms(percentile(probe.rtt, 99)),
         "server_cpu_pct": round(server_cpu, 1),
