@@ -3,6 +3,8 @@
 Every message is a JSON object with ``type`` and ``v``. Anything that does not
 validate closes the socket (see ``CloseCode``) and changes nothing. The control
 plane imports this module; this module imports nothing from the control plane.
+The messages are defined here; the checks before the schema, the close codes
+and ``ProtocolError`` are in ``agentd.wire``, and importable from here too.
 Units are in the field names: ``_mb`` mebibytes, ``_bytes`` bytes, ``_s`` seconds.
 ``docs/protocol.md`` is the prose version of this file.
 """
@@ -10,19 +12,16 @@ Units are in the field names: ``_mb`` mebibytes, ``_bytes`` bytes, ``_s`` second
 from __future__ import annotations
 
 import enum
-import json
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-VERSION = 1
+# Re-exported (the "X as X" form says so): both ends import the whole contract
+# from this module, though how a raw message is checked lives in agentd.wire.
+from agentd.wire import VERSION as VERSION
+from agentd.wire import CloseCode as CloseCode
+from agentd.wire import ProtocolError as ProtocolError
+from agentd.wire import decode
 
 # A node id names a channel-layer group and appears in URLs, so it keeps to
 # characters that are safe in both.
@@ -44,18 +43,6 @@ SmallCount = Annotated[int, Field(ge=0, le=2**31 - 1)]  # an integer column
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 GpuIndex = Annotated[int, Field(ge=0, le=32767)]  # a smallint column
 Labels = Annotated[dict[Annotated[str, Field(max_length=63)], ShortStr], Field(max_length=64)]
-
-
-class CloseCode(enum.IntEnum):
-    """WebSocket close codes the control plane uses. 1009 (too big) comes from Daphne."""
-
-    NORMAL = 1000  # the agent said goodbye, or the server is shutting down
-    INVALID_MESSAGE = 4000  # not JSON, a binary frame, an unknown type, or a field fails
-    UNSUPPORTED_VERSION = 4001  # "v" is not a version this end speaks
-    NOT_REGISTERED = 4002  # a message before "register"
-    FORBIDDEN = 4003  # the credential does not authorise this node
-    SUPERSEDED = 4009  # the same node connected again; the new socket wins
-    REVOKED = 4010  # the node's credential was revoked while connected
 
 
 class ShardState(enum.StrEnum):
@@ -416,77 +403,6 @@ _agent_adapter: TypeAdapter = TypeAdapter(AgentMessage)
 _control_adapter: TypeAdapter = TypeAdapter(ControlMessage)
 
 
-class ProtocolError(ValueError):
-    """A message that does not follow the protocol. ``code`` is the close code to use."""
-
-    def __init__(self, code: CloseCode, reason: str):
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def _summarise(err: ValidationError) -> str:
-    first = err.errors(include_url=False)[0]
-    loc = list(first["loc"])[1:]  # the first element is the discriminator's tag
-    where = ".".join(str(p) for p in loc) or "message"
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _find_nul(data) -> bool:
-    # Iterative, so a deeply nested message cannot exhaust the stack here.
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
-def _decode(raw: str | bytes | dict, adapter: TypeAdapter, known: set[str]):
-    if isinstance(raw, dict):
-        data = raw
-    else:
-        try:
-            data = json.loads(raw, parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(CloseCode.INVALID_MESSAGE, f"not JSON: {exc}") from None
-        except RecursionError:
-            raise ProtocolError(CloseCode.INVALID_MESSAGE, "not JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ProtocolError(CloseCode.INVALID_MESSAGE, "a message must be a JSON object")
-    kind = data.get("type")
-    if not isinstance(kind, str) or kind not in known:
-        # Cut short: the reason is logged and sent back, and the sender chose it.
-        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"unknown message type {kind!r:.40}")
-    version = data.get("v")
-    # type() rather than ==: true == 1 and 1.0 == 1 in Python, not on the wire.
-    if type(version) is not int or version != VERSION:
-        raise ProtocolError(
-            CloseCode.UNSUPPORTED_VERSION,
-            f"protocol version {version!r:.20} is not supported; this end speaks {VERSION}",
-        )
-    # PostgreSQL cannot store U+0000 in text, so a string holding one would pass
-    # here and fail at the database; the sender must strip it (engine output can
-    # carry them).
-    if _find_nul(data):
-        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"{kind}: a string contains U+0000")
-    try:
-        return adapter.validate_python(data)
-    except ValidationError as exc:
-        raise ProtocolError(CloseCode.INVALID_MESSAGE, f"{kind}: {_summarise(exc)}") from None
-
-
 AGENT_TYPES = {
     "register",
     "heartbeat",
@@ -501,12 +417,12 @@ CONTROL_TYPES = {"ack", "desired", "provision", "remove_weights", "logs_request"
 
 def parse_agent_message(raw: str | bytes | dict):
     """Validate a message from an agent, or raise ProtocolError."""
-    return _decode(raw, _agent_adapter, AGENT_TYPES)
+    return decode(raw, _agent_adapter, AGENT_TYPES)
 
 
 def parse_control_message(raw: str | bytes | dict):
     """Validate a message from the control plane, or raise ProtocolError."""
-    return _decode(raw, _control_adapter, CONTROL_TYPES)
+    return decode(raw, _control_adapter, CONTROL_TYPES)
 
 
 def dump(msg: BaseModel) -> str:

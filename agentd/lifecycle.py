@@ -1,0 +1,218 @@
+"""How one shard's engine process lives: launched or adopted, watched, drained, stopped.
+
+``EngineLifecycle`` is a mixin of ``agentd.supervisor.Supervisor``, which decides
+what should run and reports every transition; the steps that act on a single
+engine process live here. It has no state of its own: it uses the supervisor's
+settings (``host``, ``port_range``, ``state_dir``, the timeouts), its
+``_engines``, ``_disabled``, ``_shards`` and ``_closed``, and its ``_set``,
+``_fail``, ``_emit`` and ``_spawn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import time
+
+from agentd import state
+from agentd.engines import Engine, EngineUnavailable, Probe
+from agentd.engines.base import tree_size, weights_path
+from agentd.protocol import DesiredShard, ShardState
+from agentd.shard import LIVE, Shard
+from agentd.shardproc import EngineProcess, exit_reason, port_taken
+
+# The supervisor's name, not this module's: these lines were always the
+# supervisor's in the agent's log, and operators filter that log by name.
+logger = logging.getLogger("agentd.supervisor")
+
+TICK_STARTING_S = 0.2  # while waiting for readiness: tests and operators both want it prompt
+TICK_READY_S = 1.0  # once ready, only "is it still alive": a waitpid or a /proc read
+FETCH_CHECK_S = 1.0
+DRAIN_POLL_S = 0.25
+DRAIN_WITHOUT_METRIC_S = 30.0  # engines that cannot count requests in flight
+
+
+class EngineLifecycle:
+    """Starting, adopting, watching, draining and stopping one shard's engine."""
+
+    # ---- starting and adopting -------------------------------------------------
+
+    async def _start(self, sh: Shard, spec: DesiredShard) -> None:
+        sh.spec, sh.failed_spec, sh.error = spec, None, ""
+        sh.engine = name = spec.profile.engine
+        engine = self._engines.get(name)
+        try:
+            if name in self._disabled:
+                raise EngineUnavailable(f"engine {name} is disabled on this node")
+            if engine is None:
+                known = ", ".join(sorted(n for n in self._engines if n not in self._disabled))
+                raise EngineUnavailable(f"engine {name!r} is not available here (known: {known})")
+            engine.command()  # installed since the last probe, or removed?
+            # Followers of a multi-node replica serve no HTTP, but engines derive
+            # internal ports from --port, so every shard gets a free one.
+            port = spec.port or self._free_port(sh.shard_id)
+            self._check_port(sh.shard_id, port)
+            launch = engine.build(spec.profile, spec, host=self.host, port=port)
+        except EngineUnavailable as exc:
+            return await self._fail(sh, str(exc))
+        env = {
+            **os.environ,
+            **launch.env,
+            **state.marks(self.state_dir, sh.shard_id, name, port, spec.model_dump_json()),
+        }
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        sh.log.skip_to_end()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(sh.log.path, "ab") as log:
+            log.write(
+                f"--- llmgw {stamp}: starting {sh.shard_id}: {shlex.join(launch.argv)}\n".encode()
+            )
+        try:
+            sh.process = EngineProcess.spawn(launch.argv, env, sh.log.path, self.log_dir)
+        except OSError as exc:
+            return await self._fail(sh, f"could not start {launch.argv[0]}: {exc}")
+        sh.port = port
+        sh.gen += 1
+        sh.stopping = False
+        sh.started_at = sh.progress_at = time.monotonic()
+        sh.timeout_s = self.startup_timeout_s or spec.startup_timeout_s
+        sh.fetch_path, sh.fetch_bytes, sh.fetch_checked = weights_path(spec), -1, 0.0
+        logger.info("shard %s: started %s as pid %s on port %s", sh.shard_id, name, sh.pid, port)
+        await self._set(sh, ShardState.STARTING)
+        self._spawn(self._monitor(sh, sh.gen))
+
+    def _free_port(self, shard_id: str) -> int:
+        lo, hi = self.port_range
+        for port in range(lo, hi + 1):
+            try:
+                self._check_port(shard_id, port)
+            except EngineUnavailable:
+                continue
+            return port
+        raise EngineUnavailable(f"no free port in the engine port range {lo}-{hi}")
+
+    def _check_port(self, shard_id: str, port: int) -> None:
+        """Refuse a port another shard holds or another process listens on: never share one."""
+        for other in self._shards.values():
+            if other.shard_id != shard_id and other.port == port and other.alive():
+                raise EngineUnavailable(f"port {port} is already in use by shard {other.shard_id}")
+        problem = port_taken(self.host, port)
+        if problem:
+            raise EngineUnavailable(problem)
+
+    async def _adopt(self, sh: Shard, pid: int, recorded: ShardState | None) -> None:
+        sh.process = EngineProcess(pid)
+        sh.gen += 1
+        sh.stopping = False
+        sh.started_at = sh.progress_at = time.monotonic()
+        spec = sh.spec
+        sh.timeout_s = self.startup_timeout_s or (spec.startup_timeout_s if spec else 1800.0)
+        sh.fetch_path = weights_path(spec) if spec else None
+        sh.log.skip_to_end()
+        engine = self._engines.get(sh.engine)
+        if recorded == ShardState.DRAINING:
+            sh.state = ShardState.DRAINING
+        elif engine is None or (spec is not None and not engine.serves_http(spec)):
+            sh.state = recorded if recorded in LIVE else ShardState.READY
+        else:
+            probe = await engine.probe(self.probe_host, sh.port)
+            sh.state = {
+                Probe.READY: ShardState.READY,
+                Probe.LOADING: ShardState.LOADING,
+                Probe.DOWN: ShardState.STARTING,
+            }[probe]
+        logger.info("shard %s: adopted pid %s, %s", sh.shard_id, pid, sh.state.value)
+        self._spawn(self._monitor(sh, sh.gen))
+
+    # ---- watching ----------------------------------------------------------------
+
+    async def _monitor(self, sh: Shard, gen: int) -> None:
+        engine = self._engines.get(sh.engine)
+        while sh.gen == gen and not self._closed:
+            sh.log.read_new()
+            if not sh.alive():
+                if sh.stopping or sh.gen != gen:
+                    return
+                code = sh.process.returncode
+                return await self._fail(sh, exit_reason(code), exit_code=code)
+            if sh.state in (ShardState.STARTING, ShardState.LOADING) and engine is not None:
+                if await self._check_ready(sh, engine, gen):
+                    return
+            await asyncio.sleep(TICK_READY_S if sh.state == ShardState.READY else TICK_STARTING_S)
+
+    async def _check_ready(self, sh: Shard, engine: Engine, gen: int) -> bool:
+        """One readiness step; True when the monitor is done (the shard failed)."""
+        if sh.spec is not None and not engine.serves_http(sh.spec):
+            # A multi-node follower has no endpoint; rank 0 cannot be ready until it joined.
+            await self._set(sh, ShardState.READY)
+            return False
+        probe = await engine.probe(self.probe_host, sh.port)
+        if sh.gen != gen or sh.stopping:
+            return True
+        if probe is Probe.READY:
+            await self._set(sh, ShardState.READY)
+            return False
+        if probe is Probe.LOADING and sh.state == ShardState.STARTING:
+            await self._set(sh, ShardState.LOADING)
+        await self._watch_fetch(sh)
+        if time.monotonic() < max(sh.started_at, sh.progress_at) + sh.timeout_s:
+            return False
+        error = f"the engine did not become ready within {sh.timeout_s:g} s"
+        logger.warning("shard %s: %s; stopping it", sh.shard_id, error)
+        sh.stopping = True
+        await sh.process.terminate(self.stop_grace_s, f"shard {sh.shard_id}")
+        await self._fail(sh, error, exit_code=sh.process.returncode)
+        return True
+
+    async def _watch_fetch(self, sh: Shard) -> None:
+        now = time.monotonic()
+        if sh.fetch_path is None or now - sh.fetch_checked < FETCH_CHECK_S:
+            return
+        sh.fetch_checked = now
+        size = await asyncio.to_thread(tree_size, sh.fetch_path)
+        grew = sh.fetch_bytes >= 0 and size > sh.fetch_bytes
+        sh.fetch_bytes = size
+        if grew:
+            sh.progress_at = time.monotonic()
+            await self._emit(sh.progress(size, None, str(sh.fetch_path)))
+
+    # ---- stopping ----------------------------------------------------------------
+
+    async def _drain(self, sh: Shard) -> None:
+        """Wait for requests in flight to finish (the gateway already sends no more), then stop."""
+        if sh.state != ShardState.DRAINING:
+            await self._set(sh, ShardState.DRAINING)
+        engine = self._engines.get(sh.engine)
+        serves = engine is not None and (sh.spec is None or engine.serves_http(sh.spec))
+        start = time.monotonic()
+        deadline = start + self.drain_timeout_s
+        blind = start + min(self.drain_timeout_s, DRAIN_WITHOUT_METRIC_S)
+        while True:
+            if sh.target == "running":
+                await self._set(sh, ShardState.READY)  # drain called off
+                return
+            if sh.target != "draining" or not sh.alive():
+                break
+            now = time.monotonic()
+            # A follower rank has no requests of its own but carries the leader's:
+            # it waits the whole bound (or until told to stop).
+            in_flight = await engine.in_flight(self.probe_host, sh.port) if serves else None
+            if in_flight == 0:
+                break
+            if now >= deadline or (in_flight is None and serves and now >= blind):
+                logger.info("shard %s: drain ends with %s in flight", sh.shard_id, in_flight)
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        if sh.alive():
+            await self._stop(sh, ShardState.STOPPED)
+
+    async def _stop(self, sh: Shard, final: ShardState | None) -> None:
+        sh.stopping = True
+        if sh.process is not None:
+            await sh.process.terminate(self.stop_grace_s, f"shard {sh.shard_id}")
+        sh.log.read_new()
+        logger.info("shard %s: engine pid %s stopped", sh.shard_id, sh.pid)
+        if final is not None:
+            await self._set(sh, final)
