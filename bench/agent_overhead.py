@@ -16,7 +16,7 @@ from the fast phase. RSS is the largest seen in either phase.
     .venv/bin/python bench/agent_overhead.py [--fast 1] [--fast-s 60] [--slow-s 120]
 
 Redis: REDIS_URL if set, else the machine's on 127.0.0.1:6379 if it answers,
-else a private one (llmgw_site.embedded).
+else a private one (fleet.devstack.redis).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def redis_url(tmp: Path):
         s.settimeout(0.5)
         if s.connect_ex(("127.0.0.1", 6379)) == 0:
             return "redis://127.0.0.1:6379/0", None
-    from llmgw_site.embedded import PrivateRedis
+    from fleet.devstack.redis import PrivateRedis
 
     redis = PrivateRedis(tmp).start()
     return redis.url, redis

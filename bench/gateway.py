@@ -326,7 +326,7 @@ def main() -> int:
     env.pop("DATABASE_URL", None)  # its own SQLite: the request path never reads it anyway
     redis = None
     if not env.get("REDIS_URL"):
-        from llmgw_site.embedded import PrivateRedis
+        from fleet.devstack.redis import PrivateRedis
 
         (work / "redis").mkdir()
         redis = PrivateRedis(work / "redis").start()

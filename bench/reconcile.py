@@ -54,7 +54,7 @@ def parent(args) -> int:
     redis_url = os.environ.get("REDIS_URL")
     if not redis_url:
         # The doorbells after each pass are part of its cost: a real Redis takes them.
-        from llmgw_site.embedded import PrivateRedis
+        from fleet.devstack.redis import PrivateRedis
 
         redis = PrivateRedis(work).start()
         redis_url = redis.url
@@ -117,7 +117,8 @@ def child(level: str) -> None:
     from django.utils import timezone
 
     from fleet.models import Node, Shard, ShardState
-    from fleet.services import placement, reconcile, snapshot
+    from fleet.services import placement, snapshot
+    from fleet.services.reconciler import passes as reconcile
 
     n_nodes, n_replicas = (int(x) for x in level.split("x"))
     models = populate(n_nodes, n_replicas)

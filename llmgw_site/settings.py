@@ -3,7 +3,7 @@
 Unset variables fall back to the embedded defaults: an SQLite database and a
 secret key kept under the state dir (``LLMGW_STATE_DIR``, ``./var`` by default),
 and a private Redis that ``make run`` and ``make test`` start themselves
-(see ``llmgw_site.embedded``).
+(see ``fleet.devstack.redis``).
 """
 
 import os
@@ -11,6 +11,8 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+
+from fleet.conf import from_environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("LLMGW_STATE_DIR", BASE_DIR / "var")).resolve()
@@ -146,15 +148,19 @@ def _celery_url(url: str) -> str:
     return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url
 
 
+# Fleet behaviour: every LLMGW_* setting, declared with its type and default in
+# fleet/conf.py and read through fleet.conf.fleet_settings().
+LLMGW = from_environ()
+
 CELERY_BROKER_URL = _celery_url(REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = _env_bool("CELERY_TASK_ALWAYS_EAGER")
 # The reconciler runs every few seconds, and at once after a change that matters
-# (fleet.tasks.request_reconcile). An entry expires rather than piling up behind
+# (fleet.services.reconciler.ask). An entry expires rather than piling up behind
 # a busy worker: the next one does the same work.
-_RECONCILE_EVERY_S = float(os.environ.get("LLMGW_RECONCILE_INTERVAL_S", "5"))
+_RECONCILE_EVERY_S = LLMGW["RECONCILE_INTERVAL_S"]
 # One queue per installation (and per test run) sharing a Redis, named like the
 # channel-layer prefix, so one installation's workers never run another's tasks.
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("LLMGW_CHANNEL_PREFIX", "llmgw")
@@ -200,63 +206,6 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
     "VERSION": "1",
 }
-
-# Fleet behaviour. Seconds unless the name says otherwise.
-LLMGW = {
-    "HEARTBEAT_INTERVAL_S": float(os.environ.get("LLMGW_HEARTBEAT_INTERVAL_S", "10")),
-    "SUSPECT_AFTER_S": float(os.environ.get("LLMGW_SUSPECT_AFTER_S", "50")),
-    "REPLACE_AFTER_S": float(os.environ.get("LLMGW_REPLACE_AFTER_S", "300")),
-    "LOGS_TIMEOUT_S": float(os.environ.get("LLMGW_LOGS_TIMEOUT_S", "10")),
-    # Heartbeats that arrive while a write runs go together in the next one
-    # (fleet/heartbeats.py); this is an extra wait before each write, for
-    # bigger batches at the price of latency. 0: none.
-    "HEARTBEAT_FLUSH_S": float(os.environ.get("LLMGW_HEARTBEAT_FLUSH_S", "0")),
-    # The gateway (/v1/*). A request body over the limit is refused with 413.
-    "GATEWAY_MAX_BODY_BYTES": int(os.environ.get("LLMGW_GATEWAY_MAX_BODY_BYTES", str(16 << 20))),
-    "GATEWAY_CONNECT_TIMEOUT_S": float(os.environ.get("LLMGW_GATEWAY_CONNECT_TIMEOUT_S", "3")),
-    # Until the engine's response headers: a long non-streamed generation sends
-    # nothing before it is complete, so this is generous.
-    "GATEWAY_FIRST_BYTE_TIMEOUT_S": float(
-        os.environ.get("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT_S", "300")
-    ),
-    "GATEWAY_TOTAL_TIMEOUT_S": float(os.environ.get("LLMGW_GATEWAY_TOTAL_TIMEOUT_S", "1800")),
-    # Safety refreshes of the in-memory routing table and keys, in case a
-    # doorbell was lost: the keys' interval bounds how long a revocation takes.
-    "GATEWAY_REFRESH_S": float(os.environ.get("LLMGW_GATEWAY_REFRESH_S", "5")),
-    "GATEWAY_KEYS_REFRESH_S": float(os.environ.get("LLMGW_GATEWAY_KEYS_REFRESH_S", "2")),
-    "GATEWAY_LAST_USED_FLUSH_S": float(os.environ.get("LLMGW_GATEWAY_LAST_USED_FLUSH_S", "10")),
-    "GATEWAY_MAX_RETRIES": int(os.environ.get("LLMGW_GATEWAY_MAX_RETRIES", "2")),
-    # A replica whose connects fail this many times in a row is set aside this long.
-    "GATEWAY_COOLDOWN_AFTER": int(os.environ.get("LLMGW_GATEWAY_COOLDOWN_AFTER", "2")),
-    "GATEWAY_COOLDOWN_S": float(os.environ.get("LLMGW_GATEWAY_COOLDOWN_S", "5")),
-    "GATEWAY_MAX_OUTSTANDING_PER_REPLICA": int(
-        os.environ.get("LLMGW_GATEWAY_MAX_OUTSTANDING_PER_REPLICA", "256")
-    ),
-    # How often each gateway reads its engines' queue lengths from their /metrics.
-    "GATEWAY_ENGINE_SCRAPE_S": float(os.environ.get("LLMGW_GATEWAY_ENGINE_SCRAPE_S", "5")),
-}
-
-# The reconciler (fleet.services.reconcile; docs/operations.md). Seconds.
-LLMGW.update(
-    {
-        "RECONCILE_INTERVAL_S": _RECONCILE_EVERY_S,
-        # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
-        "SHARD_PORT_RANGE": os.environ.get("LLMGW_SHARD_PORT_RANGE", "30000-30999"),
-        "RESTART_BACKOFF_S": float(os.environ.get("LLMGW_RESTART_BACKOFF_S", "10")),
-        "RESTART_BACKOFF_MAX_S": float(os.environ.get("LLMGW_RESTART_BACKOFF_MAX_S", "300")),
-        # After this many failed starts on one node a replica tries the others first.
-        "FAILURES_BEFORE_MOVING": int(os.environ.get("LLMGW_FAILURES_BEFORE_MOVING", "3")),
-        # A start still fetching weights is not hung while progress arrives this often.
-        "FETCH_STALL_S": float(os.environ.get("LLMGW_FETCH_STALL_S", "120")),
-        # At most one lost node's replicas are replaced per this many seconds.
-        "REPLACE_EVERY_S": float(os.environ.get("LLMGW_REPLACE_EVERY_S", "10")),
-        # In-flight requests get this long to finish before a draining shard is stopped.
-        "DRAIN_TIMEOUT_S": float(os.environ.get("LLMGW_DRAIN_TIMEOUT_S", "60")),
-        # No pass for this long means the control plane (or its database or Redis)
-        # was down: every node gets a full grace period again.
-        "OUTAGE_GAP_S": float(os.environ.get("LLMGW_OUTAGE_GAP_S", "30")),
-    }
-)
 
 LOGGING = {
     "version": 1,

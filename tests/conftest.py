@@ -14,7 +14,7 @@ def pytest_configure(config):
     # The embedded default: a private Redis, started for the run when the
     # environment names none (`make test` on a fresh machine).
     if not os.environ.get("REDIS_URL"):
-        from llmgw_site.embedded import PrivateRedis
+        from fleet.devstack.redis import PrivateRedis
 
         config._llmgw_redis = PrivateRedis().start()
 

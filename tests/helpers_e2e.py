@@ -20,7 +20,7 @@ from pathlib import Path
 import requests
 
 from agentd import state
-from llmgw_site.embedded import PrivateRedis
+from fleet.devstack.redis import PrivateRedis
 from tests.agent.live_agent import AgentProcess, start_agent, write_config
 from tests.live import ROOT, LiveServer, start_daphne, subprocess_env
 

@@ -156,7 +156,7 @@ def test_a_client_that_hangs_up_cancels_the_engines_request(daphne_server, engin
 
 def test_the_real_llama_cpp_engine_through_the_gateway(daphne_server, tmp_path):
     from agentd.engines.llamacpp import LlamaCpp
-    from fleet.demo.tinymodel import write_tiny_model
+    from fleet.devstack.tinymodel import write_tiny_model
     from tests.helpers_engines import profile, shard
 
     # given the generated tiny model served by llama.cpp, as the agent would start it

@@ -5,7 +5,7 @@ import os
 import signal
 
 from agentd.engines.llamacpp import LlamaCpp
-from fleet.demo.tinymodel import write_tiny_model
+from fleet.devstack.tinymodel import write_tiny_model
 from tests.helpers_engines import Recorder, desired, fake_supervisor, http_post, profile, shard
 
 

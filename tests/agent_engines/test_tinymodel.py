@@ -5,14 +5,14 @@ import sys
 
 import gguf
 
-from fleet.demo.tinymodel import N_LAYER, VOCAB_SIZE, write_tiny_model
+from fleet.devstack.tinymodel import N_LAYER, VOCAB_SIZE, write_tiny_model
 from tests.live import ROOT
 
 
 def test_command_writes_a_llama_gguf(tmp_path):
     out = tmp_path / "models" / "tiny.gguf"
     done = subprocess.run(
-        [sys.executable, "-m", "fleet.demo.tinymodel", str(out)],
+        [sys.executable, "-m", "fleet.devstack.tinymodel", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

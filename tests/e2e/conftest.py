@@ -10,7 +10,7 @@ from tests.helpers_e2e import Stack
 @pytest.fixture
 def tiny_model(tmp_path) -> Path:
     """The generated tiny llama GGUF, served by real llama.cpp on the CPU."""
-    from fleet.demo.tinymodel import write_tiny_model
+    from fleet.devstack.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path / "weights" / "tiny-llama.gguf")
 

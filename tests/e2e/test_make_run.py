@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from agentd import state
-from fleet.demo.tinymodel import write_tiny_model
+from fleet.devstack.redis import _ping
+from fleet.devstack.tinymodel import write_tiny_model
 from fleet.models import Model
-from llmgw_site.embedded import _ping
 from tests.helpers_e2e import port_block
 from tests.live import ROOT, free_port, subprocess_env
 
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class Devstack:
-    """``python -m llmgw_site.devstack`` (what `make run` runs after migrating), read live."""
+    """``python -m fleet.devstack`` (what `make run` runs after migrating), read live."""
 
     def __init__(self, env):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_site.devstack"],
+            [sys.executable, "-m", "fleet.devstack"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

