@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentd.ports import DEFAULT_PORT_RANGE, check_port_range
 from agentd.protocol import NODE_ID_PATTERN
 
 AGENT_PATH = "/ws/agent/"
@@ -104,7 +105,7 @@ class Config(BaseModel):
     log_file: Path | None = None  # default: <state_dir>/agent.log
     weights_dirs: list[Path] = []
     engines: EnginesConfig = EnginesConfig()
-    engine_port_range: tuple[int, int] = (30000, 30999)
+    engine_port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     tls_ca_file: Path | None = None
     # InfiniBand ports are grouped into fabrics by subnet prefix; this names the
@@ -144,12 +145,7 @@ class Config(BaseModel):
     @field_validator("engine_port_range")
     @classmethod
     def _ports(cls, value: tuple[int, int]) -> tuple[int, int]:
-        first, last = value
-        if not (1024 <= first <= last <= 65535):
-            raise ValueError(
-                f"must be [first, last] with 1024 <= first <= last <= 65535 (got {list(value)})"
-            )
-        return value
+        return check_port_range(*value)
 
     @model_validator(mode="after")
     def _tls(self) -> Config:

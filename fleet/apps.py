@@ -8,7 +8,8 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         from . import signals  # noqa: F401 - connects the reconciler's receivers
-        from .services import fleet_metrics, reconcile_metrics
+        from .services import fleet_metrics
+        from .services.reconciler import metrics as reconciler_metrics
 
-        reconcile_metrics.register()
+        reconciler_metrics.register()
         fleet_metrics.register()

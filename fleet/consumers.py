@@ -6,13 +6,13 @@ import logging
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
-from fleet import heartbeats
-from fleet.heartbeats import ReportMemo, batcher
-from fleet.services import access, dispatch, inventory
+from fleet.conf import fleet_settings
+from fleet.models.access import bearer_secret
+from fleet.services import access, desired, doorbells, heartbeat, inventory
+from fleet.services.heartbeat import ReportMemo, batcher
 
 logger = logging.getLogger(__name__)
 
@@ -20,12 +20,11 @@ REGISTER_TIMEOUT_S = 10
 
 
 def _bearer(scope) -> str:
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            text = value.decode("latin-1").strip()
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip()
-    return ""
+    """The agent's secret; "" when it sent none (or not as Bearer), which identifies no one."""
+    try:
+        return bearer_secret(scope.get("headers", [])) or ""
+    except ValueError:
+        return ""
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -127,12 +126,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await self.refuse(CloseCode.FORBIDDEN, str(exc))
                 return
             self.node_id = msg.node_id
-            heartbeats.attach()
-            self.group = dispatch.node_group(self.node_id)
+            heartbeat.attach()
+            self.group = doorbells.node_group(self.node_id)
             await self.channel_layer.group_add(self.group, self.channel_name)
             # A reconnect while the old socket still looks open: the new one
             # wins, since the old is by definition the dead one.
-            await dispatch.anotify_node(self.node_id, "node.supersede", channel=self.channel_name)
+            await doorbells.aring_node(
+                self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
+            )
         await database_sync_to_async(inventory.register_node)(msg, channel_name=self.channel_name)
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
@@ -142,10 +143,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 of="register",
                 node_id=self.node_id,
                 credential=secret,
-                heartbeat_interval_s=settings.LLMGW["HEARTBEAT_INTERVAL_S"],
+                heartbeat_interval_s=fleet_settings().heartbeat_interval_s,
             )
         )
-        engines = settings.LLMGW.get("ENGINES") or {}
+        engines = fleet_settings().engines
         if engines:
             await self.send_msg(
                 protocol.Provision(
@@ -197,8 +198,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=protocol.dump(msg))
 
     async def send_desired(self) -> None:
-        desired = await database_sync_to_async(dispatch.desired_set)(self.node_id)
-        await self.send_msg(desired)
+        await self.send_msg(await database_sync_to_async(desired.desired_set)(self.node_id))
 
     # ---- channel-layer events (from any process) -------------------------------
 
@@ -237,7 +237,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             deadline.cancel()
         if self.node_id is None:
             return
-        heartbeats.detach()
+        heartbeat.detach()
         await self.channel_layer.group_discard(self.group, self.channel_name)
         held = await database_sync_to_async(inventory.mark_disconnected)(
             self.node_id, self.channel_name

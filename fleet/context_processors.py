@@ -1,6 +1,6 @@
 """Fleet-wide warnings shown above every admin page (templates/admin/base_site.html)."""
 
-from fleet.services.expiry import fleet_warnings
+from fleet.services.reconciler.expiry import fleet_warnings
 
 
 def fleet_banner(request) -> dict:

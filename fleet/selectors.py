@@ -1,4 +1,8 @@
-"""Label selectors: ``gpu=h100,zone!=b,coding`` (equality, inequality, existence, ``!key``)."""
+"""Node labels: the labels in effect, and selectors over them.
+
+Selectors look like ``gpu=h100,zone!=b,coding`` (equality, inequality,
+existence, ``!key``).
+"""
 
 import re
 from dataclasses import dataclass
@@ -6,6 +10,15 @@ from dataclasses import dataclass
 _KEY = r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?"
 _VALUE = r"[A-Za-z0-9._-]{0,63}"
 _TERM = re.compile(rf"^(?P<neg>!)?(?P<key>{_KEY})(\s*(?P<op>!=|==|=)\s*(?P<value>{_VALUE}))?$")
+
+
+def effective_labels(agent_labels: dict | None, operator_labels: dict | None) -> dict:
+    """The labels in effect on a node: the agent's, overridden key by key by the operator's.
+
+    An agent reports what it finds; an operator's label is intent and wins, so
+    an agent can never take a node out of (or into) a selector an operator set.
+    """
+    return {**(agent_labels or {}), **(operator_labels or {})}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from fleet.models import EngineProfile, Model, Node
-from fleet.services.reconcile_lock import request_reconcile
+from fleet.services.reconciler.ask import request_reconcile
 
 
 @receiver(post_save, sender=Model)

@@ -2,16 +2,10 @@
 
 from celery import shared_task
 
-from fleet.services import dispatch, reconcile_lock
-
-
-@shared_task(ignore_result=True)
-def ring_node(node_id: str) -> None:
-    """Tell a node's socket that its desired set changed."""
-    dispatch.notify_node(node_id, "node.doorbell")
+from fleet.services.reconciler import runner
 
 
 @shared_task(ignore_result=True)
 def reconcile() -> None:
     """One reconciler pass, unless another is running (beat every 5 s, and after changes)."""
-    reconcile_lock.run_locked()
+    runner.run_locked()

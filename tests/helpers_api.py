@@ -17,7 +17,7 @@ from fleet.models import (
     Shard,
     ShardState,
 )
-from fleet.services import access, api_keys, inventory
+from fleet.services import access, api_keys, heartbeat, inventory
 from tests.fleet_helpers import heartbeat_msg, register_msg
 
 
@@ -43,7 +43,7 @@ def report_load(node_id, *, cpu_percent=37.5, age=timedelta(0), shards=()):
             }
         )
     )
-    inventory.apply_heartbeats([(node_id, 0, hb, timezone.now() - age)])
+    heartbeat.apply_heartbeats([(node_id, 0, hb, timezone.now() - age)])
 
 
 def add_model(name="qwen-7b", **profile):

@@ -7,10 +7,12 @@ from django.utils import timezone
 
 from agentd import protocol
 from fleet.models import EngineProfile, Model, Node, NodeState, Replica, Shard
-from fleet.services import dispatch, inventory, reconcile
+from fleet.services import inventory
+from fleet.services.desired import desired_set
+from fleet.services.reconciler import passes as reconcile
 from tests.fleet_helpers import H100_GPUS, register_msg
 
-GB = 1024
+GB = 1000  # MB in a GB, as placement counts them (fleet/services/units.py)
 
 
 def add_node(node_id, *, gpus=H100_GPUS, memory_gb=64, engines=None, labels=None, **extra):
@@ -75,7 +77,7 @@ def reregister(node_id, at, **msg_fields):
 
 
 def desired(node_id):
-    return {s.shard_id: s.state for s in dispatch.desired_set(node_id).shards}
+    return {s.shard_id: s.state for s in desired_set(node_id).shards}
 
 
 class Clock:

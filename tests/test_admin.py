@@ -161,7 +161,7 @@ def test_node_list_shows_dash_for_unknown_memory_and_stale_load(admin_client, fl
         return re.search(rf"<tr[^>]*>(?:(?!</tr>).)*?{node_id}.*?</tr>", page, re.S).group(0)
 
     gpu_row, cpu_row = row("gpu-01"), row("cpu-01")
-    assert "2015" in gpu_row and "8×H100" in gpu_row and ">38<" in gpu_row
+    assert "2063.5" in gpu_row and "8×H100" in gpu_row and ">38<" in gpu_row
     assert '<td class="field-memory">-</td>' in cpu_row
     assert '<td class="field-cpu_percent">-</td>' in cpu_row  # two minutes old
     assert not re.search(r">\s*88", cpu_row)  # the stale figure is shown nowhere

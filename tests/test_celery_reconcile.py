@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fleet.models import FleetStatus, Shard
-from fleet.services import reconcile_lock
+from fleet.services.reconciler import lock
 from tests.helpers_reconciler import add_model, add_node
 from tests.live import ROOT, subprocess_env
 
@@ -86,7 +86,7 @@ def test_beat_runs_passes_that_place_and_the_lock_keeps_them_one_at_a_time(celer
     assert Shard.objects.get().node_id == "gpu-01"
 
     # while another holder has the lock, beat's passes are skipped, not queued up
-    with reconcile_lock.pass_lock() as got:
+    with lock.pass_lock() as got:
         assert got
         held_at = passes()
         model.desired_replicas = 2

@@ -71,7 +71,7 @@ def test_nodes_table():
         "NODE": "gpu-01",
         "STATE": "ready",
         "CPU %": "42",
-        "MEM (GB)": "2015",
+        "MEM (GB)": "2063.5",
         "GPUS": "8×H100",
         "ENGINES": "llamacpp,vllm",
         "SHARDS (READY/ALL)": "1/2",
@@ -83,7 +83,7 @@ def test_nodes_table():
     assert rows["old-01"]["ENGINES"] == "-"
     assert rows["mixed-01"]["GPUS"] == "2×A100+1×L4"
     assert rows["mixed-01"]["STATE"] == "ready,cordoned"
-    assert rows["mixed-01"]["MEM (GB)"] == "512"
+    assert rows["mixed-01"]["MEM (GB)"] == "524.2"
 
 
 def test_nodes_on_an_empty_fleet_says_how_to_start():

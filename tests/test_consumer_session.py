@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from agentd.protocol import CloseCode
 from fleet.models import DesiredState, Node, NodeCredential, NodeState
-from fleet.services import access, dispatch
+from fleet.services import access, doorbells, node_logs
+from fleet.services.desired import bump_desired
 from tests.helpers_consumer import (
     communicator,
     connect_as,
@@ -42,7 +43,7 @@ async def node(node_id="gpu-01") -> Node:
 
 async def test_logs_requested_from_outside_get_the_agents_reply():
     agent = await enrol("gpu-01")
-    asking = asyncio.ensure_future(dispatch.arequest_logs("gpu-01", source="agent", lines=3))
+    asking = asyncio.ensure_future(node_logs.arequest_logs("gpu-01", source="agent", lines=3))
 
     request = await agent.recv_type("logs_request")
     assert request["source"] == "agent" and request["lines"] == 3
@@ -70,7 +71,7 @@ async def test_logs_requested_from_a_sync_view_get_the_reply():
 
     async def sync_view():
         async with ThreadSensitiveContext():
-            return await sync_to_async(dispatch.request_logs)("gpu-01", "shard-1", 50)
+            return await sync_to_async(node_logs.request_logs)("gpu-01", "shard-1", 50)
 
     asking = asyncio.ensure_future(sync_view())
 
@@ -89,8 +90,8 @@ async def test_an_agent_that_never_answers_is_unreachable_after_the_bound(settin
     settings.LLMGW = {**settings.LLMGW, "LOGS_TIMEOUT_S": 0.3}
     agent = await enrol("gpu-01")
 
-    with pytest.raises(dispatch.NodeUnreachable, match="gpu-01 did not answer within 0.3 s"):
-        await dispatch.arequest_logs("gpu-01")
+    with pytest.raises(node_logs.NodeUnreachable, match="gpu-01 did not answer within 0.3 s"):
+        await node_logs.arequest_logs("gpu-01")
 
     # It was asked; it just never said anything. A late answer harms nothing.
     request = await agent.recv_type("logs_request")
@@ -101,8 +102,8 @@ async def test_an_agent_that_never_answers_is_unreachable_after_the_bound(settin
 
 async def test_a_node_with_no_socket_is_unreachable(settings):
     settings.LLMGW = {**settings.LLMGW, "LOGS_TIMEOUT_S": 0.2}
-    with pytest.raises(dispatch.NodeUnreachable):
-        await dispatch.arequest_logs("gpu-99")
+    with pytest.raises(node_logs.NodeUnreachable):
+        await node_logs.arequest_logs("gpu-99")
 
 
 # ---- reconnect and close -------------------------------------------------------
@@ -181,7 +182,7 @@ async def test_a_lost_revocation_doorbell_is_healed_by_the_next_heartbeat():
 async def test_a_doorbell_for_a_credential_that_still_holds_changes_nothing():
     # Another credential of the node was revoked; this socket's own is still good.
     agent = await enrol("gpu-01")
-    await dispatch.anotify_node("gpu-01", "node.revoked")
+    await doorbells.aring_node("gpu-01", doorbells.NODE_REVOKED)
     await agent.heartbeat(seq=1)
     assert (await node()).connected
     await agent.close()
@@ -222,7 +223,7 @@ async def test_bump_desired_from_sync_code_rings_the_node():
     first = agent.desired["version"]
 
     shard = await db(make_shard)("gpu-01")
-    await in_thread(dispatch.bump_desired, ["gpu-01"])
+    await in_thread(bump_desired, ["gpu-01"])
 
     desired = await agent.recv_type("desired", timeout=5)
     assert desired["version"] > first

@@ -14,7 +14,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agentd.protocol import CloseCode
 from fleet.models import Node
-from fleet.services import access, dispatch
+from fleet.services import access, node_logs
+from fleet.services.desired import bump_desired
 from tests.fleet_helpers import heartbeat_msg, join_token, register_msg
 from tests.helpers_consumer import db, make_shard, run_closing_connections, snapshot
 
@@ -99,7 +100,7 @@ async def test_an_agent_lives_its_life_over_a_real_daphne(daphne_server):
         assert (await recv(ws, "ack"))["seq"] == 7
 
         # Logs asked from this process reach the agent through Redis and come back.
-        asking = asyncio.ensure_future(dispatch.arequest_logs("gpu-01", lines=2))
+        asking = asyncio.ensure_future(node_logs.arequest_logs("gpu-01", lines=2))
         request = await recv(ws, "logs_request")
         await ws.send(
             json.dumps(
@@ -114,7 +115,7 @@ async def test_an_agent_lives_its_life_over_a_real_daphne(daphne_server):
         assert (await asyncio.wait_for(asking, 10)).lines == ["a", "b"]
 
         # A change made elsewhere, as the reconciler in Celery would make it.
-        await in_thread(dispatch.bump_desired, ["gpu-01"])
+        await in_thread(bump_desired, ["gpu-01"])
         assert (await recv(ws, "desired"))["version"] == first["version"] + 1
 
         # A reconnect wins over the socket it replaces.

@@ -4,9 +4,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from fleet.gateway import notify
 from fleet.models import Node
-from fleet.services import dispatch
+from fleet.services import desired, doorbells
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,14 +16,17 @@ def test_bump_desired_rings_the_node_and_the_gateways():
     layer = get_channel_layer()
     node_ch = async_to_sync(layer.new_channel)()
     gw_ch = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(dispatch.node_group("gpu-01"), node_ch)
-    async_to_sync(layer.group_add)(notify.GROUP, gw_ch)
+    async_to_sync(layer.group_add)(doorbells.node_group("gpu-01"), node_ch)
+    async_to_sync(layer.group_add)(doorbells.GATEWAYS_GROUP, gw_ch)
 
     # when the desired set changes (say a shard is told to drain)
-    dispatch.bump_desired(["gpu-01"])
+    desired.bump_desired(["gpu-01"])
 
     # then the node's version moved, its socket is rung, and the gateways reload
     # their routes at once rather than at their next periodic refresh
     assert Node.objects.get(pk="gpu-01").desired_version == 1
     assert async_to_sync(layer.receive)(node_ch)["type"] == "node.doorbell"
-    assert async_to_sync(layer.receive)(gw_ch) == {"type": notify.EVENT, "what": "routes"}
+    assert async_to_sync(layer.receive)(gw_ch) == {
+        "type": doorbells.GATEWAY_REFRESH,
+        "what": "routes",
+    }

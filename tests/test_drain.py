@@ -101,14 +101,16 @@ def test_wait_reports_progress_until_done():
     model, clock = one_ready_replica_on_gpu01()
     [old] = running(model)
     drain.drain_node(Node.objects.get(pk="gpu-01"))
-    seen = []
+    seen, placed = [], set()
 
     def tick():
-        # what the agents and the worker do between two looks
+        # what the agents and the worker do between two looks; a new engine
+        # takes a look or two to load, so the wait sees it starting first
         clock.pass_()
         for s in running(model):
-            if s.node_id == "gpu-02":
+            if s.node_id == "gpu-02" and s.pk in placed:
                 report(s, "ready")
+            placed.add(s.pk)
         if desired("gpu-01").get(old.pk) == "draining":
             report(old, "stopped")
 

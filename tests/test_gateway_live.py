@@ -184,8 +184,8 @@ def test_load_goes_to_the_replica_with_fewer_outstanding_requests(gateway_server
 
 
 def test_a_draining_replica_takes_no_new_request_and_finishes_its_stream(gateway_server, upstreams):
-    from fleet.gateway import notify
     from fleet.models import DesiredState, Shard, ShardState
+    from fleet.services import doorbells
 
     # given a slow stream in flight on the only ready replica, and another loading
     a, b = upstreams("a", token_delay=0.4), upstreams("b")
@@ -205,7 +205,7 @@ def test_a_draining_replica_takes_no_new_request_and_finishes_its_stream(gateway
     )
     rb.model_id = ra.model_id
     rb.save(update_fields=["model"])
-    notify.changed("routes")
+    doorbells.ring_gateways("routes")
 
     # then, once the gateway has heard, new requests go to b only
     wait_until(lambda: chat(c).headers["x-llmgw-replica"] == rb.pk, what="b taking requests")

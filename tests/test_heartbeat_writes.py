@@ -1,7 +1,7 @@
 """Batched heartbeat writes: what a batch leaves in the inventory, on every write path.
 
 On PostgreSQL the facts every heartbeat carries are written by one statement
-(fleet/services/heartbeat_pg.py); elsewhere by the portable ORM code. Each test
+(fleet/services/heartbeat/pg.py); elsewhere by the portable ORM code. Each test
 runs on every path the database offers, so the two cannot drift apart.
 """
 
@@ -15,6 +15,8 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import GPU, Node, NodeCredential, NodeLoad, NodeState, ShardLoad, Storage
 from fleet.services import inventory
+from fleet.services.heartbeat import apply as heartbeat_apply
+from fleet.services.heartbeat import orm as heartbeat_orm
 from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +38,7 @@ LOAD = {
 @pytest.fixture(params=PATHS)
 def write_path(request, monkeypatch):
     if request.param == "portable":
-        monkeypatch.setattr(inventory, "_common_writer", lambda: inventory._apply_common)
+        monkeypatch.setattr(heartbeat_apply, "_common_writer", lambda: heartbeat_orm.apply_common)
     return request.param
 
 
@@ -66,7 +68,7 @@ def test_a_batch_of_many_nodes_writes_each_nodes_facts(write_path):
     Node.objects.update(last_seen=old, connected=False)
     arrived = timezone.now() - timedelta(milliseconds=30)
 
-    results = inventory.apply_heartbeats(
+    results = heartbeat_apply.apply_heartbeats(
         [
             (
                 "gpu-01",
@@ -115,7 +117,7 @@ def test_the_next_load_replaces_the_last_and_drops_stopped_shards(write_path):
         {"shard_id": "s2", "cpu_cores": 2.0, "rss_bytes": 2},
     ]
     first = timezone.now() - timedelta(seconds=10)
-    inventory.apply_heartbeats([("gpu-01", cred, hb(load={**LOAD, "shards": shards}), first)])
+    heartbeat_apply.apply_heartbeats([("gpu-01", cred, hb(load={**LOAD, "shards": shards}), first)])
 
     # s1 stopped, s2 goes on, s3 started.
     now_shards = [
@@ -123,7 +125,7 @@ def test_the_next_load_replaces_the_last_and_drops_stopped_shards(write_path):
         {"shard_id": "s3", "cpu_cores": 0.5, "rss_bytes": 3},
     ]
     second = timezone.now()
-    inventory.apply_heartbeats(
+    heartbeat_apply.apply_heartbeats(
         [("gpu-01", cred, hb(load={**LOAD, "cpu_percent": 3.0, "shards": now_shards}), second)]
     )
 
@@ -139,7 +141,7 @@ def test_a_node_twice_in_one_batch_ends_as_its_later_heartbeat_says(write_path):
     early, late = timezone.now() - timedelta(milliseconds=40), timezone.now()
     disk = {"path": "/var/lib/llmgw", "total_bytes": 9}
 
-    inventory.apply_heartbeats(
+    heartbeat_apply.apply_heartbeats(
         [
             ("gpu-01", cred, hb(seq=1, storage=[{**disk, "free_bytes": 3}], load=LOAD,
                                desired_version=5), early),
@@ -168,7 +170,7 @@ def test_the_acknowledged_desired_version(write_path, reported, desired, acked):
     cred = node_with_credential("gpu-01")
     Node.objects.filter(pk="gpu-01").update(desired_version=desired, acked_version=4)
 
-    result = inventory.apply_heartbeats(
+    result = heartbeat_apply.apply_heartbeats(
         [("gpu-01", cred, hb(desired_version=reported), timezone.now())]
     )
 
@@ -177,12 +179,12 @@ def test_the_acknowledged_desired_version(write_path, reported, desired, acked):
 
 
 def test_a_suspect_node_is_back_and_logged_once(write_path, caplog):
-    caplog.set_level(logging.INFO, logger="fleet.services.inventory")
+    caplog.set_level(logging.INFO, logger="fleet.services")
     cred = node_with_credential("gpu-01")
     Node.objects.filter(pk="gpu-01").update(state=NodeState.SUSPECT)
 
-    inventory.apply_heartbeats([("gpu-01", cred, hb(), timezone.now())])
-    inventory.apply_heartbeats([("gpu-01", cred, hb(seq=2), timezone.now())])
+    heartbeat_apply.apply_heartbeats([("gpu-01", cred, hb(), timezone.now())])
+    heartbeat_apply.apply_heartbeats([("gpu-01", cred, hb(seq=2), timezone.now())])
 
     assert Node.objects.get(pk="gpu-01").state == NodeState.READY
     back = [r for r in caplog.records if "node back node=gpu-01 was=suspect" in r.getMessage()]
@@ -197,7 +199,7 @@ def test_revoked_and_removed_are_told_apart_from_live(write_path):
     Node.objects.filter(pk="gpu-03").delete()
     disk = [{"path": "/var/lib/llmgw", "free_bytes": 1, "total_bytes": 2}]
 
-    results = inventory.apply_heartbeats(
+    results = heartbeat_apply.apply_heartbeats(
         [
             ("gpu-01", live, hb(storage=disk, load=LOAD), timezone.now()),
             ("gpu-02", revoked, hb(), timezone.now()),
@@ -222,7 +224,7 @@ def test_gpu_memory_goes_to_gpus_in_index_order_and_later_figures_win(write_path
     cred, _ = NodeCredential.issue(node=Node.objects.get(pk="gpu-01"))
     now = timezone.now()
 
-    inventory.apply_heartbeats(
+    heartbeat_apply.apply_heartbeats(
         [
             ("gpu-01", cred.pk, hb(seq=1, gpu_memory_used_mb=[100, 200, 300]), now),
             # A later, shorter list: the first GPU's figure is news, the second stands.
@@ -235,10 +237,10 @@ def test_gpu_memory_goes_to_gpus_in_index_order_and_later_figures_win(write_path
 
 
 def test_rare_facts_ride_in_the_same_batch(write_path, caplog):
-    caplog.set_level(logging.INFO, logger="fleet.services.inventory")
+    caplog.set_level(logging.INFO, logger="fleet.services")
     a, b = node_with_credential("gpu-01"), node_with_credential("gpu-02")
 
-    inventory.apply_heartbeats(
+    heartbeat_apply.apply_heartbeats(
         [
             ("gpu-01", a, hb(gpu_memory_used_mb=[70000] * 8, memory_total_mb=4127000, load=LOAD),
              timezone.now()),
@@ -301,7 +303,7 @@ async def test_heartbeats_arriving_together_are_written_together_each_with_its_a
 
     from channels.db import database_sync_to_async as db
 
-    from fleet.heartbeats import HeartbeatBatcher
+    from fleet.services.heartbeat.batching import HeartbeatBatcher
 
     def make_nodes():
         creds = {f"gpu-{i:02d}": node_with_credential(f"gpu-{i:02d}") for i in range(40)}
@@ -311,7 +313,7 @@ async def test_heartbeats_arriving_together_are_written_together_each_with_its_a
 
     creds = await db(make_nodes)()
     writes = []
-    apply = inventory.apply_heartbeats
+    apply = heartbeat_apply.apply_heartbeats
     monkeypatch.setattr(inventory, "apply_heartbeats", lambda b: writes.append(len(b)) or apply(b))
     batcher = HeartbeatBatcher()
 
@@ -330,10 +332,10 @@ async def test_a_failed_write_fails_its_heartbeats_and_the_next_one_goes_through
     from channels.db import database_sync_to_async as db
     from django.db import OperationalError
 
-    from fleet.heartbeats import HeartbeatBatcher
+    from fleet.services.heartbeat.batching import HeartbeatBatcher
 
     cred = await db(node_with_credential)("gpu-01")
-    apply = inventory.apply_heartbeats
+    apply = heartbeat_apply.apply_heartbeats
     failures = iter([OperationalError("server closed the connection unexpectedly")])
 
     def flaky(batch):
@@ -358,7 +360,7 @@ async def test_the_writer_keeps_its_connection_while_agents_are_connected_only()
 
     from django.db import connection
 
-    from fleet import heartbeats
+    from fleet.services.heartbeat import batching as heartbeats
     from tests.helpers_consumer import enrol
 
     def writer_connected() -> bool:
@@ -375,3 +377,19 @@ async def test_the_writer_keeps_its_connection_while_agents_are_connected_only()
     await agents[1].close()
     # The last agent gone: nothing holds a database connection for heartbeats.
     assert not await asyncio.to_thread(writer_connected)
+
+
+def test_the_load_columns_are_named_once_for_protocol_models_and_both_writers():
+    # The two writers take their load columns from heartbeat/columns.py: a field
+    # added to the protocol's Load must be added there, and to the model.
+    from fleet.services.heartbeat.columns import NODE_LOAD, SHARD_LOAD
+
+    def model_columns(model, *bookkeeping):
+        return [f.name for f in model._meta.concrete_fields if f.name not in bookkeeping]
+
+    node_cols = [name for name, _ in NODE_LOAD]
+    assert node_cols == [f for f in protocol.Load.model_fields if f != "shards"]
+    assert node_cols == model_columns(NodeLoad, "id", "node", "sampled_at")
+    shard_cols = [name for name, _ in SHARD_LOAD]
+    assert shard_cols == [f for f in protocol.ShardLoad.model_fields if f != "shard_id"]
+    assert shard_cols == model_columns(ShardLoad, "id", "node", "shard_id", "sampled_at")

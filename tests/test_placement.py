@@ -13,8 +13,9 @@ from fleet.services.placement import (
     explain,
     place,
 )
+from fleet.services.units import gb_text
 
-GB = 1024  # MB in a GB as MemTotal reports it
+GB = 1000  # MB in a GB, as placement counts them (fleet/services/units.py)
 
 
 def gpus(n=8, name="NVIDIA H100 80GB HBM3", nvlink=True, problems=()):
@@ -342,3 +343,29 @@ def test_explain_lists_every_node():
     assert "holds the weights" in verdicts[1].text
     assert "memory not reported" in verdicts[2].text
     assert result.node_ids == ["gpu-08"]
+
+
+@pytest.mark.parametrize(
+    "memory_mb, fits, reason",
+    [
+        (7_900, False, "gpu-07: has 7.9 GB of memory, needs 8"),
+        (7_999, False, "gpu-07: has 7.9 GB of memory, needs 8"),
+        (8_000, True, None),
+        (8_192, True, None),  # a node of 8 GiB
+    ],
+)
+def test_memory_message_and_decision_agree_at_the_boundary(memory_mb, fits, reason):
+    # One divisor for both: a refused node never reads as if it had enough.
+    result = place(Snapshot([node("gpu-07", memory_mb=memory_mb)]), req(min_memory_gb=8))
+
+    assert isinstance(result, Placement) == fits
+    if reason:
+        assert [r.text for r in result.reasons] == [reason]
+
+
+@pytest.mark.parametrize(
+    "mb, text",
+    [(0, "0"), (8_000, "8"), (7_900, "7.9"), (7_999, "7.9"), (8_192, "8.1"), (2_063_597, "2063.5")],
+)
+def test_gigabytes_for_people_are_whole_or_rounded_down_to_a_tenth(mb, text):
+    assert gb_text(mb) == text

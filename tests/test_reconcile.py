@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from fleet.models import FleetStatus, Replica, ReplicaState
-from fleet.services import dispatch
+from fleet.services.desired import desired_set
 from tests.helpers_reconciler import (
     Clock,
     add_model,
@@ -124,8 +124,26 @@ def test_failed_shard_restarts_after_a_doubling_backoff():
     assert len(running(model)) == 1
 
 
+def test_restarts_are_counted_on_the_replica_and_outlive_a_recovery():
+    # given a replica whose engine failed twice, then came up
+    add_node("gpu-01")
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    for _ in range(2):
+        report(running(model)[0], "failed", error="engine exited")
+        clock.pass_()
+        clock.advance(20, alive=["gpu-01"])
+    make_ready(model)
+    clock.pass_()
+
+    # then operators see two restarts, while the failure streak is over
+    [replica] = replicas(model)
+    assert (replica.state, replica.restarts, replica.failures) == (ReplicaState.READY, 2, 0)
+
+
 def test_backoff_is_capped_and_reset_when_ready():
-    from fleet.services.reconcile import backoff_s
+    from fleet.services.reconciler.passes import backoff_s
 
     assert [backoff_s(n) for n in (1, 2, 3, 5, 6, 10)] == [10, 20, 40, 160, 300, 300]
 
@@ -212,8 +230,8 @@ def test_multi_node_replica_restarts_as_a_group():
     make_ready(model)
     clock.pass_()
 
-    leader = dispatch.desired_set(group[0].node_id).shards[0]
-    follower = dispatch.desired_set(group[1].node_id).shards[0]
+    leader = desired_set(group[0].node_id).shards[0]
+    follower = desired_set(group[1].node_id).shards[0]
     assert leader.leader_addr == follower.leader_addr == "10.0.0.7"  # rank 0's mgmt address
     assert follower.leader_port == leader.leader_port not in (0, group[0].port)
 
@@ -356,7 +374,7 @@ def test_editing_the_active_profile_rolls_its_replicas():
 
     # the running engine keeps the spec it was started with, so its agent
     # does not restart it; the new replica gets the new one
-    sets = dispatch.desired_set("gpu-01").shards
+    sets = desired_set("gpu-01").shards
     by_id = {s.shard_id: s for s in sets}
     assert by_id[old_shard.pk].profile.args == []
     assert [s.profile.args for s in sets if s.shard_id != old_shard.pk] == [

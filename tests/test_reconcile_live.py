@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from agentd import state
 from fleet.models import Node, ReplicaState, Shard
-from fleet.services import reconcile
+from fleet.services.reconciler import passes as reconcile
 from tests.agent.live_agent import start_agent, write_config
 from tests.fleet_helpers import join_token
 from tests.helpers_e2e import port_block, wait_for

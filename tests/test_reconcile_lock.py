@@ -6,7 +6,8 @@ import pytest
 from django.db import connection
 
 from fleet.models import FleetStatus
-from fleet.services import reconcile_lock
+from fleet.services.reconciler import ask, runner
+from fleet.services.reconciler import lock as reconciler_lock
 from tests.helpers_reconciler import add_model, add_node, running
 
 pytestmark = pytest.mark.django_db
@@ -27,14 +28,14 @@ def held_elsewhere():
             password=s["PASSWORD"] or None,
             autocommit=True,
         )
-        conn.execute("SELECT pg_advisory_lock(%s)", [reconcile_lock.ADVISORY_LOCK_ID])
+        conn.execute("SELECT pg_advisory_lock(%s)", [reconciler_lock.ADVISORY_LOCK_ID])
         try:
             yield
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", [reconcile_lock.ADVISORY_LOCK_ID])
+            conn.execute("SELECT pg_advisory_unlock(%s)", [reconciler_lock.ADVISORY_LOCK_ID])
             conn.close()
     else:
-        lock = reconcile_lock._redis().lock(reconcile_lock._key("lock"), timeout=30)
+        lock = reconciler_lock.redis_client().lock(reconciler_lock.key("lock"), timeout=30)
         assert lock.acquire(blocking=False)
         try:
             yield
@@ -50,25 +51,25 @@ def passes():
 def test_a_pass_asked_for_while_another_runs_is_run_by_the_holder():
     add_node("gpu-01")
     model = add_model()
-    reconcile_lock._take_again()  # nothing left over from another test
+    reconciler_lock.take_again()  # nothing left over from another test
 
     with held_elsewhere():
-        assert reconcile_lock.run_locked() is None  # skipped, not queued behind it
+        assert runner.run_locked() is None  # skipped, not queued behind it
         assert passes() == 0
 
     # the holder finishes and looks for notes: it runs the pass that was asked for
-    report = reconcile_lock.run_locked()
+    report = runner.run_locked()
     assert report is not None
     assert passes() == 2  # its own pass, then the one asked for
     assert len(running(model)) == 1
-    assert not reconcile_lock._take_again()
+    assert not reconciler_lock.take_again()
 
 
 def test_without_contention_one_pass_runs():
     add_node("gpu-01")
-    reconcile_lock._take_again()
+    reconciler_lock.take_again()
 
-    reconcile_lock.run_locked()
+    runner.run_locked()
 
     assert passes() == 1
 
@@ -84,12 +85,12 @@ def test_with_redis_down_changes_stop_asking_for_a_while_and_beat_covers(monkeyp
             raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379")
 
     # given: Redis is down
-    monkeypatch.setattr(reconcile_lock, "_client", Down())
-    monkeypatch.setattr(reconcile_lock, "_kicks_off_until", 0.0)
+    monkeypatch.setattr(reconciler_lock, "_client", Down())
+    monkeypatch.setattr(ask, "_kicks_off_until", 0.0)
 
     # when: two changes ask for a pass
-    reconcile_lock._kick()
-    reconcile_lock._kick()
+    ask._kick()
+    ask._kick()
 
     # then: only the first waited on Redis; the second, in the same thread a
     # socket or a request runs in, did not

@@ -52,6 +52,10 @@ class ShardInline(ReadOnlyTabularInline):
     readonly_fields = fields
     verbose_name_plural = "shards on this node"
 
+    @admin.display(description="replica restarts")
+    def restarts(self, obj):
+        return obj.replica.restarts
+
 
 class FabricInline(ReadOnlyTabularInline):
     model = FabricAttachment

@@ -27,7 +27,16 @@ class ReplicaShardInline(ReadOnlyTabularInline):
 
 @admin.register(Replica)
 class ReplicaAdmin(ReadOnlyAdmin):
-    list_display = ("id", "model", "profile", "state", "reason", "created_at", "updated_at")
+    list_display = (
+        "id",
+        "model",
+        "profile",
+        "state",
+        "reason",
+        "restarts",
+        "created_at",
+        "updated_at",
+    )
     list_filter = ("state", "model")
     search_fields = ("id", "model__name", "reason")
     list_select_related = ("model", "profile", "profile__model")
@@ -45,7 +54,6 @@ class ShardAdmin(ReadOnlyAdmin):
         "desired_state",
         "port",
         "exit_code",
-        "restarts",
         "fetch",
         "state_changed_at",
     )

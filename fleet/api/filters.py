@@ -4,7 +4,7 @@ import django_filters
 from django.core.exceptions import ValidationError
 
 from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
-from fleet.selectors import parse_selector, selector_matches
+from fleet.selectors import effective_labels, parse_selector, selector_matches
 
 
 def _valid_selector(value: str) -> None:
@@ -36,7 +36,9 @@ class NodeFilterSet(django_filters.FilterSet):
         reqs = parse_selector(value)
         # Labels are JSON merged from two fields; a fleet is small enough to match here.
         rows = queryset.values_list("id", "agent_labels", "operator_labels")
-        ids = [pk for pk, agent, oper in rows if selector_matches(reqs, {**agent, **oper})]
+        ids = [
+            pk for pk, agent, oper in rows if selector_matches(reqs, effective_labels(agent, oper))
+        ]
         return queryset.filter(pk__in=ids)
 
 

@@ -245,7 +245,6 @@ class ShardSerializer(serializers.ModelSerializer):
             "fetch_bytes_total",
             "fetch_updated_at",
             "state_changed_at",
-            "restarts",
             "created_at",
         )
         read_only_fields = fields
@@ -264,6 +263,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "profile",
             "state",
             "reason",
+            "restarts",
             "shards",
             "created_at",
             "updated_at",

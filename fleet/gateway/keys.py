@@ -9,7 +9,7 @@ database stores; a dict lookup on a digest leaks nothing about the secret.
 
 from dataclasses import dataclass
 
-from fleet.models.access import hash_secret, split_prefix
+from fleet.models.access import api_key_refusal, bearer_secret, hash_secret, split_prefix
 
 from .errors import GatewayError
 
@@ -50,19 +50,19 @@ def load_keys() -> dict[str, KeyEntry]:
 
 
 def bearer(headers) -> str:
-    for name, value in headers:
-        if name == b"authorization":
-            text = value.decode("latin-1").strip()
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip()
-            raise GatewayError(
-                401, "the Authorization header must be 'Bearer <API key>'", code="invalid_api_key"
-            )
-    raise GatewayError(
-        401,
-        "no API key: send it as 'Authorization: Bearer <API key>'",
-        code="missing_api_key",
-    )
+    try:
+        secret = bearer_secret(headers)
+    except ValueError:
+        raise GatewayError(
+            401, "the Authorization header must be 'Bearer <API key>'", code="invalid_api_key"
+        ) from None
+    if secret is None:
+        raise GatewayError(
+            401,
+            "no API key: send it as 'Authorization: Bearer <API key>'",
+            code="missing_api_key",
+        )
+    return secret
 
 
 def digest_of(secret: str) -> str | None:
@@ -77,14 +77,14 @@ def check(entry: KeyEntry | None, secret: str, now: float) -> KeyEntry:
     if entry is None:
         shown = secret[:12] + "..." if len(secret) > 12 else "(too short)"
         raise GatewayError(401, f"invalid API key {shown}", code="invalid_api_key")
-    if entry.revoked:
-        raise GatewayError(
-            401, f"API key '{entry.name}' ({entry.prefix}) has been revoked", code="revoked_api_key"
-        )
-    if entry.expires_at is not None and entry.expires_at <= now:
-        raise GatewayError(
-            401, f"API key '{entry.name}' ({entry.prefix}) has expired", code="expired_api_key"
-        )
+    code, why = api_key_refusal(
+        entry.name,
+        entry.prefix,
+        revoked=entry.revoked,
+        expired=entry.expires_at is not None and entry.expires_at <= now,
+    )
+    if why:
+        raise GatewayError(401, why, code=code)
     if entry.scope != "inference":
         raise GatewayError(
             403,

@@ -87,12 +87,14 @@ class InFlightCollector:
     """In flight per replica and per model, read from the gateways' own counters at scrape time.
 
     The routing table counts outstanding requests anyway (it routes by them);
-    reading them when Prometheus asks costs requests nothing.
+    reading them when Prometheus asks costs requests nothing. ``gateways`` lists
+    this process's gateways (``state.live_gateways``, which registers this).
     """
 
-    def collect(self):
-        from .state import live_gateways
+    def __init__(self, gateways):
+        self.gateways = gateways
 
+    def collect(self):
         in_flight = GaugeMetricFamily(
             "llmgw_gateway_in_flight_requests",
             "Requests being served by each replica through this gateway process.",
@@ -105,7 +107,7 @@ class InFlightCollector:
             labels=["model"],
         )
         per_model: dict[str, float] = {}
-        for gw in live_gateways():
+        for gw in self.gateways():
             for model in list(gw.routes):
                 per_model.setdefault(model, 0)
             for model, up in gw.upstreams_in_service():
@@ -121,4 +123,5 @@ class InFlightCollector:
         yield queue
 
 
-REGISTRY.register(InFlightCollector())
+def register_in_flight(gateways) -> None:
+    REGISTRY.register(InFlightCollector(gateways))

@@ -2,7 +2,7 @@
 
 One ``Gateway`` per event loop (a Daphne or uvicorn process has one). It loads
 the routing table and the API keys on the first request, then refreshes them
-when the channel layer rings (``fleet.gateway.notify``) and periodically in
+when the channel layer rings (``fleet.services.doorbells``) and periodically in
 case a ring was lost. Requests only read what is in memory; the one write they
 cause, ``last_used_at``, is collected and written in a batch.
 """
@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import aiohttp
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.conf import settings
 from django.utils import timezone
 
-from . import engines, keys, metrics, notify, table
+from fleet.conf import fleet_settings
+from fleet.services.doorbells import GATEWAYS_GROUP
+
+from . import engines, keys, metrics, table
 from .errors import GatewayError
 from .upstream import Client
 
@@ -43,20 +45,20 @@ class Limits:
 
     @classmethod
     def from_settings(cls) -> "Limits":
-        c = settings.LLMGW
+        c = fleet_settings()
         return cls(
-            max_body_bytes=int(c["GATEWAY_MAX_BODY_BYTES"]),
-            connect_timeout_s=float(c["GATEWAY_CONNECT_TIMEOUT_S"]),
-            first_byte_timeout_s=float(c["GATEWAY_FIRST_BYTE_TIMEOUT_S"]),
-            total_timeout_s=float(c["GATEWAY_TOTAL_TIMEOUT_S"]),
-            refresh_s=float(c["GATEWAY_REFRESH_S"]),
-            keys_refresh_s=float(c["GATEWAY_KEYS_REFRESH_S"]),
-            last_used_flush_s=float(c["GATEWAY_LAST_USED_FLUSH_S"]),
-            max_retries=int(c["GATEWAY_MAX_RETRIES"]),
-            cooldown_s=float(c["GATEWAY_COOLDOWN_S"]),
-            cooldown_after=int(c["GATEWAY_COOLDOWN_AFTER"]),
-            max_outstanding=int(c["GATEWAY_MAX_OUTSTANDING_PER_REPLICA"]),
-            engine_scrape_s=float(c["GATEWAY_ENGINE_SCRAPE_S"]),
+            max_body_bytes=c.gateway_max_body_bytes,
+            connect_timeout_s=c.gateway_connect_timeout_s,
+            first_byte_timeout_s=c.gateway_first_byte_timeout_s,
+            total_timeout_s=c.gateway_total_timeout_s,
+            refresh_s=c.gateway_refresh_s,
+            keys_refresh_s=c.gateway_keys_refresh_s,
+            last_used_flush_s=c.gateway_last_used_flush_s,
+            max_retries=c.gateway_max_retries,
+            cooldown_s=c.gateway_cooldown_s,
+            cooldown_after=c.gateway_cooldown_after,
+            max_outstanding=c.gateway_max_outstanding_per_replica,
+            engine_scrape_s=c.gateway_engine_scrape_s,
         )
 
 
@@ -229,7 +231,7 @@ class Gateway:
         while True:
             try:
                 channel = await layer.new_channel("gateway.")
-                await layer.group_add(notify.GROUP, channel)
+                await layer.group_add(GATEWAYS_GROUP, channel)
                 self._channel = channel
                 if down:
                     logger.info("gateway hears the channel layer again")
@@ -271,7 +273,7 @@ class Gateway:
                 channel = self._channel
                 if channel and now - last_group_add > 3600:
                     # Group membership expires in Redis after a day: renew it.
-                    await get_channel_layer().group_add(notify.GROUP, channel)
+                    await get_channel_layer().group_add(GATEWAYS_GROUP, channel)
                     last_group_add = now
                 if failing:
                     logger.info("gateway refresh works again")
@@ -318,6 +320,9 @@ _gateways: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway]" = (
 
 def live_gateways() -> list[Gateway]:
     return [gw for gw in list(_gateways.values()) if gw.started]
+
+
+metrics.register_in_flight(live_gateways)
 
 
 def gateway() -> Gateway:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from fleet.models import DesiredState, NodeState, ReplicaState, ShardState
+from fleet.services.readiness import replica_ready, serving_shards
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,6 @@ class Route:
 _ORDER = ["starting", "loading", "pending", "failed", "draining", "stopping", "unreachable"]
 
 
-def serving_shards(r: ReplicaView) -> list:
-    """The shards of the replica's current placement.
-
-    A replica placed again (a restart, or a silent node's replica moved) keeps its
-    old shards, told to stop, until their agent confirms: they are not part of
-    what serves now.
-    """
-    return [s for s in r.shards if s.desired_state != DesiredState.STOPPED]
-
-
 def replica_status(r: ReplicaView) -> tuple[str, str]:
     """("ready", "") or (what it is instead, a reason an operator can act on).
 
@@ -113,7 +104,7 @@ def replica_status(r: ReplicaView) -> tuple[str, str]:
     """
     if not r.shards:
         return "pending", r.reason
-    shards = serving_shards(r)
+    shards = serving_shards(r.shards)
     if not shards:
         return "stopping", ""
     for s in shards:
@@ -122,7 +113,7 @@ def replica_status(r: ReplicaView) -> tuple[str, str]:
         if s.desired_state == DesiredState.DRAINING or s.state == ShardState.DRAINING:
             return "draining", ""
     states = {s.state for s in shards}
-    if states == {ShardState.READY}:
+    if replica_ready(shards):
         leader = min(shards, key=lambda s: s.rank)
         if leader.rank != 0 or not leader.mgmt_addr or not leader.port:
             return "unreachable", "its rank-0 shard has no address"
@@ -185,7 +176,7 @@ def build_routes(
             if what != "ready":
                 counts[(what, reason)] = counts.get((what, reason), 0) + 1
                 continue
-            leader = min(serving_shards(r), key=lambda s: s.rank)
+            leader = min(serving_shards(r.shards), key=lambda s: s.rank)
             url = upstream_url(leader.mgmt_addr, leader.port)
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
             u.served_name = r.served_name

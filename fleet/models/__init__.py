@@ -1,6 +1,8 @@
 from .access import ApiKey, JoinToken, NodeCredential
 from .catalog import EngineProfile, Model
 from .choices import (
+    SHARD_FINISHED,
+    SHARD_STARTING,
     ApiKeyScope,
     DesiredState,
     Engine,
@@ -24,6 +26,8 @@ from .workload import Replica, Shard
 
 __all__ = [
     "GPU",
+    "SHARD_FINISHED",
+    "SHARD_STARTING",
     "ApiKey",
     "ApiKeyScope",
     "DesiredState",

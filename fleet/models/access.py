@@ -28,6 +28,34 @@ def make_secret(kind: str) -> tuple[str, str]:
     return f"{kind}_{prefix}_{secrets.token_urlsafe(32)}", prefix
 
 
+def bearer_secret(headers) -> str | None:
+    """The secret of an ``Authorization: Bearer <secret>`` header among ASGI headers.
+
+    None when there is no Authorization header; ValueError when there is one of
+    another kind. The agents' socket and the gateway both read their callers so.
+    """
+    for name, value in headers:
+        if name == b"authorization":
+            text = value.decode("latin-1").strip()
+            if text[:7].lower() != "bearer ":
+                raise ValueError("the Authorization header must be 'Bearer <secret>'")
+            return text[7:].strip()
+    return None
+
+
+def api_key_refusal(name: str, prefix: str, *, revoked: bool, expired: bool) -> tuple[str, str]:
+    """Why an API key may not be used now, as (code, message); ("", "") when it may.
+
+    One wording for the management API and the gateway; the code is OpenAI's
+    style of error code, which the gateway returns beside the message.
+    """
+    if revoked:
+        return "revoked_api_key", f"API key '{name}' ({prefix}) has been revoked"
+    if expired:
+        return "expired_api_key", f"API key '{name}' ({prefix}) has expired"
+    return "", ""
+
+
 def split_prefix(secret: str, kind: str) -> str | None:
     parts = secret.split("_", 2)
     if len(parts) != 3 or parts[0] != kind or len(parts[1]) != 8:
@@ -143,9 +171,12 @@ class ApiKey(_Secret):
         return f"{self.name} ({self.prefix})"
 
     def usable(self, now=None) -> str | None:
+        """None when it may be used now, else why not (the gateway's wording too)."""
         now = now or timezone.now()
-        if self.revoked_at:
-            return "API key revoked"
-        if self.expires_at and self.expires_at <= now:
-            return "API key expired"
-        return None
+        _, why = api_key_refusal(
+            self.name,
+            self.prefix,
+            revoked=self.revoked_at is not None,
+            expired=self.expires_at is not None and self.expires_at <= now,
+        )
+        return why or None

@@ -19,6 +19,13 @@ class ShardState(models.TextChoices):
     FAILED = "failed", "failed"  # exited or timed out on its own; see error and exit code
 
 
+# Groups of shard states that rules ask about. A shard in a finished state holds
+# nothing: its process is gone, so its GPUs and port are free again.
+SHARD_FINISHED = (ShardState.STOPPED, ShardState.FAILED)
+# On its way to ready: a start that outlives its timeout in one of these is hung.
+SHARD_STARTING = (ShardState.PENDING, ShardState.STARTING, ShardState.LOADING)
+
+
 class DesiredState(models.TextChoices):
     RUNNING = "running", "running"  # start it, or keep it running
     DRAINING = "draining", "draining"  # stop taking work, finish what is in flight

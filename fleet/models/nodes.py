@@ -4,6 +4,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 
 from agentd.protocol import NODE_ID_PATTERN
+from fleet.selectors import effective_labels
 
 from .choices import NodeState
 
@@ -68,8 +69,8 @@ class Node(models.Model):
 
     @property
     def labels(self) -> dict:
-        """Effective labels: the agent's, overridden by the operator's."""
-        return {**(self.agent_labels or {}), **(self.operator_labels or {})}
+        """The labels in effect (``fleet.selectors.effective_labels``)."""
+        return effective_labels(self.agent_labels, self.operator_labels)
 
 
 class GPU(models.Model):

@@ -33,6 +33,11 @@ class Replica(models.Model):
     failures = models.PositiveIntegerField(
         default=0, help_text="Failed starts in a row; reset when it becomes ready."
     )
+    restarts = models.PositiveIntegerField(
+        default=0,
+        help_text="Times the reconciler restarted it after a shard failed, all told; "
+        "never reset. Each restart starts new shards.",
+    )
     retry_at = models.DateTimeField(
         null=True, blank=True, help_text="Not restarted before this (backoff after a failure)."
     )
@@ -90,7 +95,6 @@ class Shard(models.Model):
     fetch_bytes_total = models.PositiveBigIntegerField(null=True, blank=True)
     fetch_updated_at = models.DateTimeField(null=True, blank=True)
     state_changed_at = models.DateTimeField(null=True, blank=True)
-    restarts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

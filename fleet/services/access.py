@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from fleet.models import JoinToken, Node, NodeCredential
 
-from . import dispatch
+from . import doorbells
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def revoke_node(node: Node) -> int:
         count = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
         )
-        transaction.on_commit(lambda: dispatch.notify_node(node.pk, "node.revoked"))
+        doorbells.ring_node(node.pk, doorbells.NODE_REVOKED)
     logger.warning("node credentials revoked node=%s count=%d", node.pk, count)
     return count
 

@@ -4,12 +4,12 @@ import logging
 import re
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from fleet.gateway import notify as gateway_notify
 from fleet.models import ApiKey, ApiKeyScope, Model
+
+from . import doorbells
 
 logger = logging.getLogger(__name__)
 
@@ -130,5 +130,5 @@ def revoke_api_key(key: ApiKey) -> bool:
     if changed:
         logger.warning("api key revoked name=%s prefix=%s", key.name, key.prefix)
         # Gateways cache keys: ring them rather than wait for their safety refresh.
-        transaction.on_commit(lambda: gateway_notify.changed("keys"))
+        doorbells.ring_gateways("keys")
     return changed

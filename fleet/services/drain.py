@@ -17,7 +17,8 @@ from django.db import transaction
 
 from fleet.models import DesiredState, Node, Replica, ReplicaState, Shard
 
-from .reconcile_lock import request_reconcile
+from .readiness import replica_ready
+from .reconciler.ask import request_reconcile
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def progress(node_id: str) -> DrainProgress:
 def _waits_for(replica: Replica, node_id: str) -> str:
     if replica.state == ReplicaState.DRAINING:
         return "draining (in-flight requests finish)"
-    if replica.state != ReplicaState.READY:
+    if not replica_ready(replica.shards.all()):
         return "stopping (it was not serving)"
     others = list(
         Replica.objects.filter(model=replica.model_id, created_at__gt=replica.created_at)
@@ -86,8 +87,9 @@ def _waits_for(replica: Replica, node_id: str) -> str:
         .exclude(shards__node_id=node_id)
         .distinct()
         .order_by("created_at")
+        .prefetch_related("shards")
     )
-    if any(r.state == ReplicaState.READY for r in others):
+    if any(replica_ready(r.shards.all()) for r in others):
         return "its replacement is ready; it drains next"
     if others:
         r = others[0]

@@ -10,7 +10,8 @@ from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from fleet.models import GPU, Node, NodeLoad, ShardState
-from fleet.services.reconcile_lock import request_reconcile
+from fleet.services.reconciler.ask import request_reconcile
+from fleet.services.units import gb_text
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def memory_gb(node: Node) -> str:
     """Total memory in GB for display; '-' when the agent did not say (never 0)."""
     if node.memory_total_mb is None:
         return "-"
-    return f"{node.memory_total_mb / 1024:.0f}"
+    return gb_text(node.memory_total_mb)
 
 
 def gpu_short_name(name: str) -> str:

@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from agentd.ports import DEFAULT_PORT_RANGE
 from fleet.selectors import Requirement
 
+from .units import MB_PER_GB, gb_text
+
 BINPACK, SPREAD = "binpack", "spread"
-# Memory is compared in decimal GB: a machine's MemTotal is a little under its
-# nominal size, and "a 32 GB node" should still hold a profile that needs 32.
-MB_PER_GB = 1000
 # How many nodes a pending reason names one by one before it summarises.
 REASONS_LISTED = 8
 
@@ -185,7 +185,7 @@ class Snapshot:
     first node that fits instead of scoring the whole fleet.
     """
 
-    def __init__(self, nodes: list[NodeInfo], port_range: tuple[int, int] = (30000, 30999)):
+    def __init__(self, nodes: list[NodeInfo], port_range: tuple[int, int] = DEFAULT_PORT_RANGE):
         self.nodes: dict[str, NodeInfo] = {n.id: n for n in nodes}
         self.port_range = port_range
         self.max_gpus = max((len(n.gpus) for n in nodes), default=0)
@@ -266,10 +266,6 @@ def _weights_index(nodes) -> dict[str, set[str]]:
     return index
 
 
-def _gb(mb: int) -> int:
-    return round(mb / 1024)
-
-
 def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
     nid = node.id
     if node.state != "ready":
@@ -289,7 +285,7 @@ def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
         return Reason(
             nid,
             "memory",
-            f"{nid}: has {_gb(node.memory_mb)} GB of memory, needs {req.min_memory_gb}",
+            f"{nid}: has {gb_text(node.memory_mb)} GB of memory, needs {req.min_memory_gb}",
         )
     if req.engine not in node.engines:
         return Reason(nid, "engine", f"{nid}: engine '{req.engine}' is not installed")
@@ -368,8 +364,8 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
             return Reason(
                 nid,
                 "memory",
-                f"{nid}: has {_gb(node.memory_mb)} GB of memory, "
-                f"{node.promised_mb // MB_PER_GB} GB promised to other shards, "
+                f"{nid}: has {gb_text(node.memory_mb)} GB of memory, "
+                f"{gb_text(node.promised_mb)} GB promised to other shards, "
                 f"needs {req.min_memory_gb}",
             )
     if free_port(node, snapshot) is None:

@@ -7,11 +7,13 @@ with 40,000 GPUs must stay well under a second.
 import json
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import connection
 
+from agentd.ports import parse_port_range
+from fleet.conf import fleet_settings
 from fleet.models import (
     GPU,
+    SHARD_FINISHED,
     DesiredState,
     FabricAttachment,
     LocalWeights,
@@ -19,10 +21,9 @@ from fleet.models import (
     Shard,
     ShardState,
 )
-from fleet.selectors import parse_selector
+from fleet.selectors import effective_labels, parse_selector
 
 from .placement import (
-    MB_PER_GB,
     GpuInfo,
     NodeInfo,
     NoPlacement,
@@ -32,26 +33,13 @@ from .placement import (
     Verdict,
     explain,
 )
+from .units import MB_PER_GB
 
 PORTS_LABEL = "llmgw.io/ports"
 
-# A shard in these states holds nothing: its process is gone.
-FINISHED = (ShardState.STOPPED, ShardState.FAILED)
-
-
-def parse_port_range(text: str) -> tuple[int, int]:
-    """``"30000-30999"`` as (30000, 30999); ValueError naming the problem otherwise."""
-    try:
-        lo, hi = (int(p) for p in str(text).split("-", 1))
-    except ValueError:
-        raise ValueError(f"port range '{text}' is not LO-HI, e.g. 30000-30999") from None
-    if not 1024 <= lo <= hi <= 65535:
-        raise ValueError(f"port range '{text}' must lie within 1024-65535, low first")
-    return lo, hi
-
 
 def default_port_range() -> tuple[int, int]:
-    return parse_port_range(settings.LLMGW["SHARD_PORT_RANGE"])
+    return parse_port_range(fleet_settings().shard_port_range)
 
 
 def _rows(sql: str, params=()) -> list[tuple]:
@@ -91,7 +79,7 @@ def build() -> Snapshot:
         f"SELECT id, state, cordoned, draining, connected, agent_labels, operator_labels, "
         f"memory_total_mb, engine_versions FROM {t[Node]} ORDER BY id"
     ):
-        labels = {**decode(agent, {}), **decode(operator, {})}
+        labels = effective_labels(decode(agent, {}), decode(operator, {}))
         port_range = None
         if PORTS_LABEL in labels:
             try:
@@ -136,7 +124,7 @@ def build() -> Snapshot:
             nodes[nid].weights = frozenset(paths)
     # What a shard holds until its process is gone. One that was stopped before
     # it ever started (still pending) holds nothing.
-    held = Shard.objects.filter(node__isnull=False).exclude(state__in=FINISHED)
+    held = Shard.objects.filter(node__isnull=False).exclude(state__in=SHARD_FINISHED)
     held = held.exclude(desired_state=DesiredState.STOPPED, state=ShardState.PENDING)
     for nid, gpu_uuids, port, min_gb, rank, spec in held.values_list(
         "node_id", "gpu_uuids", "port", "replica__profile__min_memory_gb", "rank", "spec"
@@ -158,7 +146,7 @@ def request_for(model, profile, replica=None, prefer=()) -> Request:
     """What a replica of ``model`` on ``profile`` needs. ``replica`` adds its failure history."""
     avoid: tuple = ()
     if replica is not None and replica.node_failures:
-        limit = settings.LLMGW["FAILURES_BEFORE_MOVING"]
+        limit = fleet_settings().failures_before_moving
         avoid = tuple(sorted((n, c) for n, c in replica.node_failures.items() if c >= limit))
     return Request(
         model=model.name,

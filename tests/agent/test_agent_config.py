@@ -35,8 +35,14 @@ def test_the_example_config_is_valid():
         ({"node_id": "-bad"}, "node_id: '-bad' is not a node id"),
         ({"node_id": "a" * 64}, "node_id:"),
         ({"heartbeat_interval_s": 0}, "heartbeat_interval_s: Input should be greater than 0"),
-        ({"engine_port_range": [31000, 30000]}, "engine_port_range: must be [first, last]"),
-        ({"engine_port_range": [80, 90]}, "engine_port_range: must be [first, last]"),
+        (
+            {"engine_port_range": [31000, 30000]},
+            "engine_port_range: port range 31000-30000 must lie within 1024-65535, low first",
+        ),
+        (
+            {"engine_port_range": [80, 90]},
+            "engine_port_range: port range 80-90 must lie within 1024-65535, low first",
+        ),
         (
             {"engines": {"binaries": {"vllmm": "/opt/vllm"}}},
             "engines.binaries: unknown engine 'vllmm' (known: fake, llamacpp, sglang, vllm)",

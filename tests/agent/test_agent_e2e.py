@@ -41,7 +41,7 @@ def _has_load(node_id):
 
 def test_agent_enrols_reports_and_comes_back_on_its_credential(fast_daphne, tmp_path):
     from fleet.models import GPU, JoinToken
-    from fleet.services import dispatch
+    from fleet.services import node_logs
 
     # given: a join token, an HGX H100 node (the NVML double) with weights
     _, secret = join_token(uses=1)
@@ -99,10 +99,11 @@ def test_agent_enrols_reports_and_comes_back_on_its_credential(fast_daphne, tmp_
         _, state, cpu, mem, gpu_summary, *_ = row.split()
         assert state == "ready" and gpu_summary == "8×H100"
         assert cpu != "-" and 0 <= float(cpu) <= 100  # the load arrived and is fresh
-        assert mem == f"{node.memory_total_mb / 1024:.0f}"
+        # this machine's MemTotal, in the GB placement counts (fleet/services/units.py)
+        assert float(mem) == pytest.approx(node.memory_total_mb / 1000, abs=0.1)
 
         # the control plane can read the agent's own log through the socket
-        reply = dispatch.request_logs("gpu-e2e-01", "agent", lines=50)
+        reply = node_logs.request_logs("gpu-e2e-01", "agent", lines=50)
         assert reply.error == "" and reply.sources == ["agent"]
         assert any("registered node=gpu-e2e-01 gpus=8" in line for line in reply.lines)
 

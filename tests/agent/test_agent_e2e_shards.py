@@ -32,7 +32,7 @@ def fast_daphne(transactional_db, tmp_path):
 
 def _desire_fake_shard(port: int):
     from fleet.models import EngineProfile, Model, Replica, Shard
-    from fleet.services import dispatch
+    from fleet.services import desired
 
     with transaction.atomic():
         model = Model.objects.create(name="tiny-fake")
@@ -41,7 +41,7 @@ def _desire_fake_shard(port: int):
         )
         replica = Replica.objects.create(model=model, profile=profile)
         shard = Shard.objects.create(replica=replica, node_id=NODE, port=port)
-        dispatch.bump_desired([NODE])
+        desired.bump_desired([NODE])
     return shard.pk
 
 
@@ -112,7 +112,7 @@ def test_a_desired_shard_runs_reports_its_load_and_survives_kill_9_of_the_agent(
         assert running["state"] == "ready"
         assert [pid for pid, _ in state.find_marked(state_dir.resolve()).values()] == [engine_pid]
         shard = _shard(shard_id)
-        assert shard.state == "ready" and shard.restarts == 0
+        assert shard.state == "ready" and shard.replica.restarts == 0
         # heartbeats from the new agent carry the adopted engine's load; it started nothing
         wait_until(
             lambda: _shard_load(shard_id).sampled_at > registered, what="new load", proc=agent

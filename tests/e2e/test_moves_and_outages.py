@@ -120,7 +120,7 @@ def test_redis_stopped_for_10_s_then_started_everything_recovers_and_nothing_is_
     engines = agent.engines()
     assert sorted(engines) == sorted(s.pk for s in shards)
     assert engines[shard.pk] == pid
-    assert Shard.objects.get(pk=shard.pk).restarts == 0
+    assert Shard.objects.get(pk=shard.pk).replica.restarts == 0
     n = node("cpu-a")
     assert (n.state, n.connected) == ("ready", True)
 
@@ -152,4 +152,4 @@ def test_daphne_and_celery_restarted_adopt_the_running_shard_without_a_second_en
     # the shard was adopted: the same engine process, no restart, nothing placed again
     assert agent.engines() == {shard.pk: pid}
     assert [s.pk for s in live_shards()] == [shard.pk]
-    assert Shard.objects.get(pk=shard.pk).restarts == 0
+    assert Shard.objects.get(pk=shard.pk).replica.restarts == 0

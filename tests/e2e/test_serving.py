@@ -118,6 +118,6 @@ def test_an_agent_killed_with_sigkill_comes_back_and_adopts_its_engine(stack, ti
     assert answers(stack)
     assert agent.engines() == {shard.pk: pid}
     again = Shard.objects.get(pk=shard.pk)
-    assert (again.state, again.restarts, again.desired_state) == ("ready", 0, "running")
+    assert (again.state, again.replica.restarts, again.desired_state) == ("ready", 0, "running")
     assert [s.pk for s in live_shards()] == [shard.pk]
     assert "enrolled" not in agent.proc.output()

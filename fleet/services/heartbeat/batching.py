@@ -22,12 +22,14 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from agentd import protocol
-from fleet.services import inventory
+from fleet.conf import fleet_settings
+
+from . import apply
+from .apply import ReportMemo
 
 logger = logging.getLogger(__name__)
 
@@ -81,34 +83,6 @@ def _start_janitor() -> None:
         _janitor.start()
 
 
-class ReportMemo:
-    """What one agent socket last had written, so an unchanged fact is not written again.
-
-    Most heartbeats repeat the GPU memory and disk figures of the one before; a
-    fact equal to what was written is sent to the writer as no news, which the
-    protocol already defines as "leave it as it is". Reset on every register,
-    since a register rewrites those rows.
-    """
-
-    def __init__(self) -> None:
-        self.gpu_used: list[int] | None = None
-        self.storage: list | None = None
-
-    def news(self, hb: protocol.Heartbeat) -> protocol.Heartbeat:
-        update = {}
-        if hb.gpu_memory_used_mb and hb.gpu_memory_used_mb == self.gpu_used:
-            update["gpu_memory_used_mb"] = []
-        if hb.storage and hb.storage == self.storage:
-            update["storage"] = []
-        return hb.model_copy(update=update) if update else hb
-
-    def written(self, hb: protocol.Heartbeat) -> None:
-        if hb.gpu_memory_used_mb:
-            self.gpu_used = list(hb.gpu_memory_used_mb)
-        if hb.storage:
-            self.storage = list(hb.storage)
-
-
 def _prepare_connection() -> None:
     connection.ensure_connection()
     raw = connection.connection
@@ -134,7 +108,7 @@ class HeartbeatBatcher:
         credential_id: int,
         hb: protocol.Heartbeat,
         memo: ReportMemo | None = None,
-    ) -> inventory.HeartbeatResult:
+    ) -> apply.HeartbeatResult:
         fut = asyncio.get_running_loop().create_future()
         news = memo.news(hb) if memo is not None else hb
         self.pending.append(((node_id, credential_id, news, timezone.now()), fut))
@@ -165,14 +139,14 @@ class HeartbeatBatcher:
                 if not fut.done():
                     fut.set_result(results[item[0]])
 
-    def _write(self, items: list) -> dict[str, inventory.HeartbeatResult]:
+    def _write(self, items: list) -> dict[str, apply.HeartbeatResult]:
         """In the writer thread: one transaction for the whole batch."""
         global _last_write
         _start_janitor()
         failed = False
         try:
             _prepare_connection()
-            return inventory.apply_heartbeats(items)
+            return apply.apply_heartbeats(items)
         except DatabaseError:
             failed = True
             raise
@@ -193,5 +167,5 @@ def batcher() -> HeartbeatBatcher:
     loop = asyncio.get_running_loop()
     b = _batchers.get(loop)
     if b is None:
-        b = _batchers[loop] = HeartbeatBatcher(settings.LLMGW["HEARTBEAT_FLUSH_S"])
+        b = _batchers[loop] = HeartbeatBatcher(fleet_settings().heartbeat_flush_s)
     return b

@@ -14,13 +14,13 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from fleet.conf import fleet_settings
 from fleet.models import FleetStatus, Node, NodeState
 
-from .reconcile_rows import node_silence_rows
+from .rows import node_silence_rows
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def begin_pass(now: datetime) -> FleetStatus:
     FleetStatus.objects.get_or_create(pk=1)
     FleetStatus.objects.filter(pk=1).update(passes=F("passes") + 1)
     status = FleetStatus.objects.select_for_update().get(pk=1)
-    gap_s = settings.LLMGW["OUTAGE_GAP_S"]
+    gap_s = fleet_settings().outage_gap_s
     last = status.last_pass_at
     if last is None or (now - last).total_seconds() > gap_s:
         status.grace_from = now
@@ -65,8 +65,8 @@ def silence_of(last_seen: datetime, grace_from: datetime | None, now: datetime) 
 
 def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
     """Move silent nodes to suspect and lost, unless most of the fleet is silent."""
-    suspect_s = settings.LLMGW["SUSPECT_AFTER_S"]
-    lost_s = settings.LLMGW["REPLACE_AFTER_S"]
+    suspect_s = fleet_settings().suspect_after_s
+    lost_s = fleet_settings().replace_after_s
     rows = node_silence_rows()
     silence = {nid: silence_of(seen, status.grace_from, now) for nid, _, seen in rows}
     # Nodes lost long ago are not the fleet any more; counting them would keep
@@ -127,7 +127,7 @@ def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
 
 def may_replace_now(status: FleetStatus, now: datetime) -> bool:
     """At most one lost node's replicas are replaced per REPLACE_EVERY_S."""
-    every = timedelta(seconds=settings.LLMGW["REPLACE_EVERY_S"])
+    every = timedelta(seconds=fleet_settings().replace_every_s)
     return status.last_replacement_at is None or now - status.last_replacement_at >= every
 
 
@@ -141,7 +141,7 @@ def fleet_warnings(now: datetime | None = None) -> list[str]:
     if status.replacement_paused:
         warnings.append(f"replacement paused: {status.message}")
     idle = (now - status.last_pass_at).total_seconds()
-    if idle > settings.LLMGW["OUTAGE_GAP_S"]:
+    if idle > fleet_settings().outage_gap_s:
         warnings.append(
             f"no reconciler pass for {idle:.0f} s: nothing is placed, restarted or replaced; "
             "is the Celery worker and beat running?"

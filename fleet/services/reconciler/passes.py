@@ -8,19 +8,20 @@ twice changes nothing the second time. Time comes in as ``now`` so tests
 drive it without sleeping.
 
 Nodes hear of it through their desired sets: every node whose shards changed
-gets a new version and a doorbell after commit (``dispatch.bump_desired``).
+gets a new version and a doorbell after commit (``fleet.services.desired``).
 """
 
 import logging
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from fleet.conf import fleet_settings
 from fleet.models import (
+    SHARD_FINISHED,
+    SHARD_STARTING,
     DesiredState,
     EngineProfile,
     Model,
@@ -31,14 +32,14 @@ from fleet.models import (
     ShardState,
 )
 
-from . import dispatch, expiry, placement
-from . import reconcile_housekeeping as housekeeping
-from . import reconcile_rows as rows
-from . import snapshot as snapshots
+from ..desired import bump_desired
+from ..readiness import replica_ready
+from . import expiry, housekeeping, rows
+from .placing import Placing
+from .report import PassReport
 
 logger = logging.getLogger(__name__)
 
-STARTING_STATES = (ShardState.PENDING, ShardState.STARTING, ShardState.LOADING)
 # Scale-down removes the least useful first: pending, then failed, then
 # starting, then ready; among equals the newest.
 USEFULNESS = {
@@ -49,54 +50,15 @@ USEFULNESS = {
 }
 
 
-@dataclass
-class PassReport:
-    """What one pass did, for logs, the benchmark and tests."""
-
-    placed: int = 0
-    unplaceable: int = 0
-    restarts: int = 0
-    timed_out: int = 0
-    replaced: int = 0
-    created: int = 0
-    retired: int = 0
-    stopped: int = 0
-    adopted: int = 0
-    unclaimed: int = 0
-    drains_finished: int = 0
-    deleted: int = 0
-    paused: bool = False
-    nodes_notified: list[str] = field(default_factory=list)
-    duration_ms: float = 0.0
-    # Milliseconds per phase, for the benchmark and for a slow pass's log line.
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def changed(self) -> bool:
-        return any(
-            (
-                self.placed,
-                self.unplaceable,
-                self.restarts,
-                self.timed_out,
-                self.replaced,
-                self.created,
-                self.retired,
-                self.stopped,
-                self.unclaimed,
-                self.drains_finished,
-            )
-        )
-
-
 def backoff_s(failures: int) -> float:
     """10 s after the first failure, doubling, at most 5 min (settings)."""
-    base = settings.LLMGW["RESTART_BACKOFF_S"]
-    cap = settings.LLMGW["RESTART_BACKOFF_MAX_S"]
+    base = fleet_settings().restart_backoff_s
+    cap = fleet_settings().restart_backoff_max_s
     return min(cap, base * 2 ** max(0, failures - 1))
 
 
 def run_pass(now: datetime | None = None) -> PassReport:
-    """One reconciler pass. The caller holds the pass lock (see ``fleet.tasks``)."""
+    """One reconciler pass. The caller holds the pass lock (``runner.run_locked``)."""
     now = now or timezone.now()
     started = time.perf_counter()
     report = PassReport()
@@ -111,23 +73,16 @@ def run_pass(now: datetime | None = None) -> PassReport:
         status.last_pass_ms = (time.perf_counter() - started) * 1000
         status.save()
         report.nodes_notified = sorted(work.touched)
-        dispatch.bump_desired(work.touched)
+        bump_desired(work.touched)
         mark = time.perf_counter()
     report.phases["commit"] = (time.perf_counter() - mark) * 1000  # with the doorbells
     report.duration_ms = (time.perf_counter() - started) * 1000
     if report.changed():
-        logger.info("reconciler pass %s", _summary(report))
+        logger.info("reconciler pass %s", report.summary())
     return report
 
 
-def _summary(r: PassReport) -> str:
-    fields = ("created", "placed", "unplaceable", "restarts", "timed_out", "replaced", "retired")
-    parts = [f"{f}={getattr(r, f)}" for f in fields if getattr(r, f)]
-    parts += [f"nodes_notified={len(r.nodes_notified)}", f"ms={r.duration_ms:.1f}"]
-    return " ".join(parts)
-
-
-class _Pass:
+class _Pass(Placing):
     def __init__(self, now: datetime, exp: expiry.Expiry, report: PassReport):
         self.now = now
         self.exp = exp
@@ -260,7 +215,7 @@ class _Pass:
             self.report.replaced += 1
             self.to_place[r.pk] = r
             return
-        replace_after = model.replace_after_s or settings.LLMGW["REPLACE_AFTER_S"]
+        replace_after = model.replace_after_s or fleet_settings().replace_after_s
         for s in shards:
             silent = self.exp.silence.get(s.node_id)
             if silent is not None and silent >= replace_after and not self.exp.paused:
@@ -268,10 +223,10 @@ class _Pass:
                 return
         self.check_start_timeouts(r, shards)
         # A shard that stopped while it should run has failed, whatever it says.
-        failed = [s for s in shards if s.state in snapshots.FINISHED]
+        failed = [s for s in shards if s.state in SHARD_FINISHED]
         if failed:
             self.restart_later(r, failed)
-        elif all(s.state == ShardState.READY for s in shards):
+        elif replica_ready(shards):
             self.set_replica(r, ReplicaState.READY, failures=0, retry_at=None)
         elif r.state != ReplicaState.STARTING:
             self.set_replica(r, ReplicaState.STARTING)
@@ -279,9 +234,9 @@ class _Pass:
     def check_start_timeouts(self, r: Replica, shards: list[Shard]) -> None:
         """A start that outlives its timeout is failed (a fetch that moves is not hung)."""
         limit = timedelta(seconds=r.profile.startup_timeout_s)
-        stall = timedelta(seconds=settings.LLMGW["FETCH_STALL_S"])
+        stall = timedelta(seconds=fleet_settings().fetch_stall_s)
         for s in shards:
-            if s.state not in STARTING_STATES or s.node_id in self.exp.silence:
+            if s.state not in SHARD_STARTING or s.node_id in self.exp.silence:
                 continue
             since = s.state_changed_at or s.created_at
             if self.now - since < limit:
@@ -316,6 +271,7 @@ class _Pass:
             ReplicaState.FAILED,
             reason,
             failures=failures,
+            restarts=r.restarts + 1,
             node_failures=counts,
             retry_at=self.now + timedelta(seconds=delay),
         )
@@ -333,9 +289,9 @@ class _Pass:
 
     def check_draining(self, r: Replica) -> None:
         shards = self.shards.get(r.pk, [])
-        drain_s = settings.LLMGW["DRAIN_TIMEOUT_S"]
+        drain_s = fleet_settings().drain_timeout_s
         since = r.state_changed_at or r.updated_at
-        done = all(s.state in snapshots.FINISHED for s in shards)
+        done = all(s.state in SHARD_FINISHED for s in shards)
         if done or (self.now - since).total_seconds() >= drain_s:
             self.set_shards(r, DesiredState.STOPPED)
             self.set_replica(r, ReplicaState.STOPPED, r.reason)
@@ -444,86 +400,3 @@ class _Pass:
             "replica retired replica=%s model=%s why=%s", r.pk, self.models[r.model_id], why
         )
         self.report.retired += 1
-
-    # ---- placement ---------------------------------------------------------------
-
-    def place_all(self) -> None:
-        todo = [
-            r
-            for r in self.to_place.values()
-            if r.state not in (ReplicaState.STOPPED, ReplicaState.DRAINING)
-        ]
-        if not todo:
-            return
-        snap = snapshots.build()
-        unplaceable: dict[tuple, str] = {}
-        for r in todo:
-            model = self.models[r.model_id]
-            prefer = self.prefer.get(r.pk)
-            if prefer is None and r.state == ReplicaState.FAILED:
-                prefer = self.last_nodes(r)
-            req = snapshots.request_for(model, r.profile, r, prefer or ())
-            key = (r.profile_id,) if not (req.avoid or req.prefer) else None
-            if key in unplaceable:
-                self.unplaced(r, unplaceable[key])
-                continue
-            result = placement.place(snap, req)
-            if isinstance(result, placement.NoPlacement):
-                if key is not None:
-                    unplaceable[key] = result.summary
-                self.unplaced(r, result.summary)
-                continue
-            snap.commit(result, req)
-            spec = self.spec_of(r, result, snap)
-            self.new_shards.extend(
-                Shard(
-                    replica_id=r.pk,
-                    spec=spec,
-                    node_id=s.node_id,
-                    rank=s.rank,
-                    gpu_uuids=list(s.gpu_uuids),
-                    hcas=list(s.hcas),
-                    port=s.port,
-                    desired_state=DesiredState.RUNNING,
-                    state=ShardState.PENDING,
-                    state_changed_at=self.now,
-                )
-                for s in result.shards
-            )
-            self.touched.update(result.node_ids)
-            self.set_replica(r, ReplicaState.STARTING)
-            logger.info(
-                "replica placed replica=%s model=%s nodes=%s",
-                r.pk,
-                model,
-                ",".join(result.node_ids),
-            )
-            self.report.placed += 1
-
-    def spec_of(self, r: Replica, result: placement.Placement, snap) -> dict:
-        """What the shards will run, kept on them so a later profile edit cannot change it."""
-        profile = r.profile
-        profile.model = self.models[profile.model_id]  # no query per profile
-        spec = profile.spec()
-        if len(result.shards) > 1:
-            # The other ranks find rank 0 here: its management address and a
-            # port of its own for the engines' rendezvous.
-            leader = result.shards[0].node_id
-            port = placement.free_port(snap.nodes[leader], snap)
-            snap.nodes[leader].used_ports.add(port)
-            addr = Node.objects.filter(pk=leader).values_list("mgmt_addr", flat=True).first()
-            spec.update(leader_addr=addr or "", leader_port=port or 0)
-        return spec
-
-    def unplaced(self, r: Replica, summary: str) -> None:
-        if r.reason != summary:
-            logger.warning("replica cannot be placed replica=%s reason=%s", r.pk, summary)
-        self.set_replica(r, ReplicaState.PENDING, summary)
-        self.report.unplaceable += 1
-
-    def last_nodes(self, r: Replica) -> list[str]:
-        """The nodes of a replica's last attempt, where a restart goes first."""
-        last = Shard.objects.filter(replica_id=r.pk, node__isnull=False).order_by("-created_at")
-        return list(last.values_list("node_id", flat=True)[: r.profile.nodes])
-
-    # ---- drains, registrations, clean-up -------------------------------------------

@@ -5,9 +5,15 @@ import logging
 
 from django.db.models import F
 
-from fleet.models import DesiredState, Node, Replica, ReplicaState, Shard, ShardState
-
-from .snapshot import FINISHED
+from fleet.models import (
+    SHARD_FINISHED,
+    DesiredState,
+    Node,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +74,7 @@ def clean_up(touched: set, report) -> None:
     gone = Shard.objects.filter(desired_state=DesiredState.STOPPED, node__isnull=True) | (
         Shard.objects.filter(
             desired_state=DesiredState.STOPPED,
-            state__in=[*FINISHED, ShardState.PENDING],
+            state__in=[*SHARD_FINISHED, ShardState.PENDING],
             node__in=synced,
         )
     )

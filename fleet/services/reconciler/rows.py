@@ -44,6 +44,7 @@ class ReplicaRow:
         "reason",
         "state_changed_at",
         "failures",
+        "restarts",
         "retry_at",
         "spec_hash",
         "node_failures",
@@ -60,6 +61,7 @@ class ReplicaRow:
             self.reason,
             changed,
             self.failures,
+            self.restarts,
             retry,
             self.spec_hash,
             failures,
@@ -123,7 +125,7 @@ def live_replicas(profiles: dict) -> list[ReplicaRow]:
         ReplicaRow(row, profiles)
         for row in _rows(
             "SELECT id, model_id, profile_id, state, reason, state_changed_at, failures, "
-            "retry_at, spec_hash, node_failures, created_at, updated_at "
+            "restarts, retry_at, spec_hash, node_failures, created_at, updated_at "
             f"FROM {table} WHERE state <> %s ORDER BY created_at, id",
             [ReplicaState.STOPPED],
         )

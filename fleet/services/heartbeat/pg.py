@@ -2,13 +2,13 @@
 
 A batch of heartbeats always says the same few things: these nodes were seen
 now (and have applied desired version so-and-so), their disks, their load,
-often their GPUs' memory. The
-portable ORM path spends about nine round trips and a model instance per row on
-that; on a busy machine every round trip waits for the database process to get
-a CPU. Here it is one statement of data-modifying CTEs fed with arrays, so a
-batch costs one round trip however many heartbeats it holds. What heartbeats
-say only now and then (new GPU problems, weights, engines, memory) is left to
-the portable code in inventory.py.
+often their GPUs' memory. The portable ORM path (``orm.apply_common``) spends
+about nine round trips and a model instance per row on that; on a busy machine
+every round trip waits for the database process to get a CPU. Here it is one
+statement of data-modifying CTEs fed with arrays, so a batch costs one round
+trip however many heartbeats it holds. What heartbeats say only now and then
+(new GPU problems, weights, engines, memory) is left to the portable code in
+``apply``.
 
 Semantics are the portable path's, fact by fact; tests/test_heartbeat_writes.py
 runs both paths on the same heartbeats and compares the rows they leave.
@@ -21,13 +21,28 @@ from django.db import connection
 from agentd import protocol
 from fleet.models import NodeState
 
+from .columns import NODE_LOAD, SHARD_LOAD
+
+
+def _names(cols) -> str:
+    return ", ".join(name for name, _ in cols)
+
+
+def _arrays(prefix: str, cols) -> str:
+    return ", ".join(f"%({prefix}_{name})s::{kind}[]" for name, kind in cols)
+
+
+def _excluded(cols) -> str:
+    return ", ".join(f"{name} = EXCLUDED.{name}" for name, _ in cols)
+
+
 # The sub-statements of one statement all see the rows as they were when it
 # started, and run in no defined order. So: the node's old state is read from
 # that snapshot (for "node back" logging), storage rows are deleted and
 # inserted freely (the delete cannot see the new rows), and shard loads are
 # upserted while only the shards a node no longer reports are deleted, so the
 # two never touch the same row.
-_SQL = """
+_SQL = f"""
 WITH seen AS (
     SELECT * FROM unnest(%(ids)s::text[], %(dvs)s::bigint[]) AS u(id, dv)
 ),
@@ -66,22 +81,13 @@ storage_new AS (
     WHERE u.node_id IN (SELECT id FROM old)
 ),
 load_new AS (
-    INSERT INTO fleet_nodeload (
-        node_id, sampled_at, cpu_percent, cpu_count, load1, load5, load15,
-        memory_used_bytes, memory_available_bytes
-    )
+    INSERT INTO fleet_nodeload (node_id, sampled_at, {_names(NODE_LOAD)})
     SELECT * FROM unnest(
-        %(ld_node)s::text[], %(ld_at)s::timestamptz[], %(ld_cpu)s::float8[],
-        %(ld_cpus)s::integer[], %(ld_l1)s::float8[], %(ld_l5)s::float8[],
-        %(ld_l15)s::float8[], %(ld_used)s::bigint[], %(ld_avail)s::bigint[]
-    ) AS u(node_id, sampled_at, cpu_percent, cpu_count, load1, load5, load15,
-           memory_used_bytes, memory_available_bytes)
+        %(ld_node)s::text[], %(ld_at)s::timestamptz[], {_arrays("ld", NODE_LOAD)}
+    ) AS u(node_id, sampled_at, {_names(NODE_LOAD)})
     WHERE u.node_id IN (SELECT id FROM old)
     ON CONFLICT (node_id) DO UPDATE SET
-        sampled_at = EXCLUDED.sampled_at, cpu_percent = EXCLUDED.cpu_percent,
-        cpu_count = EXCLUDED.cpu_count, load1 = EXCLUDED.load1, load5 = EXCLUDED.load5,
-        load15 = EXCLUDED.load15, memory_used_bytes = EXCLUDED.memory_used_bytes,
-        memory_available_bytes = EXCLUDED.memory_available_bytes
+        sampled_at = EXCLUDED.sampled_at, {_excluded(NODE_LOAD)}
 ),
 shards_gone AS (
     DELETE FROM fleet_shardload s
@@ -92,15 +98,14 @@ shards_gone AS (
       )
 ),
 shards_new AS (
-    INSERT INTO fleet_shardload (node_id, shard_id, sampled_at, cpu_cores, rss_bytes)
+    INSERT INTO fleet_shardload (node_id, shard_id, sampled_at, {_names(SHARD_LOAD)})
     SELECT * FROM unnest(
         %(sh_node)s::text[], %(sh_id)s::text[], %(sh_at)s::timestamptz[],
-        %(sh_cores)s::float8[], %(sh_rss)s::bigint[]
-    ) AS u(node_id, shard_id, sampled_at, cpu_cores, rss_bytes)
+        {_arrays("sh", SHARD_LOAD)}
+    ) AS u(node_id, shard_id, sampled_at, {_names(SHARD_LOAD)})
     WHERE u.node_id IN (SELECT id FROM old)
     ON CONFLICT (node_id, shard_id) DO UPDATE SET
-        sampled_at = EXCLUDED.sampled_at, cpu_cores = EXCLUDED.cpu_cores,
-        rss_bytes = EXCLUDED.rss_bytes
+        sampled_at = EXCLUDED.sampled_at, {_excluded(SHARD_LOAD)}
 )
 SELECT old.id, old.state, old.desired_version, c.id
 FROM old
@@ -152,18 +157,11 @@ def apply_common(
         "st_shared": [s.shared for _, s in st],
         "ld_node": list(loads),
         "ld_at": [at for _, at in loads.values()],
-        "ld_cpu": [ld.cpu_percent for ld, _ in loads.values()],
-        "ld_cpus": [ld.cpu_count for ld, _ in loads.values()],
-        "ld_l1": [ld.load1 for ld, _ in loads.values()],
-        "ld_l5": [ld.load5 for ld, _ in loads.values()],
-        "ld_l15": [ld.load15 for ld, _ in loads.values()],
-        "ld_used": [ld.memory_used_bytes for ld, _ in loads.values()],
-        "ld_avail": [ld.memory_available_bytes for ld, _ in loads.values()],
+        **{f"ld_{name}": [getattr(ld, name) for ld, _ in loads.values()] for name, _ in NODE_LOAD},
         "sh_node": [n for n, _ in shards],
         "sh_id": [sid for _, sid in shards],
         "sh_at": [at for _, at in shards.values()],
-        "sh_cores": [s.cpu_cores for s, _ in shards.values()],
-        "sh_rss": [s.rss_bytes for s, _ in shards.values()],
+        **{f"sh_{name}": [getattr(s, name) for s, _ in shards.values()] for name, _ in SHARD_LOAD},
     }
     nodes: dict[str, tuple[str, int]] = {}
     live: set[tuple[str, int]] = set()

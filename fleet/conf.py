@@ -1,0 +1,130 @@
+"""The fleet's settings, declared once and read as typed attributes.
+
+Each setting is a field below: its type, its default, its unit in its name
+(seconds unless it says otherwise) and, in its comment, what it does. Each is
+read from the environment variable ``LLMGW_<NAME>`` by ``from_environ()``,
+which llmgw_site/settings.py stores as ``settings.LLMGW``; code reads them
+with ``fleet_settings().suspect_after_s``, never by string key, so a typo is
+an AttributeError rather than a KeyError at three in the morning.
+
+Tests override a setting the Django way (``settings.LLMGW = {**settings.LLMGW,
+"LOGS_TIMEOUT_S": 0.3}``); ``fleet_settings()`` sees the new dict at once.
+docs/operations.md lists them for operators.
+"""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agentd.ports import DEFAULT_PORT_RANGE, format_port_range
+
+
+def _engines(text: str) -> dict[str, str]:
+    """``"vllm=0.11.0,llamacpp=0.3.16"`` as {engine: version}."""
+    wanted = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        engine, sep, version = part.partition("=")
+        if not sep or not engine.strip() or not version.strip():
+            raise ValueError(f"'{part}' is not ENGINE=VERSION, e.g. vllm=0.11.0")
+        wanted[engine.strip()] = version.strip()
+    return wanted
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    # Agents.
+    heartbeat_interval_s: float = 10.0  # how often agents are told to send a heartbeat
+    # Heartbeats that arrive while a write runs go together in the next one
+    # (fleet/services/heartbeat/batching.py); this is an extra wait before each
+    # write, for bigger batches at the price of latency. 0: none.
+    heartbeat_flush_s: float = 0.0
+    logs_timeout_s: float = 10.0  # how long a log request waits for the agent's reply
+    # Engines every node should have, ENGINE=VERSION separated by commas; sent
+    # to each agent as a provision message when it registers. Empty: none.
+    engines: dict[str, str] = field(default_factory=dict)
+
+    # The reconciler (fleet.services.reconciler; docs/operations.md).
+    reconcile_interval_s: float = 5.0  # beat's interval, and the expiry of each entry
+    suspect_after_s: float = 50.0  # silence after which a node gets no new placements
+    replace_after_s: float = 300.0  # silence after which its replicas are replaced
+    replace_every_s: float = 10.0  # at most one lost node's replicas replaced per this
+    # No pass for this long means the control plane (or its database or Redis)
+    # was down: every node gets a full grace period again.
+    outage_gap_s: float = 30.0
+    restart_backoff_s: float = 10.0  # first restart delay after a failure; doubles
+    restart_backoff_max_s: float = 300.0
+    failures_before_moving: int = 3  # failed starts on a node before others go first
+    fetch_stall_s: float = 120.0  # a start still receiving fetch progress is not hung
+    drain_timeout_s: float = 60.0  # in-flight requests' time before a drained shard stops
+    # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
+    shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
+
+    # The gateway (/v1/*; docs/gateway.md).
+    gateway_max_body_bytes: int = 16 << 20  # a larger request body is refused with 413
+    gateway_connect_timeout_s: float = 3.0
+    # Until the engine's response headers: a long non-streamed generation sends
+    # nothing before it is complete, so this is generous.
+    gateway_first_byte_timeout_s: float = 300.0
+    gateway_total_timeout_s: float = 1800.0
+    # Safety refreshes of the in-memory routing table and keys, in case a
+    # doorbell was lost: the keys' interval bounds how long a revocation takes.
+    gateway_refresh_s: float = 5.0
+    gateway_keys_refresh_s: float = 2.0
+    gateway_last_used_flush_s: float = 10.0
+    gateway_max_retries: int = 2  # other replicas tried before the first byte
+    # A replica whose connects fail this many times in a row is set aside this long.
+    gateway_cooldown_after: int = 2
+    gateway_cooldown_s: float = 5.0
+    gateway_max_outstanding_per_replica: int = 256  # in flight per replica before 429
+    gateway_engine_scrape_s: float = 5.0  # how often engines' queue lengths are read
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping) -> "FleetSettings":
+        """From ``settings.LLMGW`` (keys in upper case); missing keys take the default."""
+        known = {f.name.upper(): f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ValueError(f"unknown fleet setting(s) {', '.join(unknown)}")
+        return cls(**{known[k]: v for k, v in raw.items()})
+
+
+def _parse(f: dataclasses.Field, text: str):
+    if f.name == "engines":
+        return _engines(text)
+    return f.type(text)  # float, int or str
+
+
+def from_environ(environ: Mapping[str, str] = os.environ) -> dict:
+    """Every fleet setting from ``LLMGW_<NAME>`` or its default, as ``settings.LLMGW`` keeps them.
+
+    A value that does not parse is a ValueError naming the variable and the value.
+    """
+    values = {}
+    for f in dataclasses.fields(FleetSettings):
+        name = f"LLMGW_{f.name.upper()}"
+        text = environ.get(name)
+        if text is None:
+            value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        else:
+            try:
+                value = _parse(f, text)
+            except ValueError as exc:
+                raise ValueError(f"{name}={text!r}: {exc}") from None
+        values[f.name.upper()] = value
+    return values
+
+
+# The dict it was made from (held, so it is compared by identity) and the result.
+_cached: tuple[Mapping, FleetSettings] | None = None
+
+
+def fleet_settings() -> FleetSettings:
+    """The fleet's settings as they are now (``settings.LLMGW``), typed."""
+    global _cached
+    from django.conf import settings
+
+    raw = settings.LLMGW
+    if _cached is None or _cached[0] is not raw:
+        _cached = (raw, FleetSettings.from_mapping(raw))
+    return _cached[1]

@@ -1,0 +1,71 @@
+"""Every doorbell rung through the channel layer: one node's socket, or every gateway.
+
+The channel layer is at-most-once: a group_send to a full channel is dropped
+and Redis can restart. So a ring carries no state that matters by itself: it
+only says "look again". A node's socket then rebuilds the desired set from the
+database (``fleet.services.desired``), and a lost ring is healed by the next
+heartbeat, which carries the version the agent has; a gateway reloads its
+routes and keys, and a lost ring is healed by its periodic refresh.
+
+Rings go out after the current transaction commits (``transaction.on_commit``;
+at once outside a transaction), so nobody looks before the change is there to
+see. The group names and event types are the constants below: the agents'
+consumer and the gateways listen on exactly these.
+"""
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+# Every gateway process joins this group; a ring makes each reload its table.
+GATEWAYS_GROUP = "llmgw.gateways"
+GATEWAY_REFRESH = "gateway.refresh"
+
+# Each agent socket joins its node's group (``node_group``). The event types
+# are the consumer's handlers: "node.doorbell" is handled by node_doorbell.
+NODE_DOORBELL = "node.doorbell"  # the desired set changed: send it again
+NODE_SUPERSEDE = "node.supersede"  # the same node connected again elsewhere
+NODE_REVOKED = "node.revoked"  # its credential may have been revoked: check
+NODE_LOGS_REQUEST = "node.logs_request"  # pass a logs request on to the agent
+
+
+def node_group(node_id: str) -> str:
+    return f"node.{node_id}"
+
+
+async def aring_node(node_id: str, kind: str = NODE_DOORBELL, **fields) -> None:
+    """Ring one node's socket now, from async code."""
+    layer = get_channel_layer()
+    try:
+        await layer.group_send(node_group(node_id), {"type": kind, **fields})
+    except Exception:  # noqa: BLE001 - Redis down: the next heartbeat heals it
+        logger.warning("could not reach node %s through the channel layer", node_id, exc_info=True)
+
+
+async def aring_gateways(what: str = "all") -> None:
+    """Ring every gateway now, from async code: reload ``what`` ("routes", "keys", "all")."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(GATEWAYS_GROUP, {"type": GATEWAY_REFRESH, "what": what})
+    except Exception:  # noqa: BLE001 - Redis down: the periodic refresh heals it
+        logger.warning("could not ring the gateways through the channel layer", exc_info=True)
+
+
+def ring_node(node_id: str, kind: str = NODE_DOORBELL, **fields) -> None:
+    """Ring one node's socket once the current transaction commits."""
+    transaction.on_commit(lambda: async_to_sync(aring_node)(node_id, kind, **fields))
+
+
+def ring_gateways(what: str = "all") -> None:
+    """Ring every gateway once the current transaction commits.
+
+    Call it after anything that changes where requests may go (a shard's
+    state, a replica added or drained, a model renamed) or which keys are valid.
+    """
+    transaction.on_commit(lambda: async_to_sync(aring_gateways)(what))

@@ -1,0 +1,67 @@
+"""Facts a node states afresh, and the log lines their changes are worth.
+
+Registration and heartbeats both replace a node's storage, weights and engine
+installs and both notice memory and engine changes, so both call these: one
+wording for each change in the log, one way to replace each kind of row.
+"""
+
+import logging
+
+from fleet.models import EngineInstall, LocalWeights, Node, Storage
+
+logger = logging.getLogger(__name__)
+
+_FAILED_INSTALL = {"failed", "unsupported"}
+
+
+def _log_install_changes(node_id: str, before: dict, installs: list) -> None:
+    # A state change is worth a line; a download's progress is not.
+    for e in installs:
+        if before.get(e.engine) != e.state:
+            level = logging.WARNING if e.state in _FAILED_INSTALL else logging.INFO
+            logger.log(
+                level,
+                "engine installation node=%s engine=%s version=%s variant=%s state=%s detail=%s",
+                node_id,
+                e.engine,
+                e.version,
+                e.variant,
+                e.state,
+                e.detail,
+            )
+
+
+def replace_installs(node: Node, installs: list) -> None:
+    before = dict(node.engine_installs.values_list("engine", "state"))
+    _log_install_changes(node.pk, before, installs)
+    node.engine_installs.all().delete()
+    EngineInstall.objects.bulk_create(EngineInstall(node=node, **e.model_dump()) for e in installs)
+
+
+def replace_storage(node_ids_and_lists) -> None:
+    node_ids = [n for n, _ in node_ids_and_lists]
+    Storage.objects.filter(node_id__in=node_ids).delete()
+    Storage.objects.bulk_create(
+        Storage(node_id=n, **s.model_dump()) for n, lst in node_ids_and_lists for s in lst
+    )
+
+
+def replace_weights(node: Node, weights: list) -> None:
+    node.weights.all().delete()
+    LocalWeights.objects.bulk_create(LocalWeights(node=node, **w.model_dump()) for w in weights)
+
+
+def memory_changed(node_id: str, before_mb: int | None, now_mb: int | None) -> bool:
+    """Log a change of a node's memory; returns whether it changed."""
+    if before_mb == now_mb:
+        return False
+    logger.info("node memory changed node=%s from_mb=%s to_mb=%s", node_id, before_mb, now_mb)
+    return True
+
+
+def engines_changed(node_id: str, before: dict, now: dict) -> bool:
+    """Log a change of a node's engine versions; returns whether they changed."""
+    if before == now:
+        return False
+    logger.info("node engines changed node=%s from=%s to=%s", node_id, sorted(before), sorted(now))
+    return True

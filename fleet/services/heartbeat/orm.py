@@ -1,0 +1,89 @@
+"""The heartbeat write in the ORM: what every heartbeat carries, on any database.
+
+``pg.apply_common`` does the same on PostgreSQL in one statement; the two are
+kept side by side and checked against each other by tests/test_heartbeat_writes.py.
+"""
+
+from datetime import datetime
+
+from django.db.models import FilteredRelation, Q
+
+from agentd import protocol
+from fleet.models import Node, NodeLoad, NodeState, ShardLoad
+
+from . import changes
+from .columns import NODE_LOAD
+
+
+def apply_common(
+    batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
+    """What every heartbeat carries, portably (``pg.apply_common`` is the same on
+    PostgreSQL in one statement). Returns ({node: (old state, desired version)},
+    {(node, credential) still live}).
+    """
+    rows = (
+        Node.objects.filter(pk__in={b[0] for b in batch})
+        .annotate(
+            live=FilteredRelation(
+                "credentials",
+                condition=Q(
+                    credentials__pk__in={b[1] for b in batch},
+                    credentials__revoked_at__isnull=True,
+                ),
+            )
+        )
+        .values_list("pk", "state", "desired_version", "acked_version", "live__pk")
+    )
+    live: set[tuple[str, int]] = set()
+    nodes: dict[str, tuple[str, int]] = {}
+    acked: dict[str, int] = {}
+    for node_id, state, desired, acked_version, cred in rows:
+        if cred is not None:
+            live.add((node_id, cred))
+        nodes[node_id] = (state, desired)
+        acked[node_id] = acked_version
+    if nodes:
+        Node.objects.filter(pk__in=list(nodes)).update(
+            last_seen=now, state=NodeState.READY, connected=True
+        )
+    storage: dict[str, list] = {}
+    loads: dict[str, tuple[protocol.Load, datetime]] = {}
+    for node_id, _cred, hb, arrived in batch:
+        if node_id not in nodes:
+            continue
+        # Disk is a fact about a moment, not a machine: replaced every time.
+        if hb.storage:
+            storage[node_id] = hb.storage
+        if hb.load is not None:
+            loads[node_id] = (hb.load, arrived)
+        if hb.desired_version and hb.desired_version != acked[node_id]:
+            acked[node_id] = min(hb.desired_version, nodes[node_id][1])
+            Node.objects.filter(pk=node_id).update(acked_version=acked[node_id])
+    if storage:
+        changes.replace_storage(list(storage.items()))
+    if loads:
+        store_loads(loads)
+    return nodes, live
+
+
+def store_loads(loads: dict[str, tuple[protocol.Load, datetime]]) -> None:
+    NodeLoad.objects.bulk_create(
+        [
+            NodeLoad(
+                node_id=node_id,
+                sampled_at=at,
+                **load.model_dump(exclude={"shards"}),
+            )
+            for node_id, (load, at) in loads.items()
+        ],
+        update_conflicts=True,
+        unique_fields=["node"],
+        update_fields=["sampled_at", *(name for name, _ in NODE_LOAD)],
+    )
+    ShardLoad.objects.filter(node_id__in=list(loads)).delete()
+    ShardLoad.objects.bulk_create(
+        ShardLoad(node_id=node_id, sampled_at=at, **s.model_dump())
+        for node_id, (load, at) in loads.items()
+        for s in load.shards
+    )

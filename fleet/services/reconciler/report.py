@@ -1,0 +1,56 @@
+"""What one reconciler pass did: counts for its log line, the benchmark and the tests."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PassReport:
+    """What one pass did, for logs, the benchmark and tests."""
+
+    placed: int = 0
+    unplaceable: int = 0
+    restarts: int = 0
+    timed_out: int = 0
+    replaced: int = 0
+    created: int = 0
+    retired: int = 0
+    stopped: int = 0
+    adopted: int = 0
+    unclaimed: int = 0
+    drains_finished: int = 0
+    deleted: int = 0
+    paused: bool = False
+    nodes_notified: list[str] = field(default_factory=list)
+    duration_ms: float = 0.0
+    # Milliseconds per phase, for the benchmark and for a slow pass's log line.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def changed(self) -> bool:
+        return any(
+            (
+                self.placed,
+                self.unplaceable,
+                self.restarts,
+                self.timed_out,
+                self.replaced,
+                self.created,
+                self.retired,
+                self.stopped,
+                self.unclaimed,
+                self.drains_finished,
+            )
+        )
+
+    def summary(self) -> str:
+        fields = (
+            "created",
+            "placed",
+            "unplaceable",
+            "restarts",
+            "timed_out",
+            "replaced",
+            "retired",
+        )
+        parts = [f"{f}={getattr(self, f)}" for f in fields if getattr(self, f)]
+        parts += [f"nodes_notified={len(self.nodes_notified)}", f"ms={self.duration_ms:.1f}"]
+        return " ".join(parts)
