@@ -314,7 +314,9 @@ async def test_heartbeats_arriving_together_are_written_together_each_with_its_a
     creds = await db(make_nodes)()
     writes = []
     apply = heartbeat_apply.apply_heartbeats
-    monkeypatch.setattr(inventory, "apply_heartbeats", lambda b: writes.append(len(b)) or apply(b))
+    monkeypatch.setattr(
+        heartbeat_apply, "apply_heartbeats", lambda b: writes.append(len(b)) or apply(b)
+    )
     batcher = HeartbeatBatcher()
 
     results = await asyncio.gather(*(batcher.submit(n, c, hb(load=LOAD)) for n, c in creds.items()))
@@ -343,7 +345,7 @@ async def test_a_failed_write_fails_its_heartbeats_and_the_next_one_goes_through
             raise exc
         return apply(batch)
 
-    monkeypatch.setattr(inventory, "apply_heartbeats", flaky)
+    monkeypatch.setattr(heartbeat_apply, "apply_heartbeats", flaky)
     batcher = HeartbeatBatcher()
 
     with pytest.raises(OperationalError):
