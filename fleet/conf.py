@@ -61,7 +61,12 @@ class FleetSettings:
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 
     # The gateway (/v1/*; docs/gateway.md).
-    gateway_max_body_bytes: int = 16 << 20  # a larger request body is refused with 413
+    # Request bodies: a larger one is refused with 413 before it is read, from
+    # Content-Length or as it streams. This one is chat's (images travel inline)
+    # and the ceiling of the others.
+    gateway_max_body_bytes: int = 16 << 20
+    gateway_completions_max_body_bytes: int = 4 << 20  # /v1/completions
+    gateway_embeddings_max_body_bytes: int = 8 << 20  # /v1/embeddings
     gateway_connect_timeout_s: float = 3.0
     # Until the engine's response headers: a long non-streamed generation sends
     # nothing before it is complete, so this is generous.
@@ -78,6 +83,15 @@ class FleetSettings:
     gateway_cooldown_s: float = 5.0
     gateway_max_outstanding_per_replica: int = 256  # in flight per replica before 429
     gateway_engine_scrape_s: float = 5.0  # how often engines' queue lengths are read
+    # What the gateway accepts from an engine; past any of these the answer is
+    # a 502 (an error event once a stream has started) and the connection closes.
+    gateway_upstream_max_header_bytes: int = 64 << 10  # status line, headers, trailers
+    gateway_upstream_max_headers: int = 100  # header lines in one answer
+    gateway_upstream_max_body_bytes: int = 64 << 20  # a non-streamed answer, read whole
+    gateway_engine_scrape_max_bytes: int = 4 << 20  # an engine's /metrics
+    # Silence allowed while an answer's body is awaited (streams included); the
+    # wait for the first byte is gateway_first_byte_timeout_s.
+    gateway_upstream_idle_timeout_s: float = 60.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":

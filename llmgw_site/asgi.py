@@ -12,9 +12,13 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from fleet.gateway import daphne as gateway_daphne  # noqa: E402
 from fleet.gateway.app import application as gateway_app  # noqa: E402
 from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
+
+# Under Daphne, /v1/* requests are checked before their bodies are read.
+gateway_daphne.install()
 
 
 async def http_app(scope, receive, send):

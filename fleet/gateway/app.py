@@ -12,7 +12,7 @@ import logging
 import time
 
 from . import metrics, proxy, validate
-from .errors import GatewayError
+from .errors import GatewayError, error_body
 from .state import gateway
 
 logger = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 # How soon a request starts listening for its client going away.
 _WATCH_AFTER_S = 0.02
 
-_PROXIED = {
+PROXIED = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
@@ -40,12 +40,12 @@ async def application(scope, receive, send) -> None:
         gw = gateway()
         await gw.ensure_started()
         path = scope["path"]
-        endpoint = _PROXIED.get(path)
+        endpoint = PROXIED.get(path)
         if endpoint is not None:
             if scope["method"] != "POST":
                 raise GatewayError(405, f"{path} takes POST, not {scope['method']}")
             key = await gw.key_for(scope["headers"])
-            raw = await _read_body(scope, receive, gw.limits.max_body_bytes)
+            raw = await _read_body(scope, receive, gw.limits.max_body_bytes[endpoint])
             req = validate.parse(endpoint, raw)
             route = _route_for(gw, key, req.model)
             await _serve(gw, route, req, scope, receive, reply, t0)
@@ -71,6 +71,18 @@ async def application(scope, receive, send) -> None:
         await send({"type": "http.response.body", "body": exc.body()})
     except _ClientGone:
         reply.status = 499  # nginx's word for it: nobody was left to answer
+    except Exception:
+        # A bug, not the client's doing: logged with its traceback here, and
+        # answered in OpenAI's shape rather than as the server's HTML page.
+        logger.exception("gateway failed on %s %s", scope.get("method"), scope.get("path"))
+        if not reply.started:
+            await reply.start(500, [(b"content-type", b"application/json")])
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": error_body(500, "the gateway failed; see its log", code="internal"),
+                }
+            )
     finally:
         if route is not None:
             route.metrics.count(reply.status)

@@ -9,7 +9,7 @@ none of these is left out, not counted as zero.
 import asyncio
 import logging
 
-import aiohttp
+from .upstream import Client, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +37,28 @@ def parse_waiting(text: bytes) -> float | None:
     return total
 
 
-async def scrape(session: aiohttp.ClientSession, upstreams, timeout_s: float) -> None:
-    """Set ``engine_waiting`` on each upstream from its engine's /metrics."""
+async def scrape(client: Client, upstreams, timeout_s: float) -> None:
+    """Set ``engine_waiting`` on each upstream from its engine's /metrics.
+
+    ``client`` bounds what is read (a scraping client's ``max_body_bytes``): an
+    exposition past it, or any other failure, counts as no figure at all.
+    """
 
     async def one(up):
+        body = b""
         try:
             async with asyncio.timeout(timeout_s):
-                async with session.get(f"{up.url}/metrics") as resp:
-                    body = await resp.read() if resp.status == 200 else b""
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                host, port = up.address
+                resp = await client.get(host, port, "/metrics")
+                try:
+                    if resp.status == 200:
+                        body = await resp.read()
+                except BaseException:
+                    resp.close()
+                    raise
+                resp.release()
+        except (UpstreamError, TimeoutError) as exc:
+            logger.debug("engine metrics not read url=%s: %s", up.url, exc or "timeout")
             body = b""
         up.engine_waiting = parse_waiting(body)
 

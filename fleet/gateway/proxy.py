@@ -14,7 +14,7 @@ import time
 
 from . import metrics, table
 from .errors import GatewayError, error_body, sse_error_event
-from .upstream import ConnectFailed, Disconnected, UpstreamError
+from .upstream import ConnectFailed, Disconnected, Refused, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ async def _attempt(
     body = req.raw
     if up.served_name != route.name:
         # The engine serves the profile's name; the client asked for the model's.
-        body = json.dumps({**req.body, "model": up.served_name}).encode()
+        body = json.dumps({**req.body, "model": up.served_name}, allow_nan=False).encode()
     up.outstanding += 1
     try:
         try:
@@ -172,6 +172,11 @@ async def _attempt(
             # answer: nothing reached the client, so another replica may take it.
             error("disconnect")
             raise _Retry(f"replica {up.replica_id} dropped the connection: {exc}") from None
+        except Refused as exc:
+            error("protocol")
+            raise GatewayError(
+                502, f"replica {up.replica_id} of model '{route.name}': {exc}", code=exc.code
+            ) from None
         except TimeoutError:
             error("timeout")
             raise GatewayError(
@@ -217,6 +222,11 @@ def _connect_failed(gw, route, up: table.Upstream) -> None:
 async def _whole(route, up, resp, reply: Reply) -> None:
     try:
         body = await resp.read()
+    except Refused as exc:
+        metrics.upstream_error(route.name, up.replica_id, "protocol")
+        raise GatewayError(
+            502, f"replica {up.replica_id} of model '{route.name}': {exc}", code=exc.code
+        ) from None
     except UpstreamError:
         metrics.upstream_error(route.name, up.replica_id, "protocol")
         raise GatewayError(
@@ -285,6 +295,8 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
             if problem:
                 problem = f"replica {up.replica_id} of model '{route.name}' sent {problem}"
                 break
+    except Refused as exc:
+        problem = f"replica {up.replica_id} of model '{route.name}': {exc}"
     except UpstreamError:
         pass
     if problem is None and (check.tail or not check.done):

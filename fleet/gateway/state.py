@@ -8,12 +8,12 @@ cause, ``last_used_at``, is collected and written in a batch.
 """
 
 import asyncio
+import dataclasses
 import logging
 import time
 import weakref
 from dataclasses import dataclass
 
-import aiohttp
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
@@ -23,14 +23,14 @@ from fleet.services.doorbells import GATEWAYS_GROUP
 
 from . import engines, keys, metrics, table
 from .errors import GatewayError
-from .upstream import Client
+from .upstream import Client, ReadLimits
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_body_bytes: int
+    max_body_bytes: dict[str, int]  # by endpoint ("chat/completions", ...)
     connect_timeout_s: float
     first_byte_timeout_s: float
     total_timeout_s: float
@@ -42,12 +42,25 @@ class Limits:
     cooldown_after: int
     max_outstanding: int
     engine_scrape_s: float
+    upstream: ReadLimits  # what the request path accepts from engines
+    scrape: ReadLimits  # what a scrape of an engine's /metrics accepts
 
     @classmethod
     def from_settings(cls) -> "Limits":
         c = fleet_settings()
+        upstream = ReadLimits(
+            max_header_bytes=c.gateway_upstream_max_header_bytes,
+            max_headers=c.gateway_upstream_max_headers,
+            max_body_bytes=c.gateway_upstream_max_body_bytes,
+            idle_s=c.gateway_upstream_idle_timeout_s,
+        )
+        ceiling = c.gateway_max_body_bytes
         return cls(
-            max_body_bytes=c.gateway_max_body_bytes,
+            max_body_bytes={
+                "chat/completions": ceiling,
+                "completions": min(ceiling, c.gateway_completions_max_body_bytes),
+                "embeddings": min(ceiling, c.gateway_embeddings_max_body_bytes),
+            },
             connect_timeout_s=c.gateway_connect_timeout_s,
             first_byte_timeout_s=c.gateway_first_byte_timeout_s,
             total_timeout_s=c.gateway_total_timeout_s,
@@ -59,6 +72,8 @@ class Limits:
             cooldown_after=c.gateway_cooldown_after,
             max_outstanding=c.gateway_max_outstanding_per_replica,
             engine_scrape_s=c.gateway_engine_scrape_s,
+            upstream=upstream,
+            scrape=dataclasses.replace(upstream, max_body_bytes=c.gateway_engine_scrape_max_bytes),
         )
 
 
@@ -74,7 +89,7 @@ class Gateway:
         self.routes: dict[str, table.Route] = {}
         self.keys: dict[str, keys.KeyEntry] = {}
         self.used_keys: set[int] = set()
-        self.session: aiohttp.ClientSession | None = None  # scraping engines' /metrics
+        self.scraper: Client | None = None  # engines' /metrics, with its own bounds
         self.client: Client | None = None  # the request path
         self.started = False
         self.keys_loaded_at = 0.0
@@ -107,17 +122,8 @@ class Gateway:
                     code="gateway_starting",
                     retry_after=1,
                 ) from exc
-            self.client = Client(self.limits.connect_timeout_s)
-            self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.limits.connect_timeout_s
-                ),
-                auto_decompress=False,
-                # Engines set no cookies worth keeping; skipping the jar saves work per request.
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
+            self.client = Client(self.limits.connect_timeout_s, self.limits.upstream)
+            self.scraper = Client(self.limits.connect_timeout_s, self.limits.scrape)
             self._tasks = [
                 asyncio.ensure_future(self._listen()),
                 asyncio.ensure_future(self._refresher()),
@@ -140,8 +146,8 @@ class Gateway:
         await self._write_used()
         if self.client is not None:
             self.client.close()
-        if self.session is not None:
-            await self.session.close()
+        if self.scraper is not None:
+            self.scraper.close()
         self.started = False
 
     # ---- loading ---------------------------------------------------------------
@@ -194,6 +200,13 @@ class Gateway:
         async with self._keys_lock:
             self.keys = await database_sync_to_async(keys.load_keys)()
             self.keys_loaded_at = time.monotonic()
+
+    def cached_key(self, headers) -> keys.KeyEntry | None:
+        """The key from the cache alone: None when it is not there (``key_for`` may still
+        find it); GatewayError when there is none, or the cache knows it is not valid."""
+        secret = keys.bearer(headers)
+        entry = self.keys.get(keys.digest_of(secret) or "")
+        return None if entry is None else keys.check(entry, secret, time.time())
 
     async def key_for(self, headers) -> keys.KeyEntry:
         secret = keys.bearer(headers)
@@ -303,7 +316,7 @@ class Gateway:
             await asyncio.sleep(self.limits.engine_scrape_s)
             upstreams = [u for r in list(self.routes.values()) for u in r.upstreams]
             try:
-                await engines.scrape(self.session, upstreams, min(2.0, self.limits.engine_scrape_s))
+                await engines.scrape(self.scraper, upstreams, min(2.0, self.limits.engine_scrape_s))
             except Exception:  # noqa: BLE001 - a missing gauge is not worth a dead task
                 logger.warning("scraping the engines' queues failed", exc_info=True)
 

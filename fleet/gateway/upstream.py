@@ -13,16 +13,36 @@ What the caller learns, and when:
   answered, so another replica may take the request.
 - ``Incomplete``: the connection closed, or sent something that is not HTTP,
   after the answer began.
+- ``Refused``: the engine's answer broke a bound (``ReadLimits``: headers too
+  many or too large, a body too large, too long a silence) or switched
+  protocols. The connection is closed, never reused.
+
+Everything read from an engine is bounded before it is kept (docs/gateway.md,
+"Bounds on what engines send"). A complete answer ends the exchange: bytes
+after it mean the engine and the gateway disagree on where answers end, so the
+connection is closed rather than handed back, and those bytes never reach
+anybody.
 """
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import httptools
 
 # Read no further ahead of a slow client than this: the engine waits instead.
 _HIGH_WATER = 256 * 1024
 _IDLE_S = 30.0  # a pooled connection unused for longer is closed, not reused
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """How much the client accepts from an engine, and how long it waits between bytes."""
+
+    max_header_bytes: int = 64 << 10  # status line, headers and trailers together
+    max_headers: int = 100  # header lines, trailers included
+    max_body_bytes: int = 64 << 20  # an answer read whole (``read()``); streams are not held
+    idle_s: float = 60.0  # silence allowed while a body is awaited
 
 
 class UpstreamError(Exception):
@@ -41,6 +61,22 @@ class Incomplete(UpstreamError):
     pass
 
 
+class Refused(UpstreamError):
+    """The answer broke a bound or is not HTTP the gateway speaks; ``code`` says which."""
+
+    def __init__(self, message: str, code: str = "upstream_too_large"):
+        super().__init__(message)
+        self.code = code
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(f"the answer is over {limit} bytes, the most the gateway reads whole")
+
+
+class _Abort(Exception):
+    """Raised inside a parser callback to stop parsing at once."""
+
+
 class Response:
     """One answer. ``release()`` after reading it all hands the connection back for reuse."""
 
@@ -56,6 +92,10 @@ class Response:
         "_error",
         "_to_eof",
         "_keep_alive",
+        "_received",
+        "_max_body",
+        "_head_bytes",
+        "_head_count",
     )
 
     def __init__(self, conn):
@@ -70,6 +110,10 @@ class Response:
         self._error: UpstreamError | None = None
         self._to_eof = False  # neither a length nor chunks: the body ends with the connection
         self._keep_alive = False
+        self._received = 0  # body bytes so far
+        self._max_body: int | None = None  # set by read(): a whole answer is bounded
+        self._head_bytes = 0  # status lines, headers and trailers, interim answers included
+        self._head_count = 0
 
     def header(self, name: bytes) -> str | None:
         for key, value in self._headers:
@@ -84,12 +128,20 @@ class Response:
 
     # ---- reading -----------------------------------------------------------------
 
-    async def _wait(self) -> None:
-        self._waiter = self._conn.loop.create_future()
+    async def _wait(self, idle_s: float = 0.0) -> None:
+        loop = self._conn.loop
+        self._waiter = loop.create_future()
+        timer = loop.call_later(idle_s, self._stalled, idle_s) if idle_s else None
         try:
             await self._waiter
         finally:
             self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _stalled(self, idle_s: float) -> None:
+        self._fail(Refused(f"the engine sent nothing for {idle_s:g} s", "upstream_timeout"))
+        self._conn.abort()
 
     async def iter_chunks(self):
         """The body as it arrives, never more than what is there."""
@@ -104,16 +156,28 @@ class Response:
             elif self._error is not None:
                 raise self._error
             else:
-                await self._wait()
+                await self._wait(self._conn.limits.idle_s)
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; ``Refused`` past ``limit`` bytes (the client's ``max_body_bytes``)."""
+        limit = self._conn.limits.max_body_bytes if limit is None else limit
+        self._max_body = limit
+        declared = self.header(b"content-length")
+        if (declared is not None and declared.strip().isdigit() and int(declared) > limit) or (
+            self._received > limit
+        ):
+            self._conn.abort()
+            raise _too_large(limit)
+        idle_s = self._conn.limits.idle_s
         # A loop of its own, not over iter_chunks: an async generator costs more per answer.
         while not self.complete:
             if self._error is not None:
                 raise self._error
             if self._buffered > _HIGH_WATER // 2:
-                self._conn.resume()  # a whole body is wanted, however large
-            await self._wait()
+                self._conn.resume()  # a whole body is wanted, up to the limit
+            await self._wait(idle_s)
+        if self._error is not None:
+            raise self._error
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -137,15 +201,19 @@ class Response:
 
 
 class _Conn(asyncio.Protocol):
-    def __init__(self, pool: "_Pool", loop):
+    def __init__(self, pool: "_Pool", loop, limits: ReadLimits):
         self.pool = pool
         self.loop = loop
+        self.limits = limits
         self.transport = None
         self.parser = httptools.HttpResponseParser(self)
         self.resp: Response | None = None
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
+        self.headers_done = False  # for the answer in hand: its status line and headers are in
+        self.body_fed = False  # body bytes came out of the last feed
+        self.since_body = 0  # bytes fed after the headers without any body among them
 
     # ---- asyncio ---------------------------------------------------------------
 
@@ -154,22 +222,56 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         resp = self.resp
-        if resp is None:
-            self.transport.close()  # bytes nobody asked for: this connection is not reusable
+        if resp is None or resp.complete or self.closed:
+            self.abort()  # bytes nobody asked for: this connection is not reusable
             return
+        self.body_fed = False
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            started = resp.status != 0
-            kind = Incomplete if started else Disconnected
-            resp._fail(kind(f"the answer is not valid HTTP: {exc}"))
-            self.transport.close()
+        except _Abort:
+            return
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _Abort):
+                return  # a callback has failed the answer and closed the connection
+            self._not_http(resp, exc)
+            return
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._not_http(resp, exc)
+            return
+        if resp.complete:
+            return
+        # What the parser keeps to itself until a header line ends (a line
+        # spread over many reads) is counted here, so it is bounded too.
+        if not self.headers_done:
+            resp._head_bytes += len(data)
+            if resp._head_bytes > self.limits.max_header_bytes:
+                self._refuse(resp, self._too_many_header_bytes())
+        elif self.body_fed:
+            self.since_body = 0
+        else:
+            self.since_body += len(data)  # chunk framing and trailers
+            if self.since_body > self.limits.max_header_bytes:
+                self._refuse(resp, self._too_many_header_bytes())
+
+    def _not_http(self, resp: Response, exc: Exception) -> None:
+        if resp.status and not resp.complete:
+            resp._fail(Incomplete(f"the answer is not valid HTTP: {exc}"))
+        elif not resp.status:
+            resp._fail(Disconnected(f"the answer is not valid HTTP: {exc}"))
+        self.abort()
+
+    def _too_many_header_bytes(self) -> Refused:
+        return Refused(f"the answer's headers are over {self.limits.max_header_bytes} bytes")
+
+    def _refuse(self, resp: Response, exc: Refused) -> None:
+        resp._fail(exc)
+        self.abort()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.pool.forget(self)
         resp = self.resp
-        if resp is None:
+        if resp is None or resp._error is not None:
             return
         if resp.status and resp._to_eof:
             resp.complete = True
@@ -181,20 +283,49 @@ class _Conn(asyncio.Protocol):
 
     # ---- httptools ---------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        resp = self.resp
+        if resp.complete:
+            # A second answer to one request: the engine and the gateway no
+            # longer agree where answers end. Keep the first, drop the connection.
+            self.abort()
+            raise _Abort()
+        self.headers_done = False
+
     def on_status(self, status: bytes) -> None:
-        self.resp.reason += status.decode("latin-1")
+        resp = self.resp
+        resp._head_bytes += len(status)
+        if resp._head_bytes > self.limits.max_header_bytes:
+            self._refuse(resp, self._too_many_header_bytes())
+            raise _Abort()
+        resp.reason += status.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.resp._headers.append((name.lower(), value))
+        resp = self.resp
+        resp._head_count += 1
+        resp._head_bytes += len(name) + len(value)
+        if resp._head_count > self.limits.max_headers:
+            self._refuse(resp, Refused(f"the answer has over {self.limits.max_headers} headers"))
+            raise _Abort()
+        if resp._head_bytes > self.limits.max_header_bytes:
+            self._refuse(resp, self._too_many_header_bytes())
+            raise _Abort()
+        if not self.headers_done:
+            resp._headers.append((name.lower(), value))  # trailers are counted, not kept
 
     def on_headers_complete(self) -> None:
         resp = self.resp
         status = self.parser.get_status_code()
+        if status == 101:
+            self._refuse(resp, Refused("the engine switched protocols (101)", "upstream_malformed"))
+            raise _Abort()
         if status < 200:
             # 100 Continue and friends: the real status follows.
             resp._headers.clear()
             resp.reason = ""
             return
+        self.headers_done = True
+        self.since_body = 0
         resp.status = status
         resp._to_eof = (
             resp.header(b"content-length") is None
@@ -205,6 +336,11 @@ class _Conn(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         resp = self.resp
+        self.body_fed = True
+        resp._received += len(body)
+        if resp._max_body is not None and resp._received > resp._max_body:
+            self._refuse(resp, _too_large(resp._max_body))
+            raise _Abort()
         resp._chunks.append(body)
         resp._buffered += len(body)
         if resp._buffered > _HIGH_WATER and not self.paused:
@@ -221,6 +357,13 @@ class _Conn(asyncio.Protocol):
             resp._wake()
 
     # ---- the pool's side -------------------------------------------------------
+
+    def abort(self) -> None:
+        """Close for good: what is left unread on this connection belongs to nobody."""
+        self.closed = True
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.abort()
 
     def resume(self) -> None:
         if self.paused and not self.closed:
@@ -280,13 +423,22 @@ class _Pool:
 class Client:
     """Pooled connections per replica address; one request per connection at a time."""
 
-    def __init__(self, connect_timeout_s: float):
+    def __init__(self, connect_timeout_s: float, limits: ReadLimits | None = None):
         self.connect_timeout_s = connect_timeout_s
+        self.limits = limits or ReadLimits()
         self._pools: dict[tuple[str, int], _Pool] = {}
 
     async def post(self, host: str, port: int, head: bytes, body: bytes) -> Response:
         """Send ``head`` (request line and headers up to Content-Length's name) and ``body``;
         return once the status line and headers are in."""
+        return await self._send(host, port, b"%s%d\r\n\r\n%s" % (head, len(body), body))
+
+    async def get(self, host: str, port: int, path: str) -> Response:
+        name = f"[{host}]" if ":" in host else host
+        request = f"GET {path} HTTP/1.1\r\nHost: {name}:{port}\r\nAccept: */*\r\n\r\n"
+        return await self._send(host, port, request.encode())
+
+    async def _send(self, host: str, port: int, request: bytes) -> Response:
         pool = self._pools.get((host, port))
         if pool is None:
             pool = self._pools[(host, port)] = _Pool(host, port)
@@ -296,7 +448,7 @@ class Client:
             conn = await self._connect(pool)
         while True:
             resp = conn.resp = Response(conn)
-            conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
+            conn.transport.write(request)
             try:
                 while not resp.status:
                     if resp._error is not None:
@@ -322,7 +474,7 @@ class Client:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Conn(pool, loop), pool.host, pool.port
+                    lambda: _Conn(pool, loop, self.limits), pool.host, pool.port
                 )
         except TimeoutError:
             raise ConnectFailed(f"no connection within {self.connect_timeout_s:g} s") from None

@@ -5,11 +5,42 @@ type would otherwise surface as an engine error: the engine checks the rest.
 """
 
 import json
+import math
 from dataclasses import dataclass
 
 from .errors import GatewayError
 
 _NUMBER = (int, float)
+
+# Deeper than any real request (a tool's JSON schema is a dozen levels), and
+# far from Python's recursion limit, so the body can be written out again.
+MAX_DEPTH = 64
+_CONTAINERS = (dict, list)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range for a JSON number")
+    return value
+
+
+def _depth_over(value, limit: int) -> bool:
+    """Whether containers nest deeper than ``limit``; iterative, so it cannot recurse itself."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if node.__class__ is dict else node:
+            if child.__class__ in _CONTAINERS:
+                stack.append((child, depth + 1))
+    return False
+
 
 # The fields every endpoint shares, and their types; None is always allowed
 # for an optional field, as OpenAI allows it.
@@ -81,11 +112,25 @@ def parse(endpoint: str, raw: bytes) -> ParsedRequest:
     if not raw.strip():
         raise GatewayError(400, "the request body is empty; send a JSON object")
     try:
-        body = json.loads(raw)
+        # NaN and Infinity are Python's, not JSON's: an engine may choke on them.
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
     except UnicodeDecodeError:
         raise GatewayError(400, "the request body is not UTF-8 encoded JSON") from None
-    except json.JSONDecodeError as exc:
-        raise GatewayError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise GatewayError(
+            400, f"the request body nests arrays or objects deeper than {MAX_DEPTH} levels"
+        ) from None
+    except ValueError as exc:
+        # JSONDecodeError, a refused constant, or an integer too long for Python to convert.
+        why = str(exc)
+        if "integer string conversion" in why:
+            why = "an integer has more digits than any model takes"
+        raise GatewayError(400, f"the request body is not valid JSON: {why}") from None
+    # Counting brackets runs at C speed; only a body with many is walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth_over(body, MAX_DEPTH):
+        raise GatewayError(
+            400, f"the request body nests arrays or objects deeper than {MAX_DEPTH} levels"
+        )
     if not isinstance(body, dict):
         raise GatewayError(400, f"the request body must be a JSON object, not {_json_type(body)}")
     # Over the body's keys, not the table's: a request has a handful.
