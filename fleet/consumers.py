@@ -102,7 +102,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.refuse(CloseCode.NOT_REGISTERED, f"'{msg.type}' before 'register'")
             return
         handler = getattr(self, f"on_{msg.type}")
-        await handler(msg)
+        try:
+            await handler(msg)
+        except access.Revoked:
+            # Found on the write path, so nothing was written; the doorbell
+            # that should have closed this socket was lost, or is on its way.
+            await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
+
+    async def write(self, fn, *args, **kwargs):
+        """A write this socket's message makes, done only while its credential holds
+        (``access.as_node``); raises access.Revoked, having written nothing, if not."""
+        return await database_sync_to_async(access.as_node)(
+            self.identity.credential_id, self.node_id, fn, *args, **kwargs
+        )
 
     # ---- agent -> control plane ------------------------------------------------
 
@@ -134,7 +146,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await doorbells.aring_node(
                 self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
             )
-        await database_sync_to_async(inventory.register_node)(msg, channel_name=self.channel_name)
+        await self.write(inventory.register_node, msg, channel_name=self.channel_name)
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
         await self.send_msg(
@@ -159,8 +171,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_heartbeat(self, msg: protocol.Heartbeat):
         result = await batcher().submit(self.node_id, self.identity.credential_id, msg, self.memo)
         if result.revoked:
-            await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
-            return
+            raise access.Revoked(self.node_id)  # and the writer wrote nothing of it
         await self.send_msg(
             protocol.ServerAck(type="ack", of="heartbeat", node_id=self.node_id, seq=msg.seq)
         )
@@ -169,15 +180,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_desired()
 
     async def on_shard_status(self, msg: protocol.ShardStatus):
-        await database_sync_to_async(inventory.apply_shard_status)(self.node_id, msg)
+        await self.write(inventory.apply_shard_status, self.node_id, msg)
 
     async def on_fetch_progress(self, msg: protocol.FetchProgress):
-        await database_sync_to_async(inventory.apply_fetch_progress)(self.node_id, msg)
+        await self.write(inventory.apply_fetch_progress, self.node_id, msg)
 
     async def on_logs_reply(self, msg: protocol.LogsReply):
         reply_channel = self.logs_waiting.pop(msg.request_id, None)
         if reply_channel is None:
             return  # the asker gave up long ago
+        # What a revoked node says reaches no one, operators included.
+        await self.write(lambda: None)
         await self.channel_layer.send(
             reply_channel,
             {"type": "logs.reply", "request_id": msg.request_id, "reply": msg.model_dump()},
@@ -185,7 +198,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_ack(self, msg: protocol.AgentAck):
         if msg.of == "desired":
-            await database_sync_to_async(inventory.apply_desired_ack)(self.node_id, msg.version)
+            await self.write(inventory.apply_desired_ack, self.node_id, msg.version)
 
     async def on_goodbye(self, msg: protocol.Goodbye):
         logger.info("agent said goodbye node=%s reason=%s", self.node_id, msg.reason)

@@ -63,6 +63,34 @@ def credential_revoked(credential_id: int) -> bool:
     return not NodeCredential.objects.filter(pk=credential_id, revoked_at__isnull=True).exists()
 
 
+class Revoked(Exception):
+    """A socket's credential no longer holds (revoked, or its node removed): nothing it
+    sends is written."""
+
+
+def as_node(credential_id: int, node_id: str, write, *args, **kwargs):
+    """Run ``write(*args, **kwargs)`` for an agent's socket, only while its credential holds.
+
+    The rule for every write an agent's message makes: the credential is live and
+    names this node (a removed node's credentials went with it). Checked in the
+    write's own transaction with the credential's row locked, so once
+    ``revoke_node`` has returned no later write of that credential lands; a
+    revocation whose doorbell was lost still writes nothing. Raises Revoked,
+    having written nothing, when it does not hold. The heartbeat writers apply
+    the same rule inside their batch queries (fleet.services.heartbeat).
+    """
+    with transaction.atomic():
+        held = (
+            NodeCredential.objects.select_for_update()
+            .filter(pk=credential_id, node_id=node_id, revoked_at__isnull=True)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if held is None:
+            raise Revoked(f"credential of node '{node_id}' revoked or node removed")
+        return write(*args, **kwargs)
+
+
 def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | None]:
     """Check that this identity may register as ``node_id``; enrol it if it holds a join token.
 

@@ -19,8 +19,9 @@ def apply_common(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
 ) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
     """What every heartbeat carries, portably (``pg.apply_common`` is the same on
-    PostgreSQL in one statement). Returns ({node: (old state, desired version)},
-    {(node, credential) still live}).
+    PostgreSQL in one statement). Only a heartbeat whose credential is live and
+    names its node is written. Returns ({node written: (old state, desired
+    version)}, {(node, credential) still live}).
     """
     rows = (
         Node.objects.filter(pk__in={b[0] for b in batch})
@@ -39,8 +40,11 @@ def apply_common(
     nodes: dict[str, tuple[str, int]] = {}
     acked: dict[str, int] = {}
     for node_id, state, desired, acked_version, cred in rows:
-        if cred is not None:
-            live.add((node_id, cred))
+        if cred is None:
+            # No credential of this batch holds for the node (revoked, or not
+            # its own): its heartbeats write nothing, not even "seen".
+            continue
+        live.add((node_id, cred))
         nodes[node_id] = (state, desired)
         acked[node_id] = acked_version
     if nodes:
@@ -49,8 +53,8 @@ def apply_common(
         )
     storage: dict[str, list] = {}
     loads: dict[str, tuple[protocol.Load, datetime]] = {}
-    for node_id, _cred, hb, arrived in batch:
-        if node_id not in nodes:
+    for node_id, cred, hb, arrived in batch:
+        if (node_id, cred) not in live:
             continue
         # Disk is a fact about a moment, not a machine: replaced every time.
         if hb.storage:
