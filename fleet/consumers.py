@@ -33,6 +33,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     identity: access.AgentIdentity | None = None
     node_id: str | None = None
     closing = False
+    foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
 
     async def connect(self):
         host, port = self.scope.get("client") or ("?", "?")
@@ -172,6 +173,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         result = await batcher().submit(self.node_id, self.identity.credential_id, msg, self.memo)
         if result.revoked:
             raise access.Revoked(self.node_id)  # and the writer wrote nothing of it
+        if result.foreign_shards != self.foreign_shards:
+            # Logged when it changes, not every heartbeat: the rest of the heartbeat
+            # was written, so this is a confused agent, not a refused message.
+            self.foreign_shards = result.foreign_shards
+            if result.foreign_shards:
+                logger.warning(
+                    "load for shards this node does not hold dropped node=%s shards=%s",
+                    self.node_id,
+                    ",".join(result.foreign_shards),
+                )
         await self.send_msg(
             protocol.ServerAck(type="ack", of="heartbeat", node_id=self.node_id, seq=msg.seq)
         )

@@ -18,6 +18,7 @@ from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
 from fleet.services.heartbeat import orm as heartbeat_orm
 from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
+from tests.helpers_consumer import make_shard
 
 pytestmark = pytest.mark.django_db
 
@@ -64,6 +65,7 @@ def shard_loads_of(node_id):
 
 def test_a_batch_of_many_nodes_writes_each_nodes_facts(write_path):
     creds = {n: node_with_credential(n) for n in ("gpu-01", "gpu-02", "gpu-03")}
+    make_shard("gpu-01", shard_id="s1")
     old = timezone.now() - timedelta(minutes=1)
     Node.objects.update(last_seen=old, connected=False)
     arrived = timezone.now() - timedelta(milliseconds=30)
@@ -112,6 +114,8 @@ def test_a_batch_of_many_nodes_writes_each_nodes_facts(write_path):
 
 def test_the_next_load_replaces_the_last_and_drops_stopped_shards(write_path):
     cred = node_with_credential("gpu-01")
+    for shard_id in ("s1", "s2", "s3"):
+        make_shard("gpu-01", shard_id=shard_id)
     shards = [
         {"shard_id": "s1", "cpu_cores": 1.0, "rss_bytes": 1},
         {"shard_id": "s2", "cpu_cores": 2.0, "rss_bytes": 2},

@@ -55,6 +55,8 @@ class ReportMemo:
 class HeartbeatResult:
     desired_version: int
     revoked: bool
+    # Shard loads dropped because the node does not hold those shards.
+    foreign_shards: tuple[str, ...] = ()
 
 
 def _says_something_rare(hb: protocol.Heartbeat, *, gpu_memory_too: bool) -> bool:
@@ -91,10 +93,10 @@ def apply_heartbeats(
     rare = [b for b in batch if _says_something_rare(b[2], gpu_memory_too=gpu_memory_too)]
     if on_pg and not rare:
         # One statement is atomic by itself: no BEGIN and COMMIT round trips.
-        nodes, live = write(batch, now)
+        nodes, live, foreign = write(batch, now)
     else:
         with transaction.atomic():
-            nodes, live = write(batch, now)
+            nodes, live, foreign = write(batch, now)
             if rare:
                 _apply_rare(
                     [b for b in rare if (b[0], b[1]) in live], gpu_memory_too=gpu_memory_too
@@ -107,6 +109,7 @@ def apply_heartbeats(
         (node_id, cred): HeartbeatResult(
             desired_version=nodes[node_id][1] if node_id in nodes else 0,
             revoked=(node_id, cred) not in live,
+            foreign_shards=tuple(foreign.get(node_id, ())) if (node_id, cred) in live else (),
         )
         for node_id, cred, _hb, _at in batch
     }

@@ -117,31 +117,42 @@ shards_new AS (
         {_arrays("sh", SHARD_LOAD)}
     ) AS u(node_id, shard_id, sampled_at, {_names(SHARD_LOAD)})
     WHERE u.node_id IN (SELECT id FROM old)
+      -- Only the node's own shards: a load under another node's shard id would
+      -- be exported with that shard's model.
+      AND EXISTS (
+        SELECT 1 FROM fleet_shard sh WHERE sh.id = u.shard_id AND sh.node_id = u.node_id
+      )
     ON CONFLICT (node_id, shard_id) DO UPDATE SET
         sampled_at = EXCLUDED.sampled_at, {_excluded(SHARD_LOAD)}
+    RETURNING node_id, shard_id
 )
-SELECT old.id, old.state, old.desired_version, old.cred FROM old
+SELECT old.id, old.state, old.desired_version, old.cred,
+       ARRAY(SELECT w.shard_id FROM shards_new w WHERE w.node_id = old.id)
+FROM old
 """
 
 
 def apply_common(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
-) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]], dict[str, list[str]]]:
     """Write what every heartbeat carries, for live credentials only. Returns ({node
-    written: (old state, desired version)}, {(node, credential) still live}).
+    written: (old state, desired version)}, {(node, credential) still live}, {node:
+    shard loads dropped as not its own}), as ``orm.apply_common`` does.
     """
     rounds = _rounds(batch)
     if len(rounds) == 1:
         return _apply_round(rounds[0], now)
     nodes: dict[str, tuple[str, int]] = {}
     live: set[tuple[str, int]] = set()
+    foreign: dict[str, list[str]] = {}
     with transaction.atomic():
         for part in rounds:
-            written, held = _apply_round(part, now)
+            written, held, dropped = _apply_round(part, now)
             for node_id, old in written.items():
                 nodes.setdefault(node_id, old)  # the state before the first write
             live |= held
-    return nodes, live
+            foreign.update(dropped)
+    return nodes, live, foreign
 
 
 def _rounds(batch: list) -> list[list]:
@@ -167,7 +178,7 @@ def _rounds(batch: list) -> list[list]:
 
 def _apply_round(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
-) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]], dict[str, list[str]]]:
     # Later heartbeats of a node win, as they would applied one by one; an
     # unset desired version (0) says nothing and leaves the earlier one.
     dvs: dict[str, int] = {}
@@ -214,10 +225,15 @@ def _apply_round(
     }
     nodes: dict[str, tuple[str, int]] = {}
     live: set[tuple[str, int]] = set()
+    foreign: dict[str, list[str]] = {}
     with connection.cursor() as cur:
         cur.execute(_SQL, params)
-        for node_id, state, desired, cred in cur.fetchall():
+        for node_id, state, desired, cred, stored in cur.fetchall():
             nodes[node_id] = (state, desired)
-            if cred is not None:
-                live.add((node_id, cred))
-    return nodes, live
+            live.add((node_id, cred))
+            if node_id in loads:
+                sent = [s.shard_id for s in loads[node_id][0].shards]
+                dropped = [sid for sid in sent if sid not in stored]
+                if dropped:
+                    foreign[node_id] = dropped
+    return nodes, live, foreign
