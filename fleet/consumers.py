@@ -123,6 +123,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # The register is here: the deadline was for the agent to send it, not
         # for a busy control plane to get through its queue of registrations.
         self.register_deadline.cancel()
+        # Before anything is written, a join token's use included.
+        refusal = access.mgmt_addr_refusal(msg.mgmt_addr, (self.scope.get("client") or [None])[0])
+        if refusal:
+            await self.refuse(CloseCode.FORBIDDEN, refusal)
+            return
         if self.node_id is not None and msg.node_id != self.node_id:
             await self.refuse(
                 CloseCode.FORBIDDEN,
