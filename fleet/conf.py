@@ -44,6 +44,15 @@ class FleetSettings:
     # Engines every node should have, ENGINE=VERSION separated by commas; sent
     # to each agent as a provision message when it registers. Empty: none.
     engines: dict[str, str] = field(default_factory=dict)
+    # What one agent socket may send (token buckets, fleet/consumers.py): a
+    # sustained rate and a burst saved up, in messages and in bytes; past either
+    # the socket is closed with 4029. A healthy agent sends a heartbeat every
+    # 10 s, a burst at registration and on shard changes, and a log reply (up
+    # to 1 MiB) when asked. A rate of 0: no limit.
+    agent_messages_per_s: float = 20.0
+    agent_messages_burst: int = 500
+    agent_bytes_per_s: float = 128 * 1024
+    agent_bytes_burst: int = 8 << 20  # at least one message of 1 MiB, Daphne's limit
     # Networks (CIDRs, separated by commas) a node's mgmt_addr must be in: the
     # gateway connects there. Empty: any unicast address, loopback only from an
     # agent on this machine (fleet.services.access.mgmt_addr_refusal).

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import time
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -27,8 +28,34 @@ def _bearer(scope) -> str:
         return ""
 
 
+class TokenBucket:
+    """``rate`` tokens a second, saved up to ``burst``; a rate of 0 takes anything."""
+
+    def __init__(self, rate: float, burst: float, now: float):
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), now
+
+    def take(self, amount: float, now: float) -> bool:
+        if self.rate <= 0:
+            return True
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if amount > self.tokens:
+            return False
+        self.tokens -= amount
+        return True
+
+
 class AgentConsumer(AsyncWebsocketConsumer):
-    """Validates every message, then hands it to a service. Holds no fleet state of its own."""
+    """Validates every message, then hands it to a service. Holds no fleet state of its own.
+
+    One node cannot crowd out the others: Channels hands a consumer its messages
+    one at a time (the next is read only when the last one's handler returned),
+    so a socket never has more than one message waiting on the shared database
+    thread or in a heartbeat batch; and each socket's messages and bytes are
+    metered (``TokenBucket``) before they are parsed, so a node sending more
+    than an agent ever would is closed with 4029 before it costs much.
+    """
 
     identity: access.AgentIdentity | None = None
     node_id: str | None = None
@@ -47,6 +74,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
             await self.close()
             return
+        s, now = fleet_settings(), time.monotonic()
+        self.messages = TokenBucket(s.agent_messages_per_s, s.agent_messages_burst, now)
+        self.bytes = TokenBucket(s.agent_bytes_per_s, s.agent_bytes_burst, now)
         await self.accept()
         self.register_deadline = asyncio.get_running_loop().call_later(
             REGISTER_TIMEOUT_S, lambda: asyncio.ensure_future(self._register_overdue())
@@ -89,6 +119,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.closing:
             return
+        if not self.within_limits(text_data, bytes_data):
+            s = fleet_settings()
+            await self.refuse(
+                CloseCode.RATE_LIMITED,
+                f"more than {s.agent_messages_per_s:g} messages or {s.agent_bytes_per_s:g} bytes "
+                f"a second (bursts of {s.agent_messages_burst} and {s.agent_bytes_burst})",
+            )
+            return
         if bytes_data is not None:
             await self.refuse(
                 CloseCode.INVALID_MESSAGE, "binary frames are not part of the protocol"
@@ -109,6 +147,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Found on the write path, so nothing was written; the doorbell
             # that should have closed this socket was lost, or is on its way.
             await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
+
+    def within_limits(self, text_data, bytes_data) -> bool:
+        """Charge this message to the socket's buckets, before any parsing."""
+        if text_data is not None:
+            size = len(text_data.encode("utf-8", "surrogatepass"))
+        else:
+            size = len(bytes_data or b"")
+        now = time.monotonic()
+        return self.messages.take(1, now) and self.bytes.take(size, now)
 
     async def write(self, fn, *args, **kwargs):
         """A write this socket's message makes, done only while its credential holds
