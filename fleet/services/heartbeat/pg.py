@@ -117,8 +117,8 @@ shards_new AS (
         {_arrays("sh", SHARD_LOAD)}
     ) AS u(node_id, shard_id, sampled_at, {_names(SHARD_LOAD)})
     WHERE u.node_id IN (SELECT id FROM old)
-      -- Only the node's own shards: a load under another node's shard id would
-      -- be exported with that shard's model.
+      -- Only shards this node holds: a load under a shard id of another node
+      -- would be exported with the model of that shard.
       AND EXISTS (
         SELECT 1 FROM fleet_shard sh WHERE sh.id = u.shard_id AND sh.node_id = u.node_id
       )
