@@ -12,6 +12,7 @@ Units are in the field names: ``_mb`` mebibytes, ``_bytes`` bytes, ``_s`` second
 from __future__ import annotations
 
 import enum
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
@@ -219,6 +220,18 @@ class Register(_Msg):
     @classmethod
     def _one_install_per_engine(cls, v):
         return _unique(v, "engine", "engine")
+
+    @field_validator("mgmt_addr")
+    @classmethod
+    def _an_ip_literal(cls, v):
+        # The gateway connects here: a name would be resolved by the control
+        # plane, to whatever its resolver says, long after this was checked.
+        if v:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"{v!r} is not an IP address (no host names)") from None
+        return v
 
 
 class Heartbeat(_Msg):

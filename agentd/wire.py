@@ -26,6 +26,7 @@ class CloseCode(enum.IntEnum):
     NOT_REGISTERED = 4002  # a message before "register"
     FORBIDDEN = 4003  # the credential does not authorise this node
     SUPERSEDED = 4009  # the same node connected again; the new socket wins
+    RATE_LIMITED = 4029  # more messages or bytes than the control plane takes from one node
     REVOKED = 4010  # the node's credential was revoked while connected
 
 

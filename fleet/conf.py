@@ -13,6 +13,7 @@ docs/operations.md lists them for operators.
 """
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,19 @@ class FleetSettings:
     # Engines every node should have, ENGINE=VERSION separated by commas; sent
     # to each agent as a provision message when it registers. Empty: none.
     engines: dict[str, str] = field(default_factory=dict)
+    # What one agent socket may send (token buckets, fleet/consumers.py): a
+    # sustained rate and a burst saved up, in messages and in bytes; past either
+    # the socket is closed with 4029. A healthy agent sends a heartbeat every
+    # 10 s, a burst at registration and on shard changes, and a log reply (up
+    # to 1 MiB) when asked. A rate of 0: no limit.
+    agent_messages_per_s: float = 20.0
+    agent_messages_burst: int = 500
+    agent_bytes_per_s: float = 128 * 1024
+    agent_bytes_burst: int = 8 << 20  # at least one message of 1 MiB, Daphne's limit
+    # Networks (CIDRs, separated by commas) a node's mgmt_addr must be in: the
+    # gateway connects there. Empty: any unicast address, loopback only from an
+    # agent on this machine (fleet.services.access.mgmt_addr_refusal).
+    agent_addr_networks: str = ""
 
     # The reconciler (fleet.services.reconciler; docs/operations.md).
     reconcile_interval_s: float = 5.0  # beat's interval, and the expiry of each entry
@@ -103,9 +117,23 @@ class FleetSettings:
         return cls(**{known[k]: v for k, v in raw.items()})
 
 
+def networks(text: str) -> list:
+    """``"10.0.0.0/8, fd00::/8"`` as ip_network objects; a ValueError names a bad one."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            out.append(ipaddress.ip_network(part))
+        except ValueError:
+            raise ValueError(f"'{part}' is not a network, e.g. 10.0.0.0/8") from None
+    return out
+
+
 def _parse(f: dataclasses.Field, text: str):
     if f.name == "engines":
         return _engines(text)
+    if f.name == "agent_addr_networks":
+        networks(text)  # refused at start, not at the first register
+        return text
     return f.type(text)  # float, int or str
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import time
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -27,12 +28,39 @@ def _bearer(scope) -> str:
         return ""
 
 
+class TokenBucket:
+    """``rate`` tokens a second, saved up to ``burst``; a rate of 0 takes anything."""
+
+    def __init__(self, rate: float, burst: float, now: float):
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), now
+
+    def take(self, amount: float, now: float) -> bool:
+        if self.rate <= 0:
+            return True
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if amount > self.tokens:
+            return False
+        self.tokens -= amount
+        return True
+
+
 class AgentConsumer(AsyncWebsocketConsumer):
-    """Validates every message, then hands it to a service. Holds no fleet state of its own."""
+    """Validates every message, then hands it to a service. Holds no fleet state of its own.
+
+    One node cannot crowd out the others: Channels hands a consumer its messages
+    one at a time (the next is read only when the last one's handler returned),
+    so a socket never has more than one message waiting on the shared database
+    thread or in a heartbeat batch; and each socket's messages and bytes are
+    metered (``TokenBucket``) before they are parsed, so a node sending more
+    than an agent ever would is closed with 4029 before it costs much.
+    """
 
     identity: access.AgentIdentity | None = None
     node_id: str | None = None
     closing = False
+    foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
 
     async def connect(self):
         host, port = self.scope.get("client") or ("?", "?")
@@ -46,6 +74,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
             await self.close()
             return
+        s, now = fleet_settings(), time.monotonic()
+        self.messages = TokenBucket(s.agent_messages_per_s, s.agent_messages_burst, now)
+        self.bytes = TokenBucket(s.agent_bytes_per_s, s.agent_bytes_burst, now)
         await self.accept()
         self.register_deadline = asyncio.get_running_loop().call_later(
             REGISTER_TIMEOUT_S, lambda: asyncio.ensure_future(self._register_overdue())
@@ -88,6 +119,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.closing:
             return
+        if not self.within_limits(text_data, bytes_data):
+            s = fleet_settings()
+            await self.refuse(
+                CloseCode.RATE_LIMITED,
+                f"more than {s.agent_messages_per_s:g} messages or {s.agent_bytes_per_s:g} bytes "
+                f"a second (bursts of {s.agent_messages_burst} and {s.agent_bytes_burst})",
+            )
+            return
         if bytes_data is not None:
             await self.refuse(
                 CloseCode.INVALID_MESSAGE, "binary frames are not part of the protocol"
@@ -102,7 +141,28 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.refuse(CloseCode.NOT_REGISTERED, f"'{msg.type}' before 'register'")
             return
         handler = getattr(self, f"on_{msg.type}")
-        await handler(msg)
+        try:
+            await handler(msg)
+        except access.Revoked:
+            # Found on the write path, so nothing was written; the doorbell
+            # that should have closed this socket was lost, or is on its way.
+            await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
+
+    def within_limits(self, text_data, bytes_data) -> bool:
+        """Charge this message to the socket's buckets, before any parsing."""
+        if text_data is not None:
+            size = len(text_data.encode("utf-8", "surrogatepass"))
+        else:
+            size = len(bytes_data or b"")
+        now = time.monotonic()
+        return self.messages.take(1, now) and self.bytes.take(size, now)
+
+    async def write(self, fn, *args, **kwargs):
+        """A write this socket's message makes, done only while its credential holds
+        (``access.as_node``); raises access.Revoked, having written nothing, if not."""
+        return await database_sync_to_async(access.as_node)(
+            self.identity.credential_id, self.node_id, fn, *args, **kwargs
+        )
 
     # ---- agent -> control plane ------------------------------------------------
 
@@ -110,6 +170,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # The register is here: the deadline was for the agent to send it, not
         # for a busy control plane to get through its queue of registrations.
         self.register_deadline.cancel()
+        # Before anything is written, a join token's use included.
+        refusal = access.mgmt_addr_refusal(msg.mgmt_addr, (self.scope.get("client") or [None])[0])
+        if refusal:
+            await self.refuse(CloseCode.FORBIDDEN, refusal)
+            return
         if self.node_id is not None and msg.node_id != self.node_id:
             await self.refuse(
                 CloseCode.FORBIDDEN,
@@ -134,7 +199,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await doorbells.aring_node(
                 self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
             )
-        await database_sync_to_async(inventory.register_node)(msg, channel_name=self.channel_name)
+        await self.write(inventory.register_node, msg, channel_name=self.channel_name)
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
         await self.send_msg(
@@ -159,8 +224,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_heartbeat(self, msg: protocol.Heartbeat):
         result = await batcher().submit(self.node_id, self.identity.credential_id, msg, self.memo)
         if result.revoked:
-            await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
-            return
+            raise access.Revoked(self.node_id)  # and the writer wrote nothing of it
+        if result.foreign_shards != self.foreign_shards:
+            # Logged when it changes, not every heartbeat: the rest of the heartbeat
+            # was written, so this is a confused agent, not a refused message.
+            self.foreign_shards = result.foreign_shards
+            if result.foreign_shards:
+                logger.warning(
+                    "load for shards this node does not hold dropped node=%s shards=%s",
+                    self.node_id,
+                    ",".join(result.foreign_shards),
+                )
         await self.send_msg(
             protocol.ServerAck(type="ack", of="heartbeat", node_id=self.node_id, seq=msg.seq)
         )
@@ -169,15 +243,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_desired()
 
     async def on_shard_status(self, msg: protocol.ShardStatus):
-        await database_sync_to_async(inventory.apply_shard_status)(self.node_id, msg)
+        await self.write(inventory.apply_shard_status, self.node_id, msg)
 
     async def on_fetch_progress(self, msg: protocol.FetchProgress):
-        await database_sync_to_async(inventory.apply_fetch_progress)(self.node_id, msg)
+        await self.write(inventory.apply_fetch_progress, self.node_id, msg)
 
     async def on_logs_reply(self, msg: protocol.LogsReply):
         reply_channel = self.logs_waiting.pop(msg.request_id, None)
         if reply_channel is None:
             return  # the asker gave up long ago
+        # What a revoked node says reaches no one, operators included.
+        await self.write(lambda: None)
         await self.channel_layer.send(
             reply_channel,
             {"type": "logs.reply", "request_id": msg.request_id, "reply": msg.model_dump()},
@@ -185,7 +261,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_ack(self, msg: protocol.AgentAck):
         if msg.of == "desired":
-            await database_sync_to_async(inventory.apply_desired_ack)(self.node_id, msg.version)
+            await self.write(inventory.apply_desired_ack, self.node_id, msg.version)
 
     async def on_goodbye(self, msg: protocol.Goodbye):
         logger.info("agent said goodbye node=%s reason=%s", self.node_id, msg.reason)

@@ -12,6 +12,8 @@ from fleet.models import (
     DesiredState,
     EngineProfile,
     Model,
+    Node,
+    NodeCredential,
     Replica,
     ReplicaState,
     Shard,
@@ -43,7 +45,11 @@ def report_load(node_id, *, cpu_percent=37.5, age=timedelta(0), shards=()):
             }
         )
     )
-    heartbeat.apply_heartbeats([(node_id, 0, hb, timezone.now() - age)])
+    # Written as the node's agent would be: only a live credential's heartbeat is.
+    cred = NodeCredential.objects.filter(node_id=node_id, revoked_at__isnull=True).first()
+    if cred is None:
+        cred, _ = NodeCredential.issue(node=Node.objects.get(pk=node_id))
+    heartbeat.apply_heartbeats([(node_id, cred.pk, hb, timezone.now() - age)])
 
 
 def add_model(name="qwen-7b", **profile):

@@ -320,7 +320,8 @@ valid_registers = st.fixed_dictionaries(
     {"type": st.just("register"), "v": st.just(1), "node_id": st.just("gpu-01")},
     optional={
         "hostname": _text(255),
-        "mgmt_addr": _text(255),
+        # An IP literal (the schema refuses names) the control plane accepts.
+        "mgmt_addr": st.sampled_from(["", "10.0.0.7", "192.0.2.1", "2001:db8::7"]),
         "labels": st.dictionaries(_text(63), _text(255), max_size=3),
         "agent_version": _text(64),
         "engine_versions": _versions,

@@ -52,7 +52,6 @@ def fleet():
     """One of everything, made through the paths that make them in production."""
     enrol("gpu-01")
     node = add_node("gpu-01")
-    report_load("gpu-01", shards=[{"shard_id": "s-1", "cpu_cores": 1.5, "rss_bytes": 2**33}])
     add_node(
         "cpu-01",
         gpus=[],
@@ -61,7 +60,10 @@ def fleet():
         provision=[{"engine": "llamacpp", "version": "0.3.16", "state": "installed"}],
     )
     model, profile = add_model()
-    add_replica(model, profile, ["gpu-01"])
+    replica = add_replica(model, profile, ["gpu-01"])
+    # A node's load counts only for shards it holds.
+    shard = replica.shards.get()
+    report_load("gpu-01", shards=[{"shard_id": shard.pk, "cpu_cores": 1.5, "rss_bytes": 2**33}])
     access.create_join_token("rack-4", ttl=timedelta(hours=1))
     ApiKey.issue(name="client", scope=ApiKeyScope.INFERENCE)
     FleetStatus.get()

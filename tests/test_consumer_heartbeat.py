@@ -165,6 +165,7 @@ async def test_engine_install_state_changes_are_logged_and_progress_is_not(agent
 
 
 async def test_load_is_stamped_with_its_arrival_time(agent):
+    await db(make_shard)("gpu-01", shard_id="s1")
     before = timezone.now()
     await agent.heartbeat(
         seq=1,

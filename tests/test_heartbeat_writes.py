@@ -18,6 +18,7 @@ from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
 from fleet.services.heartbeat import orm as heartbeat_orm
 from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
+from tests.helpers_consumer import make_shard
 
 pytestmark = pytest.mark.django_db
 
@@ -64,6 +65,7 @@ def shard_loads_of(node_id):
 
 def test_a_batch_of_many_nodes_writes_each_nodes_facts(write_path):
     creds = {n: node_with_credential(n) for n in ("gpu-01", "gpu-02", "gpu-03")}
+    make_shard("gpu-01", shard_id="s1")
     old = timezone.now() - timedelta(minutes=1)
     Node.objects.update(last_seen=old, connected=False)
     arrived = timezone.now() - timedelta(milliseconds=30)
@@ -112,6 +114,8 @@ def test_a_batch_of_many_nodes_writes_each_nodes_facts(write_path):
 
 def test_the_next_load_replaces_the_last_and_drops_stopped_shards(write_path):
     cred = node_with_credential("gpu-01")
+    for shard_id in ("s1", "s2", "s3"):
+        make_shard("gpu-01", shard_id=shard_id)
     shards = [
         {"shard_id": "s1", "cpu_cores": 1.0, "rss_bytes": 1},
         {"shard_id": "s2", "cpu_cores": 2.0, "rss_bytes": 2},
@@ -175,7 +179,7 @@ def test_the_acknowledged_desired_version(write_path, reported, desired, acked):
     )
 
     assert Node.objects.get(pk="gpu-01").acked_version == acked
-    assert result["gpu-01"].desired_version == desired
+    assert result["gpu-01", cred].desired_version == desired
 
 
 def test_a_suspect_node_is_back_and_logged_once(write_path, caplog):
@@ -207,8 +211,8 @@ def test_revoked_and_removed_are_told_apart_from_live(write_path):
         ]
     )
 
-    assert not results["gpu-01"].revoked
-    assert results["gpu-02"].revoked and results["gpu-03"].revoked
+    assert not results["gpu-01", live].revoked
+    assert results["gpu-02", revoked].revoked and results["gpu-03", gone].revoked
     # A removed node is not brought back by its last heartbeat.
     assert not Node.objects.filter(pk="gpu-03").exists()
     assert not Storage.objects.filter(node_id="gpu-03").exists()
@@ -326,7 +330,8 @@ async def test_heartbeats_arriving_together_are_written_together_each_with_its_a
     assert answers["gpu-09"].revoked
     assert not any(r.revoked for n, r in answers.items() if n != "gpu-09")
     assert sum(writes) == 40 and len(writes) < 40  # batched, nobody left out
-    assert await db(NodeLoad.objects.count)() == 40
+    # Every node's load but the revoked one's: its heartbeat writes nothing.
+    assert await db(NodeLoad.objects.count)() == 39
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,5 +1,6 @@
 """Join tokens, node credentials and who an agent is."""
 
+import ipaddress
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -8,6 +9,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from fleet.conf import fleet_settings, networks
 from fleet.models import JoinToken, Node, NodeCredential
 
 from . import doorbells
@@ -30,6 +32,53 @@ class AgentIdentity:
 
 class EnrolmentError(Exception):
     """An agent may not register as the node it named. The message says why."""
+
+
+def mgmt_addr_refusal(addr: str, peer: str | None) -> str | None:
+    """Why an agent may not say its node is at ``addr``, or None when it may.
+
+    The gateway connects to a node's mgmt_addr and the control plane scrapes it,
+    so a node could otherwise point them at any address the control plane can
+    reach (its own loopback, a cloud metadata service). ``addr`` is an IP
+    literal or "" (the schema says so); ``peer`` is the address the agent's
+    socket came from. With ``agent_addr_networks`` set, the address must be in
+    one of them (and anything in them is allowed). Without, any unicast
+    address is, and loopback only for an agent whose socket comes from
+    loopback: it runs on this machine, where the dev stack's and the tests'
+    agents run, so its loopback is ours.
+    """
+    if not addr:
+        return None  # no address: nothing connects to it
+    ip = ipaddress.ip_address(addr)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    if ip.is_unspecified or ip.is_multicast:
+        return f"mgmt_addr {addr} is not an address a node can be reached at"
+    allowed = networks(fleet_settings().agent_addr_networks)
+    if allowed:
+        if any(ip in net for net in allowed):
+            return None
+        return f"mgmt_addr {addr} is outside the agent networks (LLMGW_AGENT_ADDR_NETWORKS)"
+    if ip.is_loopback:
+        if peer and _is_loopback(peer):
+            return None
+        return f"mgmt_addr {addr} is loopback, and this agent is not on the control plane's machine"
+    if ip.is_link_local or ip.is_reserved:
+        kind = "link-local" if ip.is_link_local else "reserved"
+        return (
+            f"mgmt_addr {addr} is a {kind} address; list its network in LLMGW_AGENT_ADDR_NETWORKS"
+        )
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a unix socket or a name: not known to be this machine
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 def create_join_token(name: str, *, ttl: timedelta, max_uses: int = 1, user=None):
@@ -61,6 +110,34 @@ def identify(bearer: str) -> AgentIdentity | None:
 
 def credential_revoked(credential_id: int) -> bool:
     return not NodeCredential.objects.filter(pk=credential_id, revoked_at__isnull=True).exists()
+
+
+class Revoked(Exception):
+    """A socket's credential no longer holds (revoked, or its node removed): nothing it
+    sends is written."""
+
+
+def as_node(credential_id: int, node_id: str, write, *args, **kwargs):
+    """Run ``write(*args, **kwargs)`` for an agent's socket, only while its credential holds.
+
+    The rule for every write an agent's message makes: the credential is live and
+    names this node (a removed node's credentials went with it). Checked in the
+    write's own transaction with the credential's row locked, so once
+    ``revoke_node`` has returned no later write of that credential lands; a
+    revocation whose doorbell was lost still writes nothing. Raises Revoked,
+    having written nothing, when it does not hold. The heartbeat writers apply
+    the same rule inside their batch queries (fleet.services.heartbeat).
+    """
+    with transaction.atomic():
+        held = (
+            NodeCredential.objects.select_for_update()
+            .filter(pk=credential_id, node_id=node_id, revoked_at__isnull=True)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if held is None:
+            raise Revoked(f"credential of node '{node_id}' revoked or node removed")
+        return write(*args, **kwargs)
 
 
 def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | None]:

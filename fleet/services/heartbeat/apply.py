@@ -55,6 +55,8 @@ class ReportMemo:
 class HeartbeatResult:
     desired_version: int
     revoked: bool
+    # Shard loads dropped because the node does not hold those shards.
+    foreign_shards: tuple[str, ...] = ()
 
 
 def _says_something_rare(hb: protocol.Heartbeat, *, gpu_memory_too: bool) -> bool:
@@ -71,13 +73,15 @@ def _says_something_rare(hb: protocol.Heartbeat, *, gpu_memory_too: bool) -> boo
 
 def apply_heartbeats(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]],
-) -> dict[str, HeartbeatResult]:
+) -> dict[tuple[str, int], HeartbeatResult]:
     """Apply many nodes' heartbeats in one transaction, a few queries in all.
 
     ``batch`` holds (node id, credential id, heartbeat, arrival time). One node
-    may appear more than once; its heartbeats are applied in order. Returns, per
-    node, the desired-set version it should have and whether its credential has
-    been revoked (or its node removed) since it connected.
+    may appear more than once; its heartbeats are applied in order. A heartbeat
+    whose credential has been revoked (or whose node was removed) since its
+    socket connected writes nothing at all. Returns, per (node, credential)
+    (two sockets of one node may hold different ones), the desired-set version
+    the node should have and whether the credential has been revoked.
     """
     if not batch:
         return {}
@@ -89,20 +93,23 @@ def apply_heartbeats(
     rare = [b for b in batch if _says_something_rare(b[2], gpu_memory_too=gpu_memory_too)]
     if on_pg and not rare:
         # One statement is atomic by itself: no BEGIN and COMMIT round trips.
-        nodes, live = write(batch, now)
+        nodes, live, foreign = write(batch, now)
     else:
         with transaction.atomic():
-            nodes, live = write(batch, now)
+            nodes, live, foreign = write(batch, now)
             if rare:
-                _apply_rare([b for b in rare if b[0] in nodes], gpu_memory_too=gpu_memory_too)
+                _apply_rare(
+                    [b for b in rare if (b[0], b[1]) in live], gpu_memory_too=gpu_memory_too
+                )
     for node_id, (state, _) in nodes.items():
         if state != NodeState.READY:
             logger.info("node back node=%s was=%s", node_id, state)
             request_reconcile()
     return {
-        node_id: HeartbeatResult(
+        (node_id, cred): HeartbeatResult(
             desired_version=nodes[node_id][1] if node_id in nodes else 0,
             revoked=(node_id, cred) not in live,
+            foreign_shards=tuple(foreign.get(node_id, ())) if (node_id, cred) in live else (),
         )
         for node_id, cred, _hb, _at in batch
     }

@@ -137,9 +137,9 @@ class HeartbeatBatcher:
                 continue
             for item, fut in batch:
                 if not fut.done():
-                    fut.set_result(results[item[0]])
+                    fut.set_result(results[item[0], item[1]])
 
-    def _write(self, items: list) -> dict[str, apply.HeartbeatResult]:
+    def _write(self, items: list) -> dict[tuple[str, int], apply.HeartbeatResult]:
         """In the writer thread: one transaction for the whole batch."""
         global _last_write
         _start_janitor()

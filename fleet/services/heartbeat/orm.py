@@ -9,7 +9,7 @@ from datetime import datetime
 from django.db.models import FilteredRelation, Q
 
 from agentd import protocol
-from fleet.models import Node, NodeLoad, NodeState, ShardLoad
+from fleet.models import Node, NodeLoad, NodeState, Shard, ShardLoad
 
 from . import changes
 from .columns import NODE_LOAD
@@ -17,10 +17,12 @@ from .columns import NODE_LOAD
 
 def apply_common(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
-) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]], dict[str, list[str]]]:
     """What every heartbeat carries, portably (``pg.apply_common`` is the same on
-    PostgreSQL in one statement). Returns ({node: (old state, desired version)},
-    {(node, credential) still live}).
+    PostgreSQL in one statement). Only a heartbeat whose credential is live and
+    names its node is written. Returns ({node written: (old state, desired
+    version)}, {(node, credential) still live}, {node: shard loads dropped as not
+    its own}).
     """
     rows = (
         Node.objects.filter(pk__in={b[0] for b in batch})
@@ -39,8 +41,11 @@ def apply_common(
     nodes: dict[str, tuple[str, int]] = {}
     acked: dict[str, int] = {}
     for node_id, state, desired, acked_version, cred in rows:
-        if cred is not None:
-            live.add((node_id, cred))
+        if cred is None:
+            # No credential of this batch holds for the node (revoked, or not
+            # its own): its heartbeats write nothing, not even "seen".
+            continue
+        live.add((node_id, cred))
         nodes[node_id] = (state, desired)
         acked[node_id] = acked_version
     if nodes:
@@ -49,8 +54,8 @@ def apply_common(
         )
     storage: dict[str, list] = {}
     loads: dict[str, tuple[protocol.Load, datetime]] = {}
-    for node_id, _cred, hb, arrived in batch:
-        if node_id not in nodes:
+    for node_id, cred, hb, arrived in batch:
+        if (node_id, cred) not in live:
             continue
         # Disk is a fact about a moment, not a machine: replaced every time.
         if hb.storage:
@@ -62,12 +67,27 @@ def apply_common(
             Node.objects.filter(pk=node_id).update(acked_version=acked[node_id])
     if storage:
         changes.replace_storage(list(storage.items()))
+    foreign: dict[str, list[str]] = {}
     if loads:
-        store_loads(loads)
-    return nodes, live
+        foreign = store_loads(loads)
+    return nodes, live, foreign
 
 
-def store_loads(loads: dict[str, tuple[protocol.Load, datetime]]) -> None:
+def store_loads(loads: dict[str, tuple[protocol.Load, datetime]]) -> dict[str, list[str]]:
+    """Replace the nodes' loads. A shard load counts only for a shard the node holds
+    (one under another node's shard would be exported with that shard's model);
+    returns the dropped ones, {node: [shard id]}."""
+    held = set(
+        Shard.objects.filter(
+            node_id__in=list(loads),
+            pk__in={s.shard_id for load, _ in loads.values() for s in load.shards},
+        ).values_list("node_id", "pk")
+    )
+    foreign: dict[str, list[str]] = {}
+    for node_id, (load, _) in loads.items():
+        for s in load.shards:
+            if (node_id, s.shard_id) not in held:
+                foreign.setdefault(node_id, []).append(s.shard_id)
     NodeLoad.objects.bulk_create(
         [
             NodeLoad(
@@ -86,4 +106,6 @@ def store_loads(loads: dict[str, tuple[protocol.Load, datetime]]) -> None:
         ShardLoad(node_id=node_id, sampled_at=at, **s.model_dump())
         for node_id, (load, at) in loads.items()
         for s in load.shards
+        if (node_id, s.shard_id) in held
     )
+    return foreign

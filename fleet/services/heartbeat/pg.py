@@ -16,7 +16,7 @@ runs both paths on the same heartbeats and compares the rows they leave.
 
 from datetime import datetime
 
-from django.db import connection
+from django.db import connection, transaction
 
 from agentd import protocol
 from fleet.models import NodeState
@@ -42,12 +42,22 @@ def _excluded(cols) -> str:
 # inserted freely (the delete cannot see the new rows), and shard loads are
 # upserted while only the shards a node no longer reports are deleted, so the
 # two never touch the same row.
+#
+# ``old`` holds only the nodes whose socket's credential is live and names
+# them, and every write below is limited to its nodes: a revoked credential's
+# heartbeat, or a removed node's, writes nothing (not even "seen"). Each node
+# comes with one credential (``_rounds``), so ``old`` has a node at most once.
 _SQL = f"""
 WITH seen AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(dvs)s::bigint[]) AS u(id, dv)
+    SELECT * FROM unnest(%(ids)s::text[], %(cids)s::bigint[], %(dvs)s::bigint[])
+        AS u(id, cred, dv)
 ),
 old AS (
-    SELECT n.id, n.state, n.desired_version FROM fleet_node n JOIN seen ON seen.id = n.id
+    SELECT n.id, n.state, n.desired_version, seen.cred
+    FROM fleet_node n
+    JOIN seen ON seen.id = n.id
+    JOIN fleet_nodecredential c
+        ON c.id = seen.cred AND c.node_id = n.id AND c.revoked_at IS NULL
 ),
 touched AS (
     UPDATE fleet_node n
@@ -55,12 +65,13 @@ touched AS (
         acked_version = CASE WHEN seen.dv > 0 AND seen.dv <> n.acked_version
                              THEN LEAST(seen.dv, n.desired_version)
                              ELSE n.acked_version END
-    FROM seen WHERE n.id = seen.id
+    FROM seen WHERE n.id = seen.id AND n.id IN (SELECT id FROM old)
 ),
 gpu_pos AS (
     SELECT id, node_id, memory_used_mb,
            row_number() OVER (PARTITION BY node_id ORDER BY index) - 1 AS pos
-    FROM fleet_gpu WHERE node_id = ANY(%(gp_nodes)s::text[])
+    FROM fleet_gpu
+    WHERE node_id = ANY(%(gp_nodes)s::text[]) AND node_id IN (SELECT id FROM old)
 ),
 gpu_used AS (
     UPDATE fleet_gpu g SET memory_used_mb = u.used
@@ -70,7 +81,8 @@ gpu_used AS (
     WHERE g.id = p.id AND p.memory_used_mb <> u.used
 ),
 storage_gone AS (
-    DELETE FROM fleet_storage WHERE node_id = ANY(%(st_nodes)s::text[])
+    DELETE FROM fleet_storage
+    WHERE node_id = ANY(%(st_nodes)s::text[]) AND node_id IN (SELECT id FROM old)
 ),
 storage_new AS (
     INSERT INTO fleet_storage (node_id, path, free_bytes, total_bytes, shared)
@@ -92,6 +104,7 @@ load_new AS (
 shards_gone AS (
     DELETE FROM fleet_shardload s
     WHERE s.node_id = ANY(%(ld_node)s::text[])
+      AND s.node_id IN (SELECT id FROM old)
       AND NOT EXISTS (
         SELECT 1 FROM unnest(%(sh_node)s::text[], %(sh_id)s::text[]) AS k(node_id, shard_id)
         WHERE k.node_id = s.node_id AND k.shard_id = s.shard_id
@@ -104,25 +117,72 @@ shards_new AS (
         {_arrays("sh", SHARD_LOAD)}
     ) AS u(node_id, shard_id, sampled_at, {_names(SHARD_LOAD)})
     WHERE u.node_id IN (SELECT id FROM old)
+      -- Only shards this node holds: a load under a shard id of another node
+      -- would be exported with the model of that shard.
+      AND EXISTS (
+        SELECT 1 FROM fleet_shard sh WHERE sh.id = u.shard_id AND sh.node_id = u.node_id
+      )
     ON CONFLICT (node_id, shard_id) DO UPDATE SET
         sampled_at = EXCLUDED.sampled_at, {_excluded(SHARD_LOAD)}
+    RETURNING node_id, shard_id
 )
-SELECT old.id, old.state, old.desired_version, c.id
+SELECT old.id, old.state, old.desired_version, old.cred,
+       ARRAY(SELECT w.shard_id FROM shards_new w WHERE w.node_id = old.id)
 FROM old
-LEFT JOIN fleet_nodecredential c
-    ON c.node_id = old.id AND c.id = ANY(%(creds)s::bigint[]) AND c.revoked_at IS NULL
 """
 
 
 def apply_common(
     batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
-) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]]]:
-    """Write what every heartbeat carries. Returns ({node: (old state, desired version)},
-    {(node, credential) still live}); a node missing from the first was removed.
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]], dict[str, list[str]]]:
+    """Write what every heartbeat carries, for live credentials only. Returns ({node
+    written: (old state, desired version)}, {(node, credential) still live}, {node:
+    shard loads dropped as not its own}), as ``orm.apply_common`` does.
     """
+    rounds = _rounds(batch)
+    if len(rounds) == 1:
+        return _apply_round(rounds[0], now)
+    nodes: dict[str, tuple[str, int]] = {}
+    live: set[tuple[str, int]] = set()
+    foreign: dict[str, list[str]] = {}
+    with transaction.atomic():
+        for part in rounds:
+            written, held, dropped = _apply_round(part, now)
+            for node_id, old in written.items():
+                nodes.setdefault(node_id, old)  # the state before the first write
+            live |= held
+            foreign.update(dropped)
+    return nodes, live, foreign
+
+
+def _rounds(batch: list) -> list[list]:
+    """The batch split so that each part has one credential per node.
+
+    A node's heartbeats nearly always come from one socket, so one part. Two
+    sockets of one node in a batch (a reconnect, the old socket not yet closed)
+    may hold different credentials, one of them revoked: each credential's
+    heartbeats are then a statement of their own, checked on their own.
+    """
+    creds: dict[str, list[int]] = {}
+    rounds: list[list] = []
+    for item in batch:
+        mine = creds.setdefault(item[0], [])
+        if item[1] not in mine:
+            mine.append(item[1])
+        k = mine.index(item[1])
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(item)
+    return rounds
+
+
+def _apply_round(
+    batch: list[tuple[str, int, protocol.Heartbeat, datetime]], now: datetime
+) -> tuple[dict[str, tuple[str, int]], set[tuple[str, int]], dict[str, list[str]]]:
     # Later heartbeats of a node win, as they would applied one by one; an
     # unset desired version (0) says nothing and leaves the earlier one.
     dvs: dict[str, int] = {}
+    cred_of = {node_id: cred for node_id, cred, _hb, _at in batch}  # one each: _rounds
     gpu_used: dict[str, dict[int, int]] = {}  # node -> {position in index order: MB}
     storage: dict[str, list] = {}
     loads: dict[str, tuple[protocol.Load, datetime]] = {}
@@ -141,10 +201,10 @@ def apply_common(
     shards = {(n, s.shard_id): (s, at) for n, (load, at) in loads.items() for s in load.shards}
     params = {
         "ids": list(dvs),
+        "cids": [cred_of[n] for n in dvs],
         "dvs": list(dvs.values()),
         "now": now,
         "ready": NodeState.READY.value,
-        "creds": sorted({b[1] for b in batch}),
         "gp_nodes": list(gpu_used),
         "gp_node": [n for n, _, _ in gp],
         "gp_pos": [pos for _, pos, _ in gp],
@@ -165,10 +225,15 @@ def apply_common(
     }
     nodes: dict[str, tuple[str, int]] = {}
     live: set[tuple[str, int]] = set()
+    foreign: dict[str, list[str]] = {}
     with connection.cursor() as cur:
         cur.execute(_SQL, params)
-        for node_id, state, desired, cred in cur.fetchall():
+        for node_id, state, desired, cred, stored in cur.fetchall():
             nodes[node_id] = (state, desired)
-            if cred is not None:
-                live.add((node_id, cred))
-    return nodes, live
+            live.add((node_id, cred))
+            if node_id in loads:
+                sent = [s.shard_id for s in loads[node_id][0].shards]
+                dropped = [sid for sid in sent if sid not in stored]
+                if dropped:
+                    foreign[node_id] = dropped
+    return nodes, live, foreign

@@ -1,0 +1,89 @@
+"""One node cannot crowd out the others: each socket's messages and bytes are metered,
+and a node past its limits is closed with 4029 while the others go on being acked."""
+
+import json
+
+import pytest
+
+from agentd.protocol import CloseCode
+from fleet.consumers import TokenBucket
+from fleet.models import Node, Storage
+from tests.fleet_helpers import heartbeat_msg
+from tests.helpers_consumer import db, enrol, expect_close
+
+# A rate so low that nothing refills during a test: only the burst counts.
+NO_REFILL = 1e-9
+
+
+@pytest.mark.parametrize(
+    "rate, burst, takes, passed",
+    [
+        # (rate a second, burst, [(amount, at second)], which went through)
+        (1, 3, [(1, 0), (1, 0), (1, 0), (1, 0)], [True, True, True, False]),
+        (1, 3, [(1, 0), (1, 0), (1, 0), (1, 1)], [True, True, True, True]),  # refilled
+        (1, 3, [(3, 0), (1, 100)], [True, True]),
+        (1, 3, [(1, 100), (1, 100), (1, 100), (1, 100)], [True, True, True, False]),  # capped
+        (2, 10, [(11, 0)], [False]),  # more than the burst never passes
+        (0, 0, [(10**9, 0), (10**9, 0)], [True, True]),  # rate 0: no limit
+    ],
+)
+def test_a_token_bucket(rate, burst, takes, passed):
+    bucket = TokenBucket(rate, burst, now=0.0)
+    assert [bucket.take(amount, now) for amount, now in takes] == passed
+
+
+def storage(free: int) -> list:
+    return [{"path": "/var/lib/llmgw", "free_bytes": free, "total_bytes": 10**12}]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_flooding_node_is_closed_and_the_others_are_still_acked(settings):
+    settings.LLMGW = {
+        **settings.LLMGW,
+        "AGENT_MESSAGES_PER_S": NO_REFILL,
+        "AGENT_MESSAGES_BURST": 6,  # its register and five heartbeats
+    }
+    quiet = await enrol("gpu-02")
+    flood = await enrol("gpu-01")
+
+    # Sent all at once, as fast as the socket takes them.
+    for seq in range(1, 21):
+        await flood.send(heartbeat_msg(seq=seq, storage=storage(seq)))
+    acked, closing = [], None
+    while (out := await flood.comm.receive_output(3))["type"] == "websocket.send":
+        msg = json.loads(out["text"])
+        if msg["type"] == "ack":
+            acked.append(msg["seq"])
+        elif msg["type"] == "closing":
+            closing = msg
+    await flood.comm.disconnect(code=out["code"])
+    code, reason = out["code"], closing["reason"]
+
+    assert code == CloseCode.RATE_LIMITED and "messages" in reason
+    assert acked == [1, 2, 3, 4, 5]
+    # Nothing past the limit was written.
+    stored = await db(Storage.objects.get)(node_id="gpu-01")
+    assert stored.free_bytes == 5
+    # The other node's socket has a bucket of its own and is heard as before.
+    for seq in (1, 2, 3):
+        await quiet.heartbeat(seq=seq)
+    assert (await db(Node.objects.get)(pk="gpu-02")).connected
+    await quiet.close()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_node_sending_too_many_bytes_is_closed_before_the_message_is_read(settings):
+    settings.LLMGW = {
+        **settings.LLMGW,
+        "AGENT_BYTES_PER_S": NO_REFILL,
+        "AGENT_BYTES_BURST": 64 * 1024,  # room for its register, not for a big weights list
+    }
+    agent = await enrol("gpu-01")
+    weights = [{"path": f"/models/m-{i:05d}/" + "w" * 200, "size_bytes": i} for i in range(1000)]
+
+    await agent.send(heartbeat_msg(seq=1, weights_changed=True, weights=weights))
+    code, reason = await expect_close(agent.comm)
+
+    assert code == CloseCode.RATE_LIMITED and "bytes" in reason
+    paths = await db(lambda: list(Node.objects.get(pk="gpu-01").weights.values_list("path")))()
+    assert paths == [("/models/qwen",)]  # from its register; the big list was not read
