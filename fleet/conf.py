@@ -74,6 +74,11 @@ class FleetSettings:
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 
+    # Daphne's HTTP parser (llmgw_site/http_limits.py): the whole head of a
+    # request must arrive within this, and have at most this many header lines.
+    http_head_timeout_s: float = 10.0
+    http_max_headers: int = 100
+
     # The gateway (/v1/*; docs/gateway.md).
     # Request bodies: a larger one is refused with 413 before it is read, from
     # Content-Length or as it streams. This one is chat's (images travel inline)

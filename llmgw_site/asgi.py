@@ -12,10 +12,17 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from fleet.conf import fleet_settings  # noqa: E402
 from fleet.gateway import daphne as gateway_daphne  # noqa: E402
 from fleet.gateway.app import application as gateway_app  # noqa: E402
 from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
+from llmgw_site import http_limits  # noqa: E402
+
+# Daphne's HTTP parser, bounded in time and strict about framing (http_limits.py).
+http_limits.install(
+    fleet_settings().http_head_timeout_s, max_headers=fleet_settings().http_max_headers
+)
 
 # Under Daphne, /v1/* requests are checked before their bodies are read.
 gateway_daphne.install()
