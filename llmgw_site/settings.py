@@ -8,6 +8,7 @@ and a private Redis that ``make run`` and ``make test`` start themselves
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -63,6 +64,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "channels",
+    "axes",
     "fleet",
 ]
 
@@ -74,7 +76,27 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins a
+# username is locked out, and so is the address they came from, for
+# LOGIN_LOCKOUT_MINUTES; every later try, right or wrong, is refused with 429
+# and restarts the wait. Unknown bearer keys on /api/v1/ count against their
+# address only (fleet.api.authentication). Locked-out users and addresses are
+# listed, and released, in the admin under "Access attempts".
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = "fleet.api.authentication.lockout_parameters"
+# The client's address is the connection's: a header can be forged by the client.
+# Behind a proxy, run Daphne with --proxy-headers so the connection's address is
+# the one the proxy saw (README, "Running in production").
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 ROOT_URLCONF = "llmgw_site.urls"
 ASGI_APPLICATION = "llmgw_site.asgi.application"
@@ -217,5 +239,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+        # Its start banner and every failed login at INFO; lockouts are WARNING.
+        "axes": {"level": "WARNING"},
+    },
 }
