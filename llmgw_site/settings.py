@@ -45,12 +45,36 @@ def _secret_key() -> str:
         return key
 
 
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
 SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DEBUG")
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
-]
+# No default: with DEBUG off and none given, llmgw_site.asgi refuses to start
+# (with DEBUG on, Django allows localhost). `make run` and the tests name theirs.
+ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS")
+
+# HTTPS, for a control plane behind a TLS-terminating proxy (README, "Running in
+# production"; `manage.py check --deploy` asks for all of them). Off by default:
+# `make run` serves plain HTTP on 127.0.0.1. None of them touches /v1/*, /metrics
+# or the agents' socket, which are served ahead of Django's middleware.
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT")
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES")
+# The header the proxy sets to "https" for a request that came over TLS, e.g.
+# X-Forwarded-Proto. Only name one the proxy always sets (or strips): a client
+# could send it otherwise.
+if _proxy_header := os.environ.get("SECURE_PROXY_SSL_HEADER", "").strip():
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_header.upper().replace("-", "_"), "https")
+
+# /metrics without this bearer token is refused 401 (fleet.metrics); empty: open.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# /api/schema/ and /api/docs/ are for staff (a session or a manage key) unless this is on.
+API_DOCS_PUBLIC = _env_bool("API_DOCS_PUBLIC")
 
 INSTALLED_APPS = [
     "daphne",
@@ -231,6 +255,11 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw API",
     "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
     "VERSION": "1",
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.AllowAny"
+        if API_DOCS_PUBLIC
+        else "rest_framework.permissions.IsAdminUser"
+    ],
 }
 
 LOGGING = {
