@@ -157,6 +157,7 @@ def _shards(cfg, agent):
             port_range=cfg.engine_port_range,
             binaries=dict(cfg.engines.binaries),
             disabled=list(cfg.engines.disabled),
+            allow_env=list(cfg.engines.allow_env),
             on_event=agent.on_shard_event,
         )
     )

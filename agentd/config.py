@@ -39,6 +39,45 @@ def sanitise_node_id(name: str) -> str:
     return text
 
 
+# Environment variables that change which code a process loads rather than how
+# it behaves: set in a profile's env, any of them runs what its writer chose in
+# every engine of that profile. The dynamic loader reads every LD_* (LD_PRELOAD,
+# LD_AUDIT inject a library; LD_LIBRARY_PATH swaps one); the PYTHON* ones change
+# what the Python engines (vLLM, SGLang, llama-cpp-python) import or run at start;
+# PATH, BASH_ENV and ENV decide what a helper command or shell runs; GCONV_PATH
+# (glibc's iconv modules), CUDA_INJECTION64_PATH (a library CUDA loads at init)
+# and NCCL's plugin variables load a shared object by name. This list narrows
+# what a profile can do on a node; the control plane's permission to set a
+# profile's env (docs/security.md) is what guards the rest.
+LOADER_ENV_PREFIXES = ("LD_",)
+LOADER_ENV = frozenset(
+    {
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONBREAKPOINT",
+        "PATH",
+        "BASH_ENV",
+        "ENV",
+        "GCONV_PATH",
+        "CUDA_INJECTION64_PATH",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+    }
+)
+
+
+def is_loader_env(name: str) -> bool:
+    return name in LOADER_ENV or name.startswith(LOADER_ENV_PREFIXES)
+
+
+def refused_env(env: dict[str, str], allowed: frozenset[str] | set[str]) -> list[str]:
+    """The names in a profile's ``env`` that change what code loads and this node does not allow."""
+    return sorted(name for name in env if is_loader_env(name) and name not in allowed)
+
+
 class EnginesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -47,6 +86,20 @@ class EnginesConfig(BaseModel):
     binaries: dict[str, str] = {}
     # Engines this node never runs: not installed when asked, not advertised when found.
     disabled: list[str] = []
+    # Loader-changing variables (LOADER_ENV, LD_*) a profile's env may set on this
+    # node. Default none: a shard whose profile sets one fails, naming it.
+    allow_env: list[str] = []
+
+    @field_validator("allow_env")
+    @classmethod
+    def _loader_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not is_loader_env(name):
+                raise ValueError(
+                    f"'{name}' is not a variable the agent refuses; "
+                    "profiles may set it without allowing it here"
+                )
+        return value
 
     @field_validator("binaries")
     @classmethod

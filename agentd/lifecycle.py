@@ -4,7 +4,7 @@
 what should run and reports every transition; the steps that act on a single
 engine process live here. It has no state of its own: it uses the supervisor's
 settings (``host``, ``port_range``, ``state_dir``, the timeouts), its
-``_engines``, ``_disabled``, ``_shards`` and ``_closed``, and its ``_set``,
+``_engines``, ``_disabled``, ``_allow_env``, ``_shards`` and ``_closed``, and its ``_set``,
 ``_fail``, ``_emit`` and ``_spawn``.
 """
 
@@ -17,6 +17,7 @@ import shlex
 import time
 
 from agentd import state
+from agentd.config import refused_env
 from agentd.engines import Engine, EngineUnavailable, Probe
 from agentd.engines.base import tree_size, weights_path
 from agentd.protocol import DesiredShard, ShardState
@@ -49,6 +50,12 @@ class EngineLifecycle:
             if engine is None:
                 known = ", ".join(sorted(n for n in self._engines if n not in self._disabled))
                 raise EngineUnavailable(f"engine {name!r} is not available here (known: {known})")
+            if refused := refused_env(spec.profile.env, self._allow_env):
+                raise EngineUnavailable(
+                    f"profile '{spec.profile.name}' sets {', '.join(refused)} in its env, which "
+                    "changes what code the engine loads; this node's agent.yaml does not allow "
+                    "it (engines.allow_env)"
+                )
             engine.command()  # installed since the last probe, or removed?
             # Followers of a multi-node replica serve no HTTP, but engines derive
             # internal ports from --port, so every shard gets a free one.

@@ -56,6 +56,8 @@ class Supervisor(EngineLifecycle):
     (inclusive) is where a shard without a port gets one. ``binaries`` names an
     engine's binary by hand (a Python interpreter for SGLang, llama-cpp-python
     or the fake engine); ``disabled`` engines are never run or advertised.
+    ``allow_env`` names the loader-changing variables (``agentd.config.LOADER_ENV``)
+    a profile's env may set here; a shard whose profile sets another fails.
     ``on_event`` receives every ShardStatus and FetchProgress. ``startup_timeout_s``,
     when set, replaces each shard's own. Stop is SIGTERM to the process group,
     SIGKILL after ``stop_grace_s``; drain waits up to ``drain_timeout_s`` for
@@ -71,6 +73,7 @@ class Supervisor(EngineLifecycle):
         port_range: tuple[int, int],
         binaries: dict[str, str] | None = None,
         disabled: list[str] | None = None,
+        allow_env: list[str] | None = None,
         on_event: OnEvent | None = None,
         startup_timeout_s: float | None = None,
         stop_grace_s: float = 30,
@@ -90,6 +93,7 @@ class Supervisor(EngineLifecycle):
         self.drain_timeout_s = drain_timeout_s
         self._engines: dict[str, Engine] = make_engines(binaries)
         self._disabled = set(disabled or [])
+        self._allow_env = frozenset(allow_env or [])
         self._on_event = on_event
         self._shards: dict[str, Shard] = {}
         self._version = 0

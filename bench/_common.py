@@ -81,7 +81,8 @@ def migrate(database_url: str, log: Path) -> None:
         subprocess.run(
             [PY, "manage.py", "migrate", "--no-input"],
             cwd=ROOT,
-            env=env,
+            # llmgw_site.asgi refuses to start without ALLOWED_HOSTS unless DEBUG is on.
+            env={"ALLOWED_HOSTS": "127.0.0.1,localhost", **env},
             stdout=fh,
             stderr=subprocess.STDOUT,
             check=True,

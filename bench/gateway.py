@@ -317,6 +317,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
     procs = Procs(work)
     env = {
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",  # llmgw_site.asgi refuses to start without
         **os.environ,
         "LLMGW_STATE_DIR": str(work / "state"),
         "LLMGW_CHANNEL_PREFIX": f"bench-{os.getpid()}",

@@ -8,7 +8,10 @@ The fleet gauges keep the Go system's names, so dashboards carry over; they are
 exported by ``fleet.services.fleet_metrics`` and must not be reused for anything else.
 """
 
+import hmac
+
 from channels.db import database_sync_to_async
+from django.conf import settings
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -31,6 +34,20 @@ def render() -> bytes:
     return generate_latest(REGISTRY)
 
 
+def _authorized(scope) -> bool:
+    """Whether the request carries settings.METRICS_TOKEN, or none is set (open)."""
+    from fleet.models.access import bearer_secret  # fleet.metrics loads before the models
+
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    try:
+        secret = bearer_secret(scope["headers"])
+    except ValueError:
+        return False
+    return secret is not None and hmac.compare_digest(secret.encode(), token.encode())
+
+
 async def metrics_app(scope, receive, send) -> None:
     """ASGI app for GET /metrics."""
     if scope["method"] not in ("GET", "HEAD"):
@@ -42,6 +59,16 @@ async def metrics_app(scope, receive, send) -> None:
             }
         )
         await send({"type": "http.response.body", "body": b"use GET\n"})
+        return
+    if not _authorized(scope):
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"www-authenticate", b"Bearer"), (b"content-type", b"text/plain")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"/metrics needs its bearer token\n"})
         return
     # In a thread: a collector someone adds may read the database, and nothing
     # may block the event loop that serves requests.

@@ -10,6 +10,16 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 django_asgi_app = get_asgi_application()
 
+from django.conf import settings  # noqa: E402
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+if not settings.DEBUG and not settings.ALLOWED_HOSTS:
+    # Django would answer every request 400; say why once, at start, instead.
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS is not set and DEBUG is off: set ALLOWED_HOSTS to the host names "
+        "this control plane is reached by, comma-separated (e.g. ALLOWED_HOSTS=llmgw.example.com)"
+    )
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from fleet.conf import fleet_settings  # noqa: E402

@@ -8,6 +8,7 @@ and a private Redis that ``make run`` and ``make test`` start themselves
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -44,12 +45,36 @@ def _secret_key() -> str:
         return key
 
 
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
 SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DEBUG")
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
-]
+# No default: with DEBUG off and none given, llmgw_site.asgi refuses to start
+# (with DEBUG on, Django allows localhost). `make run` and the tests name theirs.
+ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS")
+
+# HTTPS, for a control plane behind a TLS-terminating proxy (README, "Running in
+# production"; `manage.py check --deploy` asks for all of them). Off by default:
+# `make run` serves plain HTTP on 127.0.0.1. None of them touches /v1/*, /metrics
+# or the agents' socket, which are served ahead of Django's middleware.
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT")
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("SECURE_COOKIES")
+# The header the proxy sets to "https" for a request that came over TLS, e.g.
+# X-Forwarded-Proto. Only name one the proxy always sets (or strips): a client
+# could send it otherwise.
+if _proxy_header := os.environ.get("SECURE_PROXY_SSL_HEADER", "").strip():
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_header.upper().replace("-", "_"), "https")
+
+# /metrics without this bearer token is refused 401 (fleet.metrics); empty: open.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# /api/schema/ and /api/docs/ are for staff (a session or a manage key) unless this is on.
+API_DOCS_PUBLIC = _env_bool("API_DOCS_PUBLIC")
 
 INSTALLED_APPS = [
     "daphne",
@@ -63,6 +88,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "channels",
+    "axes",
     "fleet",
 ]
 
@@ -74,7 +100,27 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins a
+# username is locked out, and so is the address they came from, for
+# LOGIN_LOCKOUT_MINUTES; every later try, right or wrong, is refused with 429
+# and restarts the wait. Unknown bearer keys on /api/v1/ count against their
+# address only (fleet.api.authentication). Locked-out users and addresses are
+# listed, and released, in the admin under "Access attempts".
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = "fleet.api.authentication.lockout_parameters"
+# The client's address is the connection's: a header can be forged by the client.
+# Behind a proxy, run Daphne with --proxy-headers so the connection's address is
+# the one the proxy saw (README, "Running in production").
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 ROOT_URLCONF = "llmgw_site.urls"
 ASGI_APPLICATION = "llmgw_site.asgi.application"
@@ -190,7 +236,11 @@ REST_FRAMEWORK = {
         "fleet.api.authentication.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Staff, as for the admin, and then the same model permissions the admin asks for.
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAdminUser",
+        "fleet.api.permissions.FleetModelPermissions",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.SearchFilter",
@@ -205,6 +255,11 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw API",
     "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
     "VERSION": "1",
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.AllowAny"
+        if API_DOCS_PUBLIC
+        else "rest_framework.permissions.IsAdminUser"
+    ],
 }
 
 LOGGING = {
@@ -213,5 +268,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+        # Its start banner and every failed login at INFO; lockouts are WARNING.
+        "axes": {"level": "WARNING"},
+    },
 }

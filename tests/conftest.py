@@ -11,6 +11,11 @@ def pytest_configure(config):
     prefix = f"llmgw-test-{os.getpid()}"
     os.environ["LLMGW_CHANNEL_PREFIX"] = prefix  # for the processes tests start
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = prefix
+    # With DEBUG off, llmgw_site.asgi refuses to start without ALLOWED_HOSTS; tests
+    # import it, and the Daphnes they start serve on loopback.
+    if not settings.ALLOWED_HOSTS:
+        os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
+        settings.ALLOWED_HOSTS = os.environ["ALLOWED_HOSTS"].split(",")
     # The embedded default: a private Redis, started for the run when the
     # environment names none (`make test` on a fresh machine).
     if not os.environ.get("REDIS_URL"):

@@ -4,6 +4,7 @@ from datetime import timedelta
 from html.parser import HTMLParser
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from agentd import protocol
@@ -95,10 +96,30 @@ def staff_user(username="ops", **fields):
     return get_user_model().objects.create_user(username, password="pw-for-tests", **fields)
 
 
+def grant(user, *perms):
+    """``user`` given these permissions ("fleet.drain_node"), fresh from the database.
+
+    Fresh because Django caches a user's permissions on the object.
+    """
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    return get_user_model().objects.get(pk=user.pk)
+
+
+def operator(username="ops", **fields):
+    """A staff user with every fleet permission: whom tests of behaviour, not of access, act as."""
+    user = staff_user(username, **fields)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="fleet"))
+    return user
+
+
 def manage_key(user=None, **fields):
-    """A manage-scope API key of a staff user; returns (key, secret)."""
+    """A manage-scope API key (of an operator unless ``user`` says); returns (key, secret)."""
     return api_keys.create_api_key(
-        "automation", scope=ApiKeyScope.MANAGE, user=user or staff_user(), **fields
+        "automation", scope=ApiKeyScope.MANAGE, user=user or operator(), **fields
     )
 
 
@@ -124,7 +145,9 @@ class _FormScraper(HTMLParser):
                 return
             if kind in ("checkbox", "radio") and "checked" not in a:
                 return
-            self.data.setdefault(name, []).append(a.get("value", "on"))
+            # A checked box without a value posts "on"; an empty input posts "".
+            default = "on" if kind in ("checkbox", "radio") else ""
+            self.data.setdefault(name, []).append(a.get("value", default))
         elif tag == "textarea" and name:
             self._textarea = name
             self.data[name] = [""]

@@ -28,6 +28,7 @@ from tests.helpers_api import (
     bearer,
     enrol,
     form_data,
+    operator,
     report_load,
     staff_user,
 )
@@ -229,7 +230,7 @@ def test_join_token_with_a_bad_lifetime_creates_nothing(admin_client):
 
 
 def test_api_key_secret_is_shown_once_and_works(admin_client, client):
-    ops = staff_user()
+    ops = operator()
     resp = admin_client.post(
         url(ApiKey, "add"), {"name": "ci", "scope": "manage", "user": str(ops.pk)}
     )

@@ -16,6 +16,7 @@ from tests.helpers_api import (
     add_replica,
     bearer,
     manage_key,
+    operator,
     report_load,
     staff_user,
 )
@@ -86,7 +87,7 @@ def test_inference_key_is_refused(client):
 def test_revoked_and_expired_keys_are_refused(client):
     revoked, revoked_secret = manage_key()
     api_keys.revoke_api_key(revoked)
-    expired, expired_secret = manage_key(staff_user("ops2"))
+    expired, expired_secret = manage_key(operator("ops2"))
     ApiKey.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(1))
 
     r1 = client.get("/api/v1/nodes/", **bearer(revoked_secret))
@@ -110,7 +111,7 @@ def test_unknown_or_malformed_key_is_refused(client):
 
 
 def test_key_of_a_user_no_longer_staff_is_forbidden(client):
-    ops = staff_user()
+    ops = operator()
     _, secret = manage_key(ops)
     ops.is_staff = False
     ops.save()

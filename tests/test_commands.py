@@ -11,7 +11,15 @@ from django.utils import timezone
 from fleet.models import ApiKey, JoinToken, Node, NodeCredential, ShardState
 from fleet.models.access import hash_secret
 from fleet.services import access
-from tests.helpers_api import add_model, add_node, add_replica, bearer, enrol, report_load
+from tests.helpers_api import (
+    add_model,
+    add_node,
+    add_replica,
+    bearer,
+    enrol,
+    grant,
+    report_load,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -175,7 +183,7 @@ def test_cordon_and_uncordon():
 
 
 def test_create_manage_key_works_against_the_api(client, django_user_model):
-    django_user_model.objects.create_user("ops", is_staff=True)
+    grant(django_user_model.objects.create_user("ops", is_staff=True), "fleet.view_node")
 
     out, err = run("create_api_key", "ci", "--scope", "manage", "--user", "ops")
 

@@ -4,6 +4,22 @@ from django.contrib import admin
 from django.db.models import Count, Q
 
 from fleet.models import EngineProfile, Model, ReplicaState
+from fleet.services import profiles
+
+ARGS_ENV = ("args", "env")
+ARGS_ENV_RECORD = ("args_env_changed_by", "args_env_changed_at")
+
+
+def args_env_read_only(request) -> tuple:
+    """args and env, when this user may not set them: the form then neither shows
+    them as inputs nor takes them from a post (fleet.services.profiles)."""
+    return ARGS_ENV if profiles.args_env_refusal(request.user) is not None else ()
+
+
+def stamp_if_args_env_changed(request, form) -> None:
+    if any(name in form.changed_data for name in ARGS_ENV):
+        for name, value in profiles.args_env_stamp(request.user).items():
+            setattr(form.instance, name, value)
 
 
 class EngineProfileInline(admin.StackedInline):
@@ -17,8 +33,12 @@ class EngineProfileInline(admin.StackedInline):
         "model_path",
         "served_model_name",
         ("args", "env"),
+        ARGS_ENV_RECORD,
         "startup_timeout_s",
     )
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*ARGS_ENV_RECORD, *args_env_read_only(request))
 
 
 @admin.register(Model)
@@ -54,6 +74,12 @@ class ModelAdmin(admin.ModelAdmin):
     def replicas_display(self, obj):
         return f"{obj.ready_count}/{obj.replica_count}"
 
+    def save_formset(self, request, form, formset, change):
+        if formset.model is EngineProfile:
+            for profile_form in formset.forms:
+                stamp_if_args_env_changed(request, profile_form)
+        super().save_formset(request, form, formset, change)
+
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
         # Only this model's own profiles can be its active one.
@@ -87,6 +113,9 @@ class EngineProfileAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         # A profile belongs to its model for life (replicas point at it).
-        return (
-            ("created_at", "updated_at") if obj is None else ("model", "created_at", "updated_at")
-        )
+        fixed = () if obj is None else ("model",)
+        return (*fixed, *args_env_read_only(request), *ARGS_ENV_RECORD, "created_at", "updated_at")
+
+    def save_model(self, request, obj, form, change):
+        stamp_if_args_env_changed(request, form)
+        super().save_model(request, obj, form, change)

@@ -189,8 +189,14 @@ class NodeAdmin(admin.ModelAdmin):
         ),
     )
 
+    def has_drain_permission(self, request, obj=None):
+        return request.user.has_perm("fleet.drain_node")
+
     def get_readonly_fields(self, request, obj=None):
         operator = set(OPERATOR_FIELDS)
+        if not self.has_drain_permission(request):
+            # Ticking these is a cordon or a drain: the same permission as the actions.
+            operator -= {"cordoned", "draining"}
         names = [f.name for f in Node._meta.concrete_fields if f.name not in operator]
         return (
             *names,
@@ -273,19 +279,24 @@ class NodeAdmin(admin.ModelAdmin):
         except NodeLoad.DoesNotExist:
             return "-"
 
-    @admin.action(description="Cordon: no new placements")
+    @admin.action(description="Cordon: no new placements", permissions=["drain"])
     def cordon_nodes(self, request, queryset):
         nodes = list(queryset)
         done = sum(node_service.cordon(n) for n in nodes)
         self.message_user(request, count_message(done, len(nodes), "cordoned", "already cordoned"))
 
-    @admin.action(description="Drain: move replicas elsewhere (replacements ready first)")
+    @admin.action(
+        description="Drain: move replicas elsewhere (replacements ready first)",
+        permissions=["drain"],
+    )
     def drain_nodes(self, request, queryset):
         nodes = list(queryset)
         done = sum(drain_service.drain_node(n) for n in nodes)
         self.message_user(request, count_message(done, len(nodes), "draining", "already draining"))
 
-    @admin.action(description="Uncordon: allow placements again (ends a drain)")
+    @admin.action(
+        description="Uncordon: allow placements again (ends a drain)", permissions=["drain"]
+    )
     def uncordon_nodes(self, request, queryset):
         nodes = list(queryset)
         done = sum(node_service.uncordon(n) for n in nodes)
@@ -293,7 +304,7 @@ class NodeAdmin(admin.ModelAdmin):
             request, count_message(done, len(nodes), "uncordoned", "were not cordoned")
         )
 
-    @admin.action(description="Revoke credentials (disconnects the agent)")
+    @admin.action(description="Revoke credentials (disconnects the agent)", permissions=["change"])
     def revoke_credentials(self, request, queryset):
         revoked = {n.pk: access.revoke_node(n) for n in queryset}
         self.message_user(

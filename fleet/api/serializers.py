@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.settings import api_settings
 
 from fleet.models import (
@@ -25,6 +26,7 @@ from fleet.models import (
     Shard,
 )
 from fleet.services import nodes as node_service
+from fleet.services import profiles
 
 
 class ValidatedModelSerializer(serializers.ModelSerializer):
@@ -208,10 +210,28 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "min_memory_gb",
             "node_selector",
             "startup_timeout_s",
+            "args_env_changed_by",
+            "args_env_changed_at",
             "created_at",
             "updated_at",
         )
-        read_only_fields = ("created_at", "updated_at")
+        read_only_fields = (
+            "args_env_changed_by",
+            "args_env_changed_at",
+            "created_at",
+            "updated_at",
+        )
+
+    def validate(self, attrs):
+        # Before the model's rules: a caller who may not set args or env learns
+        # that, not what else is wrong with them.
+        if profiles.args_env_changes(self.instance, attrs.get("args"), attrs.get("env")):
+            request = self.context.get("request")
+            user = getattr(request, "user", None)
+            if (why := profiles.args_env_refusal(user)) is not None:
+                raise PermissionDenied(why)
+            attrs.update(profiles.args_env_stamp(user))
+        return super().validate(attrs)
 
     def validate_model(self, value):
         # A profile belongs to its model for life: replicas and the model's

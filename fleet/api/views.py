@@ -31,6 +31,10 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.NodeFilterSet
     search_fields = ("id", "hostname", "mgmt_addr")
     ordering_fields = ("id", "state", "last_seen")
+    # Moving workload is its own permission, not change_node (FleetModelPermissions).
+    action_permissions = {
+        name: ["fleet.view_node", "fleet.drain_node"] for name in ("cordon", "drain", "uncordon")
+    }
 
     def _intent(self, request, change):
         node = self.get_object()

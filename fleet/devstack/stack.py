@@ -247,6 +247,8 @@ def main() -> int:
         env["REDIS_URL"] = redis.url
     os.environ["REDIS_URL"] = env["REDIS_URL"]
     env["PYTHONUNBUFFERED"] = "1"
+    # Daphne refuses to start without it unless DEBUG is on; it serves on loopback here.
+    env.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
     _setup_django()
     from django.utils import timezone
 

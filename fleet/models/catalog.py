@@ -3,6 +3,7 @@
 import hashlib
 import json
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -116,13 +117,36 @@ class EngineProfile(models.Model):
         help_text="Label selector, e.g. 'gpu=h100,zone!=b,coding'.",
     )
     startup_timeout_s = models.PositiveIntegerField("startup timeout (s)", default=1800)
+    # args and env reach the engine process on every node that runs this
+    # profile (an LD_PRELOAD, a --trust-remote-code): who set them last is kept.
+    args_env_changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        editable=False,
+        verbose_name="args/env last changed by",
+        help_text="Who last set the arguments or environment. Empty: never set, "
+        "or set from the command line (apply -f).",
+    )
+    args_env_changed_at = models.DateTimeField(
+        "args/env last changed at", null=True, blank=True, editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    # Setting args or env is running code on the fleet; change_engineprofile
+    # alone does not allow it (docs/security.md).
+    ARGS_ENV_PERMISSION = "fleet.set_engine_args_env"
 
     class Meta:
         ordering = ["model", "name"]
         constraints = [
             models.UniqueConstraint(fields=["model", "name"], name="profile_unique_per_model"),
+        ]
+        permissions = [
+            ("set_engine_args_env", "Can set engine arguments and environment (code on nodes)"),
         ]
 
     def __str__(self) -> str:

@@ -63,6 +63,11 @@ class Node(models.Model):
 
     class Meta:
         ordering = ["id"]
+        permissions = [
+            # Apart from change_node: moving a fleet's workload is a bigger act
+            # than editing a node's labels, and the API's actions have no form.
+            ("drain_node", "Can cordon, drain and uncordon nodes"),
+        ]
 
     def __str__(self) -> str:
         return self.id

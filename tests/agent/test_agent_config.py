@@ -109,3 +109,14 @@ def test_cli_exits_non_zero_naming_the_field(tmp_path):
     )
     assert run.returncode == 2
     assert "heartbeat_interval_s: Input should be a valid number" in run.stderr
+
+
+def test_engines_may_allow_loader_variables_and_nothing_else():
+    cfg = parse_config(
+        {"control_plane_url": URL, "engines": {"allow_env": ["LD_LIBRARY_PATH", "PYTHONPATH"]}}
+    )
+    assert cfg.engines.allow_env == ["LD_LIBRARY_PATH", "PYTHONPATH"]
+    assert parse_config({"control_plane_url": URL}).engines.allow_env == []
+
+    with pytest.raises(ConfigError, match="engines.allow_env: 'OMP_NUM_THREADS' is not"):
+        parse_config({"control_plane_url": URL, "engines": {"allow_env": ["OMP_NUM_THREADS"]}})
