@@ -18,7 +18,7 @@ def run_host(state_dir, port_lo: int, want: protocol.Desired) -> tuple[subproces
         [
             sys.executable,
             "-m",
-            "tests.agent_engines.supervisor_host",
+            "tests.engines.supervisor_host",
             str(state_dir),
             str(port_lo),
             protocol.dump(want),

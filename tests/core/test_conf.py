@@ -7,7 +7,7 @@ import pytest
 
 from fleet.conf import FleetSettings, fleet_settings, from_environ
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_unset_variables_take_the_declared_defaults():

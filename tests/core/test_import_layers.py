@@ -9,7 +9,7 @@ calls services (consumers, gateway, API, admin, tasks, commands, pages).
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agentd", "fleet", "llmgw_site")
 
 

@@ -1,6 +1,6 @@
 """A supervisor in a process of its own, so a test can kill -9 it: the agent's stand-in.
 
-python -m tests.agent_engines.supervisor_host STATE_DIR PORT_LO DESIRED_JSON
+python -m tests.engines.supervisor_host STATE_DIR PORT_LO DESIRED_JSON
 prints "READY <pid>" once the shard is ready, then waits to be killed.
 """
 
