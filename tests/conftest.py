@@ -38,7 +38,7 @@ def _fresh_channel_layer():
 @pytest.fixture
 def daphne_server(transactional_db, tmp_path):
     """A real Daphne process serving llmgw on a free loopback port, on the test database."""
-    from tests.live import start_daphne
+    from tests.processes import start_daphne
 
     server = start_daphne(tmp_path)
     yield server

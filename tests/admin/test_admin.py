@@ -21,13 +21,14 @@ from fleet.models import (
 )
 from fleet.models.access import hash_secret
 from fleet.services import access
-from tests.helpers_api import (
+from tests.admin.helpers import form_data
+from tests.factories import (
+    LLAMACPP_CPU,
     add_model,
     add_node,
     add_replica,
     bearer,
-    enrol,
-    form_data,
+    enrol_node,
     report_load,
     staff_user,
 )
@@ -50,17 +51,19 @@ def url(model, view, *args):
 @pytest.fixture
 def fleet():
     """One of everything, made through the paths that make them in production."""
-    enrol("gpu-01")
-    node = add_node("gpu-01")
+    enrol_node("gpu-01")
+    node = add_node("gpu-01", as_reported=True)
     report_load("gpu-01", shards=[{"shard_id": "s-1", "cpu_cores": 1.5, "rss_bytes": 2**33}])
     add_node(
         "cpu-01",
+        as_reported=True,
         gpus=[],
         fabrics=[],
         memory_total_mb=None,
         provision=[{"engine": "llamacpp", "version": "0.3.16", "state": "installed"}],
     )
-    model, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     add_replica(model, profile, ["gpu-01"])
     access.create_join_token("rack-4", ttl=timedelta(hours=1))
     ApiKey.issue(name="client", scope=ApiKeyScope.INFERENCE)

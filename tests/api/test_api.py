@@ -10,7 +10,8 @@ from django.utils import timezone
 from fleet.models import ApiKey, ApiKeyScope, EngineProfile, Model, Node
 from fleet.services import api_keys
 from fleet.services.reconciler import ask
-from tests.helpers_api import (
+from tests.factories import (
+    LLAMACPP_CPU,
     add_model,
     add_node,
     add_replica,
@@ -126,8 +127,8 @@ def test_staff_session_works(admin_client):
 
 
 def test_node_as_the_agent_reported_it(api):
-    add_node("gpu-01")
-    add_node("old-01", gpus=[], memory_total_mb=None)
+    add_node("gpu-01", as_reported=True)
+    add_node("old-01", gpus=[], memory_total_mb=None, as_reported=True)
     report_load("gpu-01", cpu_percent=41.0)
     report_load("old-01", age=timedelta(minutes=5))
 
@@ -145,8 +146,8 @@ def test_node_as_the_agent_reported_it(api):
 
 
 def test_node_filters(api):
-    add_node("gpu-01")
-    add_node("gpu-02", labels={"zone": "b"})
+    add_node("gpu-01", as_reported=True)
+    add_node("gpu-02", labels={"zone": "b"}, as_reported=True)
     Node.objects.filter(pk="gpu-02").update(cordoned=True)
 
     def ids(query):
@@ -161,7 +162,7 @@ def test_node_filters(api):
 
 
 def test_cordon_and_uncordon(api, django_capture_on_commit_callbacks):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     Node.objects.filter(pk="gpu-01").update(draining=True)
 
     cordoned = api.post("/api/v1/nodes/gpu-01/cordon/")
@@ -182,15 +183,15 @@ def test_cordon_an_unknown_node_is_404(api):
 
 
 def test_nodes_are_read_only(api):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     resp = api.patch("/api/v1/nodes/gpu-01/", {"hostname": "x"}, content_type="application/json")
     assert resp.status_code == 405
     assert Node.objects.get(pk="gpu-01").hostname == "gpu-01.example"
 
 
 def test_gpus(api):
-    add_node("gpu-01")
-    add_node("cpu-01", gpus=[])
+    add_node("gpu-01", as_reported=True)
+    add_node("cpu-01", gpus=[], as_reported=True)
     from fleet.models import GPU
 
     GPU.objects.filter(node_id="gpu-01", index=5).update(problems=["xid 79: fell off the bus"])
@@ -264,7 +265,8 @@ def test_profile_rules_give_field_errors(api, change, field, words):
 
 
 def test_profile_update_is_checked_against_the_whole_row(api):
-    _, profile = add_model("llama-70b", **{k: v for k, v in PROFILE.items() if k != "name"})
+    fields = {k: v for k, v in PROFILE.items() if k != "name"}
+    profile = add_model("llama-70b", profile="cpu", **fields).active_profile
 
     # tp alone is fine by itself; with the stored gpus_per_node it is not.
     resp = api.patch(
@@ -276,7 +278,7 @@ def test_profile_update_is_checked_against_the_whole_row(api):
 
 
 def test_a_profile_cannot_move_to_another_model(api):
-    _, profile = add_model("qwen-7b")
+    profile = add_model("qwen-7b", **LLAMACPP_CPU).active_profile
     other = Model.objects.create(name="llama-8b")
 
     resp = api.patch(
@@ -291,7 +293,7 @@ def test_a_profile_cannot_move_to_another_model(api):
 
 
 def test_negative_replicas_is_a_field_error(api):
-    model, _ = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
 
     created = _post(api, "/api/v1/models/", {"name": "m2", "desired_replicas": -1})
     patched = api.patch(
@@ -305,8 +307,8 @@ def test_negative_replicas_is_a_field_error(api):
 
 
 def test_active_profile_of_another_model_is_refused(api):
-    _, other_profile = add_model("other")
-    model, _ = add_model("mine")
+    other_profile = add_model("other", **LLAMACPP_CPU).active_profile
+    model = add_model("mine", **LLAMACPP_CPU)
 
     patched = api.patch(
         f"/api/v1/models/{model.pk}/",
@@ -321,7 +323,7 @@ def test_active_profile_of_another_model_is_refused(api):
 
 
 def test_bad_model_name_and_duplicates(api):
-    add_model("qwen-7b")
+    add_model("qwen-7b", **LLAMACPP_CPU)
 
     bad = _post(api, "/api/v1/models/", {"name": "-bad name"})
     dup = _post(api, "/api/v1/models/", {"name": "qwen-7b"})
@@ -332,8 +334,9 @@ def test_bad_model_name_and_duplicates(api):
 
 
 def test_deleting_a_profile_in_use_is_a_conflict(api):
-    add_node("gpu-01")
-    model, profile = add_model()
+    add_node("gpu-01", as_reported=True)
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     add_replica(model, profile, ["gpu-01"])
 
     resp = api.delete(f"/api/v1/engine-profiles/{profile.pk}/")
@@ -347,9 +350,10 @@ def test_deleting_a_profile_in_use_is_a_conflict(api):
 
 
 def test_replicas_and_shards_are_readable_not_writable(api):
-    add_node("gpu-01")
-    add_node("gpu-02")
-    model, profile = add_model()
+    add_node("gpu-01", as_reported=True)
+    add_node("gpu-02", as_reported=True)
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     replica = add_replica(model, profile, ["gpu-01", "gpu-02"])
 
     replicas = results(api.get(f"/api/v1/replicas/?model_name={model.name}"))
@@ -404,8 +408,8 @@ def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server)
     from django.contrib.auth.hashers import PBKDF2PasswordHasher
     from websockets.sync.client import connect
 
-    from tests.fleet_helpers import join_token, register_msg
-    from tests.live import ROOT, subprocess_env
+    from tests.factories import join_token, register_msg
+    from tests.processes import ROOT, subprocess_env
 
     # given an agent that enrols with a join token over a real socket
     _, token = join_token()

@@ -11,7 +11,15 @@ from django.utils import timezone
 from fleet.models import ApiKey, JoinToken, Node, NodeCredential, ShardState
 from fleet.models.access import hash_secret
 from fleet.services import access
-from tests.helpers_api import add_model, add_node, add_replica, bearer, enrol, report_load
+from tests.factories import (
+    LLAMACPP_CPU,
+    add_model,
+    add_node,
+    add_replica,
+    bearer,
+    enrol_node,
+    report_load,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -45,10 +53,11 @@ def table(text: str) -> dict[str, dict[str, str]]:
 
 
 def test_nodes_table():
-    add_node("gpu-01", engine_versions={"vllm": "0.11.0", "llamacpp": "0.3.16"})
-    add_node("old-01", gpus=[], memory_total_mb=None, engine_versions={})
+    add_node("gpu-01", engine_versions={"vllm": "0.11.0", "llamacpp": "0.3.16"}, as_reported=True)
+    add_node("old-01", gpus=[], memory_total_mb=None, engine_versions={}, as_reported=True)
     add_node(
         "mixed-01",
+        as_reported=True,
         memory_total_mb=512 * 1024,
         gpus=[
             {"index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB"},
@@ -59,7 +68,8 @@ def test_nodes_table():
     report_load("gpu-01", cpu_percent=41.6)
     report_load("old-01", cpu_percent=99.0, age=timedelta(minutes=3))
     Node.objects.filter(pk="mixed-01").update(cordoned=True)
-    model, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     add_replica(model, profile, ["gpu-01"])
     add_replica(model, profile, ["gpu-01"], state=ShardState.LOADING)
 
@@ -125,7 +135,7 @@ def test_create_join_token_bad_input(args, words):
 
 
 def test_revoke_node_without_asking():
-    enrol("gpu-01")
+    enrol_node("gpu-01")
 
     out, _ = run("revoke_node", "gpu-01", "--no-input")
 
@@ -134,7 +144,7 @@ def test_revoke_node_without_asking():
 
 
 def test_revoke_node_asks_first(monkeypatch):
-    enrol("gpu-01")
+    enrol_node("gpu-01")
     answers = iter(["no", "yes"])
     prompts = []
     monkeypatch.setattr("builtins.input", lambda p: prompts.append(p) or next(answers))
@@ -150,7 +160,7 @@ def test_revoke_node_asks_first(monkeypatch):
 
 @pytest.mark.parametrize("command", ["revoke_node", "cordon", "uncordon"])
 def test_unknown_node_is_named(command):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     extra = ["--no-input"] if command == "revoke_node" else []
     with pytest.raises(CommandError, match="no node 'gpu-99'"):
         run(command, "gpu-99", *extra)
@@ -161,7 +171,7 @@ def test_unknown_node_is_named(command):
 
 
 def test_cordon_and_uncordon():
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
 
     assert run("cordon", "gpu-01")[0].strip() == "node 'gpu-01' cordoned"
     assert Node.objects.get(pk="gpu-01").cordoned
@@ -186,8 +196,8 @@ def test_create_manage_key_works_against_the_api(client, django_user_model):
 
 
 def test_create_inference_key_with_models_and_expiry():
-    add_model("qwen-7b")
-    add_model("llama-8b")
+    add_model("qwen-7b", **LLAMACPP_CPU)
+    add_model("llama-8b", **LLAMACPP_CPU)
 
     run("create_api_key", "chat", "--models", "qwen-7b, llama-8b", "--expires", "30d")
 
@@ -209,7 +219,7 @@ def test_create_inference_key_with_models_and_expiry():
 )
 def test_create_api_key_bad_input(args, words, django_user_model):
     django_user_model.objects.create_user("clerk", is_staff=False)
-    add_model("qwen-7b")
+    add_model("qwen-7b", **LLAMACPP_CPU)
 
     with pytest.raises(CommandError, match=re.escape(words)):
         run("create_api_key", "ci", *args)

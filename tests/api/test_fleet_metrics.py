@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet import metrics
-from tests.helpers_api import add_model, add_node, add_replica, report_load
+from tests.factories import LLAMACPP_CPU, add_model, add_node, add_replica, report_load
 
 pytestmark = pytest.mark.django_db
 
@@ -23,8 +23,9 @@ def scrape() -> dict:
 
 def test_a_node_and_its_engine_are_measured_under_the_go_names():
     # given a node running a replica, and a heartbeat with its load
-    add_node("gpu-01", memory_total_mb=2063500)
-    model, profile = add_model("qwen-7b")
+    add_node("gpu-01", memory_total_mb=2063500, as_reported=True)
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     shard = add_replica(model, profile, ["gpu-01"]).shards.get()
     report_load("gpu-01", shards=[{"shard_id": shard.pk, "cpu_cores": 1.5, "rss_bytes": 2**33}])
 
@@ -46,13 +47,13 @@ def test_a_node_and_its_engine_are_measured_under_the_go_names():
 
 def test_a_stale_sample_is_left_out_and_unknown_memory_is_not_zero():
     # given one node heard from two minutes ago, one that never said its memory
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     report_load(
         "gpu-01",
         age=timedelta(minutes=2),
         shards=[{"shard_id": "s-1", "cpu_cores": 2, "rss_bytes": 2**30}],
     )
-    add_node("cpu-01", gpus=[], fabrics=[], memory_total_mb=None)
+    add_node("cpu-01", gpus=[], fabrics=[], memory_total_mb=None, as_reported=True)
     report_load("cpu-01", cpu_percent=5.0)
 
     got = scrape()

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from fleet.models import ApiKey, ApiKeyScope
 from fleet.services import access
-from tests.helpers_api import add_model, add_node, add_replica, enrol, report_load
+from tests.factories import LLAMACPP_CPU, add_model, add_node, add_replica, enrol_node, report_load
 
 pytestmark = pytest.mark.django_db
 
@@ -23,10 +23,11 @@ def grow(start, count):
     """``count`` more nodes, each with GPUs, load, a model, a replica and secrets."""
     for i in range(start, start + count):
         node_id = f"gpu-{i:02d}"
-        enrol(node_id)
-        add_node(node_id)
+        enrol_node(node_id)
+        add_node(node_id, as_reported=True)
         report_load(node_id, shards=[{"shard_id": f"s-{i}", "cpu_cores": 1.5, "rss_bytes": 2**33}])
-        model, profile = add_model(f"model-{i}")
+        model = add_model(f"model-{i}", **LLAMACPP_CPU)
+        profile = model.active_profile
         add_replica(model, profile, [node_id])
         access.create_join_token(f"rack-{i}", ttl=timedelta(hours=1))
         ApiKey.issue(name=f"client-{i}", scope=ApiKeyScope.INFERENCE)

@@ -11,8 +11,7 @@ from agentd.protocol import CloseCode
 from fleet.models import GPU, JoinToken, Node, NodeCredential
 from fleet.services import access
 from llmgw_site.asgi import application
-from tests.fleet_helpers import join_token, register_msg
-from tests.helpers_consumer import (
+from tests.consumer.helpers import (
     communicator,
     connect_as,
     db,
@@ -22,6 +21,7 @@ from tests.helpers_consumer import (
     send,
     snapshot,
 )
+from tests.factories import join_token, register_msg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,17 +14,9 @@ from hypothesis import strategies as st
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
-from tests.fleet_helpers import heartbeat_msg, register_msg
-from tests.helpers_consumer import (
-    communicator,
-    db,
-    enrol,
-    expect_close,
-    fuzzed_messages,
-    json_values,
-    register,
-    snapshot,
-)
+from tests.consumer.helpers import communicator, db, enrol, expect_close, register, snapshot
+from tests.consumer.strategies import fuzzed_messages, json_values
+from tests.factories import heartbeat_msg, register_msg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

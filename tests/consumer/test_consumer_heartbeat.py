@@ -22,7 +22,8 @@ from fleet.models import (
     ShardState,
     Storage,
 )
-from tests.helpers_consumer import db, enrol, make_shard
+from tests.consumer.helpers import db, enrol
+from tests.factories import make_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,8 +6,8 @@ import pytest
 
 from fleet.models import Node
 from fleet.services import access
-from tests.fleet_helpers import join_token
-from tests.helpers_consumer import communicator, db, register
+from tests.consumer.helpers import communicator, db, register
+from tests.factories import join_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

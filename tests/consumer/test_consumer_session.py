@@ -16,15 +16,15 @@ from agentd.protocol import CloseCode
 from fleet.models import DesiredState, Node, NodeCredential, NodeState
 from fleet.services import access, doorbells, node_logs
 from fleet.services.desired import bump_desired
-from tests.helpers_consumer import (
+from tests.consumer.helpers import (
     communicator,
     connect_as,
     db,
     enrol,
     expect_close,
-    make_shard,
     run_closing_connections,
 )
+from tests.factories import make_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

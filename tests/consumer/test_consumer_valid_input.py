@@ -15,14 +15,9 @@ from hypothesis import strategies as st
 
 from agentd import protocol
 from fleet.models import Node, Shard
-from tests.helpers_consumer import (
-    db,
-    enrol,
-    make_shard,
-    valid_heartbeats,
-    valid_registers,
-    valid_shard_reports,
-)
+from tests.consumer.helpers import db, enrol
+from tests.consumer.strategies import valid_heartbeats, valid_registers, valid_shard_reports
+from tests.factories import make_shard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from agentd.protocol import CloseCode
 from fleet.models import Node
 from fleet.services import access, node_logs
 from fleet.services.desired import bump_desired
-from tests.fleet_helpers import heartbeat_msg, join_token, register_msg
-from tests.helpers_consumer import db, make_shard, run_closing_connections, snapshot
+from tests.consumer.helpers import db, run_closing_connections, snapshot
+from tests.factories import heartbeat_msg, join_token, make_shard, register_msg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

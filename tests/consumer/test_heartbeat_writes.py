@@ -17,7 +17,7 @@ from fleet.models import GPU, Node, NodeCredential, NodeLoad, NodeState, ShardLo
 from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
 from fleet.services.heartbeat import orm as heartbeat_orm
-from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
+from tests.factories import H100_GPUS, heartbeat_msg, register_msg
 
 pytestmark = pytest.mark.django_db
 
@@ -268,7 +268,7 @@ def test_rare_facts_ride_in_the_same_batch(write_path, caplog):
 async def test_a_repeated_figure_is_written_again_after_a_register_rewrote_it():
     # The socket skips writing GPU memory and disk figures equal to the ones it
     # last wrote; a register rewrites those rows, so it must forget them.
-    from tests.helpers_consumer import db, enrol, register
+    from tests.consumer.helpers import db, enrol, register
 
     def gpu_used():
         return list(
@@ -361,7 +361,7 @@ async def test_the_writer_keeps_its_connection_while_agents_are_connected_only()
     from django.db import connection
 
     from fleet.services.heartbeat import batching as heartbeats
-    from tests.helpers_consumer import enrol
+    from tests.consumer.helpers import enrol
 
     def writer_connected() -> bool:
         return heartbeats._writer.submit(lambda: connection.connection is not None).result()

@@ -4,7 +4,7 @@ import urllib.request
 import pytest
 import websockets
 
-from tests.fleet_helpers import join_token, register_msg
+from tests.factories import join_token, register_msg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
-from tests.fleet_helpers import H100_GPUS, heartbeat_msg, register_msg
-from tests.helpers_consumer import fuzzed_messages, json_values
+from tests.consumer.strategies import fuzzed_messages, json_values
+from tests.factories import H100_GPUS, heartbeat_msg, register_msg
 
 LOAD = {
     "cpu_percent": 12.5,

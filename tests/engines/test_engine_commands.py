@@ -9,7 +9,7 @@ from agentd.engines.base import metric_sum
 from agentd.engines.llamacpp import LlamaCpp
 from agentd.engines.sglang import SGLang
 from agentd.engines.vllm import VLLM
-from tests.helpers_engines import H100_UUIDS, profile, shard, stub_binary
+from tests.engines.helpers import H100_UUIDS, profile, shard, stub_binary
 
 LEADER = {"leader_addr": "10.0.0.11", "leader_port": 29500}
 

@@ -6,7 +6,7 @@ import signal
 
 from agentd.engines.llamacpp import LlamaCpp
 from fleet.devstack.tinymodel import write_tiny_model
-from tests.helpers_engines import Recorder, desired, fake_supervisor, http_post, profile, shard
+from tests.engines.helpers import Recorder, desired, fake_supervisor, http_post, profile, shard
 
 
 async def test_real_engine_becomes_ready_answers_and_its_death_is_reported(state_dir, tmp_path):

@@ -5,7 +5,7 @@ import os
 
 from agentd import shardlog, state
 from agentd.shardlog import ShardLog, tail_file
-from tests.helpers_engines import Recorder, fake_supervisor
+from tests.engines.helpers import Recorder, fake_supervisor
 
 
 def test_state_file_round_trip_is_atomic(tmp_path):

@@ -8,8 +8,8 @@ import sys
 
 from agentd import protocol, state
 from agentd.engines.base import http_get
-from tests.helpers_engines import Recorder, desired, fake_supervisor, free_port_block, shard
-from tests.live import ROOT
+from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
+from tests.processes import ROOT, port_block
 
 
 def run_host(state_dir, port_lo: int, want: protocol.Desired) -> tuple[subprocess.Popen, int]:
@@ -38,7 +38,7 @@ def kill_9(proc: subprocess.Popen) -> None:
 
 
 async def test_kill_9_of_the_agent_then_the_same_engine_is_adopted(state_dir):
-    lo = free_port_block()
+    lo, _ = port_block(20)
     want = desired(3, shard())
     host, pid = run_host(state_dir, lo, want)
     ticks = state.start_ticks(pid)
@@ -67,7 +67,7 @@ async def test_kill_9_of_the_agent_then_the_same_engine_is_adopted(state_dir):
 
 
 async def test_an_engine_that_died_while_the_agent_was_down_is_reported_failed(state_dir):
-    lo = free_port_block()
+    lo, _ = port_block(20)
     host, pid = run_host(state_dir, lo, desired(1, shard()))
     kill_9(host)
     os.killpg(pid, signal.SIGKILL)
@@ -84,7 +84,7 @@ async def test_an_engine_that_died_while_the_agent_was_down_is_reported_failed(s
 
 
 async def test_with_the_state_file_gone_the_mark_prevents_a_second_copy(state_dir):
-    lo = free_port_block()
+    lo, _ = port_block(20)
     want = desired(2, shard())
     host, pid = run_host(state_dir, lo, want)
     kill_9(host)
@@ -104,7 +104,7 @@ async def test_with_the_state_file_gone_the_mark_prevents_a_second_copy(state_di
 
 
 async def test_another_agents_engines_are_not_taken(state_dir, tmp_path):
-    lo = free_port_block()
+    lo, _ = port_block(20)
     host, pid = run_host(state_dir, lo, desired(1, shard()))
     kill_9(host)
     other = tmp_path / "other-agent"
@@ -117,7 +117,7 @@ async def test_another_agents_engines_are_not_taken(state_dir, tmp_path):
 
 
 async def test_adopted_engine_is_still_watched_and_stopped(state_dir):
-    lo = free_port_block()
+    lo, _ = port_block(20)
     host, pid = run_host(state_dir, lo, desired(1, shard()))
     kill_9(host)
     rec = Recorder()

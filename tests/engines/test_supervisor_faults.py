@@ -9,7 +9,8 @@ import pytest
 
 from agentd import state
 from agentd.engines.base import http_get
-from tests.helpers_engines import Recorder, desired, fake_supervisor, pid_alive, shard
+from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
+from tests.processes import pid_alive
 
 
 async def started(state_dir, *specs, version=1, **kwargs):

@@ -6,7 +6,7 @@ import sys
 import gguf
 
 from fleet.devstack.tinymodel import N_LAYER, VOCAB_SIZE, write_tiny_model
-from tests.live import ROOT
+from tests.processes import ROOT
 
 
 def test_command_writes_a_llama_gguf(tmp_path):

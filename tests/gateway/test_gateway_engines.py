@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from tests.helpers_gateway import FakeEngine, inference_key, ready_model
-from tests.live import ROOT, LiveServer, free_port, subprocess_env, wait_for_port
+from tests.factories import inference_key, ready_model
+from tests.processes import ROOT, FakeEngine, LiveServer, free_port, subprocess_env, wait_for_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -157,7 +157,7 @@ def test_a_client_that_hangs_up_cancels_the_engines_request(daphne_server, engin
 def test_the_real_llama_cpp_engine_through_the_gateway(daphne_server, tmp_path):
     from agentd.engines.llamacpp import LlamaCpp
     from fleet.devstack.tinymodel import write_tiny_model
-    from tests.helpers_engines import profile, shard
+    from tests.engines.helpers import profile, shard
 
     # given the generated tiny model served by llama.cpp, as the agent would start it
     gguf = write_tiny_model(tmp_path / "tiny.gguf")

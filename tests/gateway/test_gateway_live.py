@@ -6,8 +6,9 @@ import urllib.request
 import openai
 import pytest
 
-from tests.helpers_gateway import Upstream, inference_key, ready_model
-from tests.live import start_daphne
+from tests.factories import inference_key, ready_model
+from tests.gateway.helpers import Upstream
+from tests.processes import start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from fleet.gateway.upstream import Client, ConnectFailed, Disconnected, Incomplete
-from tests.live import free_port
+from tests.processes import free_port
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
 

@@ -1,30 +1,15 @@
 """The reconciler as it runs in production: a real Celery worker and beat on a real Redis."""
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 from fleet.models import FleetStatus, Shard
 from fleet.services.reconciler import lock
-from tests.helpers_reconciler import add_model, add_node
-from tests.live import ROOT, subprocess_env
+from tests.factories import add_model, add_node
+from tests.processes import start_celery, stop_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def start(name, argv, tmp_path):
-    log = tmp_path / f"{name}.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "llmgw_site", *argv],
-            cwd=ROOT,
-            env=subprocess_env(LLMGW_RECONCILE_INTERVAL_S=1),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    return proc, log
 
 
 def wait_for(check, timeout, what, logs):
@@ -39,7 +24,8 @@ def wait_for(check, timeout, what, logs):
 
 @pytest.fixture
 def celery_stack(tmp_path):
-    worker = start(
+    worker = start_celery(
+        tmp_path,
         "worker",
         [
             "worker",
@@ -51,20 +37,16 @@ def celery_stack(tmp_path):
             "--without-mingle",
             "--without-heartbeat",
         ],
-        tmp_path,
+        LLMGW_RECONCILE_INTERVAL_S=1,
     )
-    beat = start(
-        "beat", ["beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat-schedule")], tmp_path
+    beat = start_celery(
+        tmp_path,
+        "beat",
+        ["beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat-schedule")],
+        LLMGW_RECONCILE_INTERVAL_S=1,
     )
     yield [worker[1], beat[1]]
-    for proc, _ in (beat, worker):
-        proc.terminate()
-    for proc, _ in (beat, worker):
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_all([beat[0], worker[0]], timeout=15)
 
 
 def passes():

@@ -7,16 +7,8 @@ from django.core.management import CommandError, call_command
 
 from fleet.models import Node, ReplicaState
 from fleet.services import drain
-from tests.helpers_reconciler import (
-    Clock,
-    add_model,
-    add_node,
-    desired,
-    make_ready,
-    replicas,
-    report,
-    running,
-)
+from tests.factories import add_model, add_node
+from tests.reconciler.helpers import Clock, desired, make_ready, replicas, report, running
 
 pytestmark = pytest.mark.django_db
 

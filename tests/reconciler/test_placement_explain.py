@@ -7,7 +7,7 @@ from django.core.management import CommandError, call_command
 
 from fleet.models import EngineProfile, Model, Shard
 from fleet.services import snapshot
-from tests.helpers_reconciler import add_model, add_node
+from tests.factories import add_model, add_node
 
 pytestmark = pytest.mark.django_db
 
@@ -84,7 +84,7 @@ def test_explain_what_a_catalog_file_would_do_without_applying_it(tmp_path):
 def test_explain_shows_gpus_in_use_and_nvlink():
     add_node("gpu-01")
     model = add_model("llama", engine="vllm", gpus_per_node=8, tp=8)
-    from tests.helpers_reconciler import Clock
+    from tests.reconciler.helpers import Clock
 
     Clock().pass_()  # the first replica takes all eight GPUs
 

@@ -9,10 +9,9 @@ import pytest
 
 from fleet.models import FleetStatus, Replica, ReplicaState
 from fleet.services.desired import desired_set
-from tests.helpers_reconciler import (
+from tests.factories import add_model, add_node
+from tests.reconciler.helpers import (
     Clock,
-    add_model,
-    add_node,
     desired,
     make_ready,
     replicas,

@@ -8,17 +8,8 @@ import pytest
 from agentd import protocol
 from fleet.models import FleetStatus, Node, NodeState, ReplicaState, Shard
 from fleet.services import inventory
-from tests.fleet_helpers import register_msg
-from tests.helpers_reconciler import (
-    Clock,
-    add_model,
-    add_node,
-    desired,
-    make_ready,
-    replicas,
-    reregister,
-    running,
-)
+from tests.factories import add_model, add_node, register_msg
+from tests.reconciler.helpers import Clock, desired, make_ready, replicas, reregister, running
 
 pytestmark = pytest.mark.django_db
 

@@ -15,10 +15,9 @@ from django.utils import timezone
 from agentd import state
 from fleet.models import Node, ReplicaState, Shard
 from fleet.services.reconciler import passes as reconcile
-from tests.agent.live_agent import start_agent, write_config
-from tests.fleet_helpers import join_token
-from tests.helpers_e2e import port_block, wait_for
-from tests.helpers_reconciler import add_model, replicas
+from tests.factories import add_model, join_token
+from tests.processes import port_block, start_agent, wait_for, write_config
+from tests.reconciler.helpers import replicas
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,8 @@ from django.db import connection
 from fleet.models import FleetStatus
 from fleet.services.reconciler import ask, runner
 from fleet.services.reconciler import lock as reconciler_lock
-from tests.helpers_reconciler import add_model, add_node, running
+from tests.factories import add_model, add_node
+from tests.reconciler.helpers import running
 
 pytestmark = pytest.mark.django_db
 

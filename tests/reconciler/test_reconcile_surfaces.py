@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from fleet import metrics
 from fleet.models import FleetStatus, Node
-from tests.helpers_api import bearer, manage_key
-from tests.helpers_reconciler import Clock, add_model, add_node, make_ready, running
+from tests.factories import add_model, add_node, bearer, manage_key
+from tests.reconciler.helpers import Clock, make_ready, running
 
 pytestmark = pytest.mark.django_db
 

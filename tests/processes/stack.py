@@ -1,28 +1,26 @@
 """The whole stack as real processes, for tests/e2e/: a private Redis, Daphne, a Celery
 worker and beat, agentd processes and the llama.cpp engines they start.
 
-Every control-plane process shares the test database (``tests.live.subprocess_env``)
-and a redis-server of the test's own (so a test may stop it), with short intervals
-so a scenario takes seconds. Waits poll with generous deadlines; a deadline only
-bounds a wait, it never judges speed.
+Every control-plane process shares the test database (``subprocess_env``) and a
+redis-server of the test's own (so a test may stop it), with short intervals so a
+scenario takes seconds. Waits poll with generous deadlines; a deadline only bounds
+a wait, it never judges speed.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import requests
 
 from agentd import state
 from fleet.devstack.redis import PrivateRedis
-from tests.agent.live_agent import AgentProcess, start_agent, write_config
-from tests.live import ROOT, LiveServer, start_daphne, subprocess_env
+from tests.processes.agents import AgentProcess, start_agent, write_config
+from tests.processes.base import port_block, wait_for
+from tests.processes.servers import LiveServer, start_celery, start_daphne
 
 # Short intervals for the scenarios; replacement stays far off so nothing in a
 # test is replaced by accident while a process is being restarted.
@@ -46,49 +44,6 @@ CELERY_WORKER = [
     "--without-mingle",
     "--without-heartbeat",
 ]
-
-_handed_out: set[int] = set()
-
-
-def port_block(size: int = 10) -> tuple[int, int]:
-    """A range of ports nothing listens on now, apart per process and per call."""
-    base = 20000 + (os.getpid() * 37) % 10000
-    for lo in range(base, 32000, size):
-        if lo in _handed_out:
-            continue
-        free = True
-        for port in range(lo, lo + size):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    free = False
-                    break
-        if free:
-            _handed_out.add(lo)
-            return lo, lo + size - 1
-    raise RuntimeError("no free block of ports below 32000")
-
-
-def wait_for(check, what: str, timeout: float = 60, logs=(), interval: float = 0.2):
-    """Poll ``check`` until it returns something truthy; fail naming ``what``, with the logs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{tails(logs)}")
-        time.sleep(interval)
-
-
-def tails(paths, chars: int = 3000) -> str:
-    out = []
-    for p in paths:
-        p = Path(p)
-        if p.exists():
-            out.append(f"\n--- {p.name}\n{p.read_text(errors='replace')[-chars:]}")
-    return "".join(out)
 
 
 class Agent:
@@ -162,16 +117,7 @@ class Stack:
             (f"worker-{n}", CELERY_WORKER),
             (f"beat-{n}", ["beat", "--loglevel", "INFO", "-s", schedule]),
         ):
-            log = self.tmp / f"{name}.log"
-            with open(log, "wb") as fh:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "celery", "-A", "llmgw_site", *argv],
-                    cwd=ROOT,
-                    env=subprocess_env(**self.env),
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                )
-            self.celery.append((proc, log))
+            self.celery.append(start_celery(self.tmp, name, argv, **self.env))
 
     def stop_control_plane(self) -> None:
         """Daphne, the worker and beat go away together (a deploy, a crash of the host)."""
@@ -198,7 +144,7 @@ class Stack:
     # ---- agents ------------------------------------------------------------------------
 
     def add_agent(self, node_id: str) -> Agent:
-        from tests.fleet_helpers import join_token
+        from tests.factories import join_token
 
         _, secret = join_token(name=f"e2e {node_id}", uses=1)
         agent = Agent(self.tmp / node_id, node_id, self.daphne.ws_url, secret)
@@ -268,72 +214,3 @@ class Stack:
                 proc.kill()
                 proc.wait()
         self.redis.stop()
-
-
-# ---- the catalog and what runs -------------------------------------------------------
-
-
-def apply_model(stack: Stack, path: Path, name: str = "tiny-llama", replicas: int = 1) -> int:
-    """Declare a llama.cpp CPU model through the DRF API, as an operator's script would."""
-    model = stack.api("post", "models/", json={"name": name, "desired_replicas": replicas})
-    profile = stack.api(
-        "post",
-        "engine-profiles/",
-        json={"model": model["id"], "name": "cpu", "engine": "llamacpp", "model_path": str(path)},
-    )
-    stack.api("patch", f"models/{model['id']}/", json={"active_profile": profile["id"]})
-    return model["id"]
-
-
-def live_shards(name: str = "tiny-llama"):
-    """Shards of the model that should be running, oldest first."""
-    from fleet.models import Shard
-
-    return list(
-        Shard.objects.filter(replica__model__name=name, desired_state="running").order_by(
-            "created_at"
-        )
-    )
-
-
-def ready_shards(name: str = "tiny-llama"):
-    """Running shards of ready replicas."""
-    return [s for s in live_shards(name) if s.replica.state == "ready" and s.state == "ready"]
-
-
-def answers(stack: Stack, name: str = "tiny-llama") -> str | None:
-    """A non-streamed chat completion through the gateway, or None if it failed."""
-    import openai
-
-    try:
-        reply = stack.openai(timeout=30).chat.completions.create(
-            model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
-        )
-    except openai.APIError:
-        return None
-    return reply.choices[0].finish_reason
-
-
-def wait_serving(stack: Stack, name: str = "tiny-llama", count: int = 1, timeout: float = 120):
-    """Wait until ``count`` replicas are ready and the gateway answers; returns their shards."""
-    shards = stack.wait(
-        lambda: (s := ready_shards(name)) and len(s) == count and s,
-        f"{count} ready replica(s) of {name}",
-        timeout,
-    )
-    stack.wait(lambda: answers(stack, name), f"the gateway to answer for {name}")
-    return shards
-
-
-def passes() -> int:
-    """Reconciler passes run so far (FleetStatus)."""
-    from fleet.models import FleetStatus
-
-    status = FleetStatus.objects.filter(pk=1).first()
-    return status.passes if status else 0
-
-
-def wait_passes(stack: Stack, count: int) -> None:
-    """Wait until the reconciler has run ``count`` more passes, so what they would do is done."""
-    target = passes() + count
-    stack.wait(lambda: passes() >= target, f"{count} more reconciler passes")

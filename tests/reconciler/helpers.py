@@ -1,42 +1,16 @@
-"""Helpers for reconciler tests: nodes as their agents would register them, a catalog,
-agents' reports, and a clock that moves in beat-sized steps."""
+"""Helpers for reconciler tests: agents' reports, what runs where, and a clock that moves
+in beat-sized steps. Nodes and models come from ``tests.factories``."""
 
 from datetime import timedelta
 
 from django.utils import timezone
 
 from agentd import protocol
-from fleet.models import EngineProfile, Model, Node, NodeState, Replica, Shard
+from fleet.models import Node, NodeState, Replica, Shard
 from fleet.services import inventory
 from fleet.services.desired import desired_set
 from fleet.services.reconciler import passes as reconcile
-from tests.fleet_helpers import H100_GPUS, register_msg
-
-GB = 1000  # MB in a GB, as placement counts them (fleet/services/units.py)
-
-
-def add_node(node_id, *, gpus=H100_GPUS, memory_gb=64, engines=None, labels=None, **extra):
-    """A node registered through the real inventory service, connected and ready."""
-    msg = register_msg(
-        node_id,
-        gpus=[{**g, "uuid": f"GPU-{node_id}-{g['index']}"} for g in gpus],
-        memory_total_mb=memory_gb * GB if memory_gb is not None else None,
-        engine_versions=engines or {"fake": "1", "llamacpp": "0.3.16", "vllm": "0.11.0"},
-        labels=labels or {"zone": "a"},
-        weights=[],
-        **extra,
-    )
-    return inventory.register_node(protocol.Register.model_validate(msg))
-
-
-def add_model(name="qwen", *, replicas=1, policy="binpack", profile="default", **profile_fields):
-    model = Model.objects.create(name=name, desired_replicas=replicas, placement_policy=policy)
-    fields = {"engine": "fake", "model_path": f"/models/{name}", "gpus_per_node": 1, "tp": 1}
-    fields.update(profile_fields)
-    prof = EngineProfile.objects.create(model=model, name=profile, **fields)
-    model.active_profile = prof
-    model.save()
-    return model
+from tests.factories import register_msg
 
 
 def report(shard: Shard, state: str, **fields) -> None:

@@ -1,4 +1,4 @@
-"""Running the real agent as a process in tests: its config, its process, waiting on it."""
+"""The real agent as a process in tests: its config, its process, waiting on it."""
 
 import os
 import signal
@@ -11,8 +11,7 @@ from pathlib import Path
 import yaml
 
 from agentd.nvml import FAKE_ENV
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes.base import ROOT
 
 
 def write_config(directory: Path, url: str, **fields) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import stat
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from agentd import protocol
 from agentd.supervisor import Supervisor
+from tests.processes import port_block
 
 H100_UUIDS = [
     "GPU-5f1c8a2e-0000-4b7d-9e2a-3c6f0d1b0000",
@@ -96,38 +96,12 @@ class Recorder:
 def fake_supervisor(state_dir: Path, recorder: Recorder | None = None, **kwargs) -> Supervisor:
     """A supervisor that may run the fake engine, with short timings for tests."""
     if "port_range" not in kwargs:
-        lo = free_port_block()
-        kwargs["port_range"] = (lo, lo + 19)
+        kwargs["port_range"] = port_block(20)
     kwargs.setdefault("binaries", {"fake": sys.executable})
     kwargs.setdefault("stop_grace_s", 2)
     kwargs.setdefault("drain_timeout_s", 5)
     kwargs.setdefault("host", "127.0.0.1")
     return Supervisor(state_dir, on_event=recorder, **kwargs)
-
-
-def free_port_block() -> int:
-    """The first of 20 ports that nothing uses now, picked apart per process to avoid clashes."""
-    import socket
-
-    base = 20000 + (os.getpid() * 37) % 20000
-    for start in range(base, 60000, 20):
-        ok = True
-        for port in range(start, start + 20):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return start
-    raise RuntimeError("no free block of 20 ports")
-
-
-def pid_alive(pid: int) -> bool:
-    from agentd import state
-
-    return state.start_ticks(pid) is not None
 
 
 async def http_post(port: int, path: str, payload: dict, timeout: float = 60) -> tuple[int, bytes]:

@@ -1,4 +1,4 @@
-"""Helpers for the gateway's tests: an OpenAI-shaped upstream on loopback, and fleet rows.
+"""The gateway tests' OpenAI-shaped upstream on loopback.
 
 ``Upstream`` is a real HTTP server (aiohttp) on its own thread and event loop,
 so the test's own loop, a synchronous openai client and a Daphne process can
@@ -12,7 +12,7 @@ import time
 
 from aiohttp import web
 
-from tests.live import free_port
+from tests.processes import free_port
 
 TOKENS = ["Hello", ",", " fleet", "!"]
 
@@ -200,82 +200,3 @@ class Upstream:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
-
-
-def ready_model(name: str, upstreams: list, *, served_name: str = "", node_prefix: str = "gw"):
-    """A model whose replicas are ready, one per upstream (rows only; no agent involved)."""
-    from fleet.models import (
-        DesiredState,
-        Engine,
-        EngineProfile,
-        Model,
-        Node,
-        Replica,
-        ReplicaState,
-        Shard,
-        ShardState,
-    )
-
-    model = Model.objects.create(name=name, desired_replicas=len(upstreams))
-    profile = EngineProfile.objects.create(
-        model=model,
-        name="default",
-        engine=Engine.FAKE,
-        model_path="/models/fake",
-        served_model_name=served_name,
-    )
-    replicas = []
-    for i, up in enumerate(upstreams):
-        node, _ = Node.objects.get_or_create(
-            pk=f"{node_prefix}-{name}-{i}".replace("/", "-")[:63],
-            defaults={"mgmt_addr": "127.0.0.1", "connected": True},
-        )
-        replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
-        Shard.objects.create(
-            replica=replica,
-            node=node,
-            rank=0,
-            port=up.port,
-            state=ShardState.READY,
-            desired_state=DesiredState.RUNNING,
-        )
-        replicas.append(replica)
-    return model, replicas
-
-
-def inference_key(name: str = "client", **fields):
-    from fleet.models import ApiKey
-
-    return ApiKey.issue(name=name, scope="inference", **fields)
-
-
-class FakeEngine:
-    """The project's fake engine (``python -m agentd.engines.fake``) as a real process."""
-
-    def __init__(self, tmp_path, name: str = "tiny", *extra: str):
-        import subprocess
-        import sys
-
-        from tests.live import ROOT, wait_for_port
-
-        self.port = free_port()
-        self.log = tmp_path / f"engine-{self.port}.log"
-        with open(self.log, "wb") as fh:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentd.engines.fake", "--port", str(self.port)]
-                + ["--served-model-name", name, *extra],
-                cwd=ROOT,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-            )
-        wait_for_port(self.port, self.proc)
-
-    def metrics(self) -> dict[str, float]:
-        import urllib.request
-
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics").read().decode()
-        return {k: float(v) for k, v in (line.split() for line in text.splitlines() if line)}
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
