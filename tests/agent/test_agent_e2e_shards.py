@@ -17,7 +17,7 @@ from agentd import state
 from tests.factories import join_token
 from tests.processes import free_port, start_agent, start_daphne, wait_until, write_config
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 NODE = "cpu-e2e-s1"
 

@@ -397,6 +397,7 @@ def test_schema_generates_without_warnings(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.live
 def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server):
     import json
     import subprocess

@@ -19,7 +19,7 @@ from fleet.services.desired import bump_desired
 from tests.consumer.helpers import db, run_closing_connections, snapshot
 from tests.factories import heartbeat_msg, join_token, make_shard, register_msg
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 MiB = 2**20
 

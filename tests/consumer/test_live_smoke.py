@@ -6,7 +6,7 @@ import websockets
 
 from tests.factories import join_token, register_msg
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 async def test_real_daphne_enrols_an_agent(daphne_server):

@@ -4,9 +4,13 @@ import json
 import os
 import signal
 
+import pytest
+
 from agentd.engines.llamacpp import LlamaCpp
 from fleet.devstack.tinymodel import write_tiny_model
 from tests.engines.helpers import Recorder, desired, fake_supervisor, http_post, profile, shard
+
+pytestmark = pytest.mark.live
 
 
 async def test_real_engine_becomes_ready_answers_and_its_death_is_reported(state_dir, tmp_path):

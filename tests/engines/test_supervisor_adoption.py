@@ -6,10 +6,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from agentd import protocol, state
 from agentd.engines.base import http_get
 from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
 from tests.processes import ROOT, port_block
+
+pytestmark = pytest.mark.live
 
 
 def run_host(state_dir, port_lo: int, want: protocol.Desired) -> tuple[subprocess.Popen, int]:

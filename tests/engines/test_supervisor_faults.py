@@ -12,6 +12,8 @@ from agentd.engines.base import http_get
 from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
 from tests.processes import pid_alive
 
+pytestmark = pytest.mark.live
+
 
 async def started(state_dir, *specs, version=1, **kwargs):
     rec = Recorder()

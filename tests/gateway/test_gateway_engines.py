@@ -14,7 +14,7 @@ import pytest
 from tests.factories import inference_key, ready_model
 from tests.processes import ROOT, FakeEngine, LiveServer, free_port, subprocess_env, wait_for_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from tests.factories import inference_key, ready_model
 from tests.gateway.helpers import Upstream
 from tests.processes import start_daphne
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 FAST_REFRESH = {
     "LLMGW_GATEWAY_KEYS_REFRESH_S": "0.5",

@@ -9,7 +9,7 @@ from fleet.services.reconciler import lock
 from tests.factories import add_model, add_node
 from tests.processes import start_celery, stop_all
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 def wait_for(check, timeout, what, logs):

@@ -19,7 +19,7 @@ from tests.factories import add_model, join_token
 from tests.processes import port_block, start_agent, wait_for, write_config
 from tests.reconciler.helpers import replicas
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
