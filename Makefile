@@ -1,13 +1,14 @@
 # Two commands do all the set-up on a fresh Linux machine with Python 3.11+:
 #   make run    runs llmgw on the embedded defaults (or DATABASE_URL / REDIS_URL)
 #   make test   lint, then every test
+#   make test-fast  lint, then the tests that start no process: the inner loop
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LLAMA_STAMP := $(VENV)/.llama-installed
 
-.PHONY: run test lint format migrate venv clean bench
+.PHONY: run test test-fast migrations-check lint format migrate venv clean bench
 
 # $(LLAMA_STAMP) comes first: it makes the virtualenv, on a Python it has checked.
 $(STAMP): requirements.txt requirements-dev.txt agentd/requirements.txt $(LLAMA_STAMP)
@@ -55,9 +56,16 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint
+migrations-check: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run >/dev/null || (echo "models changed without a migration"; exit 1)
+
+test: lint migrations-check
 	LLMGW_STATE_DIR=$${LLMGW_STATE_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything but the tests marked live (they start Daphne, agents, Celery, Redis or
+# an engine) and the e2e tier: minutes, for the inner loop. `make test` runs all.
+test-fast: lint migrations-check
+	LLMGW_STATE_DIR=$${LLMGW_STATE_DIR:-$(CURDIR)/var/test} $(PY) -m pytest -m "not live and not e2e" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/agents.py

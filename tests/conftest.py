@@ -1,6 +1,12 @@
 import os
+from pathlib import Path
 
 import pytest
+
+# Fixtures that start real processes: a test using one is `live` whether or not
+# its module says so (tests/processes/ holds what they start).
+PROCESS_FIXTURES = {"daphne_server", "stack"}
+E2E_DIR = Path(__file__).parent / "e2e"
 
 
 def pytest_configure(config):
@@ -24,6 +30,20 @@ def pytest_configure(config):
         config._llmgw_redis = PrivateRedis().start()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark the end-to-end tier, and every test a process-starting fixture makes live.
+
+    Modules whose tests start processes themselves say ``pytestmark = pytest.mark.live``;
+    ``make test-fast`` runs ``-m "not live and not e2e"``.
+    """
+    for item in items:
+        if E2E_DIR in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.live)
+        elif PROCESS_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.live)
+
+
 def pytest_unconfigure(config):
     redis = getattr(config, "_llmgw_redis", None)
     if redis is not None:
@@ -43,7 +63,7 @@ def _fresh_channel_layer():
 @pytest.fixture
 def daphne_server(transactional_db, tmp_path):
     """A real Daphne process serving llmgw on a free loopback port, on the test database."""
-    from tests.live import start_daphne
+    from tests.processes import start_daphne
 
     server = start_daphne(tmp_path)
     yield server

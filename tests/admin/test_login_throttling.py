@@ -4,7 +4,7 @@ import pytest
 from axes.models import AccessAttempt
 from django.urls import reverse
 
-from tests.helpers_api import staff_user
+from tests.factories import staff_user
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,8 @@ import pytest
 from django.urls import reverse
 
 from fleet.models import EngineProfile, Model, Node
-from tests.helpers_api import add_model, add_node, form_data, grant, staff_user
+from tests.admin.helpers import form_data
+from tests.factories import LLAMACPP_CPU, add_model, add_node, grant, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +26,7 @@ def act(client, action, *node_ids):
 
 
 def test_cordon_and_drain_actions_need_drain_node(client):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     client.force_login(grant(staff_user("viewer"), "fleet.view_node", "fleet.change_node"))
 
     page = client.get(reverse("admin:fleet_node_changelist")).content.decode()
@@ -38,7 +39,7 @@ def test_cordon_and_drain_actions_need_drain_node(client):
 
 
 def test_the_node_form_cannot_drain_without_drain_node(client):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     client.force_login(grant(staff_user("editor"), "fleet.view_node", "fleet.change_node"))
     page = reverse("admin:fleet_node_change", args=["gpu-01"])
     data = form_data(client.get(page).content.decode())
@@ -50,7 +51,7 @@ def test_the_node_form_cannot_drain_without_drain_node(client):
 
 
 def test_drain_node_allows_the_actions(client):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     client.force_login(grant(staff_user("ops"), "fleet.view_node", "fleet.drain_node"))
 
     act(client, "cordon_nodes", "gpu-01")
@@ -77,7 +78,8 @@ def post_profile(client, profile, **changes):
 
 
 def test_profile_form_without_the_permission_keeps_args_and_env(client, profile_editor):
-    _, profile = add_model(args=["--ctx-size", "2048"])
+    model = add_model("qwen-7b", **LLAMACPP_CPU, args=["--ctx-size", "2048"])
+    profile = model.active_profile
     client.force_login(profile_editor)
 
     page = client.get(reverse("admin:fleet_engineprofile_change", args=[profile.pk]))
@@ -98,7 +100,8 @@ def test_profile_form_without_the_permission_keeps_args_and_env(client, profile_
 
 
 def test_profile_form_with_the_permission_records_who(client, profile_editor):
-    _, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     trusted = grant(profile_editor, "fleet.set_engine_args_env")
     client.force_login(trusted)
 
@@ -111,7 +114,8 @@ def test_profile_form_with_the_permission_records_who(client, profile_editor):
 
 
 def test_model_page_inline_keeps_args_and_env_without_the_permission(client, profile_editor):
-    model, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     client.force_login(profile_editor)
     page = reverse("admin:fleet_model_change", args=[model.pk])
     data = form_data(client.get(page).content.decode())
@@ -125,7 +129,8 @@ def test_model_page_inline_keeps_args_and_env_without_the_permission(client, pro
 
 
 def test_model_page_inline_records_who_set_args(client, profile_editor):
-    model, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     trusted = grant(profile_editor, "fleet.set_engine_args_env")
     client.force_login(trusted)
     page = reverse("admin:fleet_model_change", args=[model.pk])

@@ -12,11 +12,17 @@ import sys
 import pytest
 
 from tests.agent import nvml_data
-from tests.agent.live_agent import ROOT, start_agent, wait_until, write_config
-from tests.fleet_helpers import join_token
-from tests.live import start_daphne, subprocess_env
+from tests.factories import join_token
+from tests.processes import (
+    ROOT,
+    start_agent,
+    start_daphne,
+    subprocess_env,
+    wait_until,
+    write_config,
+)
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -14,11 +14,10 @@ import pytest
 from django.db import transaction
 
 from agentd import state
-from tests.agent.live_agent import start_agent, wait_until, write_config
-from tests.fleet_helpers import join_token
-from tests.live import free_port, start_daphne
+from tests.factories import join_token
+from tests.processes import free_port, start_agent, start_daphne, wait_until, write_config
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 NODE = "cpu-e2e-s1"
 

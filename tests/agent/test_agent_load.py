@@ -45,6 +45,7 @@ def engine():
     proc.wait()
 
 
+@pytest.mark.live
 def test_a_shards_group_is_its_leader_and_the_descendants_still_in_it(engine):
     pids = {p.pid for p in group_processes(engine.pid)}
     family = {engine.pid, *(c.pid for c in psutil.Process(engine.pid).children(recursive=True))}
@@ -52,6 +53,7 @@ def test_a_shards_group_is_its_leader_and_the_descendants_still_in_it(engine):
     assert len(family) == 3  # the one that called setsid is left out
 
 
+@pytest.mark.live
 def test_shard_cpu_and_rss_come_from_its_process_group(engine):
     sampler = LoadSampler()
     first = sampler.sample({"shard-a": engine.pid})

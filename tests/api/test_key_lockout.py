@@ -3,7 +3,7 @@
 import pytest
 from axes.models import AccessAttempt
 
-from tests.helpers_api import bearer, manage_key
+from tests.factories import bearer, manage_key
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ drain_node, and a profile's args and env need a permission of their own.
 import pytest
 
 from fleet.models import EngineProfile, Node
-from tests.helpers_api import add_model, add_node, bearer, grant, manage_key, staff_user
+from tests.factories import LLAMACPP_CPU, add_model, add_node, bearer, grant, manage_key, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -59,8 +59,8 @@ def call(client, method, path, body):
 
 
 def test_staff_without_permissions_can_neither_read_nor_write(acting_as):
-    add_node("gpu-01")
-    model, _ = add_model()
+    add_node("gpu-01", as_reported=True)
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
     client = acting_as(staff_user("nobody"))
 
     reads = [client.get(f"/api/v1/{name}/").status_code for name in ("nodes", "models")]
@@ -74,8 +74,8 @@ def test_staff_without_permissions_can_neither_read_nor_write(acting_as):
 
 
 def test_view_permission_reads_and_writes_nothing(acting_as):
-    add_node("gpu-01")
-    model, _ = add_model()
+    add_node("gpu-01", as_reported=True)
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
     user = grant(staff_user("viewer"), "fleet.view_node", "fleet.view_model")
     client = acting_as(user)
 
@@ -96,7 +96,7 @@ def test_add_model_permission_adds_a_model(acting_as):
 
 
 def test_cordon_and_drain_need_drain_node_not_change_node(acting_as):
-    add_node("gpu-01")
+    add_node("gpu-01", as_reported=True)
     editor = grant(staff_user("editor"), "fleet.view_node", "fleet.change_node")
     client = acting_as(editor)
 
@@ -131,7 +131,8 @@ def profile_editor():
     ids=["env", "args"],
 )
 def test_changing_args_or_env_needs_its_own_permission(acting_as, profile_editor, body):
-    _, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     client = acting_as(profile_editor)
 
     resp = call(client, "patch", f"/api/v1/engine-profiles/{profile.pk}/", body)
@@ -143,7 +144,7 @@ def test_changing_args_or_env_needs_its_own_permission(acting_as, profile_editor
 
 
 def test_a_new_profile_with_env_needs_the_permission(acting_as, profile_editor):
-    model, _ = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
     client = acting_as(profile_editor)
 
     with_env = {**PROFILE, "model": model.pk, "env": {"PYTHONPATH": "/tmp"}}
@@ -154,7 +155,8 @@ def test_a_new_profile_with_env_needs_the_permission(acting_as, profile_editor):
 
 
 def test_other_fields_and_unchanged_args_need_no_extra_permission(acting_as, profile_editor):
-    _, profile = add_model(args=["--ctx-size", "2048"])
+    model = add_model("qwen-7b", **LLAMACPP_CPU, args=["--ctx-size", "2048"])
+    profile = model.active_profile
     client = acting_as(profile_editor)
 
     resp = call(
@@ -169,7 +171,8 @@ def test_other_fields_and_unchanged_args_need_no_extra_permission(acting_as, pro
 
 
 def test_who_set_args_and_env_is_recorded(acting_as, profile_editor):
-    _, profile = add_model()
+    model = add_model("qwen-7b", **LLAMACPP_CPU)
+    profile = model.active_profile
     trusted = grant(profile_editor, "fleet.set_engine_args_env")
     client = acting_as(trusted)
 

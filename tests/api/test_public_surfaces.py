@@ -4,7 +4,7 @@ import pytest
 from asgiref.testing import ApplicationCommunicator
 
 from fleet.metrics import metrics_app
-from tests.helpers_api import bearer, manage_key
+from tests.factories import bearer, manage_key
 
 pytestmark = pytest.mark.django_db
 

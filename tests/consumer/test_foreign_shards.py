@@ -12,8 +12,8 @@ from fleet.models import Node, NodeCredential, NodeLoad, Shard, ShardLoad, Stora
 from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
 from fleet.services.heartbeat import orm as heartbeat_orm
-from tests.fleet_helpers import heartbeat_msg, register_msg
-from tests.helpers_consumer import db, enrol, make_shard
+from tests.consumer.helpers import db, enrol
+from tests.factories import heartbeat_msg, make_shard, register_msg
 
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 PATHS = ["portable", "postgresql"] if ON_POSTGRES else ["portable"]

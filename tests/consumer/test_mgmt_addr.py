@@ -6,8 +6,8 @@ from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
 from fleet.models import Node
 from fleet.services.access import mgmt_addr_refusal
-from tests.fleet_helpers import join_token, register_msg
-from tests.helpers_consumer import communicator, db, enrol, expect_close, send, snapshot
+from tests.consumer.helpers import communicator, db, enrol, expect_close, send, snapshot
+from tests.factories import join_token, register_msg
 
 REMOTE, LOCAL = "10.0.0.99", "127.0.0.1"  # where the agent's socket comes from
 

@@ -8,8 +8,8 @@ import pytest
 from agentd.protocol import CloseCode
 from fleet.consumers import TokenBucket
 from fleet.models import Node, Storage
-from tests.fleet_helpers import heartbeat_msg
-from tests.helpers_consumer import db, enrol, expect_close
+from tests.consumer.helpers import db, enrol, expect_close
+from tests.factories import heartbeat_msg
 
 # A rate so low that nothing refills during a test: only the burst counts.
 NO_REFILL = 1e-9

@@ -19,8 +19,8 @@ from fleet.models import Node, NodeCredential, NodeLoad, NodeState, Storage
 from fleet.services import inventory, node_logs
 from fleet.services.heartbeat import apply as heartbeat_apply
 from fleet.services.heartbeat import orm as heartbeat_orm
-from tests.fleet_helpers import heartbeat_msg, register_msg
-from tests.helpers_consumer import db, enrol, expect_close, make_shard, snapshot
+from tests.consumer.helpers import db, enrol, expect_close, snapshot
+from tests.factories import heartbeat_msg, make_shard, register_msg
 
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 PATHS = ["portable", "postgresql"] if ON_POSTGRES else ["portable"]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers_e2e import Stack
+from tests.processes import Stack
 
 
 @pytest.fixture

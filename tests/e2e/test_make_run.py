@@ -18,8 +18,7 @@ from agentd import state
 from fleet.devstack.redis import _ping
 from fleet.devstack.tinymodel import write_tiny_model
 from fleet.models import Model
-from tests.helpers_e2e import port_block
-from tests.live import ROOT, free_port, subprocess_env
+from tests.processes import ROOT, free_port, port_block, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

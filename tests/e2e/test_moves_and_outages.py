@@ -9,15 +9,8 @@ import time
 import pytest
 
 from fleet.models import Node, Shard
-from tests.helpers_e2e import (
-    answers,
-    apply_model,
-    live_shards,
-    passes,
-    wait_passes,
-    wait_serving,
-)
-from tests.live import ROOT, subprocess_env
+from tests.e2e.helpers import answers, apply_model, live_shards, passes, wait_passes, wait_serving
+from tests.processes import ROOT, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from fleet.models import Model, Node
-from tests.helpers_e2e import answers, apply_model, live_shards, wait_serving
+from tests.e2e.helpers import answers, apply_model, live_shards, wait_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

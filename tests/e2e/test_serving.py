@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from fleet.models import Node, Replica, Shard
-from tests.helpers_e2e import answers, apply_model, live_shards, wait_passes, wait_serving
+from tests.e2e.helpers import answers, apply_model, live_shards, wait_passes, wait_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,10 +10,11 @@ import urllib.request
 
 import pytest
 
-from tests.helpers_gateway import Upstream, inference_key, ready_model
-from tests.live import start_daphne
+from tests.factories import inference_key, ready_model
+from tests.gateway.helpers import Upstream
+from tests.processes import start_daphne
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 CHAT = "/v1/chat/completions"
 MSGS = [{"role": "user", "content": "hi"}]

@@ -21,7 +21,7 @@ Adding a fact to heartbeats, in order:
 3. The writers: a fact every heartbeat carries goes in both ``orm.apply_common``
    and ``pg.apply_common`` (a load figure: one line in ``columns``); a fact
    said now and then goes in ``apply._says_something_rare`` and ``_apply_rare``.
-4. The parity test in tests/test_heartbeat_writes.py: both writers, the same
+4. The parity test in tests/consumer/test_heartbeat_writes.py: both writers, the same
    heartbeats, the same rows.
 """
 

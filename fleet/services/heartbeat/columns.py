@@ -2,7 +2,7 @@
 
 Each is (column, PostgreSQL array type). The names are the fields of
 ``protocol.Load`` (less its shards) and ``protocol.ShardLoad``, which are also
-the columns of ``NodeLoad`` and ``ShardLoad``; tests/test_heartbeat_writes.py
+the columns of ``NodeLoad`` and ``ShardLoad``; tests/consumer/test_heartbeat_writes.py
 checks the three agree.
 """
 

@@ -1,7 +1,7 @@
 """The heartbeat write in the ORM: what every heartbeat carries, on any database.
 
 ``pg.apply_common`` does the same on PostgreSQL in one statement; the two are
-kept side by side and checked against each other by tests/test_heartbeat_writes.py.
+kept side by side and checked against each other by tests/consumer/test_heartbeat_writes.py.
 """
 
 from datetime import datetime

@@ -10,7 +10,7 @@ trip however many heartbeats it holds. What heartbeats say only now and then
 (new GPU problems, weights, engines, memory) is left to the portable code in
 ``apply``.
 
-Semantics are the portable path's, fact by fact; tests/test_heartbeat_writes.py
+Semantics are the portable path's, fact by fact; tests/consumer/test_heartbeat_writes.py
 runs both paths on the same heartbeats and compares the rows they leave.
 """
 

@@ -1,0 +1,72 @@
+"""The e2e scenarios' vocabulary: declare a model through the API, find what runs, ask the
+gateway, count reconciler passes. The processes themselves are ``tests.processes.Stack``."""
+
+from pathlib import Path
+
+from tests.processes import Stack
+
+
+def apply_model(stack: Stack, path: Path, name: str = "tiny-llama", replicas: int = 1) -> int:
+    """Declare a llama.cpp CPU model through the DRF API, as an operator's script would."""
+    model = stack.api("post", "models/", json={"name": name, "desired_replicas": replicas})
+    profile = stack.api(
+        "post",
+        "engine-profiles/",
+        json={"model": model["id"], "name": "cpu", "engine": "llamacpp", "model_path": str(path)},
+    )
+    stack.api("patch", f"models/{model['id']}/", json={"active_profile": profile["id"]})
+    return model["id"]
+
+
+def live_shards(name: str = "tiny-llama"):
+    """Shards of the model that should be running, oldest first."""
+    from fleet.models import Shard
+
+    return list(
+        Shard.objects.filter(replica__model__name=name, desired_state="running").order_by(
+            "created_at"
+        )
+    )
+
+
+def ready_shards(name: str = "tiny-llama"):
+    """Running shards of ready replicas."""
+    return [s for s in live_shards(name) if s.replica.state == "ready" and s.state == "ready"]
+
+
+def answers(stack: Stack, name: str = "tiny-llama") -> str | None:
+    """A non-streamed chat completion through the gateway, or None if it failed."""
+    import openai
+
+    try:
+        reply = stack.openai(timeout=30).chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+        )
+    except openai.APIError:
+        return None
+    return reply.choices[0].finish_reason
+
+
+def wait_serving(stack: Stack, name: str = "tiny-llama", count: int = 1, timeout: float = 120):
+    """Wait until ``count`` replicas are ready and the gateway answers; returns their shards."""
+    shards = stack.wait(
+        lambda: (s := ready_shards(name)) and len(s) == count and s,
+        f"{count} ready replica(s) of {name}",
+        timeout,
+    )
+    stack.wait(lambda: answers(stack, name), f"the gateway to answer for {name}")
+    return shards
+
+
+def passes() -> int:
+    """Reconciler passes run so far (FleetStatus)."""
+    from fleet.models import FleetStatus
+
+    status = FleetStatus.objects.filter(pk=1).first()
+    return status.passes if status else 0
+
+
+def wait_passes(stack: Stack, count: int) -> None:
+    """Wait until the reconciler has run ``count`` more passes, so what they would do is done."""
+    target = passes() + count
+    stack.wait(lambda: passes() >= target, f"{count} more reconciler passes")

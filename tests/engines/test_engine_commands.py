@@ -1,0 +1,219 @@
+"""What each engine adapter runs for a shard: argv and environment, tables of cases."""
+
+import sys
+
+import pytest
+
+from agentd.engines import EngineUnavailable, make_engines
+from agentd.engines.base import metric_sum
+from agentd.engines.llamacpp import LlamaCpp
+from agentd.engines.sglang import SGLang
+from agentd.engines.vllm import VLLM
+from tests.engines.helpers import H100_UUIDS, profile, shard, stub_binary
+
+LEADER = {"leader_addr": "10.0.0.11", "leader_port": 29500}
+
+
+@pytest.fixture
+def bins(tmp_path):
+    """Stand-ins for the engines' CLIs: nothing real is started by these tests."""
+    return {
+        "vllm": stub_binary(tmp_path, "vllm", "echo 'INFO loading'; echo 0.11.0"),
+        "llama-server": stub_binary(
+            tmp_path,
+            "llama-server",
+            "echo 'version: 6520 (4f1c2b3a)' >&2; echo 'built with cc 12.2.0 for x86_64' >&2",
+        ),
+    }
+
+
+VLLM_CASES = [
+    (
+        "one node, TP 2",
+        dict(tp=2),
+        dict(gpu_uuids=H100_UUIDS),
+        ["serve", "/models/llama-70b", "--host", "0.0.0.0", "--port", "8001",
+         "--served-model-name", "llama-70b", "--tensor-parallel-size", "2",
+         "--pipeline-parallel-size", "1"],
+    ),
+    (
+        "leader of two nodes",
+        dict(tp=8, pp=2),
+        dict(nnodes=2, rank=0, **LEADER),
+        ["serve", "/models/llama-70b", "--host", "0.0.0.0", "--port", "8001",
+         "--served-model-name", "llama-70b", "--tensor-parallel-size", "8",
+         "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "0",
+         "--master-addr", "10.0.0.11", "--master-port", "29500"],
+    ),
+    (
+        "follower of two nodes runs headless",
+        dict(tp=8, pp=2),
+        dict(nnodes=2, rank=1, **LEADER),
+        ["serve", "/models/llama-70b", "--host", "0.0.0.0", "--port", "8001",
+         "--served-model-name", "llama-70b", "--tensor-parallel-size", "8",
+         "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+         "--master-addr", "10.0.0.11", "--master-port", "29500", "--headless"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, prof, spec, expected", VLLM_CASES, ids=[c[0] for c in VLLM_CASES])
+def test_vllm_argv(bins, case, prof, spec, expected):
+    p = profile("vllm", model_path="/models/llama-70b", **prof)
+    s = shard(engine="vllm", profile=p, model="llama-70b", port=8001, **spec)
+    launch = VLLM(bins["vllm"]).build(p, s, host="0.0.0.0", port=8001)
+    assert launch.argv == [bins["vllm"], *expected]
+
+
+SGLANG_CASES = [
+    (
+        "one node, TP 4",
+        dict(tp=4),
+        dict(),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "4", "--enable-metrics"],
+    ),
+    (
+        "pipeline parallel",
+        dict(tp=4, pp=2),
+        dict(),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "4", "--enable-metrics",
+         "--pp-size", "2"],
+    ),
+    (
+        "second of two nodes",
+        dict(tp=16),
+        dict(nnodes=2, rank=1, **LEADER),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "16", "--enable-metrics",
+         "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.11:29500"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case, prof, spec, expected", SGLANG_CASES, ids=[c[0] for c in SGLANG_CASES]
+)
+def test_sglang_argv(case, prof, spec, expected):
+    p = profile("sglang", served_model_name="llama-8b", **prof)
+    s = shard(engine="sglang", profile=p, model="meta-llama/Llama-3.1-8B-Instruct", **spec)
+    launch = SGLang(sys.executable).build(p, s, host="0.0.0.0", port=30000)
+    assert launch.argv == [sys.executable, "-m", "sglang.launch_server", *expected]
+
+
+def test_llama_server_argv_and_version(bins):
+    engine = LlamaCpp(bins["llama-server"])
+    p = profile("llamacpp", model_path="/w/tiny.gguf", args=["-c", "512"])
+    launch = engine.build(p, shard(engine="llamacpp", profile=p), host="127.0.0.1", port=9000)
+    assert launch.argv == [
+        bins["llama-server"], "-m", "/w/tiny.gguf", "--host", "127.0.0.1", "--port", "9000",
+        "--alias", "tiny-llama", "--metrics", "-c", "512",
+    ]  # fmt: skip
+    assert engine.version() == "6520 (4f1c2b3a)"
+    assert engine.health_path == "/health"  # 503 while loading
+    assert "llamacpp:requests_processing" in engine.in_flight_series
+
+
+def test_llama_cpp_python_argv():
+    engine = LlamaCpp(sys.executable)  # a Python interpreter: llama-cpp-python's server
+    p = profile("llamacpp", model_path="/w/tiny.gguf", served_model_name="tiny")
+    launch = engine.build(p, shard(engine="llamacpp", profile=p), host="127.0.0.1", port=9000)
+    assert launch.argv == [
+        sys.executable, "-m", "llama_cpp.server", "--model", "/w/tiny.gguf", "--host",
+        "127.0.0.1", "--port", "9000", "--model_alias", "tiny",
+    ]  # fmt: skip
+    # It has no /health and no request gauge: readiness from /v1/models, drain bounded by time.
+    assert engine.health_path == "/v1/models"
+    assert engine.in_flight_series == ()
+
+
+ENV_CASES = [
+    (
+        "GPUs by UUID; placement beats the profile's CUDA_VISIBLE_DEVICES",
+        dict(env={"CUDA_VISIBLE_DEVICES": "0", "VLLM_USE_V1": "1"}),
+        dict(gpu_uuids=H100_UUIDS),
+        {"CUDA_VISIBLE_DEVICES": ",".join(H100_UUIDS), "VLLM_USE_V1": "1"},
+    ),
+    (
+        "a shard without GPUs sees none",
+        dict(),
+        dict(),
+        {"CUDA_VISIBLE_DEVICES": ""},
+    ),
+    (
+        "multi-node: exact HCA names and the management interface",
+        dict(),
+        dict(nnodes=2, hcas=["mlx5_0", "mlx5_1"], mgmt_interface="eno1", **LEADER),
+        {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "eno1",
+         "GLOO_SOCKET_IFNAME": "eno1"},
+    ),
+    (
+        "an operator's NCCL setting in the profile wins",
+        dict(env={"NCCL_IB_HCA": "^mlx5_3"}),
+        dict(hcas=["mlx5_0"]),
+        {"NCCL_IB_HCA": "^mlx5_3"},
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, prof, spec, expected", ENV_CASES, ids=[c[0] for c in ENV_CASES])
+def test_environment(bins, case, prof, spec, expected):
+    p = profile("vllm", **prof)
+    launch = VLLM(bins["vllm"]).build(p, shard(engine="vllm", profile=p, **spec), host="h", port=1)
+    for key, value in expected.items():
+        assert launch.env[key] == value, key
+    if "hcas" not in spec and "NCCL_IB_HCA" not in prof.get("env", {}):
+        assert "NCCL_IB_HCA" not in launch.env
+
+
+def test_profile_args_come_last_so_they_win(bins):
+    p = profile("vllm", args=["--port", "9999", "--max-model-len", "8192"])
+    argv = VLLM(bins["vllm"]).build(p, shard(engine="vllm", profile=p), host="h", port=8001).argv
+    assert argv[-4:] == ["--port", "9999", "--max-model-len", "8192"]
+
+
+def test_vllm_version_is_the_last_line(bins):
+    assert VLLM(bins["vllm"]).version() == "0.11.0"
+
+
+@pytest.mark.parametrize("engine", [VLLM("/nonexistent/vllm"), SGLang("/nonexistent/python3")])
+def test_a_missing_binary_says_which(engine):
+    with pytest.raises(EngineUnavailable, match="/nonexistent/"):
+        engine.version()
+    with pytest.raises(EngineUnavailable, match="/nonexistent/"):
+        engine.command()
+
+
+def test_sglang_version_needs_sglang_in_that_python():
+    with pytest.raises(EngineUnavailable, match="sglang is not installed for"):
+        SGLang(sys.executable).version()
+
+
+def test_registry_fake_is_opt_in_and_names_are_checked():
+    assert sorted(make_engines()) == ["llamacpp", "sglang", "vllm"]
+    assert "fake" in make_engines({"fake": sys.executable})
+    with pytest.raises(ValueError, match="unknown engine 'vlm'"):
+        make_engines({"vlm": "/usr/bin/vllm"})
+
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="llama-70b"} 3.0
+vllm:num_requests_waiting{model_name="llama-70b"} 2.0 1718000000000
+vllm:num_requests_running_total 99
+llamacpp:requests_processing 1
+"""
+
+
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (("vllm:num_requests_running", "vllm:num_requests_waiting"), 5),
+        (("llamacpp:requests_processing",), 1),
+        (("sglang:num_running_reqs",), None),  # absent is not zero
+    ],
+)
+def test_in_flight_from_metrics(names, expected):
+    assert metric_sum(METRICS, names) == expected

@@ -1,0 +1,202 @@
+"""The gateway tests' OpenAI-shaped upstream on loopback.
+
+``Upstream`` is a real HTTP server (aiohttp) on its own thread and event loop,
+so the test's own loop, a synchronous openai client and a Daphne process can
+all talk to it. Its ``mode`` forces the faults a test needs.
+"""
+
+import asyncio
+import json
+import threading
+import time
+
+from aiohttp import web
+
+from tests.processes import free_port
+
+TOKENS = ["Hello", ",", " fleet", "!"]
+
+
+class Upstream:
+    def __init__(self, name: str = "up", mode: str = "ok", token_delay: float = 0.0):
+        self.name = name
+        self.mode = mode  # ok | garbage | close_early | status503 | hang | not_json
+        self.token_delay = token_delay
+        self.port = free_port()
+        self.served = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.cancelled = 0
+        self.requests: list[dict] = []
+        self.release = threading.Event()  # lets "hang" requests finish
+        self.waiting: int | None = None  # what /metrics says is queued, as vLLM says it
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._started.wait(10):
+            raise RuntimeError("test upstream did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        self._loop.run_until_complete(site.start())
+        self._started.set()
+        self._loop.run_forever()
+
+    def stop(self) -> None:
+        """Close the listening socket and every connection, as a killed engine would."""
+        if not self._loop.is_running():
+            return
+        self.release.set()
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        try:
+            fut.result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    async def _metrics(self, request):
+        if self.waiting is None:
+            raise web.HTTPNotFound()
+        return web.Response(
+            text="# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="{self.name}"}} {self.waiting}.0\n'
+            'vllm:num_requests_running{model_name="x"} 3.0\n'
+        )
+
+    async def _enter(self, request) -> dict:
+        body = await request.json()
+        self.requests.append(body)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        return body
+
+    async def _wait_release(self) -> None:
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+
+    async def _guard(self, request, handler):
+        body = await self._enter(request)
+        try:
+            if self.mode == "status503":
+                return web.json_response({"detail": "engine overloaded"}, status=503)
+            if self.mode == "hang":
+                await self._wait_release()
+            elif self.token_delay and not body.get("stream"):
+                await asyncio.sleep(self.token_delay * len(TOKENS))
+            resp = await handler(request, body)
+            self.served += 1
+            return resp
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+
+    async def _chat(self, request):
+        return await self._guard(request, self._chat_answer)
+
+    async def _completions(self, request):
+        return await self._guard(request, self._completion_answer)
+
+    async def _embeddings(self, request):
+        async def answer(request, body):
+            inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            return web.json_response(
+                {
+                    "object": "list",
+                    "model": body["model"],
+                    "data": [
+                        {"object": "embedding", "index": i, "embedding": [0.25, -0.5, float(i)]}
+                        for i in range(len(inputs))
+                    ],
+                    "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
+                }
+            )
+
+        return await self._guard(request, answer)
+
+    async def _chat_answer(self, request, body):
+        if body.get("stream"):
+            return await self._stream(request, body, chat=True)
+        if self.mode == "not_json":
+            return web.Response(text="<html>oops</html>", content_type="application/json")
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{self.name}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "".join(TOKENS)},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+            },
+            headers={"x-served-by": self.name},
+        )
+
+    async def _completion_answer(self, request, body):
+        if body.get("stream"):
+            return await self._stream(request, body, chat=False)
+        return web.json_response(
+            {
+                "id": f"cmpl-{self.name}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {"index": 0, "text": "".join(TOKENS), "finish_reason": "stop", "logprobs": None}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+            }
+        )
+
+    async def _stream(self, request, body, chat: bool):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, tok in enumerate(TOKENS):
+            if self.token_delay:
+                await asyncio.sleep(self.token_delay)
+            if chat:
+                chunk = {
+                    "id": f"chatcmpl-{self.name}",
+                    "object": "chat.completion.chunk",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None}],
+                }
+            else:
+                chunk = {
+                    "id": f"cmpl-{self.name}",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{"index": 0, "text": tok, "finish_reason": None}],
+                }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if i == 1 and self.mode == "garbage":
+                await resp.write(b"<html>502 Bad Gateway</html>\n")
+            if i == 1 and self.mode == "close_early":
+                # Half an event, then the connection goes: an engine that crashed.
+                await resp.write(b'data: {"id": "x", "choi')
+                request.transport.close()
+                return resp
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp

@@ -1,0 +1,259 @@
+"""What a client sees when something is wrong: its request, its key, the model, or the engine."""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from tests.factories import inference_key, ready_model
+from tests.gateway.helpers import Upstream
+from tests.processes import start_daphne
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def server(transactional_db, tmp_path):
+    # Small limits to test 413, 429 and 504 cheaply; refreshes a minute apart,
+    # so anything seen sooner came through the doorbell.
+    s = start_daphne(
+        tmp_path,
+        LLMGW_GATEWAY_MAX_BODY_BYTES="4096",
+        LLMGW_GATEWAY_MAX_OUTSTANDING_PER_REPLICA="2",
+        LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT_S="2",
+        LLMGW_GATEWAY_REFRESH_S="60",
+        LLMGW_GATEWAY_KEYS_REFRESH_S="60",
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def upstream():
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(Upstream(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for up in made:
+        up.stop()
+
+
+def post(server, path, body, secret=None, raw=False, method="POST"):
+    data = body if raw else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    req = urllib.request.Request(server.url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.headers, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.loads(exc.read())
+
+
+def assert_openai_error(body, status_type, *, contains, param=None):
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == status_type
+    assert contains in err["message"], err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_bad_requests_get_a_clear_4xx_in_openais_shape(server, upstream):
+    ready_model("tiny", [upstream()])
+    ready_model("secret-model", [upstream()])
+    _, secret = inference_key(allowed_models=["tiny"])
+    chat = "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    types = {400: "invalid_request_error", 403: "permission_error", 413: "invalid_request_error"}
+    # (body: bytes as sent, or an object to send as JSON; status; message fragment; param)
+    cases = [
+        (b"{not json", 400, "not valid JSON", None),
+        (b"", 400, "body is empty", None),
+        (b"[1, 2]", 400, "must be a JSON object, not an array", None),
+        ({"messages": msgs}, 400, "'model' is required", "model"),
+        ({"model": 7, "messages": msgs}, 400, "'model' must be a string, not a number", "model"),
+        ({"model": "tiny", "messages": "hi"}, 400, "'messages' must be an array", "messages"),
+        (
+            {"model": "tiny", "messages": msgs, "max_tokens": "ten"},
+            400,
+            "'max_tokens' must be an integer, not a string",
+            "max_tokens",
+        ),
+        (
+            {"model": "tiny", "messages": msgs, "stream": "yes"},
+            400,
+            "'stream' must be a boolean",
+            "stream",
+        ),
+        (
+            {"model": "tiny", "messages": [{"content": "x"}]},
+            400,
+            "'messages[0]' must be an object with a string 'role'",
+            "messages[0]",
+        ),
+        ({"model": "tiny", "messages": msgs, "pad": "x" * 5000}, 413, "the limit is 4096", None),
+        ({"model": "nope", "messages": msgs}, 403, "may not use model 'nope'", "model"),
+        ({"model": "secret-model", "messages": msgs}, 403, "may not use model 'secret-", "model"),
+    ]
+    for body, status, fragment, param in cases:
+        got, _, answer = post(server, chat, body, secret, raw=isinstance(body, bytes))
+        assert got == status, (body, answer)
+        assert_openai_error(answer, types[status], contains=fragment, param=param)
+    # the wrong endpoint's fields, a wrong method, an unknown path
+    got, _, answer = post(server, "/v1/embeddings", {"model": "tiny"}, secret)
+    assert got == 400 and "'input' is required" in answer["error"]["message"]
+    got, _, answer = post(server, chat, None, secret, raw=True, method="GET")
+    assert got == 405 and "takes POST" in answer["error"]["message"]
+    got, _, answer = post(server, "/v1/images/generations", {}, secret)
+    assert got == 404 and "unknown path /v1/images/generations" in answer["error"]["message"]
+
+
+def test_a_model_nobody_has_is_404_and_keys_are_checked(server, upstream):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import ApiKey
+
+    ready_model("tiny", [upstream()])
+    _, ok = inference_key()
+    _, expired = inference_key("old", expires_at=timezone.now() - timedelta(minutes=1))
+    _, manage = ApiKey.issue(name="ops", scope="manage")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+
+    got, _, answer = post(server, "/v1/chat/completions", {**body, "model": "nope"}, ok)
+    assert got == 404
+    assert_openai_error(answer, "not_found_error", contains="model 'nope' does not exist")
+    got, headers, answer = post(server, "/v1/chat/completions", body)
+    assert got == 401 and headers["www-authenticate"] == "Bearer"
+    assert_openai_error(answer, "authentication_error", contains="no API key")
+    got, _, answer = post(server, "/v1/chat/completions", body, "lgk_00000000_madeup")
+    assert got == 401 and "invalid API key" in answer["error"]["message"]
+    got, _, answer = post(server, "/v1/chat/completions", body, expired)
+    assert got == 401 and "API key 'old'" in answer["error"]["message"]
+    assert "expired" in answer["error"]["message"]
+    got, _, answer = post(server, "/v1/chat/completions", body, manage)
+    assert got == 403 and "needs an inference key" in answer["error"]["message"]
+    # A key made after the gateway loaded its cache works at once.
+    _, fresh = inference_key("new")
+    assert post(server, "/v1/chat/completions", body, fresh)[0] == 200
+
+
+def test_no_ready_replica_is_503_with_the_reason_until_a_shard_reports_ready(server, upstream):
+    from agentd import protocol
+    from fleet.models import Replica, ReplicaState, Shard, ShardState
+    from fleet.services import inventory
+
+    # given a model with one replica loading and one that cannot be placed
+    up = upstream()
+    model, (replica,) = ready_model("qwen", [up])
+    shard = Shard.objects.get(replica=replica)
+    Shard.objects.filter(pk=shard.pk).update(state=ShardState.LOADING)
+    Replica.objects.create(
+        model=model,
+        profile=replica.profile,
+        state=ReplicaState.PENDING,
+        reason="gpu-07: has 8 GB of memory, needs 24",
+    )
+    _, secret = inference_key()
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=secret, max_retries=0)
+
+    # then the client hears which and why, and when to come back
+    with pytest.raises(openai.InternalServerError) as err:
+        c.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "x"}])
+    assert err.value.status_code == 503
+    assert err.value.body["message"] == (
+        "model 'qwen' has no ready replica: 1 loading; 1 pending: gpu-07: has 8 GB of memory, "
+        "needs 24"
+    )
+    assert err.value.response.headers["retry-after"] == "5"
+
+    # when the agent reports the shard ready, the gateway hears of it at once
+    msg = protocol.ShardStatus(type="shard_status", v=1, shard_id=shard.pk, state="ready")
+    assert inventory.apply_shard_status(shard.node_id, msg)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            c.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "x"}])
+            break
+        except openai.InternalServerError:
+            assert time.monotonic() < deadline, "the gateway never heard the shard was ready"
+            time.sleep(0.05)
+    assert up.served == 1
+
+
+def test_an_engine_that_breaks_mid_stream_gives_a_clean_error_event(server, upstream):
+    _, secret = inference_key()
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=secret, max_retries=0)
+    for mode in ("garbage", "close_early"):
+        ready_model(mode.replace("_", "-"), [upstream(mode=mode)])
+    for mode, fragment in (
+        ("garbage", "a line that is not server-sent events"),
+        ("close_early", "closed the stream before it finished"),
+    ):
+        stream = c.chat.completions.create(
+            model=mode.replace("_", "-"), messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        got = []
+        with pytest.raises(openai.APIError) as err:
+            for chunk in stream:
+                got.append(chunk.choices[0].delta.content)
+        # what came before the fault arrived intact; then one error the client can read
+        assert got == ["Hello", ","]
+        assert fragment in err.value.message
+
+
+def test_an_engine_that_answers_503_is_retried_on_another_replica(server, upstream):
+    bad, good = upstream(mode="status503"), upstream()
+    ready_model("tiny", [bad, good])
+    _, secret = inference_key()
+    for _ in range(6):
+        got, _, answer = post(
+            server,
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+            secret,
+        )
+        assert got == 200, answer
+    assert good.served == 6
+    assert len(bad.requests) >= 1
+
+
+def test_a_full_replica_is_429_and_a_silent_engine_504(server, upstream):
+    from concurrent.futures import ThreadPoolExecutor
+
+    # given the only replica holding its limit of two requests, never answering
+    up = upstream(mode="hang")
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(post, server, "/v1/chat/completions", body, secret) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while up.in_flight < 2:
+            assert time.monotonic() < deadline, "the two requests never reached the engine"
+            time.sleep(0.02)
+
+        # then a third is turned away at once, and told when to come back
+        got, headers, answer = post(server, "/v1/chat/completions", body, secret)
+        assert got == 429 and headers["retry-after"] == "1"
+        assert_openai_error(answer, "rate_limit_error", contains="model 'tiny' is at capacity")
+
+        # and the two held ones end after the first-byte timeout, with the engine told
+        for f in held:
+            got, _, answer = f.result(timeout=30)
+            assert got == 504
+            assert "sent no answer within 2 s" in answer["error"]["message"]
+    deadline = time.monotonic() + 10
+    while up.in_flight:
+        assert time.monotonic() < deadline, "the engine still holds the timed-out requests"
+        time.sleep(0.05)
+    assert up.cancelled == 2

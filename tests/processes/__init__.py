@@ -1,0 +1,55 @@
+"""Everything in the tests that starts a real process: Daphne, a Celery worker and beat,
+agentd, the fake engine, and the whole stack for tests/e2e/.
+
+A test that uses anything here is ``live`` (see tests/conftest.py) and stays out of
+``make test-fast``. Each module holds one kind of process; add a new kind beside
+them and export it here.
+
+- ``base``: the repository root, the test database's environment, ports, waits;
+- ``servers``: Daphne, Celery, the fake engine;
+- ``agents``: an agentd process and its config;
+- ``stack``: all of them together, with a private Redis, for the e2e scenarios.
+"""
+
+from tests.processes.agents import AgentProcess, start_agent, wait_until, write_config
+from tests.processes.base import (
+    ROOT,
+    free_port,
+    pid_alive,
+    port_block,
+    subprocess_env,
+    tails,
+    wait_for,
+    wait_for_port,
+)
+from tests.processes.servers import (
+    FakeEngine,
+    LiveServer,
+    start_celery,
+    start_daphne,
+    stop_all,
+)
+from tests.processes.stack import FAST, Agent, Stack
+
+__all__ = [
+    "FAST",
+    "ROOT",
+    "Agent",
+    "AgentProcess",
+    "FakeEngine",
+    "LiveServer",
+    "Stack",
+    "free_port",
+    "pid_alive",
+    "port_block",
+    "start_agent",
+    "start_celery",
+    "start_daphne",
+    "stop_all",
+    "subprocess_env",
+    "tails",
+    "wait_for",
+    "wait_for_port",
+    "wait_until",
+    "write_config",
+]

@@ -1,0 +1,124 @@
+"""Control-plane processes and engines for tests: Daphne, a Celery worker and beat, and
+the project's fake engine, each on the test database and Redis.
+
+Use the ``daphne_server`` fixture (registered in conftest.py) with
+``pytest.mark.django_db(transaction=True)`` so what the test writes is committed
+where the server can read it.
+"""
+
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.processes.base import ROOT, free_port, subprocess_env, wait_for_port
+
+
+@dataclass
+class LiveServer:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws/agent/"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
+    # A given port lets a restarted Daphne come back where its agents reconnect.
+    port = port or free_port()
+    log = log_dir / f"daphne-{port}.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "llmgw_site.asgi:application",
+            ],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    server = LiveServer(proc, port, log)
+    try:
+        wait_for_port(port, proc)
+    except Exception:
+        server.stop()
+        raise RuntimeError(f"daphne did not start:\n{server.output()}") from None
+    return server
+
+
+def start_celery(log_dir: Path, name: str, argv: list[str], **env) -> tuple[subprocess.Popen, Path]:
+    """``celery -A llmgw_site <argv>`` (a worker or beat), its output in ``<name>.log``."""
+    log = log_dir / f"{name}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "llmgw_site", *argv],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, log
+
+
+def stop_all(procs, timeout: float = 20) -> None:
+    """Terminate every process at once, then wait for each; kill one that does not go."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class FakeEngine:
+    """The project's fake engine (``python -m agentd.engines.fake``) as a real process."""
+
+    def __init__(self, tmp_path, name: str = "tiny", *extra: str):
+        self.port = free_port()
+        self.log = tmp_path / f"engine-{self.port}.log"
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentd.engines.fake", "--port", str(self.port)]
+                + ["--served-model-name", name, *extra],
+                cwd=ROOT,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for_port(self.port, self.proc)
+
+    def metrics(self) -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics").read().decode()
+        return {k: float(v) for k, v in (line.split() for line in text.splitlines() if line)}
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)

@@ -1,0 +1,199 @@
+"""Silent nodes: suspect, lost, replaced; outages, a mostly silent fleet, returning nodes,
+adoption after a control-plane restart."""
+
+from datetime import timedelta
+
+import pytest
+
+from agentd import protocol
+from fleet.models import FleetStatus, Node, NodeState, ReplicaState, Shard
+from fleet.services import inventory
+from tests.factories import add_model, add_node, register_msg
+from tests.reconciler.helpers import Clock, desired, make_ready, replicas, reregister, running
+
+pytestmark = pytest.mark.django_db
+
+
+def node_state(node_id):
+    return Node.objects.get(pk=node_id).state
+
+
+def test_silent_node_goes_suspect_then_lost_and_its_replica_is_replaced():
+    for n in ("gpu-01", "gpu-02", "gpu-03"):
+        add_node(n)
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    [shard] = running(model)
+    assert shard.node_id == "gpu-01"
+    make_ready(model)
+    clock.pass_()
+
+    # gpu-01 goes silent; the others keep heartbeating
+    clock.advance(50, alive=["gpu-02", "gpu-03"], step=10)
+    assert node_state("gpu-01") == NodeState.SUSPECT
+    assert running(model) == [shard]  # suspect: nothing replaced yet
+
+    clock.advance(250, alive=["gpu-02", "gpu-03"], step=25)
+    assert node_state("gpu-01") == NodeState.LOST
+    [moved] = running(model)
+    assert moved.node_id == "gpu-02"
+    assert replicas(model)[0].state == ReplicaState.STARTING
+    assert desired("gpu-01") == {shard.pk: "stopped"}  # kept until the node hears it
+
+
+def test_a_model_can_be_replaced_sooner_than_the_fleet_default():
+    for n in ("gpu-01", "gpu-02"):
+        add_node(n)
+    model = add_model()
+    model.replace_after_s = 60
+    model.save()
+    clock = Clock()
+    clock.pass_()
+
+    clock.advance(70, alive=["gpu-02"], step=10)
+
+    assert node_state("gpu-01") == NodeState.SUSPECT  # the node itself is not lost yet
+    assert [s.node_id for s in running(model)] == ["gpu-02"]
+
+
+def test_at_most_one_lost_node_is_replaced_every_ten_seconds():
+    for n in ("gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05"):
+        add_node(n)
+    model = add_model(replicas=2, gpus_per_node=8, tp=8, engine="vllm", policy="spread")
+    clock = Clock()
+    clock.pass_()
+    assert sorted(s.node_id for s in running(model)) == ["gpu-01", "gpu-02"]
+
+    clock.advance(300, alive=["gpu-03", "gpu-04", "gpu-05"], step=25)
+    on_new = sorted(s.node_id for s in running(model))
+    assert len([n for n in on_new if n in ("gpu-01", "gpu-02")]) == 1  # one replaced so far
+
+    clock.advance(10, alive=["gpu-03", "gpu-04", "gpu-05"], step=5)
+    assert all(s.node_id not in ("gpu-01", "gpu-02") for s in running(model))
+
+
+def test_half_the_fleet_silent_replaces_nothing_and_says_so():
+    for n in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"):
+        add_node(n)
+    model = add_model(replicas=2, gpus_per_node=8, tp=8, engine="vllm", policy="spread")
+    clock = Clock()
+    clock.pass_()
+    before = {s.pk for s in running(model)}
+
+    # three of four go silent together: this control plane is probably the one cut off
+    clock.advance(600, alive=["gpu-04"], step=25)
+
+    status = FleetStatus.objects.get()
+    assert status.replacement_paused
+    assert status.message.startswith("3 of 4 nodes are silent")
+    assert {s.pk for s in running(model)} == before
+    assert {node_state(n) for n in ("gpu-01", "gpu-02", "gpu-03")} == {NodeState.SUSPECT}
+
+    # they come back: nothing was disturbed, and replacement resumes
+    clock.advance(5, alive=["gpu-01", "gpu-02", "gpu-03", "gpu-04"])
+    status.refresh_from_db()
+    assert not status.replacement_paused and status.message == ""
+
+
+def test_after_an_outage_every_node_gets_a_full_grace_period():
+    for n in ("gpu-01", "gpu-02", "gpu-03"):
+        add_node(n)
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    shards = {s.pk for s in running(model)}
+
+    # no pass for ten minutes (the control plane, its database or Redis down);
+    # the agents could not be heard either
+    clock.now += timedelta(minutes=10)
+    clock.pass_()
+
+    assert {node_state(n) for n in ("gpu-01", "gpu-02", "gpu-03")} == {NodeState.READY}
+    clock.advance(45, alive=["gpu-02", "gpu-03"], step=15)
+    assert node_state("gpu-01") == NodeState.READY  # 45 s since the outage ended
+    clock.advance(10, alive=["gpu-02", "gpu-03"], step=10)
+    assert node_state("gpu-01") == NodeState.SUSPECT
+    assert {s.pk for s in running(model)} == shards
+
+
+def test_a_lost_node_that_returns_has_its_duplicates_stopped():
+    for n in ("gpu-01", "gpu-02", "gpu-03"):
+        add_node(n)
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    [old] = running(model)
+    make_ready(model)
+    clock.pass_()
+    clock.advance(300, alive=["gpu-02", "gpu-03"], step=25)
+    [new] = running(model)
+    assert new.node_id != "gpu-01"
+
+    # gpu-01 comes back, still running the old engine
+    reregister(
+        "gpu-01",
+        clock.now,
+        running_shards=[{"shard_id": old.pk, "replica_id": old.replica_id, "state": "ready"}],
+    )
+    result = clock.pass_()
+
+    assert node_state("gpu-01") == NodeState.READY
+    assert desired("gpu-01") == {old.pk: "stopped"}
+    assert result.unclaimed == 1
+    assert running(model) == [new]  # one replica, on the node that took over
+
+
+def test_a_shard_nothing_claims_is_reported_and_left_out_of_the_set():
+    add_node("gpu-01")
+    clock = Clock()
+    clock.pass_()
+    msg = register_msg("gpu-01", running_shards=[{"shard_id": "stray01", "state": "ready"}])
+
+    inventory.register_node(protocol.Register.model_validate(msg))
+    result = clock.pass_()
+
+    assert result.unclaimed == 1
+    assert "gpu-01" in result.nodes_notified
+    assert desired("gpu-01") == {}
+
+
+def test_after_a_control_plane_restart_running_shards_are_adopted_not_placed_again():
+    for n in ("gpu-01", "gpu-02"):
+        add_node(n)
+    model = add_model(replicas=2, policy="spread")
+    clock = Clock()
+    clock.pass_()
+    make_ready(model)
+    clock.pass_()
+    before = {s.pk: s.node_id for s in running(model)}
+
+    # the control plane is down for two minutes; then the agents re-register
+    # with what they run, and the first pass comes
+    clock.now += timedelta(minutes=2)
+    Node.objects.update(connected=False)
+    for node_id in ("gpu-01", "gpu-02"):
+        mine = [{"shard_id": pk, "state": "ready"} for pk, n in before.items() if n == node_id]
+        reregister(node_id, clock.now, running_shards=mine)
+    result = clock.pass_()
+
+    assert result.adopted == 2 and result.placed == 0 and result.unclaimed == 0
+    assert {s.pk: s.node_id for s in running(model)} == before
+    assert Shard.objects.count() == 2
+    assert {r.state for r in replicas(model)} == {ReplicaState.READY}
+
+
+def test_a_shard_whose_node_was_deleted_is_healed_by_placing_again():
+    for n in ("gpu-01", "gpu-02"):
+        add_node(n)
+    model = add_model()
+    clock = Clock()
+    clock.pass_()
+    [shard] = running(model)
+
+    Node.objects.filter(pk=shard.node_id).delete()  # an operator removes it
+    clock.pass_()
+
+    [again] = running(model)
+    assert again.node_id not in (None, shard.node_id)
+    assert replicas(model)[0].state == ReplicaState.STARTING
