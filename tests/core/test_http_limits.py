@@ -92,7 +92,9 @@ def test_ambiguous_body_framing_is_refused(server, framing):
     # RFC 9112: a proxy that reads the last Transfer-Encoding would frame this
     # body differently from a server that reads the first: refuse both ways.
     sock = _connect(server)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + framing + b"\r\n0\r\n\r\n")
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + framing + b"\r\n0\r\n\r\n"
+    )
     assert _status(_read_all(sock)) == 400
     sock.close()
 
