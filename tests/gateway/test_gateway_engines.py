@@ -2,7 +2,6 @@
 
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -12,7 +11,11 @@ import openai
 import pytest
 
 from tests.factories import inference_key, ready_model
-from tests.processes import ROOT, FakeEngine, LiveServer, free_port, subprocess_env, wait_for_port
+from tests.processes import (
+    FakeEngine,
+    free_port,
+    start_uvicorn,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -29,36 +32,6 @@ def engines(tmp_path):
     for e in made:
         if e.proc.poll() is None:
             e.kill()
-
-
-def start_uvicorn(tmp_path) -> LiveServer:
-    port = free_port()
-    log = tmp_path / f"uvicorn-{port}.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "llmgw_site.gateway_asgi:application"]
-            + [
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--loop",
-                "uvloop",
-                "--http",
-                "httptools",
-            ],
-            cwd=ROOT,
-            env=subprocess_env(),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    server = LiveServer(proc, port, log)
-    try:
-        wait_for_port(port, proc)
-    except Exception:
-        server.stop()
-        raise RuntimeError(f"uvicorn did not start:\n{server.output()}") from None
-    return server
 
 
 def use_every_endpoint(c: openai.OpenAI) -> None:

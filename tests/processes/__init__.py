@@ -25,8 +25,10 @@ from tests.processes.base import (
 from tests.processes.servers import (
     FakeEngine,
     LiveServer,
+    start_asgi,
     start_celery,
     start_daphne,
+    start_uvicorn,
     stop_all,
 )
 from tests.processes.stack import FAST, Agent, Stack
@@ -43,8 +45,10 @@ __all__ = [
     "pid_alive",
     "port_block",
     "start_agent",
+    "start_asgi",
     "start_celery",
     "start_daphne",
+    "start_uvicorn",
     "stop_all",
     "subprocess_env",
     "tails",

@@ -42,22 +42,12 @@ class LiveServer:
                 self.proc.wait()
 
 
-def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
-    # A given port lets a restarted Daphne come back where its agents reconnect.
-    port = port or free_port()
-    log = log_dir / f"daphne-{port}.log"
+def start_asgi(log_dir: Path, name: str, argv: list[str], port: int, **env) -> LiveServer:
+    """An ASGI server (``python -m <argv>``) on ``port``, waited for until it listens."""
+    log = log_dir / f"{name}-{port}.log"
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "llmgw_site.asgi:application",
-            ],
+            [sys.executable, "-m", *argv],
             cwd=ROOT,
             env=subprocess_env(**env),
             stdout=fh,
@@ -68,8 +58,23 @@ def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
         wait_for_port(port, proc)
     except Exception:
         server.stop()
-        raise RuntimeError(f"daphne did not start:\n{server.output()}") from None
+        raise RuntimeError(f"{name} did not start:\n{server.output()}") from None
     return server
+
+
+def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
+    # A given port lets a restarted Daphne come back where its agents reconnect.
+    port = port or free_port()
+    argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"]
+    return start_asgi(log_dir, "daphne", argv, port, **env)
+
+
+def start_uvicorn(log_dir: Path, **env) -> LiveServer:
+    """The gateway alone on uvicorn (llmgw_site.gateway_asgi), as bench/gateway.py runs it."""
+    port = free_port()
+    argv = ["uvicorn", "llmgw_site.gateway_asgi:application", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--loop", "uvloop", "--http", "httptools"]
+    return start_asgi(log_dir, "uvicorn", argv, port, **env)
 
 
 def start_celery(log_dir: Path, name: str, argv: list[str], **env) -> tuple[subprocess.Popen, Path]:
