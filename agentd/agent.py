@@ -8,7 +8,6 @@ sent all live here, so a reconnect resumes rather than starts over.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from agentd.config import Config
 from agentd.discovery import Machine
 from agentd.load import LoadSampler
 from agentd.nvml import Checks
+from agentd.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ WEIGHTS_RESCAN_S = 60.0
 # Engines are installed by someone at a keyboard: a minute's delay in noticing
 # one is invisible, while a probe may start a Python that imports vLLM.
 ENGINE_REPROBE_S = 60.0
-OUTBOX_LIMIT = 1000
 
 
 class Shards(Protocol):
@@ -170,8 +169,9 @@ class Agent:
         self._sent_provision: list[protocol.EngineInstall] = []
         self._reported: set[tuple[int, str]] = set()
         self._wants: list[protocol.EngineWant] = []
-        # Messages for the control plane, sent in order whenever a socket is up.
-        self.outbox: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
+        # Messages for the control plane, sent in order whenever a socket is up;
+        # bounded by coalescing, never by dropping news (agentd/outbox.py).
+        self.outbox = Outbox()
         self.outbox_ready = asyncio.Event()
         self._pending_desired: protocol.Desired | None = None
         self._desired_wakeup = asyncio.Event()
@@ -225,7 +225,7 @@ class Agent:
 
     def send(self, msg) -> None:
         """Queue a message for the control plane. Call on the event loop's thread."""
-        self.outbox.append(msg)
+        self.outbox.put(msg)
         self.outbox_ready.set()
 
     async def on_shard_event(self, msg) -> None:

@@ -242,12 +242,19 @@ async def _heartbeats(agent: Agent, ws, interval: float) -> None:
 
 
 async def _send_outbox(agent: Agent, ws) -> None:
+    outbox = agent.outbox
     while True:
         await agent.outbox_ready.wait()
-        while agent.outbox:
-            msg = agent.outbox[0]
+        while outbox:
+            key, msg = outbox.first()
             await ws.send(protocol.dump(msg))
             # Taken off only once sent: what a dropped socket ate goes out on the next.
-            if agent.outbox and agent.outbox[0] is msg:
-                agent.outbox.popleft()
+            outbox.sent(key, msg)
         agent.outbox_ready.clear()
+        # Said once per drain, not per message: a burst while disconnected is one line.
+        coalesced = outbox.coalesced_news()
+        if coalesced:
+            logger.info(
+                "outbox sent; superseded messages coalesced so far: %s",
+                " ".join(f"{kind}={n}" for kind, n in sorted(coalesced.items())),
+            )

@@ -7,6 +7,7 @@ of hardware: no GPU is a CPU node, no /sys/class/infiniband is no fabric.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -14,6 +15,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISDIR
+
+import psutil
 
 from agentd import __version__, protocol
 from agentd.nvml import NVML, Checks
@@ -221,6 +224,42 @@ def fabrics(root: Path = INFINIBAND, name: str = "") -> list[protocol.Fabric]:
     return out
 
 
+# What the protocol takes as an interface name (protocol.IfName): a name
+# outside it is not reported rather than refused with the whole register.
+IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+
+
+def interface_of(addr: str, table: dict[str, list] | None = None) -> str:
+    """The name of the interface that holds ``addr`` ("" when none does, or no address).
+
+    ``table`` is psutil.net_if_addrs()'s shape: name -> addresses with ``.address``.
+    An IPv6 link-local address carries its scope ("fe80::1%eno1"): compared without it.
+    """
+    if not addr:
+        return ""
+    try:
+        want = ipaddress.ip_address(addr)
+    except ValueError:
+        return ""
+    if isinstance(want, ipaddress.IPv6Address) and want.ipv4_mapped:
+        want = want.ipv4_mapped  # a dual-stack socket's view of an IPv4 address
+    if table is None:
+        try:
+            table = psutil.net_if_addrs()
+        except OSError as exc:
+            logger.warning("cannot list network interfaces: %s", exc)
+            return ""
+    for name, addrs in sorted(table.items()):
+        for a in addrs:
+            try:
+                have = ipaddress.ip_address(str(a.address).split("%", 1)[0])
+            except ValueError:
+                continue  # a link-layer (MAC) address
+            if have == want and IFNAME.fullmatch(name):
+                return name
+    return ""
+
+
 @dataclass
 class Machine:
     """This node as discovery sees it, with the NVML session kept open between looks."""
@@ -281,6 +320,7 @@ class Machine:
             "node_id": node_id,
             "hostname": socket.gethostname(),
             "mgmt_addr": mgmt_addr,
+            "mgmt_interface": interface_of(mgmt_addr),
             "labels": labels or {},
             "agent_version": __version__,
             "engine_versions": engine_versions or {},

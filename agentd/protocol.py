@@ -44,6 +44,9 @@ SmallCount = Annotated[int, Field(ge=0, le=2**31 - 1)]  # an integer column
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 GpuIndex = Annotated[int, Field(ge=0, le=32767)]  # a smallint column
 Labels = Annotated[dict[Annotated[str, Field(max_length=63)], ShortStr], Field(max_length=64)]
+# A network interface's name as Linux allows it (IFNAMSIZ is 16 with the NUL);
+# it ends up in engines' environments, so nothing but a name.
+IfName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{0,15}$")]
 
 
 class ShardState(enum.StrEnum):
@@ -197,6 +200,9 @@ class Register(_Msg):
     node_id: NodeId
     hostname: ShortStr = ""
     mgmt_addr: ShortStr = ""
+    # The interface mgmt_addr is on ("": not found, or an old agent). Multi-node
+    # engines bootstrap over it (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).
+    mgmt_interface: IfName = ""
     labels: Labels = {}
     agent_version: Annotated[str, Field(max_length=64)] = ""
     engine_versions: Annotated[dict[ShortStr, ShortStr], Field(max_length=32)] = {}
@@ -343,7 +349,10 @@ class DesiredShard(_Part):
     leader_port: Annotated[int, Field(ge=0, le=65535)] = 0
     gpu_uuids: Annotated[list[ShortStr], Field(max_length=64)] = []
     hcas: Annotated[list[ShortStr], Field(max_length=64)] = []
+    # Multi-node only, fixed when the replica was placed: this node's management
+    # interface, and the fabric placement chose (the one ``hcas`` are on).
     mgmt_interface: ShortStr = ""
+    fabric: ShortStr = ""
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     startup_timeout_s: Annotated[float, Field(gt=0)] = 1800
     profile: ProfileSpec

@@ -57,6 +57,11 @@ class FleetSettings:
     # gateway connects there. Empty: any unicast address, loopback only from an
     # agent on this machine (fleet.services.access.mgmt_addr_refusal).
     agent_addr_networks: str = ""
+    # A connected node whose acknowledged desired version has been behind the
+    # desired one, without progress, for longer than this is "not keeping up"
+    # (fleet.services.desired.not_keeping_up): shown in the admin, the API and
+    # /metrics. The seed's bounded command queue said the same when it filled.
+    desired_lag_bound_s: float = 30.0
 
     # The reconciler (fleet.services.reconciler; docs/operations.md).
     reconcile_interval_s: float = 5.0  # beat's interval, and the expiry of each entry

@@ -72,8 +72,10 @@ def base_env(profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
         env.setdefault("NCCL_IB_HCA", "=" + ",".join(shard.hcas))
     if shard.mgmt_interface:
         # Bootstrap and Gloo traffic on the management network, where the leader's
-        # address is reachable; data goes over the HCAs above.
-        env.setdefault("NCCL_SOCKET_IFNAME", shard.mgmt_interface)
+        # address is reachable; data goes over the HCAs above. NCCL takes prefixes
+        # ("eno1" would match eno10 too): "=" asks for the exact name, as for
+        # NCCL_IB_HCA. Gloo takes one interface's name as it is.
+        env.setdefault("NCCL_SOCKET_IFNAME", "=" + shard.mgmt_interface)
         env.setdefault("GLOO_SOCKET_IFNAME", shard.mgmt_interface)
     return env
 

@@ -133,6 +133,7 @@ class NodeAdmin(admin.ModelAdmin):
         "memory",
         "gpus_display",
         "shards_display",
+        "keeping_up",
         "agent_version",
     )
     list_filter = ("state", "connected", "cordoned", "draining", "agent_version")
@@ -158,6 +159,7 @@ class NodeAdmin(admin.ModelAdmin):
                     "id",
                     "hostname",
                     "mgmt_addr",
+                    "mgmt_interface",
                     "state",
                     "connected",
                     "last_seen",
@@ -170,6 +172,8 @@ class NodeAdmin(admin.ModelAdmin):
                     "running_shards",
                     "desired_version",
                     "acked_version",
+                    "desired_lag_since",
+                    "keeping_up",
                     "created_at",
                 ),
             },
@@ -202,6 +206,7 @@ class NodeAdmin(admin.ModelAdmin):
             *names,
             "memory",
             "effective_labels",
+            "keeping_up",
             "load_sampled_at",
             "cpu_percent",
             "cpu_count",
@@ -242,6 +247,10 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.display(description="shards (ready/all)")
     def shards_display(self, obj):
         return f"{getattr(obj, 'ready_count', 0)}/{getattr(obj, 'shard_count', 0)}"
+
+    @admin.display(description="desired set")
+    def keeping_up(self, obj):
+        return node_service.desired_sync(obj, timezone.now())
 
     @admin.display(description="labels in effect")
     def effective_labels(self, obj):

@@ -8,6 +8,7 @@ from copy import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
@@ -122,6 +123,10 @@ class NodeSerializer(serializers.ModelSerializer):
     load = serializers.SerializerMethodField(
         help_text="The latest load sample; null when none arrived in the last minute."
     )
+    not_keeping_up = serializers.SerializerMethodField(
+        help_text="Connected, and its acknowledged desired version behind the desired one "
+        "without progress for longer than LLMGW_DESIRED_LAG_BOUND_S."
+    )
 
     class Meta:
         model = Node
@@ -129,6 +134,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "id",
             "hostname",
             "mgmt_addr",
+            "mgmt_interface",
             "state",
             "cordoned",
             "draining",
@@ -143,12 +149,18 @@ class NodeSerializer(serializers.ModelSerializer):
             "labels",
             "desired_version",
             "acked_version",
+            "desired_lag_since",
+            "not_keeping_up",
             "gpus",
             "fabrics",
             "engine_installs",
             "load",
         )
         read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_not_keeping_up(self, obj) -> bool:
+        return node_service.node_not_keeping_up(obj, self.context.get("now") or timezone.now())
 
     @extend_schema_field(NodeLoadSerializer(allow_null=True))
     def get_load(self, obj):

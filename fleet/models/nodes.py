@@ -26,6 +26,13 @@ class Node(models.Model):
     mgmt_addr = models.CharField(
         "management address", max_length=255, blank=True, help_text="Address engines listen on."
     )
+    mgmt_interface = models.CharField(
+        "management interface",
+        max_length=15,
+        blank=True,
+        help_text="The interface the management address is on, as the agent found it. "
+        "Multi-node engines bootstrap over it. Empty: not reported.",
+    )
     agent_labels = models.JSONField(
         default=dict, blank=True, help_text="Labels the agent reports (from agent.yaml)."
     )
@@ -58,6 +65,13 @@ class Node(models.Model):
     )
     acked_version = models.PositiveBigIntegerField(
         default=0, help_text="The newest desired-set version the agent has applied."
+    )
+    desired_lag_since = models.DateTimeField(
+        "behind since",
+        null=True,
+        blank=True,
+        help_text="Since when the acknowledged version has been behind the desired one "
+        "without progress. Empty: caught up.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

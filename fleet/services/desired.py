@@ -9,15 +9,63 @@ a duplicate changes nothing.
 """
 
 import asyncio
+from datetime import datetime
 
 from asgiref.sync import async_to_sync
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, DateTimeField, F, Q, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from agentd import protocol
+from fleet.conf import fleet_settings
 from fleet.models import DesiredState, Node, Shard, ShardState
 
 from . import doorbells
+
+# ---- keeping up -----------------------------------------------------------------
+#
+# ``Node.desired_lag_since`` says since when a node's acknowledged version has
+# been behind its desired one without progress: set when the desired version
+# moves ahead of a caught-up node, restarted when an ack moves forward without
+# catching up (the node is converging, a version at a time), cleared when it
+# catches up. Every writer of either version keeps it so: ``bump_desired``, the
+# ack (``inventory.apply_desired_ack``), registration, and both heartbeat
+# writers (``heartbeat.orm``, and ``heartbeat.pg`` in SQL, the same rule).
+
+
+def lag_since_after(acked, now: datetime):
+    """``desired_lag_since`` for an update setting ``acked_version`` to ``acked`` (a value
+    or an expression over the row as it was), in the same statement."""
+    return Case(
+        When(Q(desired_version__lte=acked), then=Value(None)),
+        When(
+            Q(acked_version__lt=acked) | Q(desired_lag_since__isnull=True),
+            then=Value(now),
+        ),
+        default=F("desired_lag_since"),
+        output_field=DateTimeField(),
+    )
+
+
+def not_keeping_up(
+    connected: bool, lag_since: datetime | None, now: datetime, bound_s: float | None = None
+) -> bool:
+    """A connected node behind its desired version, without progress, for longer than the
+    bound (``LLMGW_DESIRED_LAG_BOUND_S``). A disconnected node is not judged: it cannot
+    hear, and its silence has timers of its own (suspect, lost)."""
+    if not connected or lag_since is None:
+        return False
+    bound = fleet_settings().desired_lag_bound_s if bound_s is None else bound_s
+    return (now - lag_since).total_seconds() > bound
+
+
+def lag_s(lag_since: datetime | None, now: datetime) -> float:
+    """Seconds behind without progress; 0 when caught up."""
+    return max(0.0, (now - lag_since).total_seconds()) if lag_since else 0.0
+
+
+# ---- versions and the set ----------------------------------------------------------
 
 
 def bump_desired(node_ids) -> None:
@@ -25,7 +73,12 @@ def bump_desired(node_ids) -> None:
     ids = sorted(set(node_ids))
     if not ids:
         return
-    Node.objects.filter(pk__in=ids).update(desired_version=F("desired_version") + 1)
+    # acked_version never passes desired_version, so the node is behind now;
+    # one already behind keeps the time it fell behind.
+    Node.objects.filter(pk__in=ids).update(
+        desired_version=F("desired_version") + 1,
+        desired_lag_since=Coalesce(F("desired_lag_since"), Value(timezone.now())),
+    )
 
     async def ring_all():
         # One event loop for every doorbell: a loop (and a Redis connection)
@@ -70,6 +123,10 @@ def desired_set(node_id: str) -> protocol.Desired:
                 leader_port=spec.get("leader_port", 0),
                 gpu_uuids=s.gpu_uuids,
                 hcas=s.hcas,
+                # Recorded at placement for multi-node replicas (reconciler.placing),
+                # so a node re-reporting its interface restarts no running engine.
+                mgmt_interface=spec.get("mgmt_interfaces", {}).get(s.node_id, ""),
+                fabric=spec.get("fabric", ""),
                 port=s.port or 0,
                 startup_timeout_s=p.startup_timeout_s,
                 profile=protocol.ProfileSpec(**spec["profile"]),

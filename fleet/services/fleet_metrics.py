@@ -4,7 +4,8 @@ Agents send these with their heartbeats; nothing is scraped on the nodes. The
 names are the Go system's, so dashboards and alerts carry over. A sample more
 than a minute old is left out rather than repeated: a silent node must not
 look busy (or idle) forever. A node that never reported its memory has no
-``llmgw_node_memory_bytes`` line: unknown is not zero.
+``llmgw_node_memory_bytes`` line: unknown is not zero. Beside them, whether
+each connected node keeps up with its desired set (``desired.not_keeping_up``).
 """
 
 import logging
@@ -13,6 +14,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
+from . import desired
 from .nodes import LOAD_MAX_AGE
 
 logger = logging.getLogger(__name__)
@@ -52,11 +54,23 @@ def _families():
             "Resident memory of an engine's process group.",
             labels=["node", "shard", "model"],
         ),
+        "lag": GaugeMetricFamily(
+            "llmgw_node_desired_lag_seconds",
+            "Seconds a connected node's acknowledged desired version has been behind "
+            "the desired one without progress; 0 when caught up.",
+            labels=["node"],
+        ),
+        "not_keeping_up": GaugeMetricFamily(
+            "llmgw_node_not_keeping_up",
+            "1 when a connected node has lagged its desired version for longer than "
+            "LLMGW_DESIRED_LAG_BOUND_S, else 0.",
+            labels=["node"],
+        ),
     }
 
 
 def collect_fleet(now=None) -> list:
-    """The fleet gauges as metric families, in three queries whatever the fleet's size."""
+    """The fleet gauges as metric families, in four queries whatever the fleet's size."""
     from fleet.models import Node, NodeLoad, Shard, ShardLoad
 
     now = now or timezone.now()
@@ -66,6 +80,13 @@ def collect_fleet(now=None) -> list:
         "id", "memory_total_mb"
     ):
         f["mem_total"].add_metric([node_id], total_mb * 2**20)
+    # Connected nodes only, as desired.not_keeping_up judges them: a
+    # disconnected node cannot hear, and has silence timers of its own.
+    for node_id, lag_since in Node.objects.filter(connected=True).values_list(
+        "id", "desired_lag_since"
+    ):
+        f["lag"].add_metric([node_id], desired.lag_s(lag_since, now))
+        f["not_keeping_up"].add_metric([node_id], int(desired.not_keeping_up(True, lag_since, now)))
     for load in NodeLoad.objects.filter(sampled_at__gte=since):
         node = load.node_id
         f["cpu"].add_metric([node], load.cpu_percent)

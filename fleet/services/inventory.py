@@ -9,12 +9,14 @@ import logging
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from agentd import protocol
 from fleet.models import GPU, FabricAttachment, Node, NodeState, Shard, ShardState
 
-from . import doorbells
+from . import desired, doorbells
 from .heartbeat import changes
 from .reconciler.ask import request_reconcile
 
@@ -35,6 +37,7 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
             changes.engines_changed(node.pk, node.engine_versions, reg.engine_versions)
         node.hostname = reg.hostname
         node.mgmt_addr = reg.mgmt_addr
+        node.mgmt_interface = reg.mgmt_interface
         node.agent_labels = reg.labels
         node.agent_version = reg.agent_version
         node.engine_versions = reg.engine_versions
@@ -53,6 +56,10 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
             )
             node.desired_version = reg.desired_version + 1
         node.acked_version = min(reg.desired_version, node.desired_version)
+        # A new session: the whole set goes out now, so a node still behind is
+        # timed from here, not from before it went away.
+        behind = node.acked_version < node.desired_version
+        node.desired_lag_since = now if behind else None
         node.state = NodeState.READY
         node.connected = True
         node.last_seen = now
@@ -164,9 +171,8 @@ def apply_fetch_progress(node_id: str, msg: protocol.FetchProgress) -> bool:
 
 
 def apply_desired_ack(node_id: str, version: int) -> None:
-    from django.db.models import F
-    from django.db.models.functions import Greatest, Least
-
+    """Forward only, and never past the node's desired version (docs/protocol.md)."""
+    acked = Least(Greatest(F("acked_version"), Value(version)), F("desired_version"))
     Node.objects.filter(pk=node_id).update(
-        acked_version=Least(Greatest(F("acked_version"), version), F("desired_version"))
+        acked_version=acked, desired_lag_since=desired.lag_since_after(acked, timezone.now())
     )

@@ -10,6 +10,7 @@ from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from fleet.models import GPU, Node, NodeLoad, ShardState
+from fleet.services import desired
 from fleet.services.reconciler.ask import request_reconcile
 from fleet.services.units import gb_text
 
@@ -54,6 +55,21 @@ def uncordon(node: Node) -> bool:
         # Replicas waiting for room may fit now; an update sends no post_save.
         request_reconcile()
     return changed
+
+
+def desired_sync(node: Node, now: datetime) -> str:
+    """How far the node is with its desired set, in words for the admin and pages:
+    "v5", "behind: v3 of v5 for 12 s", "not keeping up: v3 of v5 for 45 s"."""
+    if node.acked_version >= node.desired_version or node.desired_lag_since is None:
+        return f"v{node.acked_version}"
+    seconds = desired.lag_s(node.desired_lag_since, now)
+    word = "not keeping up" if node_not_keeping_up(node, now) else "behind"
+    return f"{word}: v{node.acked_version} of v{node.desired_version} for {seconds:.0f} s"
+
+
+def node_not_keeping_up(node: Node, now: datetime) -> bool:
+    """``desired.not_keeping_up`` for a node row."""
+    return desired.not_keeping_up(node.connected, node.desired_lag_since, now)
 
 
 def fresh_load(node: Node, now: datetime | None = None) -> NodeLoad | None:

@@ -8,6 +8,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.contrib.messages import get_messages
 from django.urls import reverse
+from django.utils import timezone
 
 from fleet.models import (
     ApiKey,
@@ -295,3 +296,20 @@ def test_secrets_filter_by_status(admin_client, fleet):
     assert names("expired") == ["test"]  # used up by enrolling gpu-01
     page = admin_client.get(url(NodeCredential, "changelist") + "?status=revoked")
     assert page.status_code == 200 and "0 node credentials" in page.content.decode()
+
+
+def test_a_node_not_keeping_up_shows_in_the_list_and_on_its_page(admin_client, fleet):
+    Node.objects.filter(pk="gpu-01").update(
+        connected=True,
+        desired_version=5,
+        acked_version=3,
+        desired_lag_since=timezone.now() - timedelta(seconds=90),
+    )
+
+    listing = admin_client.get(url(Node, "changelist")).content.decode()
+    page = admin_client.get(url(Node, "change", "gpu-01")).content.decode()
+
+    assert "not keeping up: v3 of v5" in listing
+    assert "not keeping up: v3 of v5" in page
+    # a node caught up shows its version, nothing alarming
+    assert "not keeping up" not in admin_client.get(url(Node, "change", "cpu-01")).content.decode()

@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 from agentd import discovery
 
 MEMINFO = """MemTotal:       2113024000 kB
@@ -137,3 +139,43 @@ def test_fabrics_split_by_subnet_prefix_and_can_be_named(tmp_path):
 
 def test_no_infiniband_is_no_fabric(tmp_path):
     assert discovery.fabrics(tmp_path / "absent") == []
+
+
+# ---- the management interface -------------------------------------------------
+
+
+def _addrs(*addresses):
+    """psutil.net_if_addrs()'s entries, as far as interface_of reads them."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(address=a) for a in addresses]
+
+
+IFACES = {
+    "lo": _addrs("127.0.0.1", "::1"),
+    "eno1": _addrs("b8:ce:f6:01:02:03", "10.0.0.11", "fe80::bace:f6ff:fe01:203%eno1"),
+    "ib0": _addrs("192.168.100.11"),
+    "weird name!": _addrs("10.9.9.9"),
+}
+
+
+@pytest.mark.parametrize(
+    ("addr", "name"),
+    [
+        ("10.0.0.11", "eno1"),
+        ("192.168.100.11", "ib0"),
+        ("fe80::bace:f6ff:fe01:203", "eno1"),  # the scope is not part of the address
+        ("::ffff:10.0.0.11", "eno1"),  # a dual-stack socket's local address
+        ("127.0.0.1", "lo"),
+        ("10.0.0.99", ""),  # on no interface here (NAT, a configured address)
+        ("10.9.9.9", ""),  # a name the protocol would refuse is not reported
+        ("", ""),
+        ("not-an-ip", ""),
+    ],
+)
+def test_the_interface_of_the_management_address(addr, name):
+    assert discovery.interface_of(addr, IFACES) == name
+
+
+def test_the_interface_of_a_real_address():
+    assert discovery.interface_of("127.0.0.1") != ""

@@ -470,3 +470,24 @@ def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server)
             .decode()
         )
         assert admin_page.count("NVIDIA H100 80GB HBM3") == 8
+
+
+def test_a_node_not_keeping_up_says_so(api):
+    add_node("gpu-01", mgmt_interface="eno1")
+    add_node("gpu-02")
+    Node.objects.filter(pk="gpu-02").update(
+        desired_version=3, desired_lag_since=timezone.now() - timedelta(seconds=31)
+    )
+
+    nodes = {n["id"]: n for n in results(api.get("/api/v1/nodes/"))}
+
+    assert nodes["gpu-01"]["not_keeping_up"] is False
+    assert nodes["gpu-01"]["mgmt_interface"] == "eno1"
+    assert nodes["gpu-02"]["not_keeping_up"] is True
+    assert nodes["gpu-02"]["desired_lag_since"] is not None
+    # read-only: an operator cannot clear it
+    resp = api.patch(
+        "/api/v1/nodes/gpu-02/", {"not_keeping_up": False}, content_type="application/json"
+    )
+    assert resp.status_code in (200, 405)
+    assert Node.objects.get(pk="gpu-02").desired_lag_since is not None

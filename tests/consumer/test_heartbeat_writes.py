@@ -181,6 +181,42 @@ def test_the_acknowledged_desired_version(write_path, reported, desired, acked):
     assert result["gpu-01", cred].desired_version == desired
 
 
+LATER = timezone.now() - timedelta(minutes=5)
+
+
+@pytest.mark.parametrize(
+    ("reported", "acked", "since", "expect"),
+    [
+        (0, 4, LATER, "kept"),  # says nothing: changes nothing
+        (4, 4, LATER, "kept"),  # the same version again: no progress, the clock runs on
+        (5, 4, LATER, "now"),  # forward but still behind 7: converging, timed from now
+        (5, 4, None, "now"),
+        (7, 4, LATER, None),  # caught up
+        (9, 4, LATER, None),  # ahead of what exists: caught up at 7
+        (3, 4, LATER, "kept"),  # backwards (an agent that lost its state): still behind
+        (3, 4, None, "now"),
+    ],
+)
+def test_the_lag_clock_moves_with_the_acknowledged_version(
+    write_path, reported, acked, since, expect
+):
+    cred = node_with_credential("gpu-01")
+    Node.objects.filter(pk="gpu-01").update(
+        desired_version=7, acked_version=acked, desired_lag_since=since
+    )
+    now = timezone.now()
+
+    heartbeat_apply.apply_heartbeats([("gpu-01", cred, hb(desired_version=reported), now)])
+
+    got = Node.objects.get(pk="gpu-01").desired_lag_since
+    if expect == "kept":
+        assert got == since
+    elif expect == "now":
+        assert got is not None and got >= now - timedelta(seconds=5) and got != LATER
+    else:
+        assert got is None
+
+
 def test_a_suspect_node_is_back_and_logged_once(write_path, caplog):
     caplog.set_level(logging.INFO, logger="fleet.services")
     cred = node_with_credential("gpu-01")

@@ -89,6 +89,51 @@ def test_control_messages_round_trip():
     assert protocol.parse_control_message(protocol.dump(closing)) == closing
 
 
+# ---- the multi-node fields: optional both ways -------------------------------------
+
+DESIRED_SHARD = {
+    "shard_id": "s1",
+    "replica_id": "r1",
+    "model": "llama-405b",
+    "state": "running",
+    "rank": 1,
+    "nnodes": 2,
+    "leader_addr": "10.0.0.7",
+    "leader_port": 29500,
+    "hcas": ["mlx5_0"],
+    "profile": {"name": "default", "engine": "vllm"},
+}
+
+
+def test_a_desired_set_from_an_older_control_plane_parses_without_them():
+    raw = {"type": "desired", "v": 1, "version": 3, "shards": [DESIRED_SHARD]}
+    [shard] = protocol.parse_control_message(json.dumps(raw)).shards
+    assert (shard.mgmt_interface, shard.fabric) == ("", "")
+
+
+def test_a_desired_set_carries_the_interface_and_the_fabric():
+    entry = {**DESIRED_SHARD, "mgmt_interface": "eno1", "fabric": "ib0"}
+    desired = protocol.parse_control_message(
+        json.dumps({"type": "desired", "v": 1, "version": 3, "shards": [entry]})
+    )
+    assert (desired.shards[0].mgmt_interface, desired.shards[0].fabric) == ("eno1", "ib0")
+    assert protocol.parse_control_message(protocol.dump(desired)) == desired
+    # and an older agent's schema, which knows neither, ignores them (extra="ignore")
+    older = protocol.DesiredShard.model_validate({**entry, "a_field_from_the_future": 1})
+    assert older.shard_id == "s1"
+
+
+def test_register_may_name_the_management_interface_or_not():
+    assert protocol.parse_agent_message(json.dumps(register_msg())).mgmt_interface == ""
+    reg = protocol.parse_agent_message(json.dumps(register_msg(mgmt_interface="eno1")))
+    assert reg.mgmt_interface == "eno1"
+
+
+@pytest.mark.parametrize("name", ["eth0 ; rm -rf /", "a" * 16, "eno1\n", "eth/0"])
+def test_an_interface_that_is_no_interface_name_is_refused(name):
+    assert refused(json.dumps(register_msg(mgmt_interface=name))).code == CloseCode.INVALID_MESSAGE
+
+
 # ---- refused messages ----------------------------------------------------------
 
 BIG = 2**63

@@ -145,8 +145,14 @@ ENV_CASES = [
         "multi-node: exact HCA names and the management interface",
         dict(),
         dict(nnodes=2, hcas=["mlx5_0", "mlx5_1"], mgmt_interface="eno1", **LEADER),
-        {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "eno1",
+        {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "=eno1",
          "GLOO_SOCKET_IFNAME": "eno1"},
+    ),
+    (
+        "an operator's interface in the profile wins",
+        dict(env={"NCCL_SOCKET_IFNAME": "bond"}),
+        dict(nnodes=2, mgmt_interface="eno1", **LEADER),
+        {"NCCL_SOCKET_IFNAME": "bond", "GLOO_SOCKET_IFNAME": "eno1"},
     ),
     (
         "an operator's NCCL setting in the profile wins",
@@ -165,6 +171,20 @@ def test_environment(bins, case, prof, spec, expected):
         assert launch.env[key] == value, key
     if "hcas" not in spec and "NCCL_IB_HCA" not in prof.get("env", {}):
         assert "NCCL_IB_HCA" not in launch.env
+
+
+def test_sglang_gets_the_same_multi_node_environment(bins):
+    p = profile("sglang", tp=8)
+    spec = shard(
+        engine="sglang", profile=p, nnodes=2, rank=1, hcas=["mlx5_0"], mgmt_interface="eno1",
+        fabric="ib0", **LEADER,
+    )  # fmt: skip
+    engine = SGLang(bins["vllm"])  # any executable: nothing is started
+    launch = engine.build(p, spec, host="h", port=1)
+    assert launch.env["NCCL_SOCKET_IFNAME"] == "=eno1"
+    assert launch.env["GLOO_SOCKET_IFNAME"] == "eno1"
+    assert launch.env["NCCL_IB_HCA"] == "=mlx5_0"
+    assert "--dist-init-addr" in launch.argv and "10.0.0.11:29500" in launch.argv
 
 
 def test_profile_args_come_last_so_they_win(bins):

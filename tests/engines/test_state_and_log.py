@@ -4,8 +4,9 @@ import json
 import os
 
 from agentd import shardlog, state
+from agentd.shard import Shard, parse_spec
 from agentd.shardlog import ShardLog, tail_file
-from tests.engines.helpers import Recorder, fake_supervisor
+from tests.engines.helpers import Recorder, fake_supervisor, shard
 
 
 def test_state_file_round_trip_is_atomic(tmp_path):
@@ -14,6 +15,31 @@ def test_state_file_round_trip_is_atomic(tmp_path):
     assert state.load(tmp_path) == (7, {"r1-s0": rec})
     # no temporary file is left behind
     assert [p.name for p in tmp_path.iterdir()] == [state.STATE_FILE]
+
+
+def test_an_adopted_shard_keeps_its_interface_and_fabric(tmp_path):
+    # given a multi-node shard as the desired set gave it
+    spec = shard(nnodes=2, rank=1, hcas=["mlx5_0"], mgmt_interface="eno1", fabric="ib0")
+    sh = Shard("r1-s0", tmp_path / "r1-s0.log")
+    sh.spec = sh.want = spec
+    state.save(tmp_path, 4, {"r1-s0": sh.record()})
+
+    # when the next agent reads the state file
+    _, records = state.load(tmp_path)
+    again = Shard("r1-s0", tmp_path / "r1-s0.log")
+    again.restore(records["r1-s0"])
+
+    # then it runs the same spec: nothing to restart, NCCL's interface the same
+    assert again.spec == spec
+    # and so does one that finds the engine by its mark alone (state file gone)
+    marks = state.marks(tmp_path, "r1-s0", "vllm", 8001, spec.model_dump_json())
+    assert parse_spec(marks[state.MARK_SPEC]) == spec
+
+
+def test_a_state_file_from_before_the_fields_still_reads(tmp_path):
+    old = shard().model_dump(mode="json")
+    del old["mgmt_interface"], old["fabric"]
+    assert parse_spec(old) == shard()
 
 
 async def test_a_damaged_state_file_is_ignored_not_fatal(state_dir):

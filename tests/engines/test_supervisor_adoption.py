@@ -43,7 +43,8 @@ def kill_9(proc: subprocess.Popen) -> None:
 
 async def test_kill_9_of_the_agent_then_the_same_engine_is_adopted(state_dir):
     lo, _ = port_block(20)
-    want = desired(3, shard())
+    # what placement chose for a multi-node replica rides along, and must survive
+    want = desired(3, shard(mgmt_interface="eno1", fabric="ib0"))
     host, pid = run_host(state_dir, lo, want)
     ticks = state.start_ticks(pid)
     # when the agent dies without a word
@@ -58,6 +59,8 @@ async def test_kill_9_of_the_agent_then_the_same_engine_is_adopted(state_dir):
         assert running.replica_id == "r1" and running.model == "tiny-llama"
         assert sup.desired_version == 3
         assert sup.process_groups() == {"r1-s0": pid}
+        adopted = sup._shards["r1-s0"].spec
+        assert (adopted.mgmt_interface, adopted.fabric) == ("eno1", "ib0")
         # and the desired set arriving again restarts nothing
         assert await sup.apply(want)
         await asyncio.sleep(0.5)

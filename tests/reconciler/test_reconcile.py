@@ -246,6 +246,32 @@ def test_multi_node_replica_restarts_as_a_group():
     assert len(fresh) == 2 and not {s.pk for s in fresh} & {s.pk for s in group}
 
 
+def test_a_two_node_placement_tells_each_rank_its_interface_and_the_fabric():
+    add_node("gpu-01", mgmt_addr="10.0.0.7", mgmt_interface="eno1")
+    add_node("gpu-02", mgmt_addr="10.0.0.8", mgmt_interface="bond0")
+    model = add_model(engine="vllm", gpus_per_node=8, nodes=2, tp=8, pp=2)
+    single = add_model(name="small", engine="vllm", gpus_per_node=0)
+    Clock().pass_()
+    group = running(model)
+
+    by_node = {s.node_id: desired_set(s.node_id) for s in group}
+    mine = {
+        node: next(d for d in ds.shards if d.replica_id == group[0].replica_id)
+        for node, ds in by_node.items()
+    }
+    assert mine["gpu-01"].mgmt_interface == "eno1" and mine["gpu-02"].mgmt_interface == "bond0"
+    assert {d.fabric for d in mine.values()} == {"ib0"}
+    # one node needs neither: its engine's spec, and so the engine, stays as it was
+    [alone] = running(single)
+    [entry] = [d for d in desired_set(alone.node_id).shards if d.shard_id == alone.pk]
+    assert (entry.mgmt_interface, entry.fabric) == ("", "")
+
+    # an interface reported again later changes no running shard's spec
+    add_node("gpu-02", mgmt_addr="10.0.0.8", mgmt_interface="eno2")
+    again = next(d for d in desired_set("gpu-02").shards if d.replica_id == group[0].replica_id)
+    assert again.mgmt_interface == "bond0"
+
+
 def test_scale_down_removes_the_least_useful_first():
     add_node("gpu-01")
     model = add_model(replicas=3, gpus_per_node=2, tp=2)

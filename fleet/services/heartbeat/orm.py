@@ -11,6 +11,7 @@ from django.db.models import FilteredRelation, Q
 from agentd import protocol
 from fleet.models import Node, NodeLoad, NodeState, Shard, ShardLoad
 
+from ..desired import lag_since_after
 from . import changes
 from .columns import NODE_LOAD
 
@@ -54,6 +55,7 @@ def apply_common(
         )
     storage: dict[str, list] = {}
     loads: dict[str, tuple[protocol.Load, datetime]] = {}
+    reported: dict[str, int] = {}  # the last desired version each node gave, if any
     for node_id, cred, hb, arrived in batch:
         if (node_id, cred) not in live:
             continue
@@ -62,9 +64,16 @@ def apply_common(
             storage[node_id] = hb.storage
         if hb.load is not None:
             loads[node_id] = (hb.load, arrived)
-        if hb.desired_version and hb.desired_version != acked[node_id]:
-            acked[node_id] = min(hb.desired_version, nodes[node_id][1])
-            Node.objects.filter(pk=node_id).update(acked_version=acked[node_id])
+        if hb.desired_version:
+            reported[node_id] = hb.desired_version
+    for node_id, version in reported.items():
+        # The node's last word in the batch against the row as it was, as the
+        # PostgreSQL statement sees it; lag_since_after keeps the lag.
+        if version != acked[node_id]:
+            new = min(version, nodes[node_id][1])
+            Node.objects.filter(pk=node_id).update(
+                acked_version=new, desired_lag_since=lag_since_after(new, now)
+            )
     if storage:
         changes.replace_storage(list(storage.items()))
     foreign: dict[str, list[str]] = {}

@@ -47,6 +47,11 @@ def _excluded(cols) -> str:
 # them, and every write below is limited to its nodes: a revoked credential's
 # heartbeat, or a removed node's, writes nothing (not even "seen"). Each node
 # comes with one credential (``_rounds``), so ``old`` has a node at most once.
+# A heartbeat's desired version (0: says nothing) moves the acknowledged one,
+# never past the node's desired version.
+_ACK_MOVES = "seen.dv > 0 AND seen.dv <> n.acked_version"
+_NEW_ACKED = "LEAST(seen.dv, n.desired_version)"
+
 _SQL = f"""
 WITH seen AS (
     SELECT * FROM unnest(%(ids)s::text[], %(cids)s::bigint[], %(dvs)s::bigint[])
@@ -62,9 +67,13 @@ old AS (
 touched AS (
     UPDATE fleet_node n
     SET last_seen = %(now)s, state = %(ready)s, connected = true,
-        acked_version = CASE WHEN seen.dv > 0 AND seen.dv <> n.acked_version
-                             THEN LEAST(seen.dv, n.desired_version)
-                             ELSE n.acked_version END
+        acked_version = CASE WHEN {_ACK_MOVES} THEN {_NEW_ACKED} ELSE n.acked_version END,
+        -- fleet.services.desired.lag_since_after, on the row as it was.
+        desired_lag_since = CASE
+            WHEN NOT ({_ACK_MOVES}) THEN n.desired_lag_since
+            WHEN {_NEW_ACKED} >= n.desired_version THEN NULL
+            WHEN {_NEW_ACKED} > n.acked_version OR n.desired_lag_since IS NULL THEN %(now)s
+            ELSE n.desired_lag_since END
     FROM seen WHERE n.id = seen.id AND n.id IN (SELECT id FROM old)
 ),
 gpu_pos AS (

@@ -77,12 +77,24 @@ class Placing:
         spec = profile.spec()
         if len(result.shards) > 1:
             # The other ranks find rank 0 here: its management address and a
-            # port of its own for the engines' rendezvous.
+            # port of its own for the engines' rendezvous. Each node's engines
+            # bootstrap over its management interface; the data goes over the
+            # fabric placement chose (each shard's HCAs are on it).
             leader = result.shards[0].node_id
             port = placement.free_port(snap.nodes[leader], snap)
             snap.nodes[leader].used_ports.add(port)
-            addr = Node.objects.filter(pk=leader).values_list("mgmt_addr", flat=True).first()
-            spec.update(leader_addr=addr or "", leader_port=port or 0)
+            nets = {
+                pk: (addr, iface)
+                for pk, addr, iface in Node.objects.filter(pk__in=result.node_ids).values_list(
+                    "pk", "mgmt_addr", "mgmt_interface"
+                )
+            }
+            spec.update(
+                leader_addr=nets.get(leader, ("", ""))[0],
+                leader_port=port or 0,
+                fabric=result.fabric,
+                mgmt_interfaces={pk: iface for pk, (_, iface) in nets.items() if iface},
+            )
         return spec
 
     def unplaced(self, r: Replica, summary: str) -> None:

@@ -1,0 +1,115 @@
+"""What the agent has to tell the control plane, held until a socket takes it.
+
+The outbox never drops a message whose loss would change what the control
+plane believes, and it stays bounded by the number of shards, not by how long
+the socket has been down. It does so by coalescing: a message that a later one
+makes redundant is taken out when the later one comes in. The rule, by kind:
+
+- ``shard_status``: the newest status of a shard replaces its earlier unsent
+  one, except a ``failed``: a failure (its error, exit code and last output) is
+  what the control plane restarts and counts on, and a later "pending" or
+  "ready" would hide it. So a failed status stays, and the statuses after it
+  coalesce among themselves behind it; a newer failure replaces the older one
+  (and anything queued before it) since it says the same, later. At most two
+  statuses per shard: its last failure, then its newest state.
+- ``fetch_progress``: the newest per shard (progress, not a transition).
+- ``ack``: one per kind; for ``desired``, the newest version (the control plane
+  moves its acknowledged version forward only, so an older ack says nothing).
+- ``logs_reply``: the newest ``LOGS_REPLIES_KEPT``. Someone waits at most a few
+  seconds for one; an older reply has no reader left.
+
+What is sent is always a subsequence of what was queued, in the order it was
+queued: a message that replaces another goes to the back, so the order of
+different shards' news is kept. Each message taken out is counted by kind
+(``coalesced``), and the client logs the count when it drains the outbox.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Hashable
+
+from agentd.protocol import ShardState
+
+LOGS_REPLIES_KEPT = 4
+
+
+class Outbox:
+    """An ordered queue of messages in which a later message may replace an earlier one."""
+
+    def __init__(self) -> None:
+        self._queue: collections.OrderedDict[Hashable, object] = collections.OrderedDict()
+        self._logs: collections.deque[Hashable] = collections.deque()
+        self._serial = itertools.count()
+        self.coalesced: collections.Counter[str] = collections.Counter()
+        self._told = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __iter__(self):
+        return iter(list(self._queue.values()))
+
+    def put(self, msg) -> None:
+        kind = msg.type
+        if kind == "shard_status":
+            self._put_status(msg)
+        elif kind == "fetch_progress":
+            self._replace(("progress", msg.shard_id), msg)
+        elif kind == "ack":
+            queued = self._queue.get(("ack", msg.of))
+            if queued is not None and msg.of == "desired" and msg.version < queued.version:
+                self.coalesced[kind] += 1  # the newer ack queued already says more
+                return
+            self._replace(("ack", msg.of), msg)
+        elif kind == "logs_reply":
+            key = ("logs", next(self._serial))
+            self._queue[key] = msg
+            self._logs.append(key)
+            while len(self._logs) > LOGS_REPLIES_KEPT:
+                if self._queue.pop(self._logs.popleft(), None) is not None:
+                    self.coalesced[kind] += 1
+        else:
+            # Nothing else is queued today; a new kind is bounded all the same.
+            self._replace(("other", kind), msg)
+
+    def _put_status(self, msg) -> None:
+        failed, latest = ("status", msg.shard_id, "failed"), ("status", msg.shard_id, "latest")
+        if msg.state == ShardState.FAILED:
+            self._drop(failed, "shard_status")
+            self._drop(latest, "shard_status")
+            self._queue[failed] = msg
+        else:
+            self._replace(latest, msg)
+
+    def _replace(self, key: Hashable, msg) -> None:
+        self._drop(key, msg.type)
+        self._queue[key] = msg  # at the back: after everything queued before it
+
+    def _drop(self, key: Hashable, kind: str) -> None:
+        if self._queue.pop(key, None) is not None:
+            self.coalesced[kind] += 1
+
+    def first(self):
+        """The oldest message, left in place until ``sent`` says it went out."""
+        key = next(iter(self._queue))
+        return key, self._queue[key]
+
+    def sent(self, key: Hashable, msg) -> None:
+        """Take a sent message off, unless a newer one replaced it meanwhile."""
+        if self._queue.get(key) is msg:
+            del self._queue[key]
+            if key in self._logs:
+                self._logs.remove(key)
+
+    def coalesced_news(self) -> dict[str, int] | None:
+        """The counts by kind if they grew since last asked (for one log line), else None."""
+        total = self.coalesced.total()
+        if total == self._told:
+            return None
+        self._told = total
+        return dict(self.coalesced)
