@@ -22,6 +22,13 @@ def pytest_configure(config):
     if not settings.ALLOWED_HOSTS:
         os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
         settings.ALLOWED_HOSTS = os.environ["ALLOWED_HOSTS"].split(",")
+    # Pages rendered in this process name static files through the plain storage:
+    # the production one needs `collectstatic`'s manifest, which only the Daphnes
+    # tests start are given (tests.processes.collect_static), as they serve the files.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
     # The embedded default: a private Redis, started for the run when the
     # environment names none (`make test` on a fresh machine).
     if not os.environ.get("REDIS_URL"):

@@ -1,11 +1,12 @@
 """`make run`: the whole stack on one machine, in the foreground.
 
-Starts the private Redis (unless REDIS_URL names one), Daphne, a Celery worker
-and beat, and a local agentd enrolled with a join token (its credential kept for
-later runs); creates an admin login and an API key once, keeping them in the
-state dir; applies a demo model served by llama.cpp on the CPU (the generated
-tiny model, or the GGUF file LLMGW_DEMO_MODEL names); waits for it to answer
-through the gateway, showing progress; then prints how to call it.
+Starts the private Redis (unless REDIS_URL names one), collects the static
+files, then starts Daphne, a Celery worker and beat, and a local agentd enrolled
+with a join token (its credential kept for later runs); creates an admin login
+and an API key once, keeping them in the state dir; applies a demo model served
+by llama.cpp on the CPU (the generated tiny model, or the GGUF file
+LLMGW_DEMO_MODEL names); waits for it to answer through the gateway, showing
+progress; then prints how to call it.
 
 Ctrl-C stops everything it started, engines included. The agent leaves its
 engines running when it exits (an agent restart must not interrupt serving),
@@ -250,7 +251,12 @@ def main() -> int:
     # Daphne refuses to start without it unless DEBUG is on; it serves on loopback here.
     env.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
     _setup_django()
+    from django.core.management import call_command
     from django.utils import timezone
+
+    # The admin's and the API's CSS and JavaScript, which Daphne serves itself
+    # (WhiteNoise) from what this collects, as a deployment does.
+    call_command("collectstatic", interactive=False, verbosity=0)
 
     # This process prints progress; the children's logs are in the state dir.
     logging.getLogger().setLevel(logging.WARNING)

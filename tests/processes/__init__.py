@@ -6,7 +6,7 @@ A test that uses anything here is ``live`` (see tests/conftest.py) and stays out
 them and export it here.
 
 - ``base``: the repository root, the test database's environment, ports, waits;
-- ``servers``: Daphne, Celery, the fake engine;
+- ``servers``: Daphne (its static files collected first), Celery, the fake engine;
 - ``agents``: an agentd process and its config;
 - ``stack``: all of them together, with a private Redis, for the e2e scenarios.
 """
@@ -25,6 +25,7 @@ from tests.processes.base import (
 from tests.processes.servers import (
     FakeEngine,
     LiveServer,
+    collect_static,
     start_asgi,
     start_celery,
     start_daphne,
@@ -41,6 +42,7 @@ __all__ = [
     "FakeEngine",
     "LiveServer",
     "Stack",
+    "collect_static",
     "free_port",
     "pid_alive",
     "port_block",

@@ -62,9 +62,36 @@ def start_asgi(log_dir: Path, name: str, argv: list[str], port: int, **env) -> L
     return server
 
 
+_collected: set[str] = set()
+
+
+def collect_static(**env) -> None:
+    """``manage.py collectstatic`` into the state dir ``env`` names (else the run's), once.
+
+    Daphne runs the production settings: a page naming a static file needs the
+    manifest collectstatic writes, or it is a 500, as at a deploy that skipped it.
+    """
+    state_dir = str(subprocess_env(**env).get("LLMGW_STATE_DIR", ""))
+    if state_dir in _collected:
+        return
+    done = subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"collectstatic failed:\n{done.stdout}{done.stderr}")
+    _collected.add(state_dir)
+
+
 def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
     # A given port lets a restarted Daphne come back where its agents reconnect.
     port = port or free_port()
+    collect_static(**env)
     argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"]
     return start_asgi(log_dir, "daphne", argv, port, **env)
 
