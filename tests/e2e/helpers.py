@@ -70,3 +70,26 @@ def wait_passes(stack: Stack, count: int) -> None:
     """Wait until the reconciler has run ``count`` more passes, so what they would do is done."""
     target = passes() + count
     stack.wait(lambda: passes() >= target, f"{count} more reconciler passes")
+
+
+def engine_processes(state_dir: Path) -> list[tuple[str, int]]:
+    """Every engine group leader carrying this agent's mark, as (shard id, PID), duplicates kept.
+
+    ``Agent.engines()`` maps shard id to one PID, so it would hide a second copy
+    of the same shard; this list does not.
+    """
+    import os
+
+    from agentd import state
+
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        env = state.environ(pid)
+        if not env or env.get(state.MARK_STATE_DIR) != str(state_dir):
+            continue
+        if state.MARK_SHARD in env and state.process_group(pid) == pid:
+            found.append((env[state.MARK_SHARD], pid))
+    return sorted(found)
