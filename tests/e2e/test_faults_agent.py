@@ -35,9 +35,7 @@ def restart_and_wait(stack, agent) -> float:
     return time.monotonic() - started
 
 
-def test_agent_killed_9_ten_times_in_a_row_under_load_restarts_nothing(
-    stack, tiny_model, record
-):
+def test_agent_killed_9_ten_times_in_a_row_under_load_restarts_nothing(stack, tiny_model, record):
     # given: the model served by one agent, and clients calling it steadily
     agent = stack.add_agent("cpu-a")
     apply_model(stack, tiny_model)
