@@ -93,3 +93,23 @@ def engine_processes(state_dir: Path) -> list[tuple[str, int]]:
         if state.MARK_SHARD in env and state.process_group(pid) == pid:
             found.append((env[state.MARK_SHARD], pid))
     return sorted(found)
+
+
+def engine_starts(stack: Stack) -> int:
+    """Engines the agents have started, counted from their logs ("shard …: started …")."""
+    import re
+
+    started = re.compile(r"shard \S+: started \S+ as pid")
+    return sum(
+        len(started.findall(log.read_text(errors="replace")))
+        for agent in stack.agents
+        for log in agent.logs()
+    )
+
+
+def duplicate_shards(name: str = "tiny-llama") -> int:
+    """Running shards beyond one per replica of the model (a single-node profile)."""
+    from collections import Counter
+
+    per_replica = Counter(s.replica_id for s in live_shards(name))
+    return sum(n - 1 for n in per_replica.values())

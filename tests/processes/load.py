@@ -47,6 +47,7 @@ class Load:
         stream_every: int = 2,
         max_tokens: int = 8,
         pause_s: float = 0.0,
+        failure_pause_s: float = 0.25,
         timeout_s: float = 30,
     ):
         self.url = f"{url}/v1/chat/completions"
@@ -56,6 +57,10 @@ class Load:
         self.stream_every = stream_every  # every n-th request is streamed (0: none)
         self.max_tokens = max_tokens
         self.pause_s = pause_s
+        # A client waits this long after a failure before its next request, as
+        # client libraries do, so a gateway that is down is not counted in a
+        # tight loop of refused connects.
+        self.failure_pause_s = failure_pause_s
         self.timeout_s = timeout_s
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
@@ -106,6 +111,7 @@ class Load:
                 # A fresh connection after a failure, as a client library would.
                 session.close()
                 session = requests.Session()
+                self._stop.wait(self.failure_pause_s)
             if self.pause_s:
                 self._stop.wait(self.pause_s)
         session.close()
