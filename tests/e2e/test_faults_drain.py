@@ -14,6 +14,9 @@ from tests.processes import Load
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# Streaming clients; on a 2-core machine more of them add no requests a second.
+CLIENTS = 6
+
 
 def test_drain_under_a_steady_load_of_streams_fails_no_request(stack, tiny_model, record):
     # given: the model on cpu-a, a second node beside it, clients streaming steadily
@@ -24,7 +27,7 @@ def test_drain_under_a_steady_load_of_streams_fails_no_request(stack, tiny_model
     second = stack.add_agent("cpu-b")
     stack.wait(lambda: Node.objects.filter(pk="cpu-b", connected=True).exists(), "cpu-b")
 
-    with Load(stack.url, stack.inference_key, clients=6, stream_every=1) as load:
+    with Load(stack.url, stack.inference_key, clients=CLIENTS, stream_every=1) as load:
         load.wait_requests(100)
         # when: an operator drains cpu-a through the API
         started = time.monotonic()
@@ -41,7 +44,7 @@ def test_drain_under_a_steady_load_of_streams_fails_no_request(stack, tiny_model
     figures = load.summary()
 
     (new,) = live_shards()
-    record("12", drained_s=round(drained_s, 1), clients=6, **figures)
+    record("12", drained_s=round(drained_s, 1), clients=CLIENTS, **figures)
     assert new.node_id == "cpu-b" and new.state == "ready"
     assert [sid for sid, _ in engine_processes(second.state_dir)] == [new.pk]
     assert figures["streamed"] == figures["requests"]
