@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import reliability
 from tests.processes import Stack
 
 
@@ -39,7 +40,8 @@ def record(request, tmp_path):
     """``record(row, **figures)``: one fault's figures, printed and kept for docs/reliability.md.
 
     Each call appends a JSON line to ``$LLMGW_STATE_DIR/reliability.jsonl`` (the
-    test's tmp dir when the variable is unset), so a later run can refresh the table.
+    test's tmp dir when the variable is unset), so a later run can refresh the table
+    (``python -m tests.e2e.reliability``).
     """
 
     def write(row: str, **figures) -> dict:
@@ -53,7 +55,7 @@ def record(request, tmp_path):
         print(f"\nreliability: {text}")
         directory = Path(os.environ.get("LLMGW_STATE_DIR") or tmp_path)
         directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / "reliability.jsonl", "a") as fh:
+        with open(reliability.path(directory), "a") as fh:
             fh.write(text + "\n")
         return line
 
