@@ -147,23 +147,29 @@ class Load:
 
     @staticmethod
     def _read_stream(resp: requests.Response, end) -> Outcome:
-        chunks = 0
+        # Read to the end of the body, past [DONE]: a client that hangs up at
+        # [DONE] loses its keep-alive connection and shows in the gateway's log
+        # as one that went away.
+        chunks, done = 0, False
         try:
             for line in resp.iter_lines():
-                if not line.startswith(b"data:"):
+                if done or not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
-                    if not chunks:
-                        return end("broken", 200, "[DONE] without a chunk")
-                    return end("ok", 200)
+                    done = True
+                    continue
                 event = json.loads(data)
                 if "error" in event:
                     return end("broken", 200, f"error event: {event['error']}")
                 chunks += 1
         except (requests.RequestException, ValueError) as exc:
             return end("broken", 200, f"{type(exc).__name__} after {chunks} chunks")
-        return end("broken", 200, f"ended without [DONE] after {chunks} chunks")
+        if not done:
+            return end("broken", 200, f"ended without [DONE] after {chunks} chunks")
+        if not chunks:
+            return end("broken", 200, "[DONE] without a chunk")
+        return end("ok", 200)
 
     # ---- results -------------------------------------------------------------------
 
