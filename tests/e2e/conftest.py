@@ -1,9 +1,13 @@
 """Fixtures for the end-to-end suite: the whole stack as real processes on the test database."""
 
+import json
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from tests.e2e import reliability
 from tests.processes import Stack
 
 
@@ -29,3 +33,30 @@ def stack(transactional_db, tmp_path):
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def record(request, tmp_path):
+    """``record(row, **figures)``: one fault's figures, printed and kept for docs/reliability.md.
+
+    Each call appends a JSON line to ``$LLMGW_STATE_DIR/reliability.jsonl`` (the
+    test's tmp dir when the variable is unset), so a later run can refresh the table
+    (``python -m tests.e2e.reliability``).
+    """
+
+    def write(row: str, **figures) -> dict:
+        line = {
+            "row": row,
+            "test": request.node.nodeid,
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            **figures,
+        }
+        text = json.dumps(line, sort_keys=False)
+        print(f"\nreliability: {text}")
+        directory = Path(os.environ.get("LLMGW_STATE_DIR") or tmp_path)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(reliability.path(directory), "a") as fh:
+            fh.write(text + "\n")
+        return line
+
+    return write

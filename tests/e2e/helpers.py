@@ -70,3 +70,46 @@ def wait_passes(stack: Stack, count: int) -> None:
     """Wait until the reconciler has run ``count`` more passes, so what they would do is done."""
     target = passes() + count
     stack.wait(lambda: passes() >= target, f"{count} more reconciler passes")
+
+
+def engine_processes(state_dir: Path) -> list[tuple[str, int]]:
+    """Every engine group leader carrying this agent's mark, as (shard id, PID), duplicates kept.
+
+    ``Agent.engines()`` maps shard id to one PID, so it would hide a second copy
+    of the same shard; this list does not.
+    """
+    import os
+
+    from agentd import state
+
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        env = state.environ(pid)
+        if not env or env.get(state.MARK_STATE_DIR) != str(state_dir):
+            continue
+        if state.MARK_SHARD in env and state.process_group(pid) == pid:
+            found.append((env[state.MARK_SHARD], pid))
+    return sorted(found)
+
+
+def engine_starts(stack: Stack) -> int:
+    """Engines the agents have started, counted from their logs ("shard …: started …")."""
+    import re
+
+    started = re.compile(r"shard \S+: started \S+ as pid")
+    return sum(
+        len(started.findall(log.read_text(errors="replace")))
+        for agent in stack.agents
+        for log in agent.logs()
+    )
+
+
+def duplicate_shards(name: str = "tiny-llama") -> int:
+    """Running shards beyond one per replica of the model (a single-node profile)."""
+    from collections import Counter
+
+    per_replica = Counter(s.replica_id for s in live_shards(name))
+    return sum(n - 1 for n in per_replica.values())

@@ -8,7 +8,8 @@ them and export it here.
 - ``base``: the repository root, the test database's environment, ports, waits;
 - ``servers``: Daphne (its static files collected first), Celery, the fake engine;
 - ``agents``: an agentd process and its config;
-- ``stack``: all of them together, with a private Redis, for the e2e scenarios.
+- ``stack``: all of them together, with a private Redis, for the e2e scenarios;
+- ``load``: a steady load of chat completions through the gateway, each outcome kept.
 """
 
 from tests.processes.agents import AgentProcess, start_agent, wait_until, write_config
@@ -22,6 +23,7 @@ from tests.processes.base import (
     wait_for,
     wait_for_port,
 )
+from tests.processes.load import Load, Outcome
 from tests.processes.servers import (
     FakeEngine,
     LiveServer,
@@ -41,6 +43,8 @@ __all__ = [
     "AgentProcess",
     "FakeEngine",
     "LiveServer",
+    "Load",
+    "Outcome",
     "Stack",
     "collect_static",
     "free_port",

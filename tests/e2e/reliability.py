@@ -1,0 +1,99 @@
+"""The figures of docs/reliability.md: where the fault tests write them, and how to read them.
+
+Each fault test calls the ``record`` fixture (tests/e2e/conftest.py), which
+appends a JSON line to ``reliability.jsonl`` in ``$LLMGW_STATE_DIR``. To refresh
+the table after a run, print the latest figure of each row:
+
+    .venv/bin/python -m tests.e2e.reliability $LLMGW_STATE_DIR/reliability.jsonl
+
+and paste each line into the "figure" column of its row.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FILE = "reliability.jsonl"
+
+# How each row's figures read in the table.
+FIGURES = {
+    "1": (
+        "{kills} kills: {restarts} restarts, same engine PIDs: {same_engine_pids}, "
+        "{engine_processes} engine process; {failed} failed + {broken} broken of {requests} "
+        "requests ({streamed} streamed, {rate_per_s}/s); each time registered again "
+        "within {register_again_max_s} s"
+    ),
+    "2": (
+        "{duplicates} duplicate engines ({engine_processes} running, same PID: "
+        "{same_engine_pids}), {restarts} restarts; {failed} failed + {broken} broken of "
+        "{requests} requests ({streamed} streamed); registered again in {register_again_s} s"
+    ),
+    "5": (
+        "down {down_s} s: every agent back within {agents_back_max_s} s of the restart; "
+        "node states seen: {node_states_seen}; engines the same: {engines_same}, "
+        "{restarts} restarts; {failed_while_down} of {requests_sent_while_down} requests "
+        "sent while it was down failed (connection refused), first answer "
+        "{first_ok_after_up_s} s after it was back; {requests} requests in all, "
+        "{failed} failed + {broken} broken"
+    ),
+    "8": (
+        "down {down_s} s: both changes converged {converged_after_up_s} s after Redis was "
+        "back; {duplicate_shards} duplicate shards, {shards_placed} shards placed, "
+        "{engine_starts} engine starts, {restarts} restarts; API change during the outage "
+        "answered in ≤ {api_change_max_s} s; requests {ok}/{requests} ok "
+        "({ok_while_down}/{requests_while_down} while Redis was down)"
+    ),
+    "10": (
+        "{stale_replays} stale replays: {replay_effects} effects, no ack; "
+        "{duplicate_replays} duplicates: {duplicate_acks} acks, nothing redone; "
+        "{engine_starts_after_restart} engine starts after an agent restart; "
+        "a newer version acted: {newer_version_acted}"
+    ),
+    "11": (
+        "{duplicate_shards} duplicate shards ({replicas} replicas, {shards_placed} shards "
+        "placed, {engine_starts} engine starts, {restarts} restarts); "
+        "{passes_asked_at_once} passes asked at once with {beats} beats and {workers} "
+        "workers; after the kill -9 holding the lock, passes resumed in "
+        "{passes_resumed_after_kill_s} s"
+    ),
+    "12": (
+        "{failed} failed + {broken} broken of {requests} streamed requests at "
+        "{rate_per_s}/s ({clients} clients); drained in {drained_s} s"
+    ),
+}
+
+
+def path(directory: Path) -> Path:
+    return directory / FILE
+
+
+def latest(lines: list[str]) -> dict[str, dict]:
+    """The last line recorded for each row."""
+    rows: dict[str, dict] = {}
+    for line in lines:
+        if line.strip():
+            entry = json.loads(line)
+            rows[entry["row"]] = entry
+    return rows
+
+
+def figure(entry: dict) -> str:
+    template = FIGURES.get(entry["row"])
+    text = template.format(**entry) if template else json.dumps(entry)
+    return f"{text} ({entry['date']})"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    rows = latest(Path(argv[0]).read_text().splitlines())
+    for row in sorted(rows, key=int):
+        print(f"{row}: {figure(rows[row])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
