@@ -46,11 +46,22 @@ def make_agent(tmp_path, state_dir, ports) -> tuple[Agent, Recorder]:
         await agent.on_shard_event(msg)
 
     agent.shards = SupervisedShards(fake_supervisor(state_dir, on_event, port_range=ports))
+    # Everything the agent sends, as it sends it: its outbox coalesces (a newer
+    # desired ack replaces an unsent older one), so counting what waits there
+    # would count replies, not what the agent did.
+    agent.sent_log = []
+    queue = agent.send
+
+    def send(msg):
+        agent.sent_log.append(msg)
+        queue(msg)
+
+    agent.send = send
     return agent, recorder
 
 
 def acks(agent) -> list[int]:
-    return [m.version for m in agent.outbox if m.type == "ack" and m.of == "desired"]
+    return [m.version for m in agent.sent_log if m.type == "ack" and m.of == "desired"]
 
 
 async def settle(agent, count: int, timeout: float = 20) -> None:
@@ -125,7 +136,9 @@ async def replay_scenario(tmp_path, state_dir, record) -> None:
         assert acks(agent) == [5]
         effects += engine_processes(state_dir) != engines
         assert engine_processes(state_dir) == engines, "the fence survives a restart"
-        starts = sum(1 for m in agent.outbox if m.type == "shard_status" and m.state == "starting")
+        starts = sum(
+            1 for m in agent.sent_log if m.type == "shard_status" and m.state == "starting"
+        )
 
         # and a newer set does act: v6 stops the engine
         await agent.handle(v6)
