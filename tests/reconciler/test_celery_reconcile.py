@@ -1,6 +1,7 @@
 """The reconciler as it runs in production: a real Celery worker and beat on a real Redis."""
 
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -54,6 +55,22 @@ def passes():
     return status.passes if status else 0
 
 
+@contextmanager
+def holding_the_pass_lock(timeout: float = 30):
+    """Take the reconciler's lock as another worker would: when no pass holds it.
+
+    Beat runs a pass every second here, so a first try can meet one running.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        with lock.pass_lock() as got:
+            if got:
+                yield
+                return
+        assert time.monotonic() < deadline, f"no free moment for the pass lock in {timeout:g} s"
+        time.sleep(0.05)
+
+
 def test_beat_runs_passes_that_place_and_the_lock_keeps_them_one_at_a_time(celery_stack):
     add_node("gpu-01")
     model = add_model(replicas=1)
@@ -68,8 +85,7 @@ def test_beat_runs_passes_that_place_and_the_lock_keeps_them_one_at_a_time(celer
     assert Shard.objects.get().node_id == "gpu-01"
 
     # while another holder has the lock, beat's passes are skipped, not queued up
-    with lock.pass_lock() as got:
-        assert got
+    with holding_the_pass_lock():
         held_at = passes()
         model.desired_replicas = 2
         model.save()
