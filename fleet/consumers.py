@@ -60,6 +60,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     identity: access.AgentIdentity | None = None
     node_id: str | None = None
     closing = False
+    released = False
     foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
 
     async def connect(self):
@@ -307,14 +308,42 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
         )
 
+    async def __call__(self, scope, receive, send):
+        # Channels calls disconnect() when the socket closes under a running
+        # consumer. A channel-layer error (Redis gone) ends the consumer with
+        # an exception instead, and Daphne closes the socket with 1011: the
+        # node must be let go all the same, then the error goes on as before.
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception as exc:
+            logger.warning(
+                "agent socket ended by an error node=%s client=%s error=%r",
+                self.node_id or "-",
+                getattr(self, "client", "?"),
+                exc,
+            )
+            await self.release(1011)
+            raise
+
     async def disconnect(self, code):
+        await self.release(code)
+
+    async def release(self, code) -> None:
+        """What a closed socket leaves behind: its deadline, its group, the node's
+        connected mark. Once per socket, however it ended."""
+        if self.released:
+            return
+        self.released = True
         deadline = getattr(self, "register_deadline", None)
         if deadline is not None:
             deadline.cancel()
         if self.node_id is None:
             return
         heartbeat.detach()
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+        try:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        except Exception:  # noqa: BLE001 - Redis away: the entry expires with the group's expiry
+            logger.warning("could not leave the node's group node=%s", self.node_id)
         held = await database_sync_to_async(inventory.mark_disconnected)(
             self.node_id, self.channel_name
         )

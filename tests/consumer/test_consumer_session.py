@@ -141,6 +141,45 @@ async def test_closing_a_socket_is_not_losing_the_node(caplog):
     assert len([r for r in caplog.records if "agent stream closed node=gpu-01" in r.getMessage()])
 
 
+async def test_a_channel_layer_error_ending_the_socket_lets_the_node_go(caplog, monkeypatch):
+    # Redis going away fails the consumer's channel-layer receive: Daphne closes
+    # the socket with 1011. The node is marked disconnected as for any close, and
+    # the register deadline is not left to fire on a socket already gone.
+    import redis
+    from channels.layers import get_channel_layer
+
+    caplog.set_level(logging.INFO)
+    layer = get_channel_layer()
+    real_receive = layer.receive
+    redis_gone = asyncio.Event()
+
+    async def receive(channel):
+        reading = asyncio.ensure_future(real_receive(channel))
+        gone = asyncio.ensure_future(redis_gone.wait())
+        done, _ = await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if gone in done:
+            reading.cancel()
+            raise redis.ConnectionError("Connection closed by server.")
+        gone.cancel()
+        return reading.result()
+
+    monkeypatch.setattr(layer, "receive", receive)
+    agent = await enrol("gpu-01")
+    await agent.heartbeat(seq=1)
+    assert (await node()).connected
+
+    redis_gone.set()
+    with pytest.raises(redis.ConnectionError):
+        await agent.comm.receive_output(3)
+
+    n = await node()
+    assert n.connected is False and n.channel_name == ""
+    assert n.state == NodeState.READY
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("agent socket ended by an error node=gpu-01" in m for m in messages)
+    assert any("agent stream closed node=gpu-01 code=1011" in m for m in messages)
+
+
 async def test_goodbye_closes_normally_and_keeps_the_node():
     agent = await enrol("gpu-01")
     await agent.send({"type": "goodbye", "v": 1, "reason": "SIGTERM"})
