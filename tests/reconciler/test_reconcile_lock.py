@@ -1,5 +1,9 @@
 """One pass at a time, and no request for a pass lost while one runs."""
 
+import signal
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -96,3 +100,61 @@ def test_with_redis_down_changes_stop_asking_for_a_while_and_beat_covers(monkeyp
     # then: only the first waited on Redis; the second, in the same thread a
     # socket or a request runs in, did not
     assert Down.calls == 1
+
+
+def test_the_embedded_lock_outlives_its_expiry_while_the_pass_runs(monkeypatch):
+    # A pass longer than the lock's expiry keeps it: the holder's thread renews it.
+    monkeypatch.setattr(reconciler_lock, "LOCK_TTL_S", 0.6)
+    client = reconciler_lock.redis_client()
+    key = reconciler_lock.key("lock")
+    client.delete(key)
+
+    with reconciler_lock.redis_pass_lock() as got:
+        assert got
+        time.sleep(2)  # over three expiries
+        with reconciler_lock.redis_pass_lock() as second:
+            assert not second  # a second pass still finds it held
+        assert client.exists(key)
+
+    assert not client.exists(key)  # released at the end of the pass
+
+
+HOLD_AND_WAIT = """
+import sys, time, django
+django.setup()
+from fleet.services.reconciler import lock
+with lock.redis_pass_lock() as got:
+    print("held" if got else "busy", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.live
+def test_a_holder_killed_9_frees_the_embedded_lock_within_its_expiry():
+    # A worker killed in the middle of a pass stops renewing: passes resume within
+    # LOCK_TTL_S (10 s), not after a minute.
+    from tests.processes import ROOT, subprocess_env
+
+    client = reconciler_lock.redis_client()
+    key = reconciler_lock.key("lock")
+    client.delete(key)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_WAIT],
+        cwd=ROOT,
+        env=subprocess_env(DJANGO_SETTINGS_MODULE="llmgw_site.settings"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert client.exists(key)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        deadline = time.monotonic() + 2 * reconciler_lock.LOCK_TTL_S
+        while client.exists(key) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with reconciler_lock.redis_pass_lock() as got:
+            assert got, f"the dead holder's lock still held {2 * reconciler_lock.LOCK_TTL_S} s on"
+    finally:
+        holder.kill()
+        holder.wait()
