@@ -92,7 +92,10 @@ def _guarded(base):
                     for value in values
                 ]
                 gw = gateway()
-                entry = gw.cached_key(headers) if gw.started else keys.bearer(headers) and None
+                if gw.started:
+                    entry = gw.cached_key(headers)
+                else:
+                    keys.bearer(headers)  # refuses a missing or malformed key at once
             too_large = None
             if length is not None and length > self._limit:
                 too_large = GatewayError(

@@ -49,9 +49,7 @@ def mgmt_addr_refusal(addr: str, peer: str | None) -> str | None:
     """
     if not addr:
         return None  # no address: nothing connects to it
-    ip = ipaddress.ip_address(addr)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    ip = _address(addr)
     if ip.is_unspecified or ip.is_multicast:
         return f"mgmt_addr {addr} is not an address a node can be reached at"
     allowed = networks(fleet_settings().agent_addr_networks)
@@ -73,12 +71,18 @@ def mgmt_addr_refusal(addr: str, peer: str | None) -> str | None:
 
 def _is_loopback(host: str) -> bool:
     try:
-        ip = ipaddress.ip_address(host)
+        ip = _address(host)
     except ValueError:
         return False  # a unix socket or a name: not known to be this machine
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
     return ip.is_loopback
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address ``text`` names, ::ffff:127.0.0.1 read as the 127.0.0.1 it is."""
+    ip = ipaddress.ip_address(text)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        return ip.ipv4_mapped
+    return ip
 
 
 def create_join_token(name: str, *, ttl: timedelta, max_uses: int = 1, user=None):

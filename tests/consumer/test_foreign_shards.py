@@ -4,19 +4,14 @@ node's shard id is dropped (and logged), and the rest of its message still count
 import logging
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from agentd import protocol
 from fleet.models import Node, NodeCredential, NodeLoad, Shard, ShardLoad, Storage
 from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
-from fleet.services.heartbeat import orm as heartbeat_orm
 from tests.consumer.helpers import db, enrol
 from tests.factories import heartbeat_msg, make_shard, register_msg
-
-ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-PATHS = ["portable", "postgresql"] if ON_POSTGRES else ["portable"]
 
 DISK = [{"path": "/var/lib/llmgw", "free_bytes": 3, "total_bytes": 4}]
 LOAD = {
@@ -32,13 +27,6 @@ LOAD = {
 
 def shard_load(shard_id: str, cores: float = 1.0) -> dict:
     return {"shard_id": shard_id, "cpu_cores": cores, "rss_bytes": 1}
-
-
-@pytest.fixture(params=PATHS)
-def write_path(request, monkeypatch):
-    if request.param == "portable":
-        monkeypatch.setattr(heartbeat_apply, "_common_writer", lambda: heartbeat_orm.apply_common)
-    return request.param
 
 
 @pytest.mark.django_db

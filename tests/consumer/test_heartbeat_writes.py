@@ -9,20 +9,16 @@ import logging
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from agentd import protocol
 from fleet.models import GPU, Node, NodeCredential, NodeLoad, NodeState, ShardLoad, Storage
 from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
-from fleet.services.heartbeat import orm as heartbeat_orm
 from tests.factories import H100_GPUS, heartbeat_msg, make_shard, register_msg
 
 pytestmark = pytest.mark.django_db
 
-ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-PATHS = ["portable", "postgresql"] if ON_POSTGRES else ["portable"]
 
 LOAD = {
     "cpu_percent": 41.5,
@@ -33,13 +29,6 @@ LOAD = {
     "memory_used_bytes": 600 * 2**30,
     "memory_available_bytes": 1400 * 2**30,
 }
-
-
-@pytest.fixture(params=PATHS)
-def write_path(request, monkeypatch):
-    if request.param == "portable":
-        monkeypatch.setattr(heartbeat_apply, "_common_writer", lambda: heartbeat_orm.apply_common)
-    return request.param
 
 
 def node_with_credential(node_id: str) -> int:

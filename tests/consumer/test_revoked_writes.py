@@ -10,7 +10,6 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from agentd import protocol
@@ -18,12 +17,8 @@ from agentd.protocol import CloseCode
 from fleet.models import Node, NodeCredential, NodeLoad, NodeState, Storage
 from fleet.services import inventory, node_logs
 from fleet.services.heartbeat import apply as heartbeat_apply
-from fleet.services.heartbeat import orm as heartbeat_orm
 from tests.consumer.helpers import db, enrol, expect_close, snapshot
 from tests.factories import heartbeat_msg, make_shard, register_msg
-
-ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-PATHS = ["portable", "postgresql"] if ON_POSTGRES else ["portable"]
 
 DISK = [{"path": "/var/lib/llmgw", "free_bytes": 1, "total_bytes": 2}]
 LOAD = {
@@ -35,13 +30,6 @@ LOAD = {
     "memory_used_bytes": 1,
     "memory_available_bytes": 1,
 }
-
-
-@pytest.fixture(params=PATHS)
-def write_path(request, monkeypatch):
-    if request.param == "portable":
-        monkeypatch.setattr(heartbeat_apply, "_common_writer", lambda: heartbeat_orm.apply_common)
-    return request.param
 
 
 def hb(**fields) -> protocol.Heartbeat:
