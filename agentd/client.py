@@ -57,10 +57,19 @@ class Backoff:
 
 
 def _tls(agent: Agent) -> ssl.SSLContext | None:
-    if not agent.cfg.control_plane_url.startswith("wss://"):
+    """The TLS context for a wss:// control plane: its CA, and this node's certificate if any.
+
+    Read on every connection, so a certificate renewed on disk is presented at
+    the next reconnect without restarting the agent.
+    """
+    cfg = agent.cfg
+    if not cfg.control_plane_url.startswith("wss://"):
         return None
-    ca = agent.cfg.tls_ca_file
-    return ssl.create_default_context(cafile=str(ca) if ca else None)
+    ctx = ssl.create_default_context(cafile=str(cfg.tls_ca_file) if cfg.tls_ca_file else None)
+    if cfg.tls_cert_file is not None:
+        key = str(cfg.tls_key_file) if cfg.tls_key_file else None
+        ctx.load_cert_chain(str(cfg.tls_cert_file), key)
+    return ctx
 
 
 async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None) -> None:
@@ -203,7 +212,15 @@ async def _register_ack(ws) -> protocol.ServerAck:
         msg = protocol.parse_control_message(await ws.recv())
         if msg.type == "ack" and msg.of == "register":
             return msg
-        logger.debug("before the register ack: %s (dropped)", msg.type)
+        if msg.type == "closing":
+            _closing(msg)
+        else:
+            logger.debug("before the register ack: %s (dropped)", msg.type)
+
+
+def _closing(msg: protocol.Closing) -> None:
+    # The reason travels only in this message (Daphne drops the close frame's).
+    logger.warning("the control plane is closing the socket code=%d: %s", msg.code, msg.reason)
 
 
 async def _receive(agent: Agent, ws) -> None:
@@ -213,6 +230,9 @@ async def _receive(agent: Agent, ws) -> None:
         except protocol.ProtocolError as exc:
             # The control plane is newer or broken; closing would only loop.
             logger.error("unreadable message from the control plane: %s", exc.reason)
+            continue
+        if msg.type == "closing":
+            _closing(msg)
             continue
         await agent.handle(msg)
 

@@ -161,6 +161,11 @@ class Config(BaseModel):
     engine_port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     tls_ca_file: Path | None = None
+    # A client certificate (PEM, its chain after it) and its private key, presented
+    # to a TLS proxy that checks nodes' certificates (docs/security.md). The key may
+    # sit in the certificate's file; then leave tls_key_file out.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     # InfiniBand ports are grouped into fabrics by subnet prefix; this names the
     # fabric instead, for sites whose subnet managers all use the default prefix.
     fabric_name: str = ""
@@ -202,8 +207,12 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _tls(self) -> Config:
-        if self.tls_ca_file is not None and not self.control_plane_url.startswith("wss://"):
-            raise ValueError("tls_ca_file: only means something with a wss:// control_plane_url")
+        plain = not self.control_plane_url.startswith("wss://")
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            if getattr(self, name) is not None and plain:
+                raise ValueError(f"{name}: only means something with a wss:// control_plane_url")
+        if self.tls_key_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_key_file: names the key of tls_cert_file, which is not set")
         return self
 
     # ---- derived paths -----------------------------------------------------

@@ -57,6 +57,13 @@ class FleetSettings:
     # gateway connects there. Empty: any unicast address, loopback only from an
     # agent on this machine (fleet.services.access.mgmt_addr_refusal).
     agent_addr_networks: str = ""
+    # Node identity by client certificate (docs/security.md): addresses or
+    # networks (separated by commas) of the TLS-terminating proxies that verify
+    # each agent's certificate and pass its CN in X-LLMGW-Client-CN. Set, every
+    # agent socket must come from one of them (the connection's own address,
+    # never X-Forwarded-For) with a CN equal to the node id it registers as, on
+    # top of its node credential. Empty: off, and the header is never read.
+    client_cert_proxies: str = ""
     # A connected node whose acknowledged desired version has been behind the
     # desired one, without progress, for longer than this is "not keeping up"
     # (fleet.services.desired.not_keeping_up): shown in the admin, the API and
@@ -128,7 +135,10 @@ class FleetSettings:
 
 
 def networks(text: str) -> list:
-    """``"10.0.0.0/8, fd00::/8"`` as ip_network objects; a ValueError names a bad one."""
+    """``"10.0.0.0/8, fd00::/8"`` as ip_network objects; a ValueError names a bad one.
+
+    A bare address is a network of one (``10.0.0.5`` is ``10.0.0.5/32``).
+    """
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         try:
@@ -141,7 +151,7 @@ def networks(text: str) -> list:
 def _parse(f: dataclasses.Field, text: str):
     if f.name == "engines":
         return _engines(text)
-    if f.name == "agent_addr_networks":
+    if f.name in ("agent_addr_networks", "client_cert_proxies"):
         networks(text)  # refused at start, not at the first register
         return text
     return f.type(text)  # float, int or str

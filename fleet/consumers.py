@@ -1,6 +1,7 @@
 """The agents' socket at /ws/agent/: one per node, held for the agent's lifetime."""
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -14,10 +15,16 @@ from fleet.conf import fleet_settings
 from fleet.models.access import bearer_secret
 from fleet.services import access, desired, doorbells, heartbeat, inventory
 from fleet.services.heartbeat import ReportMemo, batcher
+from llmgw_site.peer import connection_peer
 
 logger = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 10
+
+
+def _header_values(scope, name: str) -> list[str]:
+    key = name.lower().encode("latin-1")
+    return [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == key]
 
 
 def _bearer(scope) -> str:
@@ -67,6 +74,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         host, port = self.scope.get("client") or ("?", "?")
         self.client = f"{host}:{port}"
         self.logs_waiting: dict[str, str] = {}
+        # With LLMGW_CLIENT_CERT_PROXIES set: the node a verified client
+        # certificate names, or why this socket has none that counts.
+        cert = access.client_cert_node(
+            connection_peer(self.scope), _header_values(self.scope, access.CLIENT_CERT_HEADER)
+        )
         # Authenticate before accept: an unknown agent never gets an open socket.
         self.identity = await database_sync_to_async(access.identify)(_bearer(self.scope))
         if self.identity is None:
@@ -75,10 +87,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
             await self.close()
             return
+        self.identity = dataclasses.replace(self.identity, cert_node_id=cert.node_id)
         s, now = fleet_settings(), time.monotonic()
         self.messages = TokenBucket(s.agent_messages_per_s, s.agent_messages_burst, now)
         self.bytes = TokenBucket(s.agent_bytes_per_s, s.agent_bytes_burst, now)
         await self.accept()
+        if cert.refusal:
+            # Accepted first so the agent hears why (4003, as for a credential for another node).
+            await self.refuse(CloseCode.FORBIDDEN, cert.refusal)
+            return
         self.register_deadline = asyncio.get_running_loop().call_later(
             REGISTER_TIMEOUT_S, lambda: asyncio.ensure_future(self._register_overdue())
         )

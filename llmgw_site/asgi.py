@@ -27,7 +27,7 @@ from fleet.gateway import daphne as gateway_daphne  # noqa: E402
 from fleet.gateway.app import application as gateway_app  # noqa: E402
 from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
-from llmgw_site import http_limits  # noqa: E402
+from llmgw_site import http_limits, peer  # noqa: E402
 
 # Daphne's HTTP parser, bounded in time and strict about framing (http_limits.py).
 http_limits.install(
@@ -36,6 +36,9 @@ http_limits.install(
 
 # Under Daphne, /v1/* requests are checked before their bodies are read.
 gateway_daphne.install()
+
+# Under Daphne, a socket's own address, which --proxy-headers replaces in 'client'.
+peer.install()
 
 
 async def http_app(scope, receive, send):

@@ -24,6 +24,9 @@ class AgentIdentity:
     credential_id: int | None = None
     node_id: str | None = None  # set for a node credential: the only node it may be
     join_token_id: int | None = None
+    # The CN of the client certificate a trusted proxy verified (client_cert_node),
+    # when LLMGW_CLIENT_CERT_PROXIES is set: the only node this socket may be, too.
+    cert_node_id: str | None = None
 
     @property
     def enrolling(self) -> bool:
@@ -67,6 +70,65 @@ def mgmt_addr_refusal(addr: str, peer: str | None) -> str | None:
             f"mgmt_addr {addr} is a {kind} address; list its network in LLMGW_AGENT_ADDR_NETWORKS"
         )
     return None
+
+
+# The header the TLS-terminating proxy sets to the verified client certificate's
+# CN (HAProxy: %[ssl_c_s_dn(cn)]; docs/security.md). No underscore: Daphne drops
+# headers whose names have one.
+CLIENT_CERT_HEADER = "X-LLMGW-Client-CN"
+
+
+def mismatch_refusal(named: str, claimed: str, by: str = "") -> str:
+    """The refusal of a socket whose credential names another node than it registers as."""
+    return f"this credential is for node '{named}', not '{claimed}'{by}"
+
+
+@dataclass(frozen=True)
+class CertCheck:
+    """What a socket's client certificate says, as far as the control plane trusts it."""
+
+    node_id: str | None = None  # the CN, from a trusted proxy: the node this socket must be
+    refusal: str | None = None  # why the socket may not go on; None when it may
+
+
+def client_cert_node(peer: str | None, values: list[str]) -> CertCheck:
+    """Who a socket's client certificate says it is, from ``values`` of CLIENT_CERT_HEADER.
+
+    ``peer`` is the address the socket's TCP connection came from (never one
+    from X-Forwarded-For: a client can write that). With
+    ``client_cert_proxies`` empty the feature is off: the header means nothing
+    and is not read. Set, a certificate is required of every agent: the socket
+    must come from one of those proxies, which verified the certificate
+    against the site's CA and put its CN in exactly one header. A socket from
+    anywhere else is refused, whatever headers it carries (logged, so a
+    forgery or a bypassed proxy shows), since a certificate check a node can
+    walk around checks nothing.
+    """
+    proxies = networks(fleet_settings().client_cert_proxies)
+    if not proxies:
+        return CertCheck()
+    try:
+        ip = _address(peer or "")
+    except ValueError:
+        ip = None  # a unix socket, or no address: not a proxy we know
+    if ip is None or not any(ip in net for net in proxies):
+        if values:
+            logger.warning(
+                "%s header from %s ignored: not a proxy in LLMGW_CLIENT_CERT_PROXIES",
+                CLIENT_CERT_HEADER,
+                peer or "an unknown address",
+            )
+        return CertCheck(
+            refusal=f"this control plane identifies nodes by client certificate: "
+            f"connect through the TLS proxy that checks it, not from {peer or 'an unknown address'}"
+        )
+    cns = [v.strip() for v in values]
+    if len(cns) != 1 or not cns[0]:
+        return CertCheck(
+            refusal=f"the proxy at {peer} passed no client certificate subject "
+            f"({CLIENT_CERT_HEADER}); a certificate whose CN is the node id is required"
+        )
+    return CertCheck(node_id=cns[0])
 
 
 def _is_loopback(host: str) -> bool:
@@ -149,13 +211,17 @@ def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | N
 
     Returns the identity to use from now on and, on enrolment, the node's new
     credential (shown to the agent once). Raises EnrolmentError and changes
-    nothing when it may not.
+    nothing when it may not: a node credential for another node, or a client
+    certificate (``cert_node_id``) for another node, refused the same way.
     """
+    if identity.cert_node_id is not None and identity.cert_node_id != node_id:
+        # Checked first, so a join token is not used up by a node that cannot be it.
+        raise EnrolmentError(
+            mismatch_refusal(identity.cert_node_id, node_id, " (its client certificate's CN)")
+        )
     if not identity.enrolling:
         if identity.node_id != node_id:
-            raise EnrolmentError(
-                f"this credential is for node '{identity.node_id}', not '{node_id}'"
-            )
+            raise EnrolmentError(mismatch_refusal(identity.node_id, node_id))
         return identity, None
     with transaction.atomic():
         # The conditional update is the guard: two agents racing for the last

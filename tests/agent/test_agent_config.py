@@ -52,6 +52,11 @@ def test_the_example_config_is_valid():
         ({"labels": "gpu=yes"}, "labels: Input should be a valid dictionary"),
         ({"join_token": "  "}, "join_token: is empty"),
         ({"tls_ca_file": "/etc/ca.pem"}, "tls_ca_file: only means something with a wss://"),
+        ({"tls_cert_file": "/etc/node.pem"}, "tls_cert_file: only means something with a wss://"),
+        (
+            {"control_plane_url": "wss://cp/ws/agent/", "tls_key_file": "/etc/node.key"},
+            "tls_key_file: names the key of tls_cert_file, which is not set",
+        ),
     ],
 )
 def test_invalid_fields_are_named(fields, message):
