@@ -9,7 +9,9 @@ them and export it here.
 - ``servers``: Daphne (its static files collected first), Celery, the fake engine;
 - ``agents``: an agentd process and its config;
 - ``stack``: all of them together, with a private Redis, for the e2e scenarios;
-- ``load``: a steady load of chat completions through the gateway, each outcome kept.
+- ``load``: a steady load of chat completions through the gateway, each outcome kept;
+- ``tls``: a CA and certificates made by the test, and HAProxy checking clients' ones
+  (imported from ``tests.processes.tls``: it needs the ``cryptography`` package).
 """
 
 from tests.processes.agents import AgentProcess, start_agent, wait_until, write_config

@@ -88,11 +88,12 @@ def collect_static(**env) -> None:
     _collected.add(state_dir)
 
 
-def start_daphne(log_dir: Path, port: int | None = None, **env) -> LiveServer:
+def start_daphne(log_dir: Path, port: int | None = None, args=(), **env) -> LiveServer:
+    """Daphne on loopback; ``args`` go before the application (``--proxy-headers``)."""
     # A given port lets a restarted Daphne come back where its agents reconnect.
     port = port or free_port()
     collect_static(**env)
-    argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"]
+    argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), *args, "llmgw_site.asgi:application"]
     return start_asgi(log_dir, "daphne", argv, port, **env)
 
 
