@@ -158,3 +158,30 @@ def test_a_bad_proxy_network_is_refused_at_start_naming_the_variable():
     with pytest.raises(ValueError, match="LLMGW_CLIENT_CERT_PROXIES='10.0.0.0/33'"):
         from_environ({"LLMGW_CLIENT_CERT_PROXIES": "10.0.0.0/33"})
     assert from_environ({"LLMGW_CLIENT_CERT_PROXIES": "10.0.0.5"})["CLIENT_CERT_PROXIES"]
+
+
+@pytest.mark.parametrize(
+    "peer, values, node_id, refused_for",
+    [
+        ("10.9.0.2", ["gpu-01"], "gpu-01", None),
+        ("10.9.0.7", [" gpu-01 "], "gpu-01", None),  # edge of 10.9.0.0/29; spaces trimmed
+        ("::ffff:10.9.0.2", ["gpu-01"], "gpu-01", None),  # a dual-stack socket's IPv4 peer
+        ("fd00:9::1", ["gpu-01"], "gpu-01", None),
+        ("10.9.0.8", ["gpu-01"], None, "identifies nodes by client certificate"),
+        ("fd00:9::2", ["gpu-01"], None, "identifies nodes by client certificate"),
+        (None, ["gpu-01"], None, "not from an unknown address"),  # a unix socket
+        ("10.9.0.2", [], None, "passed no client certificate subject"),
+        ("10.9.0.2", ["gpu-01", "gpu-02"], None, "passed no client certificate subject"),
+    ],
+)
+def test_which_sockets_a_certificate_counts_for(cert_proxies, peer, values, node_id, refused_for):
+    check = access.client_cert_node(peer, values)
+    assert check.node_id == node_id
+    if refused_for is None:
+        assert check.refusal is None
+    else:
+        assert refused_for in check.refusal
+
+
+def test_off_the_header_is_not_even_looked_at():
+    assert access.client_cert_node("10.0.0.99", ["gpu-01"]) == access.CertCheck()
