@@ -17,6 +17,7 @@ figures are for this machine and meaningful side by side, not alone.
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -280,7 +281,13 @@ async def _client_rate(kind: str, url: str, payload: dict, n: int, conc: int) ->
 
 def compare_clients(url: str) -> dict:
     results = {}
-    for kind in ("llmgw", "aiohttp", "httpx"):
+    kinds = ["llmgw", "aiohttp"]
+    if importlib.util.find_spec("httpx") is None:
+        # Not one of llmgw's requirements: only this comparison uses it.
+        print("httpx is not installed (pip install httpx): comparing llmgw's client and aiohttp")
+    else:
+        kinds.append("httpx")
+    for kind in kinds:
         for conc in (1, 16):
             results[f"{kind} c={conc}"] = asyncio.run(
                 _client_rate(kind, url, PAYLOADS["instant"], 1000, conc)
