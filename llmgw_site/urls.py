@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -7,5 +9,7 @@ urlpatterns = [
     path("api/v1/", include("fleet.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Browsers ask every site for /favicon.ico; a 404 there is an error in each page's console.
+    path("favicon.ico", lambda request: redirect(static("fleet/favicon.svg"))),
     path("", include("fleet.urls")),
 ]

@@ -7,6 +7,8 @@ import pytest
 # its module says so (tests/processes/ holds what they start).
 PROCESS_FIXTURES = {"daphne_server", "stack"}
 E2E_DIR = Path(__file__).parent / "e2e"
+# The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
+BROWSER_DIR = Path(__file__).parent / "browser"
 
 
 def pytest_configure(config):
@@ -38,17 +40,55 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the end-to-end tier, and every test a process-starting fixture makes live.
+    """Mark the end-to-end and browser tiers, and every test a process-starting fixture makes live.
 
     Modules whose tests start processes themselves say ``pytestmark = pytest.mark.live``;
-    ``make test-fast`` runs ``-m "not live and not e2e"``.
+    ``make test-fast`` runs ``-m "not live and not e2e"``. On a machine without
+    Chromium and its driver the browser tests are deselected, and the run's summary
+    says so and how to install them (``pytest_terminal_summary``): never a quiet skip.
     """
     for item in items:
         if E2E_DIR in item.path.parents:
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.live)
+        elif BROWSER_DIR in item.path.parents:
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.live)
         elif PROCESS_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.live)
+    _deselect_browser_tests_without_a_browser(config, items)
+
+
+def _deselect_browser_tests_without_a_browser(config, items):
+    from tests.processes.browser import missing_browser
+
+    browser_tests = [item for item in items if item.get_closest_marker("browser")]
+    why = missing_browser() if browser_tests else None
+    if why is None:
+        return
+    if os.environ.get("LLMGW_BROWSER_TESTS") == "required":  # CI (.ci/run)
+        from tests.processes.browser import INSTALL_HINT
+
+        raise pytest.UsageError(f"browser tests required, but {why}: {INSTALL_HINT}")
+    config._llmgw_browser_skipped = (len(browser_tests), why)
+    config.hook.pytest_deselected(items=browser_tests)
+    items[:] = [item for item in items if not item.get_closest_marker("browser")]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    skipped = getattr(config, "_llmgw_browser_skipped", None)
+    if skipped is None:
+        return
+    from tests.processes.browser import INSTALL_HINT
+
+    count, why = skipped
+    terminalreporter.write_sep("!", "BROWSER TESTS NOT RUN", red=True, bold=True)
+    terminalreporter.write_line(
+        f"{count} browser tests (tests/browser) were left out: {why}. "
+        f"Install them with `{INSTALL_HINT}` (as root) and run again.",
+        red=True,
+        bold=True,
+    )
 
 
 def pytest_unconfigure(config):

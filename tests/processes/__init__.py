@@ -11,7 +11,8 @@ them and export it here.
 - ``stack``: all of them together, with a private Redis, for the e2e scenarios;
 - ``load``: a steady load of chat completions through the gateway, each outcome kept;
 - ``tls``: a CA and certificates made by the test, and HAProxy checking clients' ones
-  (imported from ``tests.processes.tls``: it needs the ``cryptography`` package).
+  (imported from ``tests.processes.tls``: it needs the ``cryptography`` package);
+- ``browser``: Debian's headless Chromium under its chromedriver, for tests/browser/.
 """
 
 from tests.processes.agents import AgentProcess, start_agent, wait_until, write_config
@@ -25,6 +26,7 @@ from tests.processes.base import (
     wait_for,
     wait_for_port,
 )
+from tests.processes.browser import missing_browser, start_chromium
 from tests.processes.load import Load, Outcome
 from tests.processes.servers import (
     FakeEngine,
@@ -50,11 +52,13 @@ __all__ = [
     "Stack",
     "collect_static",
     "free_port",
+    "missing_browser",
     "pid_alive",
     "port_block",
     "start_agent",
     "start_asgi",
     "start_celery",
+    "start_chromium",
     "start_daphne",
     "start_uvicorn",
     "stop_all",
