@@ -12,6 +12,7 @@ BROWSER_DIR = Path(__file__).parent / "browser"
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(_BrowserGate(), "llmgw-browser-gate")
     # A channel-layer prefix of this run's own, so test runs sharing a Redis
     # (CI's, or several at once on one machine) never hear each other's groups.
     from django.conf import settings
@@ -56,7 +57,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.live)
         elif PROCESS_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.live)
-    _deselect_browser_tests_without_a_browser(config, items)
+
+
+class _BrowserGate:
+    """Runs after ``-m`` has deselected (trylast): ``make test-fast`` never asked for them."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        _deselect_browser_tests_without_a_browser(config, items)
 
 
 def _deselect_browser_tests_without_a_browser(config, items):
