@@ -103,11 +103,12 @@ def live_fleet(browser_test_database, django_db_blocker, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def signed_in(browser, live_fleet) -> Browser:
+def signed_in(browser, live_fleet):
     """The browser on the module's stack, logged in through the admin's form as a superuser."""
     browser.use(live_fleet.url)
     browser.log_in(live_fleet.username, live_fleet.password)
-    return browser
+    yield browser
+    browser.leave()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -62,6 +62,10 @@ class Browser:
             self.base_url = base_url.rstrip("/")
         return self
 
+    def leave(self) -> None:
+        """A blank page, so no page of the stack keeps a connection open as its Daphne stops."""
+        self.driver.get("about:blank")
+
     def url(self, path: str) -> str:
         return urllib.parse.urljoin(self.base_url + "/", path.lstrip("/"))
 

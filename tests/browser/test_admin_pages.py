@@ -86,3 +86,24 @@ def test_the_model_changelist_lists_the_served_model(signed_in, live_fleet):
     signed_in.visit(f"/admin/fleet/model/{model.pk}/change/")
     signed_in.assert_styled()
     assert signed_in.find("#id_name").get_attribute("value") == live_fleet.model
+
+
+def test_the_browsable_api_is_styled_for_a_logged_in_operator(signed_in, live_fleet):
+    # The admin's session is good for DRF's browsable API: its Bootstrap loads from Daphne.
+    signed_in.visit("/api/v1/nodes/")
+    sheets = signed_in.stylesheets()
+    bootstrap = [href for href in sheets if "/rest_framework/css/bootstrap" in href]
+    assert bootstrap and sheets[bootstrap[0]] > 0, sheets
+    assert live_fleet.node_id in signed_in.text(".response-info")
+
+
+def test_the_api_docs_render_the_schema_from_our_own_static_files(signed_in):
+    # Swagger UI's files come from Daphne (drf-spectacular-sidecar), not a CDN: the
+    # page works offline, and a script fetched from elsewhere would fail the visit.
+    signed_in.visit("/api/docs/")
+    operations = signed_in.wait(
+        lambda d: signed_in.find_all(".swagger-ui .opblock"), "the schema's operations"
+    )
+    assert any("/api/v1/nodes/" in op.text for op in operations)
+    scripts = [s.get_attribute("src") for s in signed_in.find_all("script[src]")]
+    assert scripts and all(src.startswith(signed_in.base_url + "/static/") for src in scripts)
