@@ -8,7 +8,7 @@ from fleet.models import Model, Node
 def test_an_operator_logs_in_through_the_admin_form(browser, live_fleet):
     # given: a browser with no session on this stack
     browser.use(live_fleet.url)
-    browser.driver.delete_all_cookies()
+    browser.forget_cookies()
     browser.visit("/admin/")
     assert browser.path == "/admin/login/", "an anonymous visit is sent to the login form"
     browser.assert_styled()
@@ -25,7 +25,7 @@ def test_an_operator_logs_in_through_the_admin_form(browser, live_fleet):
 
 def test_a_wrong_password_is_refused_on_the_styled_form(browser, live_fleet):
     browser.use(live_fleet.url)
-    browser.driver.delete_all_cookies()
+    browser.forget_cookies()
     browser.visit("/admin/login/")
     browser.find("#id_username").send_keys(live_fleet.username)
     browser.find("#id_password").send_keys("not-the-password")
