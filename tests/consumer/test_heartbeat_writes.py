@@ -6,6 +6,7 @@ runs on every path the database offers, so the two cannot drift apart.
 """
 
 import logging
+import threading
 from datetime import timedelta
 
 import pytest
@@ -424,3 +425,29 @@ def test_the_load_columns_are_named_once_for_protocol_models_and_both_writers():
     shard_cols = [name for name, _ in SHARD_LOAD]
     assert shard_cols == [f for f in protocol.ShardLoad.model_fields if f != "shard_id"]
     assert shard_cols == model_columns(ShardLoad, "id", "node", "shard_id", "sampled_at")
+
+
+def test_the_idle_janitor_ends_quietly_when_the_process_shuts_its_writer(monkeypatch):
+    # Daphne stopping shuts the executors down while the janitor thread sleeps:
+    # its next submit must end the thread, not print a traceback at every exit.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleet.services.heartbeat import batching
+
+    writer = ThreadPoolExecutor(max_workers=1)
+    writer.shutdown()
+    monkeypatch.setattr(batching, "_writer", writer)
+    monkeypatch.setattr(batching, "_last_write", 0.0)
+    monkeypatch.setattr(batching.time, "sleep", lambda s: None)
+    errors = []
+    thread = threading.Thread(target=lambda: _run_catching(batching._janitor_loop, errors))
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive() and errors == []
+
+
+def _run_catching(fn, errors):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test reports it
+        errors.append(exc)

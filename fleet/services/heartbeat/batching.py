@@ -73,7 +73,10 @@ def _janitor_loop() -> None:
     while True:
         time.sleep(1.0)
         if time.monotonic() - _last_write >= IDLE_CLOSE_S:
-            _writer.submit(_close_if_idle)
+            try:
+                _writer.submit(_close_if_idle)
+            except RuntimeError:
+                return  # the process is exiting: its executors are shut down
 
 
 def _start_janitor() -> None:
