@@ -48,3 +48,35 @@ def test_redis_away_costs_a_heartbeat_nothing_but_its_point(redis_away):
     assert NodeLoad.objects.get(node_id="gpu-01").cpu_percent == 55.0
     # And the next batch does not try again at once.
     assert history._paused()
+
+
+class _Upstream:
+    replica_id = "r1"
+    outstanding = 2  # in flight through this gateway
+    engine_waiting = 3  # waiting inside the engine, as it exports it
+
+
+class _Route:
+    name = "bench-model"
+    upstreams = (_Upstream(),)
+
+
+class _Gateway:
+    routes = {"bench-model": _Route()}
+
+    def upstreams_in_service(self):
+        yield "bench-model", _Route.upstreams[0]
+
+
+def test_what_a_gateway_records_is_what_its_metrics_count():
+    from fleet.gateway import metrics
+
+    before = metrics.model_figures(lambda: [_Gateway()])["bench-model"]
+    metrics.REQUESTS.labels("bench-model", "200").inc(5)
+    metrics.LATENCY.labels("bench-model").observe(0.5)
+
+    depth, requests, lat_sum, lat_count = metrics.model_figures(lambda: [_Gateway()])["bench-model"]
+
+    assert depth == 5
+    assert requests == before[1] + 5
+    assert (lat_sum, lat_count) == (before[2] + 0.5, before[3] + 1)
