@@ -25,7 +25,9 @@ def value_text(value: float, unit: str) -> str:
         return human_bytes(value)
     if unit == "cores":
         return f"{value:.2f}"
-    return f"{value:g}" if value < 1000 else f"{value:.0f}"
+    if value >= 100 or value == int(value):
+        return f"{value:.0f}"
+    return f"{value:.2f}"
 
 
 def render(chart: Chart, start: float, end: float) -> str:
@@ -34,6 +36,8 @@ def render(chart: Chart, start: float, end: float) -> str:
     for s in chart.series:
         for _, v in s.points:
             ymax = max(ymax, v)
+    # Headroom, so a flat line at the top is not drawn on the frame.
+    ymax = ymax * 1.1 if chart.unit != "percent" else ymax
     ymax = ymax or 1.0
     span = max(1.0, end - start)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
