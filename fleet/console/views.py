@@ -156,8 +156,7 @@ def node_fragment(request, node_id: str):
 
 
 def _charts_context(node_id: str) -> dict:
-    detail_models = console.node_detail(node_id).models
-    data = charts.node_charts(node_id, detail_models)
+    data = charts.node_charts(node_id, console.models_on_node(node_id))
     return {
         "charts": [(c, svg.render(c, data.start, data.end)) for c in data.charts],
         "source": data.source,

@@ -405,6 +405,19 @@ def node_detail(node_id: str, now: datetime | None = None) -> NodeDetail:
     )
 
 
+def models_on_node(node_id: str) -> list[str]:
+    """The models with a shard on the node that is not finished. Raises nodes.NodeNotFound."""
+    if not Node.objects.filter(pk=node_id).exists():
+        raise nodes.NodeNotFound(f"no node '{node_id}'")
+    return sorted(
+        set(
+            Shard.objects.filter(node_id=node_id)
+            .exclude(state__in=SHARD_FINISHED)
+            .values_list("replica__model__name", flat=True)
+        )
+    )
+
+
 # ---- one model --------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import threading
 import urllib.parse
 from datetime import timedelta
@@ -306,3 +307,20 @@ def test_the_logs_panel_shows_what_the_agent_answers(client):
     assert "engine up" in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script>alert" not in html
+
+
+def test_the_admins_view_on_site_opens_the_console_pages(client):
+    add_node("gpu-01")
+    model = add_model("qwen")
+    client.force_login(operator())
+
+    for admin_page, console_page in (
+        (reverse("admin:fleet_node_change", args=["gpu-01"]), node_url()),
+        (
+            reverse("admin:fleet_model_change", args=[model.pk]),
+            reverse("console:model", args=[model.pk]),
+        ),
+    ):
+        html = client.get(admin_page).content.decode()
+        link = re.search(r'href="([^"]+)" class="viewsitelink"', html).group(1)
+        assert urllib.parse.urlsplit(client.get(link).url).path == console_page
