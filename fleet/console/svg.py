@@ -10,7 +10,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from fleet.services.charts import Chart
-from fleet.services.console import human_bytes
+from fleet.services.units import bytes_text
 
 WIDTH, HEIGHT = 600, 160
 LEFT, RIGHT, TOP, BOTTOM = 64, 8, 8, 20
@@ -22,7 +22,7 @@ def value_text(value: float, unit: str) -> str:
     if unit == "percent":
         return f"{value:.0f}%"
     if unit == "bytes":
-        return human_bytes(value)
+        return bytes_text(value)
     if unit == "cores":
         return f"{value:.2f}"
     if value >= 100 or value == int(value):

@@ -34,22 +34,13 @@ from fleet.models import (
 
 from . import history, nodes, prometheus
 from .reconciler.expiry import fleet_warnings
+from .units import bytes_text as human_bytes
 
 PAGE_SIZE = 100
 # Pending replicas listed on the cluster page; the total is always given.
 PENDING_SHOWN = 50
 # What the state filter of the node table offers.
 STATE_FILTERS = ("ready", "suspect", "lost", "cordoned", "draining", "disconnected")
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "-"
 
 
 @dataclass
