@@ -324,3 +324,34 @@ def test_the_admins_view_on_site_opens_the_console_pages(client):
         html = client.get(admin_page).content.decode()
         link = re.search(r'href="([^"]+)" class="viewsitelink"', html).group(1)
         assert urllib.parse.urlsplit(client.get(link).url).path == console_page
+
+
+def _queries(client, url) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(url).status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_node_and_model_pages_do_not_query_per_shard(client):
+    add_node("gpu-01")
+    model = add_model("qwen")
+    client.force_login(operator())
+    add_replica(model, model.active_profile, ["gpu-01"])
+    few = [
+        _queries(client, url)
+        for url in (node_url(), node_url("node-fragment"), node_url("node-charts"))
+    ]
+    few.append(_queries(client, reverse("console:model", args=[model.pk])))
+
+    for _ in range(9):
+        add_replica(model, model.active_profile, ["gpu-01"])
+    many = [
+        _queries(client, url)
+        for url in (node_url(), node_url("node-fragment"), node_url("node-charts"))
+    ]
+    many.append(_queries(client, reverse("console:model", args=[model.pk])))
+
+    assert few == many
