@@ -1,0 +1,62 @@
+"""The logs panel through a real Daphne: the page's request reaches the agent's socket
+in the same process and the agent's answer comes back to the page, escaped."""
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+from django.test import Client
+
+from tests.consumer.helpers import run_closing_connections
+from tests.consumer.test_daphne_agent import connect, enrol, recv
+from tests.factories import operator, register_msg
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+
+
+def session_cookie() -> str:
+    client = Client()
+    client.force_login(operator())
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+def get(url: str, cookie: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Cookie": cookie})
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        return resp.status, resp.read().decode()
+
+
+async def test_the_logs_panel_asks_the_agent_on_the_same_daphne(daphne_server):
+    server = daphne_server
+    credential = await enrol(server, "gpu-01")
+    cookie = await asyncio.to_thread(run_closing_connections, session_cookie)
+    url = f"{server.url}/admin/cluster/nodes/gpu-01/logs/?source=agent&lines=2"
+
+    async with connect(server, credential) as ws:
+        await ws.send(json.dumps(register_msg("gpu-01")))
+        await recv(ws, "ack")
+        await recv(ws, "desired")
+
+        # when: the operator presses Show while the agent is connected
+        page = asyncio.ensure_future(asyncio.to_thread(get, url, cookie))
+        request = await recv(ws, "logs_request", timeout=10)
+        assert (request["source"], request["lines"]) == ("agent", 2)
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "logs_reply",
+                    "v": 1,
+                    "request_id": request["request_id"],
+                    "lines": ["engine up", "<script>alert(1)</script>"],
+                    "sources": ["agent"],
+                }
+            )
+        )
+        status, html = await asyncio.wait_for(page, 20)
+
+    # then: the lines, as text
+    assert status == 200
+    assert "engine up" in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script>" not in html
