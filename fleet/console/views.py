@@ -2,7 +2,8 @@
 
 Pages go through ``admin.site.admin_view`` (a login page for anyone not
 staff); fragments, which scripts fetch, answer 403 instead of a login page
-that would land in the middle of a table. Actions are POSTs with Django's
+that would land in the middle of a table. Both need the model's view
+permission, as the admin's lists and the API do. Actions are POSTs with Django's
 CSRF check, behind a confirmation page, calling the same services as the
 admin's actions with the same permissions.
 """
@@ -33,33 +34,56 @@ CHARTS_REFRESH_S = 30
 LOG_LINES = (50, 200, 1000)
 
 
-def _refused(user) -> bool:
-    return not (user.is_active and user.is_staff)
+NODES = "fleet.view_node"  # the cluster and node pages, charts and logs: the nodes' facts
+MODELS = "fleet.view_model"  # a model's page
+
+REFUSED = "staff with the permission {perm} only: log in to the admin as such\n"
 
 
-def fragment(view):
-    """Staff only, answered 403 (not a login page) to anyone else; never cached."""
-    if iscoroutinefunction(view):
+def _staff(user) -> bool:
+    return user.is_active and user.is_staff
 
-        @functools.wraps(view)
-        async def inner(request, *args, **kwargs):
-            if _refused(await request.auser()):
-                return HttpResponseForbidden("staff only: log in to the admin first\n")
-            return await view(request, *args, **kwargs)
 
-    else:
+def fragment(perm: str):
+    """Staff with ``perm`` only, anyone else answered 403 (not a login page that would
+    land in the middle of a table); never cached."""
 
+    def wrap(view):
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def inner(request, *args, **kwargs):
+                user = await request.auser()
+                if not (_staff(user) and await user.ahas_perm(perm)):
+                    return HttpResponseForbidden(REFUSED.format(perm=perm))
+                return await view(request, *args, **kwargs)
+
+        else:
+
+            @functools.wraps(view)
+            def inner(request, *args, **kwargs):
+                if not (_staff(request.user) and request.user.has_perm(perm)):
+                    return HttpResponseForbidden(REFUSED.format(perm=perm))
+                return view(request, *args, **kwargs)
+
+        return never_cache(inner)
+
+    return wrap
+
+
+def page(perm: str):
+    """The admin's login for anyone not staff, then 403 without ``perm``."""
+
+    def wrap(view):
         @functools.wraps(view)
         def inner(request, *args, **kwargs):
-            if _refused(request.user):
-                return HttpResponseForbidden("staff only: log in to the admin first\n")
+            if not request.user.has_perm(perm):
+                raise PermissionDenied(f"this page needs the permission {perm}")
             return view(request, *args, **kwargs)
 
-    return never_cache(inner)
+        return admin.site.admin_view(inner)
 
-
-def page(view):
-    return admin.site.admin_view(view)
+    return wrap
 
 
 def _context(request, title: str, **extra) -> dict:
@@ -84,7 +108,7 @@ def _cluster(request) -> console.Cluster:
     )
 
 
-@page
+@page(NODES)
 @require_GET
 def cluster(request):
     data = _cluster(request)
@@ -102,7 +126,7 @@ def cluster(request):
     )
 
 
-@fragment
+@fragment(NODES)
 @require_GET
 def cluster_fragment(request):
     return render(
@@ -129,7 +153,7 @@ def _can(user) -> dict:
     }
 
 
-@page
+@page(NODES)
 @require_GET
 def node(request, node_id: str):
     detail = _detail(node_id)
@@ -149,7 +173,7 @@ def node(request, node_id: str):
     )
 
 
-@fragment
+@fragment(NODES)
 @require_GET
 def node_fragment(request, node_id: str):
     return render(request, "console/_node_body.html", {"d": _detail(node_id)})
@@ -165,7 +189,7 @@ def _charts_context(node_id: str) -> dict:
     }
 
 
-@fragment
+@fragment(NODES)
 @require_GET
 def node_charts(request, node_id: str):
     try:
@@ -175,7 +199,7 @@ def node_charts(request, node_id: str):
     return render(request, "console/_node_charts.html", context)
 
 
-@fragment
+@fragment(NODES)
 @require_GET
 async def node_logs_view(request, node_id: str):
     """The last lines of the agent's log or an engine's, asked of the node now.
@@ -265,7 +289,7 @@ ACTIONS = {
 }
 
 
-@page
+@page(NODES)
 @require_http_methods(["GET", "POST"])
 def node_action(request, node_id: str, action: str):
     if action not in ACTIONS:
@@ -298,7 +322,7 @@ def node_action(request, node_id: str, action: str):
 # ---- a model ----------------------------------------------------------------------------
 
 
-@page
+@page(MODELS)
 @require_GET
 def model(request, pk: int):
     try:

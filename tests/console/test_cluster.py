@@ -168,3 +168,23 @@ def test_the_admin_index_and_the_root_lead_to_the_cluster_page(client):
     assert f'id="cluster-link"><a href="{CLUSTER}"' in index
     assert f'id="nav-cluster" href="{CLUSTER}"' in index
     assert client.get("/").url == CLUSTER
+
+
+def test_staff_without_the_view_permission_are_refused(client):
+    from tests.factories import grant
+
+    add_node("gpu-01")
+    model = add_model("qwen")
+    client.force_login(staff_user("guest"))  # staff, no fleet permission
+
+    assert client.get(CLUSTER).status_code == 403
+    assert client.get(FRAGMENT).status_code == 403
+    assert client.get(reverse("console:node-charts", args=["gpu-01"])).status_code == 403
+    assert client.get(reverse("console:node-logs", args=["gpu-01"])).status_code == 403
+    assert client.get(reverse("console:model", args=[model.pk])).status_code == 403
+    assert 'id="nav-cluster"' not in client.get(reverse("admin:index")).content.decode()
+
+    client.force_login(grant(staff_user("viewer"), "fleet.view_node", "fleet.view_model"))
+    assert client.get(CLUSTER).status_code == 200
+    assert client.get(FRAGMENT).status_code == 200
+    assert client.get(reverse("console:model", args=[model.pk])).status_code == 200
