@@ -182,6 +182,30 @@ class PendingLine:
 
 
 @dataclass
+class ModelLine:
+    id: int
+    name: str
+    desired: int
+    ready: int
+    pending: int
+    failed: int
+
+
+# Models listed on the cluster page, by name; a catalog larger than this is in the admin.
+MODELS_SHOWN = 200
+
+
+def model_lines() -> list[ModelLine]:
+    """Each model with its replicas ready, pending and failed: one query."""
+    rows = Model.objects.annotate(
+        ready=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+        pending=Count("replicas", filter=Q(replicas__state=ReplicaState.PENDING)),
+        failed=Count("replicas", filter=Q(replicas__state=ReplicaState.FAILED)),
+    ).order_by("name")[:MODELS_SHOWN]
+    return [ModelLine(m.pk, m.name, m.desired_replicas, m.ready, m.pending, m.failed) for m in rows]
+
+
+@dataclass
 class Cluster:
     totals: Totals
     warnings: list[str]
@@ -193,6 +217,7 @@ class Cluster:
     state: str
     pending: list[PendingLine]
     pending_total: int
+    models: list[ModelLine] = field(default_factory=list)
     at: datetime = field(default_factory=timezone.now)
 
 
@@ -288,6 +313,7 @@ def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = 
         state=state,
         pending=pending,
         pending_total=t.replicas_by_state.get(ReplicaState.PENDING, 0),
+        models=model_lines(),
         at=now,
     )
 
