@@ -15,4 +15,5 @@ urlpatterns = [
     path("nodes/<str:node_id>/logs/", views.node_logs_view, name="node-logs"),
     path("nodes/<str:node_id>/<str:action>/", views.node_action, name="node-action"),
     path("models/<int:pk>/", views.model, name="model"),
+    path("models/<int:pk>/fragment/", views.model_fragment, name="model-fragment"),
 ]

@@ -322,15 +322,25 @@ def node_action(request, node_id: str, action: str):
 # ---- a model ----------------------------------------------------------------------------
 
 
+def _model(pk: int) -> console.ModelDetail:
+    try:
+        return console.model_detail(pk)
+    except Model.DoesNotExist:
+        raise Http404(f"no model {pk}") from None
+
+
 @page(MODELS)
 @require_GET
 def model(request, pk: int):
-    try:
-        detail = console.model_detail(pk)
-    except Model.DoesNotExist:
-        raise Http404(f"no model {pk}") from None
+    detail = _model(pk)
     return render(
         request,
         "console/model.html",
-        _context(request, f"Model {detail.model.name}", m=detail),
+        _context(request, f"Model {detail.model.name}", m=detail, refresh_s=REFRESH_S),
     )
+
+
+@fragment(MODELS)
+@require_GET
+def model_fragment(request, pk: int):
+    return render(request, "console/_model_body.html", {"m": _model(pk)})

@@ -184,6 +184,7 @@ def test_staff_without_the_view_permission_are_refused(client):
     assert client.get(reverse("console:node-charts", args=["gpu-01"])).status_code == 403
     assert client.get(reverse("console:node-logs", args=["gpu-01"])).status_code == 403
     assert client.get(reverse("console:model", args=[model.pk])).status_code == 403
+    assert client.get(reverse("console:model-fragment", args=[model.pk])).status_code == 403
     assert 'id="nav-cluster"' not in client.get(reverse("admin:index")).content.decode()
 
     client.force_login(grant(staff_user("viewer"), "fleet.view_node", "fleet.view_model"))

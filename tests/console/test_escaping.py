@@ -45,6 +45,7 @@ def test_every_page_renders_agent_strings_as_text(client, evil_node):
         reverse("console:node-charts", args=["gpu-01"]),
         reverse("console:node-action", args=["gpu-01", "cordon"]),
         reverse("console:model", args=[evil_node.pk]),
+        reverse("console:model-fragment", args=[evil_node.pk]),
     ]
     for url in pages:
         html = client.get(url).content.decode()

@@ -35,6 +35,11 @@ def test_replicas_where_and_why(client, qwen):
     assert 'data-replicas="pending">pending <b>1</b>' in html
     assert reverse("console:node", args=["gpu-01"]) in html
     assert "gpu-07: has 8 GB of memory, needs 24" in html
+    # The body refreshes itself in place from its fragment.
+    fragment = reverse("console:model-fragment", args=[qwen.pk])
+    assert f'id="model-body" data-refresh-url="{fragment}"' in html
+    body = client.get(fragment).content.decode()
+    assert 'data-replicas="pending">pending <b>1</b>' in body and "<html" not in body
 
 
 def test_gateway_figures_from_what_the_gateways_recorded(client, qwen):
