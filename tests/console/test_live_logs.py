@@ -1,5 +1,6 @@
-"""The logs panel through a real Daphne: the page's request reaches the agent's socket
-in the same process and the agent's answer comes back to the page, escaped."""
+"""The node page through a real Daphne: the logs panel's request reaches the agent's
+socket in the same process and the answer comes back escaped; a heartbeat's load,
+applied by Daphne's heartbeat writer, is a point on the charts."""
 
 import asyncio
 import json
@@ -10,7 +11,7 @@ from django.test import Client
 
 from tests.consumer.helpers import run_closing_connections
 from tests.consumer.test_daphne_agent import connect, enrol, recv
-from tests.factories import operator, register_msg
+from tests.factories import heartbeat_msg, operator, register_msg
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -60,3 +61,36 @@ async def test_the_logs_panel_asks_the_agent_on_the_same_daphne(daphne_server):
     assert "engine up" in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<script>" not in html
+
+
+LOAD = {
+    "cpu_percent": 42.0,
+    "cpu_count": 16,
+    "load1": 1.5,
+    "load5": 1.0,
+    "load15": 0.5,
+    "memory_used_bytes": 8 * 2**30,
+    "memory_available_bytes": 24 * 2**30,
+    "shards": [],
+}
+
+
+async def test_a_heartbeats_load_is_a_point_on_the_nodes_charts(daphne_server):
+    server = daphne_server
+    credential = await enrol(server, "gpu-01")
+    cookie = await asyncio.to_thread(run_closing_connections, session_cookie)
+
+    async with connect(server, credential) as ws:
+        await ws.send(json.dumps(register_msg("gpu-01")))
+        await recv(ws, "ack")
+        await recv(ws, "desired")
+        await ws.send(json.dumps(heartbeat_msg(seq=1, load=LOAD)))
+        assert (await recv(ws, "ack"))["seq"] == 1  # acked after the write, point included
+
+        url = f"{server.url}/admin/cluster/nodes/gpu-01/charts/"
+        status, html = await asyncio.to_thread(get, url, cookie)
+
+    assert status == 200
+    assert 'data-source="history"' in html
+    assert 'id="chart-cpu" data-chart="cpu" data-points="1"' in html
+    assert "42%" in html  # the legend's last value
