@@ -8,7 +8,6 @@ CSRF check, behind a confirmation page, calling the same services as the
 admin's actions with the same permissions.
 """
 
-import asyncio
 import functools
 import time
 
@@ -227,8 +226,6 @@ async def node_logs_view(request, node_id: str):
                 "(it does not know the logs request)"
             )
             context["kind"] = "timeout"
-        except asyncio.CancelledError:
-            raise
         else:
             context.update(
                 lines=reply.lines,
