@@ -86,6 +86,15 @@ class FleetSettings:
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 
+    # The operator's console (fleet/console/; docs/operations.md, "The console").
+    # Prometheus to read node charts from (query_range on the llmgw_* series),
+    # e.g. http://prometheus:9090. Empty: charts read the control plane's own
+    # bounded history, kept from heartbeats in Redis (fleet/services/history.py).
+    prometheus_url: str = ""
+    prometheus_timeout_s: float = 5.0  # one query_range; a page is waiting for it
+    # The history keeps at most one point per node per this many seconds, for an hour.
+    history_step_s: float = 15.0
+
     # Daphne's HTTP parser (llmgw_site/http_limits.py): the whole head of a
     # request must arrive within this, and have at most this many header lines.
     http_head_timeout_s: float = 10.0

@@ -1,4 +1,4 @@
 from django.urls import path
 from django.views.generic import RedirectView
 
-urlpatterns = [path("", RedirectView.as_view(url="/admin/", permanent=False))]
+urlpatterns = [path("", RedirectView.as_view(url="/admin/cluster/", permanent=False))]

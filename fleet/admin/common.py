@@ -1,7 +1,8 @@
 """Pieces the fleet admin pages share."""
 
 from django.contrib import admin
-from django.template.defaultfilters import filesizeformat
+
+from fleet.services.units import bytes_text
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -32,7 +33,7 @@ class ReadOnlyTabularInline(admin.TabularInline):
 
 
 def human_bytes(value) -> str:
-    return "-" if value is None else filesizeformat(value)
+    return bytes_text(value)
 
 
 def count_message(done: int, total: int, verb: str, already: str) -> str:

@@ -291,7 +291,8 @@ def main() -> int:
         database = _shown(os.environ.get("DATABASE_URL")) or f"SQLite in {directory}"
         print(
             f"\nllmgw is up (logs in {logs}):\n"
-            f"  admin     {base}/admin/   login {username} / {password}\n"
+            f"  cluster   {base}/admin/cluster/   login {username} / {password}\n"
+            f"  admin     {base}/admin/\n"
             f"  API       {base}/api/v1/  (schema {base}/api/schema/)\n"
             f"  gateway   {base}/v1/      API key {api_key}\n"
             f"  database  {database}\n"

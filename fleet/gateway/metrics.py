@@ -125,3 +125,28 @@ class InFlightCollector:
 
 def register_in_flight(gateways) -> None:
     REGISTRY.register(InFlightCollector(gateways))
+
+
+def model_figures(gateways) -> dict[str, tuple[float, float, float, float]]:
+    """{model: (queue depth, requests answered, latency seconds summed, latencies counted)}.
+
+    What this process's gateways count, read as /metrics reads it, for the
+    console's history (``fleet.services.history.record_gateway``).
+    """
+    figures: dict[str, list[float]] = {}
+    for family in InFlightCollector(gateways).collect():
+        if family.name == "llmgw_gateway_queue_depth":
+            for sample in family.samples:
+                figures.setdefault(sample.labels["model"], [0.0, 0.0, 0.0, 0.0])[0] = sample.value
+    for family in REQUESTS.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["model"] in figures:
+                figures[sample.labels["model"]][1] += sample.value
+    for family in LATENCY.collect():
+        for sample in family.samples:
+            model = sample.labels.get("model")
+            if model in figures and sample.name.endswith("_sum"):
+                figures[model][2] = sample.value
+            elif model in figures and sample.name.endswith("_count"):
+                figures[model][3] = sample.value
+    return {model: tuple(values) for model, values in figures.items()}

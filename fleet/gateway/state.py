@@ -10,6 +10,8 @@ cause, ``last_used_at``, is collected and written in a batch.
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
 import time
 import weakref
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from fleet.conf import fleet_settings
+from fleet.services import history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
 from . import engines, keys, metrics, table
@@ -129,6 +132,7 @@ class Gateway:
                 asyncio.ensure_future(self._refresher()),
                 asyncio.ensure_future(self._flush_last_used()),
                 asyncio.ensure_future(self._scrape_engines()),
+                asyncio.ensure_future(self._record_history()),
             ]
             self.started = True
             logger.info(
@@ -319,6 +323,18 @@ class Gateway:
                 await engines.scrape(self.scraper, upstreams, min(2.0, self.limits.engine_scrape_s))
             except Exception:  # noqa: BLE001 - a missing gauge is not worth a dead task
                 logger.warning("scraping the engines' queues failed", exc_info=True)
+
+    async def _record_history(self) -> None:
+        # The console's charts and model pages read these when no Prometheus is
+        # configured (fleet.services.history). In a thread: Redis is a round trip.
+        source = f"{socket.gethostname()}:{os.getpid()}"
+        while True:
+            await asyncio.sleep(fleet_settings().history_step_s)
+            try:
+                figures = metrics.model_figures(lambda: [self])
+                await asyncio.to_thread(history.record_gateway, figures, source)
+            except Exception:  # noqa: BLE001 - a missing point is not worth a dead task
+                logger.warning("recording the gateway's figures failed", exc_info=True)
 
     async def _flush_last_used(self) -> None:
         while True:

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
+from django.urls import reverse
 
 from fleet.selectors import parse_selector
 
@@ -58,6 +59,10 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def get_absolute_url(self) -> str:
+        """Its console page: the admin's "View on site" goes there."""
+        return reverse("console:model", args=[self.pk])
 
     def clean(self) -> None:
         errors = {}

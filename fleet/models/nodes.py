@@ -2,6 +2,7 @@
 
 from django.core.validators import RegexValidator
 from django.db import models
+from django.urls import reverse
 
 from agentd.protocol import NODE_ID_PATTERN
 from fleet.selectors import effective_labels
@@ -85,6 +86,10 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+    def get_absolute_url(self) -> str:
+        """Its console page: the admin's "View on site" goes there."""
+        return reverse("console:node", args=[self.pk])
 
     @property
     def labels(self) -> dict:

@@ -5,6 +5,10 @@ nominal size, and "a 32 GB node" should still hold a profile that needs 32.
 Messages use the same divisor and never round up, so a node refused for
 memory never reads as if it had enough: 7,900 MB asked for 8 GB reads
 "has 7.9 GB of memory, needs 8", not "has 8 GB, needs 8".
+
+Bytes measured on a machine (resident memory, disks, what is in use) are shown
+in binary units, as the kernel counts them: ``bytes_text``, for the admin and
+the console alike.
 """
 
 import math
@@ -18,3 +22,17 @@ def gb_text(mb: int) -> str:
         return str(mb // MB_PER_GB)
     tenths = math.floor(mb * 10 / MB_PER_GB)
     return f"{tenths // 10}.{tenths % 10}"
+
+
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def bytes_text(n: float | None) -> str:
+    """Bytes for people in binary units ("412.0 GiB", "512 B"); "-" when unknown (never 0)."""
+    if n is None:
+        return "-"
+    step = 0
+    while abs(n) >= 1024 and step < len(BINARY_UNITS) - 1:
+        n /= 1024
+        step += 1
+    return f"{n:.0f} B" if step == 0 else f"{n:.1f} {BINARY_UNITS[step]}"

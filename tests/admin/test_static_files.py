@@ -17,9 +17,10 @@ from tests.processes import start_daphne
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
-# The admin's index, a changelist, and DRF's browsable API: their base templates
-# between them name every stylesheet and script an operator's pages load.
-PAGES = ["/admin/", "/admin/fleet/node/", "/api/v1/"]
+# The admin's index, a changelist, the console's cluster page and DRF's browsable
+# API: their base templates between them name every stylesheet and script an
+# operator's pages load.
+PAGES = ["/admin/", "/admin/fleet/node/", "/admin/cluster/", "/api/v1/"]
 # Django's manifest names: a 12-hex-digit hash of the content before the extension.
 HASHED = re.compile(r"\.[0-9a-f]{12}\.\w+$")
 YEAR_S = 365 * 24 * 3600
@@ -88,6 +89,7 @@ def test_every_static_file_a_page_names_is_served_compressed_and_cached(tmp_path
             refs |= static_refs(body.decode())
         assert any("/admin/css/base." in u for u in refs), refs
         assert any("/rest_framework/" in u for u in refs), refs
+        assert any("/fleet/console." in u for u in refs), refs
 
         # when: a browser fetches each, accepting gzip
         wrong = []

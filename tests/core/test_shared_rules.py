@@ -105,3 +105,22 @@ def test_the_default_port_range_is_the_same_on_both_ends():
     assert parse_port_range("1024-65535") == (1024, 65535)
     assert parse_port_range(FleetSettings().shard_port_range) == DEFAULT_PORT_RANGE
     assert Config.model_fields["engine_port_range"].default == DEFAULT_PORT_RANGE
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (None, "-"),  # unknown is not zero
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (412 * 2**30, "412.0 GiB"),
+        (2063500 * 2**20, "2.0 TiB"),
+        (3 * 2**50, "3.0 PiB"),
+        (5000 * 2**50, "5000.0 PiB"),
+    ],
+)
+def test_bytes_for_people_in_binary_units(n, text):
+    from fleet.services.units import bytes_text
+
+    assert bytes_text(n) == text

@@ -17,6 +17,7 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import GPU, Node, NodeState
 
+from .. import history
 from ..reconciler.ask import request_reconcile
 from . import changes, orm, pg
 
@@ -101,6 +102,13 @@ def apply_heartbeats(
                 _apply_rare(
                     [b for b in rare if (b[0], b[1]) in live], gpu_memory_too=gpu_memory_too
                 )
+    # After the commit, and outside it: the charts' history is a convenience,
+    # and Redis being slow or away must cost a heartbeat nothing but its point.
+    history.record_loads(
+        (node_id, hb.load, arrived)
+        for node_id, cred, hb, arrived in batch
+        if hb.load is not None and (node_id, cred) in live
+    )
     for node_id, (state, _) in nodes.items():
         if state != NodeState.READY:
             logger.info("node back node=%s was=%s", node_id, state)

@@ -1,0 +1,40 @@
+"""The operator's console: cluster, node and model pages inside the admin.
+
+Pages and the fragments that refresh them in place (``views``), charts drawn
+as SVG on the server (``svg``); what they show comes from
+``fleet.services.console`` and ``fleet.services.charts``. Templates are in
+templates/console/, the stylesheet and the one small script in
+fleet/static/fleet/. Add a page: a function in ``services.console`` that
+reads in a fixed number of queries, a view here, a template extending
+admin/base_site.html, and a test in tests/console/.
+
+Stable hooks for browser tests (ids and classes the pages keep):
+
+- cluster: ``#cluster-body`` (refreshed; ``data-refreshed-at`` set by the script
+  after each refresh), ``#cluster-filter``, ``#cluster-warnings``,
+  ``#cluster-totals`` (``#total-nodes``, ``#total-gpus``, ``#total-replicas``,
+  ``[data-state=ready]``, ``[data-total=gpus-used]``, ``[data-replicas=pending]``),
+  ``#cluster-nodes`` with ``tr.node-row[data-node-id]`` whose cells are
+  ``.node-id a`` (the node page), ``.node-state``, ``.node-connected``,
+  ``.bar.cpu``, ``.bar.ram`` and ``.bar.gpu[data-gpu-index]`` (``data-percent``:
+  the bar's width, empty when unknown; ``.label`` its text), ``.engines .engine``,
+  ``.node-shards``, ``.node-last-seen``; ``#cluster-pages``, ``#cluster-models``
+  (``tr.model-row[data-model]``), ``#cluster-pending`` (``tr.pending-row``,
+  ``.reason``), ``#cluster-updated``; ``#nav-cluster`` in every admin header,
+  ``#cluster-link`` on the admin index.
+- node: ``#node[data-node-id]``, ``#node-actions`` (``#action-cordon``,
+  ``#action-uncordon``, ``#action-drain``, ``#action-revoke``), ``#node-body``
+  (refreshed) with ``#node-summary``, ``#node-state``, ``#node-load``,
+  ``#node-disks``, ``#node-gpus``, ``#node-engines``, ``#node-shards``
+  (``tr.shard-row[data-shard-id]``, ``.shard-cores``, ``.shard-memory``);
+  ``#node-charts`` (refreshed; ``.charts[data-source=history|prometheus]``,
+  ``figure.chart#chart-cpu|memory|load|model-cores|model-memory|queue`` with
+  ``data-points``, each line ``.series[data-series][data-points]``);
+  ``#node-logs`` with ``#node-logs-form``, ``#node-logs-source``,
+  ``#node-logs-fetch``, ``#node-logs-output`` (``.logs[data-kind=ok|error|
+  disconnected|timeout]``, ``#node-logs-lines``, ``#node-logs-error``).
+- confirmation: ``#node-confirm[data-action]``, ``#confirm-<action>`` (submit).
+- model: ``#model[data-model]``, ``#model-body`` (refreshed), ``#model-summary``,
+  ``#model-rps``, ``#model-latency``, ``#model-queue``, ``#model-replicas``
+  (``tr.replica-row[data-replica-id]``, ``.replica-state``, ``.reason``).
+"""

@@ -1,0 +1,19 @@
+"""The console's URLs, mounted at /admin/cluster/ (llmgw_site/urls.py)."""
+
+from django.urls import path
+
+from . import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.cluster, name="cluster"),
+    path("fragment/", views.cluster_fragment, name="cluster-fragment"),
+    path("nodes/<str:node_id>/", views.node, name="node"),
+    path("nodes/<str:node_id>/fragment/", views.node_fragment, name="node-fragment"),
+    path("nodes/<str:node_id>/charts/", views.node_charts, name="node-charts"),
+    path("nodes/<str:node_id>/logs/", views.node_logs_view, name="node-logs"),
+    path("nodes/<str:node_id>/<str:action>/", views.node_action, name="node-action"),
+    path("models/<int:pk>/", views.model, name="model"),
+    path("models/<int:pk>/fragment/", views.model_fragment, name="model-fragment"),
+]

@@ -1,0 +1,195 @@
+"""The cluster page: totals, one page of nodes, the models, pending replicas.
+
+A page of nodes plus a handful of totals, each one aggregate query: the same
+number of queries whatever the fleet's size (tests/console/ counts them at 10
+and at 100 nodes).
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch, Q
+from django.utils import timezone
+
+from fleet.models import (
+    GPU,
+    SHARD_FINISHED,
+    EngineInstall,
+    Model,
+    Node,
+    NodeState,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+)
+
+from ..reconciler.expiry import fleet_warnings
+from .lines import NodeLine, node_line
+
+PAGE_SIZE = 100
+# Pending replicas listed on the cluster page; the total is always given.
+PENDING_SHOWN = 50
+# What the state filter of the node table offers.
+STATE_FILTERS = ("ready", "suspect", "lost", "cordoned", "draining", "disconnected")
+
+
+@dataclass
+class Totals:
+    nodes: int
+    nodes_by_state: dict[str, int]
+    connected: int
+    cordoned: int
+    draining: int
+    gpus: int
+    gpus_used: int
+    gpus_free: int
+    gpus_with_problems: int
+    replicas_by_state: dict[str, int]
+
+
+@dataclass
+class PendingLine:
+    id: str
+    model: str
+    model_id: int
+    reason: str
+    since: datetime | None
+
+
+@dataclass
+class ModelLine:
+    id: int
+    name: str
+    desired: int
+    ready: int
+    pending: int
+    failed: int
+
+
+# Models listed on the cluster page, by name; a catalog larger than this is in the admin.
+MODELS_SHOWN = 200
+
+
+def model_lines() -> list[ModelLine]:
+    """Each model with its replicas ready, pending and failed: one query."""
+    rows = Model.objects.annotate(
+        ready=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+        pending=Count("replicas", filter=Q(replicas__state=ReplicaState.PENDING)),
+        failed=Count("replicas", filter=Q(replicas__state=ReplicaState.FAILED)),
+    ).order_by("name")[:MODELS_SHOWN]
+    return [ModelLine(m.pk, m.name, m.desired_replicas, m.ready, m.pending, m.failed) for m in rows]
+
+
+@dataclass
+class Cluster:
+    totals: Totals
+    warnings: list[str]
+    nodes: list[NodeLine]
+    page: int
+    pages: int
+    count: int
+    query: str
+    state: str
+    pending: list[PendingLine]
+    pending_total: int
+    models: list[ModelLine] = field(default_factory=list)
+    at: datetime = field(default_factory=timezone.now)
+
+
+def _node_filter(q: str, state: str) -> Q:
+    where = Q()
+    if q:
+        where &= Q(id__icontains=q) | Q(hostname__icontains=q)
+    if state in (NodeState.READY, NodeState.SUSPECT, NodeState.LOST):
+        where &= Q(state=state)
+    elif state == "cordoned":
+        where &= Q(cordoned=True)
+    elif state == "draining":
+        where &= Q(draining=True)
+    elif state == "disconnected":
+        where &= Q(connected=False)
+    return where
+
+
+def node_queryset(where: Q | None = None):
+    """Nodes with everything a node line shows, in three queries for any number of them."""
+    return (
+        Node.objects.filter(where or Q())
+        .select_related("load")
+        .prefetch_related(
+            Prefetch("gpus", queryset=GPU.objects.order_by("index")),
+            Prefetch("engine_installs", queryset=EngineInstall.objects.order_by("engine")),
+        )
+        .annotate(
+            shard_count=Count("shards", filter=~Q(shards__state__in=SHARD_FINISHED), distinct=True),
+            ready_count=Count("shards", filter=Q(shards__state=ShardState.READY), distinct=True),
+        )
+        .order_by("id")
+    )
+
+
+def totals() -> Totals:
+    """Fleet-wide counts, four aggregate queries."""
+    n = Node.objects.aggregate(
+        total=Count("id"),
+        connected=Count("id", filter=Q(connected=True)),
+        cordoned=Count("id", filter=Q(cordoned=True)),
+        draining=Count("id", filter=Q(draining=True)),
+        **{s: Count("id", filter=Q(state=s)) for s in NodeState.values},
+    )
+    g = GPU.objects.aggregate(total=Count("id"), sick=Count("id", filter=~Q(problems=[])))
+    # A GPU is used while a shard that is not finished holds it.
+    used = set()
+    for uuids in (
+        Shard.objects.exclude(state__in=SHARD_FINISHED)
+        .exclude(node=None)
+        .values_list("gpu_uuids", flat=True)
+    ):
+        used.update(str(u) for u in uuids or ())
+    by_state = dict(
+        Replica.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n")
+    )
+    return Totals(
+        nodes=n["total"],
+        nodes_by_state={s: n[s] for s in NodeState.values},
+        connected=n["connected"],
+        cordoned=n["cordoned"],
+        draining=n["draining"],
+        gpus=g["total"],
+        gpus_used=len(used),
+        gpus_free=max(0, g["total"] - len(used) - g["sick"]),
+        gpus_with_problems=g["sick"],
+        replicas_by_state={s: by_state.get(s, 0) for s in ReplicaState.values},
+    )
+
+
+def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = None) -> Cluster:
+    """The cluster page: totals, warnings, one page of nodes, pending replicas."""
+    now = now or timezone.now()
+    q = q.strip()[:100]
+    state = state if state in STATE_FILTERS else ""
+    paginator = Paginator(node_queryset(_node_filter(q, state)), PAGE_SIZE)
+    current = paginator.get_page(page)
+    t = totals()
+    pending = [
+        PendingLine(r.pk, r.model.name, r.model_id, r.reason, r.state_changed_at or r.created_at)
+        for r in Replica.objects.filter(state=ReplicaState.PENDING)
+        .select_related("model")
+        .order_by("created_at")[:PENDING_SHOWN]
+    ]
+    return Cluster(
+        totals=t,
+        warnings=fleet_warnings(now),
+        nodes=[node_line(n, now) for n in current.object_list],
+        page=current.number,
+        pages=paginator.num_pages,
+        count=paginator.count,
+        query=q,
+        state=state,
+        pending=pending,
+        pending_total=t.replicas_by_state.get(ReplicaState.PENDING, 0),
+        models=model_lines(),
+        at=now,
+    )

@@ -1,0 +1,147 @@
+"""One node as a line of the console's tables: its bars, GPUs, engines and disks.
+
+Unknown is not zero: a bar whose figure the node never sent (or sent more
+than a minute ago) has no width and reads "-".
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from fleet.models import GPU, Node
+
+from .. import nodes
+from ..units import bytes_text as human_bytes
+
+
+@dataclass
+class Bar:
+    """A figure out of a whole. ``percent`` None: unknown, drawn empty and read "-"."""
+
+    percent: float | None
+    text: str
+
+    @property
+    def width(self) -> str:
+        """The CSS width, clamped; never a value from a peer unclamped."""
+        if self.percent is None:
+            return "0"
+        return f"{max(0.0, min(100.0, self.percent)):.1f}"
+
+    @property
+    def level(self) -> str:
+        if self.percent is None:
+            return "unknown"
+        return "high" if self.percent >= 90 else "mid" if self.percent >= 70 else "low"
+
+
+def cpu_bar(load) -> Bar:
+    if load is None:
+        return Bar(None, "-")
+    return Bar(load.cpu_percent, f"{load.cpu_percent:.0f}% of {load.cpu_count}")
+
+
+def ram_bar(node: Node, load) -> Bar:
+    """Used of total. '-' when the node never said its memory, or its sample is stale."""
+    if load is None or not node.memory_total_mb:
+        return Bar(None, "-")
+    total = node.memory_total_mb * 2**20
+    used = load.memory_used_bytes
+    return Bar(100.0 * used / total, f"{human_bytes(used)} / {human_bytes(total)}")
+
+
+def gpu_bar(gpu: GPU) -> Bar:
+    if not gpu.memory_total_mb:
+        return Bar(None, "-")
+    return Bar(
+        100.0 * gpu.memory_used_mb / gpu.memory_total_mb,
+        f"{gpu.memory_used_mb / 1024:.0f} / {gpu.memory_total_mb / 1024:.0f} GiB",
+    )
+
+
+@dataclass
+class GPULine:
+    index: int
+    name: str
+    bar: Bar
+    problems: list
+    temperature_c: int | None
+
+
+@dataclass
+class EngineLine:
+    engine: str
+    version: str
+    state: str  # an install state from the agent, or "reported" for engine_versions only
+    detail: str = ""
+
+
+@dataclass
+class NodeLine:
+    id: str
+    hostname: str
+    state: str
+    state_text: str
+    connected: bool
+    cordoned: bool
+    draining: bool
+    cpu: Bar
+    ram: Bar
+    gpus: list[GPULine]
+    engines: list[EngineLine]
+    shards_ready: int
+    shards_all: int
+    last_seen: datetime | None
+    agent_version: str
+
+
+def _engines(node: Node) -> list[EngineLine]:
+    installs = {i.engine: i for i in node.engine_installs.all()}
+    out = [EngineLine(i.engine, i.version, i.state, i.detail) for _, i in sorted(installs.items())]
+    for engine, version in sorted((node.engine_versions or {}).items()):
+        if engine not in installs:
+            out.append(EngineLine(str(engine), str(version), "reported"))
+    return out
+
+
+def _gpu_lines(gpus) -> list[GPULine]:
+    return [GPULine(g.index, g.name, gpu_bar(g), list(g.problems), g.temperature_c) for g in gpus]
+
+
+def node_line(node: Node, now: datetime) -> NodeLine:
+    load = nodes.fresh_load(node, now)
+    return NodeLine(
+        id=node.pk,
+        hostname=node.hostname,
+        state=node.state,
+        state_text=nodes.state_display(node),
+        connected=node.connected,
+        cordoned=node.cordoned,
+        draining=node.draining,
+        cpu=cpu_bar(load),
+        ram=ram_bar(node, load),
+        gpus=_gpu_lines(node.gpus.all()),
+        engines=_engines(node),
+        shards_ready=getattr(node, "ready_count", 0),
+        shards_all=getattr(node, "shard_count", 0),
+        last_seen=node.last_seen,
+        agent_version=node.agent_version,
+    )
+
+
+@dataclass
+class DiskLine:
+    path: str
+    bar: Bar  # used of total
+    free: str
+    total: str
+    shared: bool
+
+
+def disk_line(s) -> DiskLine:
+    used = s.total_bytes - s.free_bytes
+    bar = (
+        Bar(100.0 * used / s.total_bytes, f"{human_bytes(used)} used")
+        if s.total_bytes
+        else Bar(None, "-")
+    )
+    return DiskLine(s.path, bar, human_bytes(s.free_bytes), human_bytes(s.total_bytes), s.shared)

@@ -1,0 +1,99 @@
+"""One model's page: its replicas, where they run, why any wait, and the gateway's figures."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import redis
+from django.db.models import Prefetch
+from django.utils import timezone
+
+from fleet.conf import fleet_settings
+from fleet.models import Model, Replica, ReplicaState, Shard
+
+from .. import history, prometheus
+
+
+@dataclass
+class ReplicaLine:
+    id: str
+    state: str
+    reason: str
+    restarts: int
+    profile: str
+    shards: list  # Shard rows with node
+
+
+@dataclass
+class GatewayFigures:
+    source: str  # "prometheus", "history" or "" (none)
+    requests_per_s: float | None = None
+    latency_s: float | None = None
+    p95_latency_s: float | None = None
+    queue: float | None = None
+    error: str = ""
+
+
+@dataclass
+class ModelDetail:
+    model: Model
+    replicas: list[ReplicaLine]
+    by_state: dict[str, int]
+    gateway: GatewayFigures
+
+
+# The window the model page's rates are taken over.
+RATE_WINDOW_S = 300
+
+
+def gateway_figures(name: str, now: float) -> GatewayFigures:
+    """Requests a second and latency through the gateway over the last five minutes."""
+    if fleet_settings().prometheus_url:
+        out = GatewayFigures("prometheus")
+        m = prometheus.quote(name)
+        w = f"{RATE_WINDOW_S}s"
+        queries = {
+            "requests_per_s": f"sum(rate(llmgw_gateway_requests_total{{model={m}}}[{w}]))",
+            "latency_s": f"sum(rate(llmgw_gateway_request_duration_seconds_sum{{model={m}}}[{w}]))"
+            f" / sum(rate(llmgw_gateway_request_duration_seconds_count{{model={m}}}[{w}]))",
+            "p95_latency_s": "histogram_quantile(0.95, sum by (le) "
+            f"(rate(llmgw_gateway_request_duration_seconds_bucket{{model={m}}}[{w}])))",
+            "queue": f"sum(llmgw_gateway_queue_depth{{model={m}}})",
+        }
+        try:
+            for attr, query in queries.items():
+                result = prometheus.query_range(query, now - 60, now, 60)
+                points = result[0][1] if result else []
+                setattr(out, attr, points[-1][1] if points else None)
+        except prometheus.PrometheusError as exc:
+            out.error = str(exc)
+        return out
+    out = GatewayFigures("history")
+    try:
+        out.requests_per_s, out.latency_s = history.gateway_rates(name, now - RATE_WINDOW_S)
+        queue = history.queue_points(name, now - RATE_WINDOW_S)
+        out.queue = queue[-1][1] if queue else None
+    except redis.RedisError as exc:
+        out.error = f"the history in Redis could not be read: {exc}"
+    return out
+
+
+def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
+    """A model's replicas, where they run and why any wait; raises Model.DoesNotExist."""
+    now = now or timezone.now()
+    model = Model.objects.select_related("active_profile").get(pk=pk)
+    replicas = (
+        Replica.objects.filter(model=model)
+        .select_related("profile")
+        .prefetch_related(
+            Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank"))
+        )
+        .order_by("created_at")
+    )
+    lines = [
+        ReplicaLine(r.pk, r.state, r.reason, r.restarts, r.profile.name, list(r.shards.all()))
+        for r in replicas
+    ]
+    by_state = {s: 0 for s in ReplicaState.values}
+    for r in lines:
+        by_state[r.state] = by_state.get(r.state, 0) + 1
+    return ModelDetail(model, lines, by_state, gateway_figures(model.name, now.timestamp()))

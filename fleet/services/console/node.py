@@ -1,0 +1,109 @@
+"""One node's page: its figures now, its disks, GPUs, engines and shards."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.models import SHARD_FINISHED, Node, Shard, ShardLoad
+
+from .. import nodes
+from ..units import bytes_text as human_bytes
+from .cluster import node_queryset
+from .lines import DiskLine, NodeLine, disk_line, node_line
+
+
+@dataclass
+class ShardLine:
+    id: str
+    model: str
+    model_id: int
+    replica: str
+    rank: int
+    engine: str
+    state: str
+    desired_state: str
+    port: int | None
+    restarts: int
+    cores: str
+    memory: str
+    error: str
+
+
+@dataclass
+class NodeDetail:
+    node: Node
+    line: NodeLine
+    load: object  # NodeLoad or None
+    memory_total: str
+    labels: list[tuple[str, str]]
+    storage: list[DiskLine]
+    shards: list[ShardLine]
+    models: list[str]
+    desired: str
+    log_sources: list[tuple[str, str]]  # (source, what it is)
+
+
+def node_detail(node_id: str, now: datetime | None = None) -> NodeDetail:
+    """Everything the node page shows but its charts and logs. Raises nodes.NodeNotFound."""
+    now = now or timezone.now()
+    node = node_queryset(Q(pk=node_id)).prefetch_related("storage").first()
+    if node is None:
+        raise nodes.NodeNotFound(f"no node '{node_id}'")
+    load = nodes.fresh_load(node, now)
+    shards = list(
+        Shard.objects.filter(node=node)
+        .select_related("replica", "replica__model", "replica__profile")
+        .order_by("replica__model__name", "id")
+    )
+    shard_loads = {
+        s.shard_id: s
+        for s in ShardLoad.objects.filter(node=node, sampled_at__gte=now - nodes.LOAD_MAX_AGE)
+    }
+    lines = []
+    for s in shards:
+        sl = shard_loads.get(s.pk)
+        lines.append(
+            ShardLine(
+                id=s.pk,
+                model=s.replica.model.name,
+                model_id=s.replica.model_id,
+                replica=s.replica_id,
+                rank=s.rank,
+                engine=s.replica.profile.engine,
+                state=s.state,
+                desired_state=s.desired_state,
+                port=s.port,
+                restarts=s.replica.restarts,
+                cores=f"{sl.cpu_cores:.2f}" if sl else "-",
+                memory=human_bytes(sl.rss_bytes) if sl else "-",
+                error=s.error,
+            )
+        )
+    live = [s for s in lines if s.state not in SHARD_FINISHED]
+    return NodeDetail(
+        node=node,
+        line=node_line(node, now),
+        load=load,
+        memory_total=nodes.memory_gb(node),
+        labels=sorted((str(k), str(v)) for k, v in node.labels.items()),
+        storage=[disk_line(s) for s in node.storage.all()],
+        shards=lines,
+        models=sorted({s.model for s in live}),
+        desired=nodes.desired_sync(node, now),
+        log_sources=[("agent", "the agent")] + [(s.id, f"{s.model} (shard {s.id})") for s in live],
+    )
+
+
+def models_on_node(node_id: str) -> list[str]:
+    """The models with a shard on the node that is not finished. Raises nodes.NodeNotFound."""
+    if not Node.objects.filter(pk=node_id).exists():
+        raise nodes.NodeNotFound(f"no node '{node_id}'")
+    return sorted(
+        set(
+            Shard.objects.filter(node_id=node_id)
+            .exclude(state__in=SHARD_FINISHED)
+            .values_list("replica__model__name", flat=True)
+        )
+    )

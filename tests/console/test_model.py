@@ -1,0 +1,73 @@
+"""A model's page: its replicas, where, why pending; the gateway's figures for it."""
+
+import time
+
+import pytest
+from django.urls import reverse
+
+from fleet.models import ReplicaState
+from fleet.services import history
+from tests.console.test_node import prometheus  # noqa: F401 - the fixture
+from tests.factories import add_model, add_node, add_replica, operator
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def qwen():
+    add_node("gpu-01")
+    model = add_model("qwen", replicas=2)
+    add_replica(model, model.active_profile, ["gpu-01"])
+    model.replicas.create(
+        profile=model.active_profile,
+        state=ReplicaState.PENDING,
+        reason="no node fits: gpu-07: has 8 GB of memory, needs 24",
+    )
+    return model
+
+
+def test_replicas_where_and_why(client, qwen):
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    assert 'data-replicas="ready">ready <b>1</b>' in html
+    assert 'data-replicas="pending">pending <b>1</b>' in html
+    assert reverse("console:node", args=["gpu-01"]) in html
+    assert "gpu-07: has 8 GB of memory, needs 24" in html
+    # The body refreshes itself in place from its fragment.
+    fragment = reverse("console:model-fragment", args=[qwen.pk])
+    assert f'id="model-body" data-refresh-url="{fragment}"' in html
+    body = client.get(fragment).content.decode()
+    assert 'data-replicas="pending">pending <b>1</b>' in body and "<html" not in body
+
+
+def test_gateway_figures_from_what_the_gateways_recorded(client, qwen):
+    now = time.time()
+    # One gateway process: 60 requests in the minute between its two points,
+    # taking 3 s in all; 3 waiting at the end.
+    history.record_gateway({"qwen": (2, 100, 5.0, 100)}, "gw:1", at=now - 60)
+    history.record_gateway({"qwen": (3, 160, 8.0, 160)}, "gw:1", at=now)
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    assert 'id="model-rps">1.00<' in html
+    assert 'id="model-latency">0.050 s<' in html
+    assert 'id="model-queue">3<' in html
+
+
+def test_gateway_figures_from_prometheus(client, qwen, prometheus):  # noqa: F811
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    assert 'id="model-rps">14.00<' in html  # the last point the fake Prometheus gave
+    assert 'sum(rate(llmgw_gateway_requests_total{model="qwen"}[300s]))' in prometheus.queries
+
+
+def test_an_unknown_model_is_404_and_strangers_are_sent_to_log_in(client, qwen):
+    url = reverse("console:model", args=[qwen.pk])
+    assert client.get(url).status_code == 302
+    client.force_login(operator())
+    assert client.get(reverse("console:model", args=[qwen.pk + 100])).status_code == 404
