@@ -178,7 +178,8 @@ def start_daphne(env: dict, log: Path, timeout: float = 60) -> Daphne:
         proc = subprocess.Popen(
             [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
             cwd=ROOT,
-            env=env,
+            # llmgw_site.asgi refuses to start without ALLOWED_HOSTS unless DEBUG is on.
+            env={"ALLOWED_HOSTS": "127.0.0.1,localhost", **env},
             stdout=fh,
             stderr=subprocess.STDOUT,
             preexec_fn=_child_nofile,
