@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from fleet.conf import fleet_settings
-from fleet.services import history
+from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
 from . import engines, keys, metrics, table
@@ -247,7 +247,7 @@ class Gateway:
         down = False
         while True:
             try:
-                channel = await layer.new_channel("gateway.")
+                channel = await doorbells.process_channel(layer)
                 await layer.group_add(GATEWAYS_GROUP, channel)
                 self._channel = channel
                 if down:

@@ -33,6 +33,18 @@ NODE_REVOKED = "node.revoked"  # its credential may have been revoked: check
 NODE_LOGS_REQUEST = "node.logs_request"  # pass a logs request on to the agent
 
 
+async def process_channel(layer) -> str:
+    """A channel of this process's own, for a listener that is not a consumer.
+
+    Always the layer's default prefix, the one Channels gives every consumer:
+    channels_redis has one receive lock per process, and its holder waits (up to
+    5 s at a time) only on the Redis list its own channel's prefix names. A
+    listener with a prefix of its own (a gateway's, a logs reply's) held every
+    agent socket's doorbells and logs requests back while it waited.
+    """
+    return await layer.new_channel()
+
+
 def node_group(node_id: str) -> str:
     return f"node.{node_id}"
 

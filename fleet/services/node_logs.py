@@ -26,7 +26,7 @@ async def arequest_logs(
 ) -> protocol.LogsReply:
     """Ask a node for its recent log lines, from any process. Bounded by LOGS_TIMEOUT_S."""
     layer = get_channel_layer()
-    reply_channel = await layer.new_channel("logs.")
+    reply_channel = await doorbells.process_channel(layer)
     request_id = uuid.uuid4().hex
     await doorbells.aring_node(
         node_id,
