@@ -43,6 +43,13 @@ RETRIES = Counter(
     ["model"],
     registry=REGISTRY,
 )
+TOKENS = Counter(
+    "llmgw_gateway_tokens",
+    "Tokens through the gateway, by model and kind (prompt, completion), as the engine's "
+    "usage reports them; a stream without usage counts one completion token per event.",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
 COOLDOWNS = Counter(
     "llmgw_gateway_cooldowns",
     "Times a replica was set aside after repeated connect failures.",
@@ -54,14 +61,30 @@ COOLDOWNS = Counter(
 class RouteMetrics:
     """A model's metric children, looked up once rather than on every request."""
 
-    __slots__ = ("latency", "ttft", "retries", "statuses", "model")
+    __slots__ = ("latency", "ttft", "retries", "statuses", "model", "prompt", "completion")
 
     def __init__(self, model: str):
         self.model = model
         self.latency = LATENCY.labels(model)
         self.ttft = TTFT.labels(model)
         self.retries = RETRIES.labels(model)
+        self.prompt = TOKENS.labels(model, "prompt")
+        self.completion = TOKENS.labels(model, "completion")
         self.statuses: dict[int, object] = {}
+
+    def tokens(self, usage: dict | None, events: int = 0) -> None:
+        """Count an answer's tokens: from its ``usage``, else one per streamed event."""
+        prompt = completion = 0
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            prompt = prompt if isinstance(prompt, int) and prompt > 0 else 0
+            completion = completion if isinstance(completion, int) and completion > 0 else 0
+        else:
+            completion = events
+        if prompt:
+            self.prompt.inc(prompt)
+        if completion:
+            self.completion.inc(completion)
 
     def count(self, status: int) -> None:
         child = self.statuses.get(status)
@@ -127,8 +150,9 @@ def register_in_flight(gateways) -> None:
     REGISTRY.register(InFlightCollector(gateways))
 
 
-def model_figures(gateways) -> dict[str, tuple[float, float, float, float]]:
-    """{model: (queue depth, requests answered, latency seconds summed, latencies counted)}.
+def model_figures(gateways) -> dict[str, tuple[float, float, float, float, float]]:
+    """{model: (queue depth, requests answered, latency seconds summed, latencies counted,
+    completion tokens)}.
 
     What this process's gateways count, read as /metrics reads it, for the
     console's history (``fleet.services.history.record_gateway``).
@@ -137,7 +161,7 @@ def model_figures(gateways) -> dict[str, tuple[float, float, float, float]]:
     for family in InFlightCollector(gateways).collect():
         if family.name == "llmgw_gateway_queue_depth":
             for sample in family.samples:
-                figures.setdefault(sample.labels["model"], [0.0, 0.0, 0.0, 0.0])[0] = sample.value
+                figures.setdefault(sample.labels["model"], [0.0] * 5)[0] = sample.value
     for family in REQUESTS.collect():
         for sample in family.samples:
             if sample.name.endswith("_total") and sample.labels["model"] in figures:
@@ -149,4 +173,13 @@ def model_figures(gateways) -> dict[str, tuple[float, float, float, float]]:
                 figures[model][2] = sample.value
             elif model in figures and sample.name.endswith("_count"):
                 figures[model][3] = sample.value
+    for family in TOKENS.collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name.endswith("_total")
+                and labels["model"] in figures
+                and labels["kind"] == "completion"
+            ):
+                figures[labels["model"]][4] = sample.value
     return {model: tuple(values) for model, values in figures.items()}

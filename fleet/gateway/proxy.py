@@ -20,6 +20,32 @@ logger = logging.getLogger(__name__)
 
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20
+_USAGE = b'"usage"'
+_TEXT_KEYS = (b'"content":', b'"text":')
+_NO_TEXT = (b'"content":""', b'"content": ""', b'"text":""', b'"text": ""')
+
+
+def carries_text(event: bytes) -> bool:
+    """Whether a streamed event carries generated text: a token, for engines without usage.
+
+    The first event (the role) and the last (the finish reason) carry none.
+    """
+    return any(k in event for k in _TEXT_KEYS) and not any(e in event for e in _NO_TEXT)
+
+
+def usage_of(body: bytes) -> dict | None:
+    """The ``usage`` object of an OpenAI-style answer, read without parsing the whole of it."""
+    at = body.rfind(_USAGE)
+    if at < 0:
+        return None
+    colon = body.find(b":", at + len(_USAGE))
+    if colon < 0:
+        return None
+    try:
+        value, _ = json.JSONDecoder().raw_decode(body[colon + 1 :].decode("utf-8").lstrip())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class SSECheck:
@@ -29,11 +55,13 @@ class SSECheck:
     so an error event can always follow cleanly.
     """
 
-    __slots__ = ("tail", "done")
+    __slots__ = ("tail", "done", "events", "usage")
 
     def __init__(self):
         self.tail = b""
         self.done = False
+        self.events = 0  # events carrying text: one token each, for engines that send
+        self.usage = None  # no usage (the last event's, where they send it)
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         data = self.tail + chunk if self.tail else chunk
@@ -46,6 +74,11 @@ class SSECheck:
                 return complete[:good], f"a line that is not server-sent events: {text[:60]!r}"
             if text in (b"data: [DONE]", b"data:[DONE]"):
                 self.done = True
+            elif text.startswith(b"data:"):
+                if _USAGE in text:
+                    self.usage = usage_of(text) or self.usage
+                if carries_text(text):
+                    self.events += 1
             good += len(line) + 1
         if len(self.tail) > _MAX_LINE:
             return complete, f"an event line longer than {_MAX_LINE} bytes"
@@ -268,6 +301,8 @@ async def _whole(route, up, resp, reply: Reply) -> None:
     ]
     await reply.start(status, headers)
     await reply.send({"type": "http.response.body", "body": body})
+    if status < 400:
+        route.metrics.tokens(usage_of(body))
 
 
 async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
@@ -310,8 +345,10 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
         )
         resp.close()
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
+        route.metrics.tokens(check.usage, check.events)
         return
     await send({"type": "http.response.body", "body": b""})
+    route.metrics.tokens(check.usage, check.events)
 
 
 async def _end_stream_with_error(reply: Reply, message: str, code: str) -> None:

@@ -24,6 +24,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 import redis
@@ -136,7 +137,7 @@ def record_gateway(figures: dict[str, tuple], source: str, at: float | None = No
     """A gateway process's figures per model, at most one point per model per step.
 
     ``figures``: {model: (queue depth, requests answered, latency seconds summed,
-    latencies counted)}, the counters as this process has counted them since it
+    latencies counted[, completion tokens])}, the counters as this process has counted them since it
     started; ``source`` names the process, so readers can take differences per
     process and add the processes up.
     """
@@ -145,11 +146,11 @@ def record_gateway(figures: dict[str, tuple], source: str, at: float | None = No
     at = time.time() if at is None else at
     step = fleet_settings().history_step_s
     items, stamps = [], {}
-    for model, (depth, requests, lat_sum, lat_count) in figures.items():
+    for model, (depth, requests, lat_sum, lat_count, *tokens) in figures.items():
         if at - _last_queue.get(model, 0.0) < step:
             continue
         stamps[model] = at
-        point = [round(at, 1), source, depth, requests, lat_sum, lat_count]
+        point = [round(at, 1), source, depth, requests, lat_sum, lat_count, *tokens[:1]]
         items.append((gateway_key(model), json.dumps(point)))
     if not items:
         return 0
@@ -176,7 +177,8 @@ def _gateway_points(model: str, since: float) -> list[list]:
     return [
         p
         for p in _read(gateway_key(model))
-        if isinstance(p, list) and len(p) == 6 and p[0] >= since
+        # Six figures; a seventh, completion tokens, from gateways that count them.
+        if isinstance(p, list) and len(p) in (6, 7) and p[0] >= since
     ]
 
 
@@ -190,11 +192,23 @@ def queue_points(model: str, since: float) -> list[tuple[float, float]]:
     return [(b * step, sum(per.values())) for b, per in sorted(buckets.items())]
 
 
-def gateway_rates(model: str, since: float) -> tuple[float | None, float | None]:
-    """(requests a second, mean latency in seconds) since ``since``, every process added up.
+@dataclass(frozen=True)
+class GatewayRates:
+    """A model's figures through the gateways over a window; None where none can be taken."""
+
+    requests_per_s: float | None = None
+    latency_s: float | None = None
+    tokens_per_s: float | None = None
+    tokens: float | None = None
+
+
+def gateway_rates(model: str, since: float) -> GatewayRates:
+    """Requests and completion tokens a second, mean latency, since ``since``, every process
+    added up.
 
     None where there is no difference to take: fewer than two points of any
-    process, or no request in the window for the latency.
+    process, no request in the window for the latency, no token counted by a
+    gateway that counts them.
     """
     first: dict[str, list] = {}
     last: dict[str, list] = {}
@@ -202,6 +216,7 @@ def gateway_rates(model: str, since: float) -> tuple[float | None, float | None]
         first.setdefault(str(p[1]), p)
         last[str(p[1])] = p
     rate, spans, lat_sum, lat_n = 0.0, 0, 0.0, 0.0
+    token_rate, tokens, token_spans = 0.0, 0.0, 0
     for source, a in first.items():
         b = last[source]
         if b[0] <= a[0] or b[3] < a[3]:
@@ -210,7 +225,16 @@ def gateway_rates(model: str, since: float) -> tuple[float | None, float | None]
         spans += 1
         lat_sum += b[4] - a[4]
         lat_n += b[5] - a[5]
-    return (rate if spans else None), (lat_sum / lat_n if lat_n > 0 else None)
+        if len(a) == len(b) == 7 and b[6] >= a[6]:
+            tokens += b[6] - a[6]
+            token_rate += (b[6] - a[6]) / (b[0] - a[0])
+            token_spans += 1
+    return GatewayRates(
+        rate if spans else None,
+        lat_sum / lat_n if lat_n > 0 else None,
+        token_rate if token_spans else None,
+        tokens if token_spans else None,
+    )
 
 
 def forget() -> None:

@@ -74,9 +74,12 @@ def test_what_a_gateway_records_is_what_its_metrics_count():
     before = metrics.model_figures(lambda: [_Gateway()])["bench-model"]
     metrics.REQUESTS.labels("bench-model", "200").inc(5)
     metrics.LATENCY.labels("bench-model").observe(0.5)
+    metrics.RouteMetrics("bench-model").tokens({"prompt_tokens": 7, "completion_tokens": 12})
 
-    depth, requests, lat_sum, lat_count = metrics.model_figures(lambda: [_Gateway()])["bench-model"]
+    figures = metrics.model_figures(lambda: [_Gateway()])["bench-model"]
+    depth, requests, lat_sum, lat_count, tokens = figures
 
     assert depth == 5
     assert requests == before[1] + 5
     assert (lat_sum, lat_count) == (before[2] + 0.5, before[3] + 1)
+    assert tokens == before[4] + 12, "completion tokens, not the prompt's"

@@ -46,8 +46,8 @@ def test_gateway_figures_from_what_the_gateways_recorded(client, qwen):
     now = time.time()
     # One gateway process: 60 requests in the minute between its two points,
     # taking 3 s in all; 3 waiting at the end.
-    history.record_gateway({"qwen": (2, 100, 5.0, 100)}, "gw:1", at=now - 60)
-    history.record_gateway({"qwen": (3, 160, 8.0, 160)}, "gw:1", at=now)
+    history.record_gateway({"qwen": (2, 100, 5.0, 100, 1000)}, "gw:1", at=now - 60)
+    history.record_gateway({"qwen": (3, 160, 8.0, 160, 1960)}, "gw:1", at=now)
     client.force_login(operator())
 
     html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
@@ -55,6 +55,21 @@ def test_gateway_figures_from_what_the_gateways_recorded(client, qwen):
     assert 'id="model-rps">1.00<' in html
     assert 'id="model-latency">0.050 s<' in html
     assert 'id="model-queue">3<' in html
+    assert 'id="model-tokens">960<' in html
+    assert 'id="model-tokens-rate">16.0<' in html
+
+
+def test_points_of_a_gateway_that_counted_no_tokens_still_give_rates(client, qwen):
+    now = time.time()
+    # Points written before the gateway counted tokens: six figures, no seventh.
+    history.record_gateway({"qwen": (0, 10, 1.0, 10)}, "gw:old", at=now - 30)
+    history.record_gateway({"qwen": (0, 40, 4.0, 40)}, "gw:old", at=now)
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    assert 'id="model-rps">1.00<' in html
+    assert 'id="model-tokens">-<' in html
 
 
 def test_gateway_figures_from_prometheus(client, qwen, prometheus):  # noqa: F811
@@ -64,6 +79,10 @@ def test_gateway_figures_from_prometheus(client, qwen, prometheus):  # noqa: F81
 
     assert 'id="model-rps">14.00<' in html  # the last point the fake Prometheus gave
     assert 'sum(rate(llmgw_gateway_requests_total{model="qwen"}[300s]))' in prometheus.queries
+    assert (
+        'sum(rate(llmgw_gateway_tokens_total{model="qwen",kind="completion"}[300s]))'
+        in prometheus.queries
+    )
 
 
 def test_an_unknown_model_is_404_and_strangers_are_sent_to_log_in(client, qwen):

@@ -167,6 +167,14 @@ def test_the_real_llama_cpp_engine_through_the_gateway(daphne_server, tmp_path):
         assert isinstance(chat.choices[0].message.content, str)
         assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
         assert completion.choices[0].text is not None
+
+        # and the gateway counts the tokens: the engine's usage, and a token for each
+        # streamed event that carried text, as the client saw them
+        streamed = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+        expected = chat.usage.completion_tokens + streamed + completion.usage.completion_tokens
+        metrics = urllib.request.urlopen(daphne_server.url + "/metrics").read().decode()
+        line = f'llmgw_gateway_tokens_total{{kind="completion",model="tiny"}} {expected:.1f}'
+        assert line in metrics, [m for m in metrics.splitlines() if "tokens_total" in m]
     finally:
         proc.kill()
         proc.wait(10)

@@ -7,7 +7,7 @@ import pytest
 from fleet.gateway import table, validate
 from fleet.gateway.engines import parse_waiting
 from fleet.gateway.errors import GatewayError
-from fleet.gateway.proxy import SSECheck
+from fleet.gateway.proxy import SSECheck, usage_of
 
 
 def shard(state="ready", desired="running", rank=0, addr="10.0.0.7", port=8000, node="n1", **kw):
@@ -114,6 +114,38 @@ def test_sse_check_passes_whole_lines_and_notices_garbage_and_the_end():
     good, problem = bad.feed(b"data: 1\n\n<html>502</html>\ndata: 2\n\n")
     assert good == b"data: 1\n\n"
     assert problem == "a line that is not server-sent events: b'<html>502</html>'"
+
+
+def test_a_stream_counts_its_tokens_from_usage_or_else_from_the_events_with_text():
+    # An engine without usage: the role event and the finish event carry no text.
+    plain = SSECheck()
+    plain.feed(
+        b'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}\n\n'
+        b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+        b'data: {"choices": [{"delta": {"content": "lo"}}]}\n\n'
+        b'data: {"choices": [{"delta": {}, "finish_reason": "length"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert (plain.events, plain.usage) == (2, None)
+    # One that reports usage in its last event (OpenAI's stream_options.include_usage).
+    told = SSECheck()
+    told.feed(b'data: {"choices": [{"text": "a"}]}\n\n')
+    told.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}\n\n')
+    assert told.usage == {"prompt_tokens": 3, "completion_tokens": 9}
+
+
+@pytest.mark.parametrize(
+    "body, usage",
+    [
+        (b'{"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 5}}', 5),
+        (b'{"choices": [{"text": "no usage here"}]}', None),
+        (b'{"usage": "not an object"}', None),
+        (b'{"usage": {"completion_tokens": 5', None),  # cut off: nothing counted
+    ],
+)
+def test_a_whole_answer_s_usage_is_read_from_its_end(body, usage):
+    found = usage_of(body)
+    assert (found or {}).get("completion_tokens") == usage
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,8 @@ class GatewayFigures:
     latency_s: float | None = None
     p95_latency_s: float | None = None
     queue: float | None = None
+    tokens_per_s: float | None = None  # completion tokens
+    tokens: float | None = None  # completion tokens over the window
     error: str = ""
 
 
@@ -58,6 +60,10 @@ def gateway_figures(name: str, now: float) -> GatewayFigures:
             "p95_latency_s": "histogram_quantile(0.95, sum by (le) "
             f"(rate(llmgw_gateway_request_duration_seconds_bucket{{model={m}}}[{w}])))",
             "queue": f"sum(llmgw_gateway_queue_depth{{model={m}}})",
+            "tokens_per_s": "sum(rate(llmgw_gateway_tokens_total"
+            f'{{model={m},kind="completion"}}[{w}]))',
+            "tokens": "sum(increase(llmgw_gateway_tokens_total"
+            f'{{model={m},kind="completion"}}[{w}]))',
         }
         try:
             for attr, query in queries.items():
@@ -69,7 +75,9 @@ def gateway_figures(name: str, now: float) -> GatewayFigures:
         return out
     out = GatewayFigures("history")
     try:
-        out.requests_per_s, out.latency_s = history.gateway_rates(name, now - RATE_WINDOW_S)
+        rates = history.gateway_rates(name, now - RATE_WINDOW_S)
+        out.requests_per_s, out.latency_s = rates.requests_per_s, rates.latency_s
+        out.tokens_per_s, out.tokens = rates.tokens_per_s, rates.tokens
         queue = history.queue_points(name, now - RATE_WINDOW_S)
         out.queue = queue[-1][1] if queue else None
     except redis.RedisError as exc:
