@@ -89,6 +89,9 @@ def live_fleet(browser_test_database, django_db_blocker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live-fleet")
     with django_db_blocker.unblock():
         stack = Stack(tmp)
+        # A history point a second (15 s by default), so a node page's charts have a
+        # line within seconds of the stack starting.
+        stack.env["LLMGW_HISTORY_STEP_S"] = "1"
         try:
             stack.make_keys()
             get_user_model().objects.create_superuser(ADMIN[0], password=ADMIN[1])

@@ -160,10 +160,11 @@ class Browser:
         assert header["backgroundColor"] not in ("rgba(0, 0, 0, 0)", "transparent"), header
         assert header["display"] == "flex", header
 
-    def screenshot(self, name: str) -> Path | None:
+    def screenshot(self, name: str, whole_page: bool = False) -> Path | None:
         """A PNG of the window for the README, when LLMGW_SCREENSHOTS is set; else nothing.
 
         ``LLMGW_SCREENSHOTS=1`` writes ``docs/img/<name>.png``; a path writes there instead.
+        ``whole_page``: the page down to its end, not only what the window shows.
         """
         where = os.environ.get("LLMGW_SCREENSHOTS", "")
         if where in ("", "0"):
@@ -171,7 +172,16 @@ class Browser:
         directory = SCREENSHOT_DIR if where == "1" else Path(where)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.png"
-        self.driver.save_screenshot(str(path))
+        if not whole_page:
+            self.driver.save_screenshot(str(path))
+            return path
+        size = self.driver.get_window_size()
+        height = self.driver.execute_script("return document.documentElement.scrollHeight")
+        try:
+            self.driver.set_window_size(size["width"], max(size["height"], height + 120))
+            self.driver.save_screenshot(str(path))
+        finally:
+            self.driver.set_window_size(size["width"], size["height"])
         return path
 
     # ---- the check every page gets -----------------------------------------------------------
