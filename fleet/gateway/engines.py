@@ -3,15 +3,21 @@
 Engines that batch (vLLM, SGLang, llama.cpp's server) hold requests they have
 accepted but not started; the gateway cannot see those, so it reads them from
 each ready replica's own /metrics every few seconds. An engine that exports
-none of these is left out, not counted as zero.
+none of these is left out, not counted as zero; one that has no /metrics at all
+(404: llama-cpp-python's server) is asked again only after ``NO_METRICS_S``,
+rather than writing a 404 into its log every few seconds.
 """
 
 import asyncio
 import logging
+import time
 
 from .upstream import Client, UpstreamError
 
 logger = logging.getLogger(__name__)
+
+# An engine that answered 404 for /metrics is not asked again for this long.
+NO_METRICS_S = 600.0
 
 # Requests accepted but not yet running, by engine.
 WAITING_METRICS = (
@@ -44,8 +50,13 @@ async def scrape(client: Client, upstreams, timeout_s: float) -> None:
     exposition past it, or any other failure, counts as no figure at all.
     """
 
+    now = time.monotonic()
+
     async def one(up):
         body = b""
+        if getattr(up, "metrics_absent_until", 0.0) > now:
+            up.engine_waiting = None
+            return
         try:
             async with asyncio.timeout(timeout_s):
                 host, port = up.address
@@ -53,6 +64,8 @@ async def scrape(client: Client, upstreams, timeout_s: float) -> None:
                 try:
                     if resp.status == 200:
                         body = await resp.read()
+                    elif resp.status == 404:
+                        up.metrics_absent_until = now + NO_METRICS_S
                 except BaseException:
                     resp.close()
                     raise

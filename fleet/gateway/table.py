@@ -57,6 +57,7 @@ class Upstream:
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
     engine_waiting: float | None = None  # queued inside the engine, from its /metrics
+    metrics_absent_until: float = 0.0  # time.monotonic(); its engine has no /metrics
     _heads: dict = field(default_factory=dict, repr=False)
 
     def request_head(self, endpoint: str) -> bytes:

@@ -238,3 +238,22 @@ async def test_scraping_an_engine_is_bounded_too(answer, waiting):
     assert seen["written"] < (1 << 20)  # refused long before the end
     client.close()
     server.close()
+
+
+async def test_an_engine_without_metrics_is_not_asked_again_every_scrape():
+    not_found = b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nNot Found"
+    server, port, seen = await raw_server(not_found)
+    client = Client(1.0, ReadLimits(max_header_bytes=4096, max_body_bytes=64 << 10, idle_s=0.3))
+
+    class Up:
+        url = f"http://127.0.0.1:{port}"
+        address = ("127.0.0.1", port)
+        engine_waiting = -1.0
+
+    up = Up()
+    for _ in range(5):
+        await engines.scrape(client, [up], 5.0)
+    # asked once: its log does not gain a 404 line every few seconds
+    assert seen["requests"] == 1 and up.engine_waiting is None
+    client.close()
+    server.close()
