@@ -13,7 +13,6 @@ the lock holder (tests/e2e/test_faults_reconciler.py).
 
 import re
 import signal
-import subprocess
 import time
 
 import pytest
@@ -22,10 +21,17 @@ import yaml
 from fleet.models import Node, Replica
 from tests.e2e.helpers import apply_model, engine_processes, live_shards, wait_serving
 from tests.factories import join_token
-from tests.processes import ROOT, Load, free_port, tails, wait_for_port
+from tests.processes import Load, free_port
 from tests.processes.servers import LiveServer, start_celery, start_daphne
 from tests.processes.stack import CELERY_WORKER, Agent
-from tests.processes.tls import HAPROXY_MISSING, haproxy_binary
+from tests.processes.tls import (
+    HAPROXY_MISSING,
+    HAProxy,
+    documented_config,
+    haproxy_binary,
+    run_haproxy,
+    swap,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,43 +42,21 @@ BACK_WITHIN_S = 15
 PROXY_SOURCE = "127.0.0.3"
 
 
-def _documented_config() -> str:
-    text = (ROOT / "docs" / "scaling.md").read_text()
-    found = re.search(r"```haproxy\n(.*?)```", text, re.S)
-    assert found, "docs/scaling.md has no ```haproxy block"
-    return found.group(1)
-
-
-def _swap(text: str, old: str, new: str) -> str:
-    assert old in text, f"docs/scaling.md's HAProxy configuration no longer has {old!r}"
-    return text.replace(old, new)
-
-
-def _balancer(directory, webs: list[LiveServer]) -> tuple[subprocess.Popen, int]:
+def _balancer(directory, webs: list[LiveServer]) -> HAProxy:
     """HAProxy with docs/scaling.md's configuration in front of ``webs``."""
     binary = haproxy_binary()
     assert binary, HAPROXY_MISSING
     port = free_port()
-    config = _swap(_documented_config(), "bind :8000", f"bind 127.0.0.1:{port}")
+    config = documented_config("scaling.md")
+    config = swap(config, "bind :8000", f"bind 127.0.0.1:{port}", "scaling.md")
     for i, web in enumerate(webs, 1):
-        config = _swap(
+        config = swap(
             config,
             f"server web{i} 10.0.0.1{i - 1}:8000",
             f"server web{i} 127.0.0.1:{web.port} source {PROXY_SOURCE}",
+            "scaling.md",
         )
-    path = directory / "haproxy-lb.cfg"
-    path.write_text(config)
-    check = subprocess.run([binary, "-c", "-f", str(path)], capture_output=True, text=True)
-    assert check.returncode == 0, f"haproxy refused docs/scaling.md's config:\n{check.stderr}"
-    log = directory / "haproxy-lb.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=fh, stderr=fh)
-    try:
-        wait_for_port(port, proc)
-    except Exception:
-        proc.kill()
-        raise RuntimeError(f"haproxy did not start{tails([log])}") from None
-    return proc, port
+    return run_haproxy(binary, directory, config, port, name="haproxy-lb")
 
 
 def _agent(stack, node_id: str, url: str, *more: str) -> Agent:
@@ -111,10 +95,10 @@ def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, re
     # HAProxy in front of both
     webs = [stack.daphne, start_daphne(stack.tmp, **stack.env)]
     stack.celery.append(start_celery(stack.tmp, "worker-b", CELERY_WORKER, **stack.env))
-    proxy, proxy_port = _balancer(stack.tmp, webs)
+    proxy = _balancer(stack.tmp, webs)
     try:
         # an agent behind the balancer; the web process it landed on is the one to kill
-        balanced = _agent(stack, "cpu-lb", f"ws://127.0.0.1:{proxy_port}/ws/agent/")
+        balanced = _agent(stack, "cpu-lb", f"ws://127.0.0.1:{proxy.port}/ws/agent/")
         _connected(stack, "cpu-lb")
         doomed = next(w for w in webs if _balanced_sockets(w) == 1)
         other = next(w for w in webs if w is not doomed)
@@ -158,8 +142,7 @@ def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, re
             load.wait_requests(20)
         figures = load.summary()
     finally:
-        proxy.kill()
-        proxy.wait()
+        proxy.stop()
         for web in webs:
             web.stop()
 
