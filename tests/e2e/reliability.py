@@ -38,6 +38,15 @@ FIGURES = {
         "{first_ok_after_up_s} s after it was back; {requests} requests in all, "
         "{failed} failed + {broken} broken"
     ),
+    "7": (
+        "down {down_s} s: requests {ok}/{requests} ok ({success_pct} %; "
+        "{ok_while_down}/{requests_while_down} while it was down); both changes made just "
+        "before converged {converged_after_up_s} s after it was back; "
+        "{agents_registered_again} agents registered again within {agents_back_max_s} s; "
+        "node states seen: {node_states_seen}, {nodes_lost} lost; {duplicate_shards} "
+        "duplicate shards, {shards_placed} shards placed, {engine_starts} engine starts, "
+        "{restarts} restarts"
+    ),
     "8": (
         "down {down_s} s: both changes converged {converged_after_up_s} s after Redis was "
         "back; {duplicate_shards} duplicate shards, {shards_placed} shards placed, "
