@@ -54,6 +54,14 @@ FIGURES = {
         "answered in ≤ {api_change_max_s} s; requests {ok}/{requests} ok "
         "({ok_while_down}/{requests_while_down} while Redis was down)"
     ),
+    "9": (
+        "{changes} desired changes while {followers} pages followed an engine logging "
+        "{flood_lines_per_s} lines/s: sync p50 {sync_p50_s} s, p99 {sync_p99_s} s, max "
+        "{sync_max_s} s (unloaded p50 {quiet_sync_p50_s} s); {pages} log pages of "
+        "{lines_per_page} lines ({mb_followed} MB), outcomes {page_outcomes}; "
+        "{replies_dropped:g} replies dropped; log problems {log_problems}; "
+        "{failed} failed + {broken} broken of {requests} requests"
+    ),
     "10": (
         "{stale_replays} stale replays: {replay_effects} effects, no ack; "
         "{duplicate_replays} duplicates: {duplicate_acks} acks, nothing redone; "

@@ -185,17 +185,16 @@ def test_an_engine_flooding_its_logs_and_a_page_following_them_keep_desired_sync
         text = log.read_text(errors="replace")
         for name, pattern in PROBLEMS.items():
             found[name] += len(pattern.findall(text))
-    engine_log = next(stack.agents[0].state_dir.rglob(f"{shard.pk}*.log"), None)
     p99 = percentile(took, 99)
     record(
         "9",
         flood_lines_per_s=FLOOD_LINES_PER_S,
         line_bytes=LINE_BYTES,
-        engine_log_mb=round(engine_log.stat().st_size / 2**20, 1) if engine_log else None,
         followers=FOLLOWERS,
         pages=len(pages),
         page_outcomes=outcomes,
         lines_per_page=round(statistics.mean(p[1] for p in ok_pages)) if ok_pages else 0,
+        mb_followed=round(sum(p[1] for p in ok_pages) * LINE_BYTES / 2**20),
         page_p50_s=round(percentile([p[2] for p in pages], 50), 3),
         changes=len(took),
         sync_p50_s=round(percentile(took, 50), 3),
