@@ -24,7 +24,7 @@ from django.urls import reverse
 from fleet.models import Node
 from fleet.services.desired import bump_desired
 from tests.e2e.helpers import wait_serving
-from tests.processes import Load
+from tests.processes import Load, tails
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,7 +114,7 @@ def sync_once(node_id: str, stack) -> float:
     target = Node.objects.values_list("desired_version", flat=True).get(pk=node_id)
     while Node.objects.values_list("acked_version", flat=True).get(pk=node_id) < target:
         if time.monotonic() - started > 60:
-            raise AssertionError(f"no ack of desired v{target} within 60 s{stack.logs()}")
+            raise AssertionError(f"no ack of desired v{target} within 60 s{tails(stack.logs())}")
         time.sleep(0.005)
     return time.monotonic() - started
 
