@@ -30,13 +30,23 @@ def _running(stack: Stack):
 
 
 @pytest.fixture
-def stack(transactional_db, tmp_path):
+def clock() -> dict[str, str]:
+    """LLMGW_* settings over the stack's FAST clock: none here.
+
+    A test module whose faults play out over minutes overrides this fixture,
+    e.g. with ``tests.processes.TENTH`` (the real clock divided by ten).
+    """
+    return {}
+
+
+@pytest.fixture
+def stack(transactional_db, tmp_path, clock):
     """A private Redis, Daphne, a Celery worker and beat; agents are added by the test.
 
     Everything it started is stopped afterwards, engines included (they outlive
     their agent by design), before the test database is flushed.
     """
-    yield from _running(Stack(tmp_path))
+    yield from _running(Stack(tmp_path, **clock))
 
 
 @pytest.fixture

@@ -6,9 +6,16 @@ from pathlib import Path
 from tests.processes import Stack
 
 
-def apply_model(stack: Stack, path: Path, name: str = "tiny-llama", replicas: int = 1) -> int:
-    """Declare a llama.cpp CPU model through the DRF API, as an operator's script would."""
-    model = stack.api("post", "models/", json={"name": name, "desired_replicas": replicas})
+def apply_model(
+    stack: Stack, path: Path, name: str = "tiny-llama", replicas: int = 1, **fields
+) -> int:
+    """Declare a llama.cpp CPU model through the DRF API, as an operator's script would.
+
+    ``fields``: more of the model's fields, e.g. ``placement_policy="spread"``.
+    """
+    model = stack.api(
+        "post", "models/", json={"name": name, "desired_replicas": replicas, **fields}
+    )
     profile = stack.api(
         "post",
         "engine-profiles/",

@@ -40,7 +40,7 @@ from tests.processes.servers import (
     start_uvicorn,
     stop_all,
 )
-from tests.processes.stack import FAST, Agent, Stack
+from tests.processes.stack import FAST, TENTH, Agent, Stack
 
 __all__ = [
     "FAST",
@@ -52,6 +52,7 @@ __all__ = [
     "Load",
     "Outcome",
     "Stack",
+    "TENTH",
     "collect_static",
     "free_port",
     "missing_browser",

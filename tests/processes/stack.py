@@ -34,6 +34,20 @@ FAST = {
     "LLMGW_DRAIN_TIMEOUT_S": "5",
     "LLMGW_GATEWAY_REFRESH_S": "1",
 }
+# The fleet's real clock divided by ten, for faults that play out over minutes
+# (docs/reliability.md rows 3, 4, 6): on top of FAST, suspect after 5 s (50 s),
+# replace after 30 s (300 s), at most one node's replicas replaced per 1 s
+# (10 s), a pass every 0.5 s (5 s), and the gateway's first-byte timeout 30 s
+# (300 s). FAST's heartbeat (0.5 s) and outage gap (5 s) stay: a 3 s gap would
+# be crossed by a busy machine's beat and grant every node a new grace period.
+# Pass it as ``Stack(tmp, **TENTH)`` (the e2e ``clock`` fixture).
+TENTH = {
+    "LLMGW_RECONCILE_INTERVAL_S": "0.5",
+    "LLMGW_SUSPECT_AFTER_S": "5",
+    "LLMGW_REPLACE_AFTER_S": "30",
+    "LLMGW_REPLACE_EVERY_S": "1",
+    "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT_S": "30",
+}
 CELERY_WORKER = [
     "worker",
     "--loglevel",
@@ -67,6 +81,30 @@ class Agent:
             **config,
         )
         self.proc: AgentProcess | None = None
+        self.frozen: list[int] = []  # engine group leaders stopped with the agent
+
+    def freeze(self) -> None:
+        """Cut the node off: the agent and its engines stopped (SIGSTOP) where they stand.
+
+        Their sockets stay open and the kernel still accepts connections for
+        them, but nothing answers: a node whose network vanished, or a host
+        that hangs.
+        """
+        self.frozen = sorted(self.engines().values())
+        for pid in self.frozen:
+            os.killpg(pid, signal.SIGSTOP)
+        self.proc.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen node go on (SIGCONT) from where it stood; nothing if it is not frozen."""
+        if self.proc is not None and self.proc.proc.poll() is None:
+            self.proc.proc.send_signal(signal.SIGCONT)
+        for pid in self.frozen:
+            try:
+                os.killpg(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.frozen = []
 
     def start(self) -> None:
         self.proc = start_agent(self.config)
@@ -95,13 +133,17 @@ class Stack:
 
     ``database_url``: the control plane's database, when not the test database
     (a ``PrivatePostgres`` the test stops; the test process's ORM must be on it too).
+    ``clock``: LLMGW_* settings over FAST for every control-plane process (``TENTH``).
     """
 
-    def __init__(self, tmp: Path, database_url: str | None = None):
+    def __init__(self, tmp: Path, database_url: str | None = None, **clock: str):
+        bad = sorted(k for k in clock if not k.startswith("LLMGW_"))
+        if bad:
+            raise ValueError(f"clock settings are LLMGW_* variables, not {', '.join(bad)}")
         self.tmp = tmp
         (tmp / "redis").mkdir(parents=True, exist_ok=True)
         self.redis = PrivateRedis(tmp / "redis").start()
-        self.env = {"REDIS_URL": self.redis.url, **FAST}
+        self.env = {"REDIS_URL": self.redis.url, **FAST, **{k: str(v) for k, v in clock.items()}}
         if database_url:
             self.env["DATABASE_URL"] = database_url
         self.port: int | None = None
@@ -207,6 +249,8 @@ class Stack:
 
     def close(self) -> None:
         # Everything at once: nothing is left to care who hears of whose end.
+        for agent in self.agents:
+            agent.thaw()  # a stopped process would hold its SIGTERM until the wait ran out
         procs = [a.proc.proc for a in self.agents if a.proc is not None]
         procs += [proc for proc, _ in self.celery]
         if self.daphne is not None:
