@@ -118,7 +118,8 @@ class FleetSettings:
     gateway_keys_refresh_s: float = 2.0
     gateway_last_used_flush_s: float = 10.0
     gateway_max_retries: int = 2  # other replicas tried before the first byte
-    # A replica whose connects fail this many times in a row is set aside this long.
+    # A replica whose connects fail this many times in a row, or that times out
+    # before its first byte, is set aside this long.
     gateway_cooldown_after: int = 2
     gateway_cooldown_s: float = 5.0
     gateway_max_outstanding_per_replica: int = 256  # in flight per replica before 429

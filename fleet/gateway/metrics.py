@@ -52,7 +52,7 @@ TOKENS = Counter(
 )
 COOLDOWNS = Counter(
     "llmgw_gateway_cooldowns",
-    "Times a replica was set aside after repeated connect failures.",
+    "Times a replica was set aside after repeated connect failures or a timeout.",
     ["model", "replica"],
     registry=REGISTRY,
 )

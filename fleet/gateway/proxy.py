@@ -170,7 +170,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float) -> None:
     raise GatewayError(
         503,
         f"model '{route.name}' has no reachable replica: {cooling} set aside for "
-        f"{limits.cooldown_s:g} s after repeated connect failures",
+        f"{limits.cooldown_s:g} s after failed connects or a timeout",
         code="no_ready_replica",
         retry_after=max(1, int(limits.cooldown_s)),
     )
@@ -212,6 +212,9 @@ async def _attempt(
             ) from None
         except TimeoutError:
             error("timeout")
+            # An engine that accepts and then says nothing (its process frozen,
+            # its node cut off) would hold every request sent to it as long.
+            _set_aside(gw, route, up, f"no answer within {limits.first_byte_timeout_s:g} s")
             raise GatewayError(
                 504,
                 f"replica {up.replica_id} of model '{route.name}' sent no answer within "
@@ -240,16 +243,22 @@ async def _attempt(
 def _connect_failed(gw, route, up: table.Upstream) -> None:
     up.connect_failures += 1
     if up.connect_failures >= gw.limits.cooldown_after:
-        up.cooldown_until = time.monotonic() + gw.limits.cooldown_s
-        up.connect_failures = 0
-        metrics.COOLDOWNS.labels(route.name, up.replica_id).inc()
-        logger.warning(
-            "replica set aside after failed connects model=%s replica=%s url=%s for_s=%g",
-            route.name,
-            up.replica_id,
-            up.url,
-            gw.limits.cooldown_s,
-        )
+        _set_aside(gw, route, up, f"{up.connect_failures} failed connects in a row")
+
+
+def _set_aside(gw, route, up: table.Upstream, why: str) -> None:
+    """No new request goes to ``up`` for GATEWAY_COOLDOWN_S (a 503 if no other replica is left)."""
+    up.cooldown_until = time.monotonic() + gw.limits.cooldown_s
+    up.connect_failures = 0
+    metrics.COOLDOWNS.labels(route.name, up.replica_id).inc()
+    logger.warning(
+        "replica set aside model=%s replica=%s url=%s for_s=%g: %s",
+        route.name,
+        up.replica_id,
+        up.url,
+        gw.limits.cooldown_s,
+        why,
+    )
 
 
 async def _whole(route, up, resp, reply: Reply) -> None:

@@ -4,7 +4,9 @@ Built from a snapshot of the database (``load_snapshot``, the only part that
 queries) by a pure function (``build_routes``), so the rules — ready replicas
 only, never loading, never draining — are tested with tables of cases. The
 gateway keeps the result in memory and picks from it per request
-(``pick``) without touching the database.
+(``pick``) without touching the database. A replica with a shard on a suspect
+node (silent past the grace period: frozen, cut off) stays in the table but is
+picked only as a last resort, when no other replica can take the request.
 """
 
 import random
@@ -56,6 +58,7 @@ class Upstream:
     outstanding: int = 0
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
+    suspect: bool = False  # a shard is on a suspect node: picked only as a last resort
     engine_waiting: float | None = None  # queued inside the engine, from its /metrics
     metrics_absent_until: float = 0.0  # time.monotonic(); its engine has no /metrics
     _heads: dict = field(default_factory=dict, repr=False)
@@ -181,6 +184,7 @@ def build_routes(
             url = upstream_url(leader.mgmt_addr, leader.port)
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
             u.served_name = r.served_name
+            u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
             upstreams.append(u)
         route = Route(m.id, m.name, m.created, upstreams)
         if not upstreams:
@@ -194,19 +198,21 @@ def pick(route: Route, exclude=(), now: float | None = None) -> Upstream | None:
     """The upstream with the fewest outstanding requests, ties broken at random.
 
     Replicas in ``exclude`` (already tried for this request) and those cooling
-    down after failed connects are skipped.
+    down after failed connects or a timeout are skipped. Replicas on a suspect
+    node are picked only when no other one is left: its engines may be frozen
+    or cut off, and a request sent there may wait for nothing.
     """
     now = time.monotonic() if now is None else now
     best = None
-    best_n = 0
+    best_key = (True, 0)
     ties = 0
     for u in route.upstreams:
         if u.cooldown_until > now or u in exclude:
             continue
-        n = u.outstanding
-        if best is None or n < best_n:
-            best, best_n, ties = u, n, 1
-        elif n == best_n:
+        key = (u.suspect, u.outstanding)
+        if best is None or key < best_key:
+            best, best_key, ties = u, key, 1
+        elif key == best_key:
             # Reservoir sampling: each of the tied replicas is equally likely.
             ties += 1
             if random.random() * ties < 1:

@@ -80,6 +80,7 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
         _apply_running_shards(node, reg.running_shards, now)
     if was != NodeState.READY and not created:
         logger.info("node back node=%s was=%s", node.pk, was)
+        doorbells.ring_gateways("routes")  # no longer only a last resort
     logger.info(
         "agent registered node=%s gpus=%d fabrics=%s running_shards=%d agent_version=%s",
         node.pk,

@@ -257,3 +257,69 @@ def test_a_full_replica_is_429_and_a_silent_engine_504(server, upstream):
         assert time.monotonic() < deadline, "the engine still holds the timed-out requests"
         time.sleep(0.05)
     assert up.cancelled == 2
+
+
+def chat_replica(server, secret) -> tuple[int, str]:
+    """One chat completion: its status, and the replica that answered (or the error)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    got, headers, answer = post(server, "/v1/chat/completions", body, secret)
+    return got, headers.get("x-llmgw-replica") or answer["error"]["message"]
+
+
+def test_a_replica_that_timed_out_is_set_aside_for_the_cooldown(server, upstream):
+    # given: two replicas, one of them accepting requests and never answering
+    silent, good = upstream(mode="hang"), upstream()
+    _, (rs, rg) = ready_model("tiny", [silent, good])
+    _, secret = inference_key()
+
+    # when: a request lands on the silent one and times out (2 s here)
+    for _ in range(20):
+        got, by = chat_replica(server, secret)
+        if got == 504:
+            break
+        assert (got, by) == (200, rg.pk)
+    assert got == 504 and f"replica {rs.pk} of model 'tiny' sent no answer within 2 s" in by
+
+    # then: for the cooldown (5 s) every request goes to the other, though the
+    # silent one has nothing outstanding any more (answers sent later may go either way)
+    timed_out = time.monotonic()
+    answered = [(time.monotonic() - timed_out, chat_replica(server, secret)) for _ in range(10)]
+    within = [answer for sent, answer in answered if sent < 5]
+    assert within and within == [(200, rg.pk)] * len(within), answered
+    metrics = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    assert f'llmgw_gateway_cooldowns_total{{model="tiny",replica="{rs.pk}"}} 1.0' in metrics
+
+
+def test_a_node_turning_suspect_makes_its_replicas_a_last_resort_at_once(server, upstream):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import FleetStatus, Node, Shard
+    from fleet.services.reconciler.passes import run_pass
+
+    # given: two replicas in use, on two nodes the reconciler has been hearing from
+    a, b = upstream(), upstream()
+    _, (ra, rb) = ready_model("tiny", [a, b])
+    _, secret = inference_key()
+    assert {chat_replica(server, secret) for _ in range(12)} == {(200, ra.pk), (200, rb.pk)}
+    now = timezone.now()
+    FleetStatus.objects.create(pk=1, last_pass_at=now - timedelta(seconds=1))
+    silent = Shard.objects.get(replica=ra).node_id
+    Node.objects.filter(pk=silent).update(last_seen=now - timedelta(seconds=55))
+    Node.objects.exclude(pk=silent).update(last_seen=now)
+
+    # when: a reconciler pass finds a's node silent past the grace period
+    run_pass(now)
+    assert Node.objects.get(pk=silent).state == "suspect"
+
+    # then: the gateway hears of it through its doorbell (its refresh is a minute
+    # off) and sends every request to b, a only once b cannot take them
+    def ten_to_b() -> bool:
+        return all(chat_replica(server, secret) == (200, rb.pk) for _ in range(10))
+
+    deadline = time.monotonic() + 10
+    while not ten_to_b():
+        assert time.monotonic() < deadline, "requests still go to the suspect node's replica"
+    b.stop()
+    assert chat_replica(server, secret) == (200, ra.pk)

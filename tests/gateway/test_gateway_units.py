@@ -103,6 +103,38 @@ def test_pick_prefers_fewest_outstanding_and_breaks_ties_at_random():
     assert table.pick(route, exclude=[a, b]) is None
 
 
+def test_a_replica_on_a_suspect_node_is_picked_only_as_a_last_resort():
+    # given: a on a node gone silent (suspect), b on a ready one, c with a shard on each
+    route = table.build_routes(
+        [MODEL],
+        [
+            replica("a", shard(node="n1", node_state="suspect")),
+            replica("b", shard(node="n2", port=8001)),
+            replica(
+                "c", shard(node="n3", port=8002), shard(rank=1, node="n1", node_state="suspect")
+            ),
+        ],
+    )["m"]
+    a, b, c = route.upstreams
+    # then: a replica with any shard on the suspect node is marked, the others not
+    assert a.suspect and not b.suspect and c.suspect
+    b.outstanding = 5
+    # then: b takes the request though it has more outstanding; a and c only when
+    # b cannot, the less busy of them first
+    assert {table.pick(route).replica_id for _ in range(50)} == {"b"}
+    c.outstanding = 1
+    assert table.pick(route, exclude=[b]) is a
+    b.cooldown_until = float("inf")
+    assert table.pick(route) is a
+    # when: the node is heard from again, a refresh makes a a full member again
+    again = table.build_routes(
+        [MODEL],
+        [replica("a", shard(node="n1")), replica("b", shard(node="n2", port=8001))],
+        {"m": route},
+    )["m"]
+    assert again.upstreams[0] is a and not a.suspect
+
+
 def test_sse_check_passes_whole_lines_and_notices_garbage_and_the_end():
     check = SSECheck()
     assert check.feed(b'data: {"a": 1}\n\ndata: {"b"') == (b'data: {"a": 1}\n\n', None)

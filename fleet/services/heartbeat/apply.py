@@ -17,7 +17,7 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import GPU, Node, NodeState
 
-from .. import history
+from .. import doorbells, history
 from ..reconciler.ask import request_reconcile
 from . import changes, orm, pg
 
@@ -109,10 +109,13 @@ def apply_heartbeats(
         for node_id, cred, hb, arrived in batch
         if hb.load is not None and (node_id, cred) in live
     )
-    for node_id, (state, _) in nodes.items():
-        if state != NodeState.READY:
-            logger.info("node back node=%s was=%s", node_id, state)
-            request_reconcile()
+    back = [node_id for node_id, (state, _) in nodes.items() if state != NodeState.READY]
+    for node_id in back:
+        logger.info("node back node=%s was=%s", node_id, nodes[node_id][0])
+        request_reconcile()
+    if back:
+        # Its replicas were the gateways' last resort while it was suspect.
+        doorbells.ring_gateways("routes")
     return {
         (node_id, cred): HeartbeatResult(
             desired_version=nodes[node_id][1] if node_id in nodes else 0,

@@ -33,6 +33,7 @@ from fleet.models import (
 )
 
 from ..desired import bump_desired
+from ..doorbells import ring_gateways
 from ..readiness import replica_ready
 from . import expiry, housekeeping, rows
 from .placing import Placing
@@ -67,6 +68,10 @@ def run_pass(now: datetime | None = None) -> PassReport:
         exp = expiry.expire_nodes(status, now)
         report.phases["expiry"] = (time.perf_counter() - started) * 1000
         report.paused = exp.paused
+        if exp.suspected or exp.lost:
+            # Their replicas are now a last resort, or out of the table: every
+            # gateway reloads it at once, not at its next periodic refresh.
+            ring_gateways("routes")
         work = _Pass(now, exp, report)
         work.run()
         status.last_pass_at = now
