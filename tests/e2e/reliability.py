@@ -30,6 +30,21 @@ FIGURES = {
         "{same_engine_pids}), {restarts} restarts; {failed} failed + {broken} broken of "
         "{requests} requests ({streamed} streamed); registered again in {register_again_s} s"
     ),
+    "3": (
+        "cut off {short_cut_s} s: states seen {short_states}, desired sets changed: "
+        "{short_desired_changed}; cut off {long_cut_s} s: suspect at {suspect_s} s, states "
+        "seen {long_states}, {replacements} replacements, {restarts} restarts, same engine "
+        "PIDs: {same_engine_pids}; ready again {ready_again_s} s after it returned"
+    ),
+    "4": (
+        "cut off {cut_s} s: suspect at {suspect_s} s; replacement started at "
+        "{replacement_started_s} s, ready at {replacement_ready_s} s; back: ready again in "
+        "{ready_again_s} s, its duplicate engine stopped {duplicate_stopped_s} s after it "
+        "returned; {failed} failed + {broken} broken of {requests} requests ({clients} "
+        "clients giving up after {client_timeout_s} s, {streamed} streamed, "
+        "{rate_per_s}/s): {not_ok_before_suspect} sent before its node was "
+        "suspect (the cut-off replica's in-flight ones), {not_ok_after_suspect} after"
+    ),
     "5": (
         "down {down_s} s: every agent back within {agents_back_max_s} s of the restart; "
         "node states seen: {node_states_seen}; engines the same: {engines_same}, "
@@ -37,6 +52,14 @@ FIGURES = {
         "sent while it was down failed (connection refused), first answer "
         "{first_ok_after_up_s} s after it was back; {requests} requests in all, "
         "{failed} failed + {broken} broken"
+    ),
+    "6": (
+        "{cut_nodes} of {nodes} cut off {cut_s} s: replacement paused {paused_after_s} s "
+        "after the cut, banner shown: {banner_shown}, llmgw_reconciler_replacement_paused "
+        "{paused_metric}; {replacements} replacements, {lost} nodes lost; all back "
+        "{back_s} s after their return. 2 of 5 cut off: their replicas replaced at "
+        "{two_cut_first_replaced_s} s and {two_cut_second_replaced_s} s (at most one node "
+        "per {replace_every_s} s)"
     ),
     "7": (
         "down {down_s} s: requests {ok}/{requests} ok ({success_pct} %; "

@@ -216,9 +216,12 @@ def test_a_node_cut_off_42_s_under_load_is_replaced_and_its_duplicate_stopped_on
     (spare,) = set(ids) - set(placed)
     cut = agents[cut_id]
     old_pid = cut.engines()[placed[cut_id].pk]
-    clients = 4
+    # Clients that give up after 5 s (a 30 s timeout divided by ten would be 3 s;
+    # 5 s leaves room on a busy machine): a replica that kept being picked while
+    # its node is cut off would fail a request per client every 5 s.
+    clients, timeout_s = 8, 5
 
-    with Load(stack.url, stack.inference_key, clients=clients) as load:
+    with Load(stack.url, stack.inference_key, clients=clients, timeout_s=timeout_s) as load:
         load.wait_requests(20)
         # when: the node holding one replica is cut off for 42 s (420 s on the real
         # clock), past the replace deadline, and then comes back
@@ -240,9 +243,9 @@ def test_a_node_cut_off_42_s_under_load_is_replaced_and_its_duplicate_stopped_on
 
     suspect_s = tl.first.get((cut_id, "suspect"))
     replaced_s = tl.replaced.get(cut_id)
-    # The cut-off replica's in-flight requests: sent before the gateways knew
-    # its node was suspect (the reconciler rings them within the pass that says
-    # so), at most one per client, since each waits out its own.
+    # The cut-off replica's in-flight requests: those sent before the gateways
+    # could know its node was suspect (the reconciler rings them from the pass
+    # that says so; 1 s allowed for the ring and the reload).
     known = frozen_at + (suspect_s or 0) + 1.0
     not_ok = [o for o in load.outcomes if o.kind != "ok"]
     late = [o for o in not_ok if o.started > known]
@@ -258,6 +261,8 @@ def test_a_node_cut_off_42_s_under_load_is_replaced_and_its_duplicate_stopped_on
         duplicate_stopped_s=round(stopped_s - thawed, 1),
         not_ok_before_suspect=len(not_ok) - len(late),
         not_ok_after_suspect=len(late),
+        clients=clients,
+        client_timeout_s=timeout_s,
         **figures,
     )
     # then: suspect at 5 s, replaced by 30 s + a pass, onto the spare node
@@ -268,9 +273,8 @@ def test_a_node_cut_off_42_s_under_load_is_replaced_and_its_duplicate_stopped_on
     # then: back, its old engine was stopped as a duplicate within 3 s (30 s)
     assert stopped_s - thawed <= DUPLICATE_STOPPED_S, stopped_s - thawed
     assert sorted(s.node_id for s in live_shards()) == sorted(set(ids) - {cut_id})
-    # then: no request failed but the cut-off replica's own, at most one per client
+    # then: no request failed but the cut-off replica's in-flight ones
     assert not late, [(round(o.started - frozen_at, 1), o.kind, o.detail) for o in late]
-    assert len(not_ok) <= clients, figures
 
 
 def test_three_of_five_nodes_cut_off_replace_nothing_and_two_are_replaced_one_at_a_time(
@@ -321,6 +325,7 @@ def test_three_of_five_nodes_cut_off_replace_nothing_and_two_are_replaced_one_at
         cut_s=round(thawed, 1),
         paused_after_s=round(mass.at["paused"], 1),
         banner=banner,
+        banner_shown=any("replacement paused: 3 of 5 nodes are silent" in w for w in banner),
         paused_metric=metric,
         replacements=len(mass.replaced),
         lost=len(lost),
