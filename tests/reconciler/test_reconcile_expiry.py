@@ -96,6 +96,38 @@ def test_half_the_fleet_silent_replaces_nothing_and_says_so():
     assert not status.replacement_paused and status.message == ""
 
 
+def test_the_last_nodes_back_from_a_mass_silence_get_a_full_grace_period():
+    for n in ("gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05"):
+        add_node(n)
+    model = add_model(replicas=5, gpus_per_node=8, tp=8, engine="vllm", policy="spread")
+    clock = Clock()
+    clock.pass_()
+    before = {s.pk for s in running(model)}
+    assert len({s.node_id for s in running(model)}) == 5
+
+    # three of five go silent past the replace deadline: the brake holds
+    clock.advance(360, alive=["gpu-04", "gpu-05"], step=25)
+    assert FleetStatus.objects.get().replacement_paused
+
+    # when: two of them are heard again, gpu-01 a pass later than the others
+    clock.advance(1, alive=["gpu-02", "gpu-03", "gpu-04", "gpu-05"], step=1)
+
+    # then: the brake is off, but gpu-01, silent 361 s, is not replaced: every
+    # node was given a full grace period when the fleet came back
+    assert not FleetStatus.objects.get().replacement_paused
+    assert {s.pk for s in running(model)} == before
+    clock.advance(1, alive=["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05"], step=1)
+    assert {node_state(n) for n in ("gpu-01", "gpu-02", "gpu-03")} == {NodeState.READY}
+    assert {s.pk for s in running(model)} == before
+
+    # and a node that stays silent is replaced a full deadline after the return
+    clock.advance(295, alive=["gpu-02", "gpu-03", "gpu-04", "gpu-05"], step=25)
+    assert {s.pk for s in running(model)} == before
+    clock.advance(10, alive=["gpu-02", "gpu-03", "gpu-04", "gpu-05"], step=5)
+    assert node_state("gpu-01") == NodeState.LOST
+    assert {s.pk for s in running(model)} != before
+
+
 def test_after_an_outage_every_node_gets_a_full_grace_period():
     for n in ("gpu-01", "gpu-02", "gpu-03"):
         add_node(n)

@@ -7,7 +7,9 @@ node gets a full grace period again before anything is declared lost.
 
 If more than half of the fleet is silent at once, the likelier story is that
 this control plane is the one cut off. Then nothing is declared lost and
-nothing is replaced, and operators are told why.
+nothing is replaced, and operators are told why; once most of the fleet is
+heard again, every node gets a full grace period, so the last to come back
+are not replaced in the pass before their heartbeat.
 """
 
 import logging
@@ -74,6 +76,13 @@ def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
     fleet = [(nid, state) for nid, state, _ in rows if state != NodeState.LOST]
     silent = [nid for nid, _ in fleet if silence[nid] >= suspect_s]
     paused = bool(fleet) and 2 * len(silent) > len(fleet)
+    if status.replacement_paused and not paused:
+        # The fleet is coming back from a mass silence, node by node: one still
+        # silent a heartbeat behind the rest must not be replaced in the pass
+        # between. Every node gets a full grace period again, as after an
+        # outage (and as Kubernetes does on leaving full disruption).
+        status.grace_from = now
+        silence = {nid: silence_of(seen, now, now) for nid, _, seen in rows}
 
     result = Expiry(status=status, paused=paused)
     to_suspect = [
