@@ -58,8 +58,8 @@ FIGURES = {
         "after the cut, banner shown: {banner_shown}, llmgw_reconciler_replacement_paused "
         "{paused_metric}; {replacements} replacements, {lost} nodes lost; all back "
         "{back_s} s after their return. 2 of 5 cut off: their replicas replaced at "
-        "{two_cut_first_replaced_s} s and {two_cut_second_replaced_s} s (at most one node "
-        "per {replace_every_s} s)"
+        "{two_cut_first_replaced_s} s and {two_cut_second_replaced_s} s, by passes "
+        "{two_cut_passes_apart_s} s apart (at most one node per {replace_every_s} s)"
     ),
     "7": (
         "down {down_s} s: requests {ok}/{requests} ok ({success_pct} %; "
