@@ -1,0 +1,100 @@
+"""An engine the control plane wants, installed by the agent itself over real processes:
+pip into the agent's own virtualenv, verified, advertised, served through the gateway;
+then a file removed from that environment is found by the 10-minute re-check (the agent's
+clock moved on), repaired, and the engine keeps serving (docs/engines.md)."""
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from agentd.install import CLOCK_FILE_ENV
+from fleet.models import EngineInstall, Node
+from tests.e2e.helpers import answers, apply_model, wait_serving
+from tests.processes import start_agent, write_config
+from tests.processes.base import ROOT
+from tests.processes.stack import Agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def pinned_llama_cpp_python() -> str:
+    """The version requirements.txt pins: pip's wheel cache has the build the venv made."""
+    text = (ROOT / "requirements.txt").read_text()
+    return re.search(r"^llama-cpp-python\[server\]==(\S+)", text, re.M).group(1)
+
+
+def installed(node_id: str, version: str):
+    row = EngineInstall.objects.filter(node_id=node_id, engine="llamacpp").first()
+    node = Node.objects.get(pk=node_id)
+    if row and row.state == "installed" and node.engine_versions.get("llamacpp") == version:
+        return row
+    return None
+
+
+def test_the_agent_installs_the_wanted_llamacpp_verifies_it_serves_and_repairs_it(
+    stack, tiny_model, tmp_path
+):
+    from tests.factories import join_token
+
+    version = pinned_llama_cpp_python()
+    # given: a CPU node whose agent.yaml names no llama.cpp: it has only what it installs
+    _, secret = join_token(name="e2e cpu-i", uses=1)
+    agent = Agent(tmp_path / "cpu-i", "cpu-i", stack.daphne.ws_url, secret)
+    lo, hi = agent.ports
+    agent.config = write_config(
+        agent.dir,
+        stack.daphne.ws_url,
+        node_id="cpu-i",
+        join_token=secret,
+        engine_port_range=[lo, hi],
+        labels={"llmgw.io/ports": f"{lo}-{hi}"},
+    )
+    clock = tmp_path / "agent-clock"
+    agent.proc = start_agent(agent.config, **{CLOCK_FILE_ENV: str(clock)})
+    stack.agents.append(agent)
+    stack.wait(lambda: Node.objects.filter(pk="cpu-i", connected=True).first(), "registration")
+    assert "llamacpp" not in Node.objects.get(pk="cpu-i").engine_versions
+
+    # when: an operator wants llama.cpp through the API
+    started = time.monotonic()
+    stack.api("post", "engines/", json={"engine": "llamacpp", "version": version})
+
+    # then: the agent installs it into its own environment, verifies it and advertises it
+    row = stack.wait(lambda: installed("cpu-i", version), "llama.cpp installed", timeout=300)
+    took = time.monotonic() - started
+    print(f"\nllama-cpp-python[server]=={version} installed and verified in {took:.1f} s")
+    assert (row.version, row.variant) == (version, "cpu")
+    env = agent.state_dir / "engines" / f"llamacpp-{version}-cpu"
+    log = agent.proc.output()
+    assert f"engine llamacpp {version} (cpu) installing: downloading" in log
+    assert "engines installed and running: llamacpp" in log
+
+    # and a replica placed there serves through the gateway, from the installed build
+    apply_model(stack, tiny_model)
+    (shard,) = wait_serving(stack, timeout=180)
+    assert shard.node_id == "cpu-i"
+    cmdline = Path(f"/proc/{agent.engines()[shard.pk]}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[0].decode() == str(env / "bin" / "python")
+
+    # when: an unrelated upgrade takes a library from the environment
+    (lib,) = env.glob("lib/python*/site-packages/llama_cpp/lib/libllama.so")
+    lib.unlink()
+    # and the agent's clock passes the 10-minute re-check
+    repaired_from = len(agent.proc.output())
+    clock.write_text("601")
+
+    # then: the re-check finds it, repairs the environment, and it counts again
+    def repaired():
+        out = agent.proc.output()[repaired_from:]
+        return lib.exists() and "no longer works" in out and "(cpu) installed" in out
+
+    started = time.monotonic()
+    stack.wait(repaired, "the re-check to find and repair the environment", timeout=300)
+    print(f"found and repaired in {time.monotonic() - started:.1f} s")
+    stack.wait(lambda: installed("cpu-i", version), "llama.cpp installed again")
+
+    # and the engine kept serving throughout
+    assert answers(stack) in ("length", "stop")
+    assert list(agent.engines()) == [shard.pk]
