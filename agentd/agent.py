@@ -173,7 +173,13 @@ class Agent:
         )
         self.sampler = LoadSampler()
         self.state_file = cfg.state_dir / "agent-state.json"
-        self.desired_version = self._load_state().get("desired_version", 0)
+        saved = self._load_state()
+        self.desired_version = saved.get("desired_version", 0)
+        # The wanted engines last heard, so a restarted agent runs its verified
+        # installs from the start, before the control plane says them again.
+        self._saved_wants = [
+            protocol.EngineWant.model_validate(w) for w in saved.get("engines", []) or []
+        ]
         self.weights_rescan_s = WEIGHTS_RESCAN_S
         # What the control plane has been told, so a heartbeat carries only news.
         self._lock = threading.Lock()
@@ -208,6 +214,11 @@ class Agent:
     async def start(self) -> None:
         """Adopt what a previous agent left running, before the first register reports it."""
         await self.shards.start()
+        if self._saved_wants:
+            wants = [install.Want(w.engine, w.version, w.variant) for w in self._saved_wants]
+            gpus = await asyncio.to_thread(self.machine.gpus)
+            self.installer.restore(wants, gpus)
+            self._use_installed()
         # The supervisor keeps its own record of the newest version; the larger wins.
         self.desired_version = max(self.desired_version, self.shards.desired_version)
         self._tasks = [
@@ -233,7 +244,9 @@ class Agent:
     def _save_state(self) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"desired_version": self.desired_version}))
+        known = self._wants if self._wants is not None else self._saved_wants
+        wants = [w.model_dump() for w in known]
+        tmp.write_text(json.dumps({"desired_version": self.desired_version, "engines": wants}))
         os.replace(tmp, self.state_file)
 
     def store_credential(self, secret: str) -> None:
@@ -425,6 +438,7 @@ class Agent:
                 [f"{e.engine} {e.version} {e.variant}".strip() for e in wants] or "none",
             )
             self._wants = wants
+            self._save_state()
             self._install_kick.set()
 
     def _own_say(self, engine: str) -> bool:

@@ -236,6 +236,26 @@ class Installer:
             self.on_status(st)
         return st
 
+    def restore(self, wants: list[Want], gpus: list[protocol.GPU]) -> None:
+        """What a previous agent installed and verified, counted as installed until the
+        first pass checks it again (at once, when the control plane's wants arrive)."""
+        for want in wants:
+            choice = builds.choose(want.engine, want.variant, gpus)
+            if choice.variant is None:
+                continue
+            try:
+                plan = pip_plan(want.engine, want.version, choice.variant, self.cfg)
+            except PlanError:
+                continue
+            env = env_dir(self.root, want.engine, want.version, choice.variant)
+            mark = self._read_mark(env)
+            if mark is None or mark.get("plan") != plan.fingerprint():
+                continue
+            self._set(
+                Status(want.engine, mark.get("version") or want.version, choice.variant,
+                       INSTALLED, binary=self.binary(want.engine, env))
+            )  # fmt: skip
+
     # ---- one pass -------------------------------------------------------------
 
     async def converge(self, wants: list[Want], gpus: list[protocol.GPU]) -> list[Status]:

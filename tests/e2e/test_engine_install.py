@@ -98,3 +98,17 @@ def test_the_agent_installs_the_wanted_llamacpp_verifies_it_serves_and_repairs_i
     # and the engine kept serving throughout
     assert answers(stack) in ("length", "stop")
     assert list(agent.engines()) == [shard.pk]
+
+    # when: the agent restarts (an upgrade)
+    assert agent.proc.terminate() == 0
+    agent.proc = start_agent(agent.config, **{CLOCK_FILE_ENV: str(clock)})
+    stack.wait(lambda: "control plane wants engines" in agent.proc.output(), "the agent back")
+
+    # then: it runs its verified install from the start, before the control plane's
+    # wants arrive again, and re-checks it then rather than installing again
+    out = agent.proc.output()
+    assert out.index("engines installed and running: llamacpp") < out.index(
+        "control plane wants engines"
+    )
+    assert "installing: downloading" not in out
+    assert answers(stack) in ("length", "stop")
