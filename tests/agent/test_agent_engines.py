@@ -243,3 +243,45 @@ def test_a_llama_server_on_path_is_not_advertised_until_the_configuration_names_
     assert asyncio.run(versions({})) == {}
     # named in agent.yaml: probed, and advertised
     assert asyncio.run(versions({"llamacpp": str(server)})) == {"llamacpp": "4567 (abc1234)"}
+
+
+# ---- real pip and real probes -------------------------------------------------------------
+
+
+@pytest.mark.live
+def test_a_failed_install_is_failed_with_the_last_lines_of_pips_output(tmp_path):
+    cfg = InstallConfig(pip_args=["--no-index"])  # nothing to find: pip fails at once
+    seen = []
+    installer = install.Installer(tmp_path / "engines", cfg, on_status=seen.append)
+
+    (st,) = asyncio.run(installer.converge([install.Want("llamacpp", "0.0.0")], []))
+
+    assert (st.state, st.variant) == ("failed", "cpu")
+    first, *rest = st.detail.splitlines()
+    assert first == "pip install exited with 1"
+    assert "No matching distribution found for llama-cpp-python[server]==0.0.0" in rest[-1]
+    assert [(s.state, s.detail) for s in seen][:2] == [
+        ("installing", "creating its environment"),
+        ("installing", "downloading"),
+    ]
+    assert installer.installed() == {}
+
+
+def test_a_configured_probe_that_hangs_is_bounded(tmp_path, monkeypatch):
+    import agentd.supervisor as supervisor
+
+    monkeypatch.setattr(supervisor, "PROBE_BOUND_S", 0.5)
+    slow = _script(tmp_path / "llama-server", "#!/bin/sh\nsleep 2\necho 'version: 1 (a)'\n")
+
+    async def probe():
+        sup = Supervisor(tmp_path / "state", port_range=(30000, 30009),
+                         binaries={"llamacpp": str(slow)})  # fmt: skip
+        await sup.start()
+        try:
+            return sup.engine_versions(), sup.engine_problems()
+        finally:
+            await sup.close()
+
+    versions, problems = asyncio.run(probe())
+    assert versions == {}
+    assert problems == {"llamacpp": "its version probe took longer than 0.5 s"}
