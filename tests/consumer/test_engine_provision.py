@@ -45,6 +45,8 @@ def prepared(how: str):
     client = Client()
     if how == "api":
         _, secret = manage_key()
+        # a running server has the API loaded: its first-request imports are not the change's
+        assert client.get("/api/v1/nodes/gpu-07/", **bearer(secret)).status_code == 200
         return lambda: (
             client.post(
                 "/api/v1/nodes/gpu-07/vllm-build/",
@@ -62,7 +64,7 @@ def prepared(how: str):
     )
 
 
-@pytest.mark.parametrize("how", ["command", "api", "admin action"])
+@pytest.mark.parametrize("how", ["command", "api", "admin action", "admin form"])
 async def test_an_operators_build_change_reaches_the_connected_node_within_a_second(how):
     await db(WantedEngine.objects.create)(engine="vllm", version="0.11.2")
     agent = await enrol("gpu-07")
@@ -73,7 +75,7 @@ async def test_an_operators_build_change_reaches_the_connected_node_within_a_sec
         act = await db(run_closing_connections)(prepared, how)
         started = time.monotonic()
         status = await db(run_closing_connections)(act)
-        assert status == {"command": None, "api": 200, "admin action": 302}[how]
+        assert status == {"command": None, "api": 200}.get(how, 302)
         msg, took = await next_provision(agent, how, started)
         assert wants(msg) == [("vllm", "0.11.2", "cu129")]
         assert took <= AT_ONCE_S
