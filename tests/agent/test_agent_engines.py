@@ -4,6 +4,7 @@ variant, the install schedule, and what a node advertises (docs/engines.md)."""
 import asyncio
 import os
 import stat
+import time
 
 import pytest
 
@@ -285,3 +286,28 @@ def test_a_configured_probe_that_hangs_is_bounded(tmp_path, monkeypatch):
     versions, problems = asyncio.run(probe())
     assert versions == {}
     assert problems == {"llamacpp": "its version probe took longer than 0.5 s"}
+
+
+def test_the_install_loop_acts_on_a_changed_build_at_once_not_at_its_next_pass(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
+    agent = make_agent(tmp_path)
+    agent.clock = lambda: 0.0  # the 10-minute schedule never comes: only the kick can
+
+    async def scenario():
+        loop = asyncio.ensure_future(agent._install_loop())
+        try:
+            for build, says in (("auto", "no NVIDIA GPU"), ("none", "vllm build is none")):
+                agent.on_provision(provision(("vllm", "0.11.2", build)))
+                started = time.monotonic()
+                async with asyncio.timeout(10):  # a wait's bound, not the figure's
+                    while not (agent.provision() and says in agent.provision()[0].detail):
+                        await asyncio.sleep(0.01)
+                took = time.monotonic() - started
+                print(f"\nvllm build {build}: acted on in {took * 1000:.0f} ms")
+                assert took <= 1.0
+        finally:
+            loop.cancel()
+
+    asyncio.run(scenario())
