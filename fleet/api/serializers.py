@@ -335,6 +335,8 @@ class NodeRowSerializer(serializers.Serializer):
     gpus = serializers.CharField()
     engines = serializers.CharField()
     shards = serializers.CharField(help_text="Ready/all.")
+    vllm_build = serializers.CharField(help_text="auto, cu13, cu129 or none.")
+    installs = serializers.CharField(help_text="Each wanted engine's install state; '-': none.")
 
 
 class NodeLogsSerializer(serializers.Serializer):
