@@ -234,19 +234,11 @@ def _node(api: Api, args, out):
 
 
 def _install_text(i: dict) -> str:
-    """One engine's install as ``manage.py nodes`` says it (fleet.services.engines)."""
-    text = " ".join(str(i.get(k) or "") for k in ("engine", "version", "variant", "state"))
-    text = " ".join(text.split())
-    detail = (i.get("detail") or "").splitlines()[0] if i.get("detail") else ""
-    if i.get("state") == "installing":
-        extra = [detail] if detail else []
-        if i.get("progress_percent") is not None:
-            extra.append(f"{i['progress_percent']} %")
-        if extra:
-            text += f" ({', '.join(extra)})"
-    elif detail:
-        text += f": {detail}"
-    return text
+    """One engine's install, worded as in ``manage.py nodes`` (agentd.sources.describe)."""
+    from agentd.sources import describe  # here, not above: most commands never need it
+
+    fields = ("engine", "version", "variant", "state", "detail")
+    return describe(*(str(i.get(k) or "") for k in fields), i.get("progress_percent"))
 
 
 def _engine_build(api: Api, args, out):

@@ -22,19 +22,18 @@ import asyncio
 import json
 import logging
 import os
-import platform
-import re
 import signal
 import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentd import builds, protocol, tinygguf
 from agentd.config import InstallConfig
 from agentd.engines.base import http_get
+from agentd.sources import Plan, PlanError, env_dir, pip_plan
 
 logger = logging.getLogger(__name__)
 
@@ -105,67 +104,6 @@ class Schedule:
             return self.every
         delay, self.retry = self.retry, min(self.retry * 2, self.most)
         return delay
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What pip is asked for one engine and variant: ``pip install <args>`` with ``env``."""
-
-    engine: str
-    version: str
-    variant: str
-    args: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    dist: str = ""  # the distribution whose version is the engine's
-
-    def fingerprint(self) -> str:
-        return json.dumps([self.args, self.env], sort_keys=True)
-
-
-class PlanError(ValueError):
-    """No install is possible as asked (a cu129 build without a version)."""
-
-
-def pip_plan(
-    engine: str, version: str, variant: str, cfg: InstallConfig, arch: str | None = None
-) -> Plan:
-    """The pip arguments for one engine and variant. Everything site-specific comes from cfg."""
-    arch = arch or platform.machine()
-    common: list[str] = []
-    if cfg.index_url:
-        common += ["--index-url", cfg.index_url]
-    for url in cfg.extra_index_urls:
-        common += ["--extra-index-url", url]
-    common += list(cfg.pip_args) + list(cfg.engine_pip_args.get(engine, []))
-    pin = f"=={version}" if version else ""
-    if engine == "vllm":
-        if variant == builds.CU129:
-            if not version:
-                raise PlanError("vLLM's CUDA 12.9 build needs a version: its wheel URL names one")
-            wheel = cfg.vllm_cu129_wheel.format(version=version, arch=arch)
-            # torch (and the rest of vLLM's CUDA 12.9 stack) from PyTorch's cu129 index.
-            args = [wheel, "--extra-index-url", cfg.torch_cu129_index]
-            return Plan(engine, version, variant, [*args, *common], dist="vllm")
-        return Plan(engine, version, variant, [f"vllm{pin}", *common], dist="vllm")
-    if engine == "llamacpp":
-        spec = f"llama-cpp-python[server]{pin}"
-        if variant == builds.CUDA:
-            # llama-cpp-python compiles llama.cpp; CMAKE_ARGS turns on its CUDA backend
-            # (llama-cpp-python's README). A CPU build in pip's wheel cache was built
-            # from the same source file and would be reused: not for this one.
-            env = {"CMAKE_ARGS": cfg.llamacpp_cuda_cmake_args, "FORCE_CMAKE": "1"}
-            args = [spec, "--no-cache-dir", *common]
-            return Plan(engine, version, variant, args, env, "llama-cpp-python")
-        return Plan(engine, version, variant, [spec, *common], dist="llama-cpp-python")
-    if engine == "sglang":
-        # SGLang's install page: `pip install sglang` (its default wheels are for CUDA).
-        return Plan(engine, version, variant, [f"sglang{pin}", *common], dist="sglang")
-    raise PlanError(f"this agent does not install engine '{engine}'")
-
-
-def env_dir(root: Path, engine: str, version: str, variant: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", f"{engine}-{version or 'latest'}-{variant}")
-    return root / safe
 
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from agentd import protocol
+from agentd.sources import describe
 from fleet.conf import fleet_settings
 from fleet.models import EngineInstall, Node, VllmBuild, WantedEngine
 from fleet.services import doorbells
@@ -76,17 +77,14 @@ def set_vllm_build(nodes, build: str) -> int:
 
 def install_text(install: EngineInstall) -> str:
     """One engine's install state as operators read it: "vllm 0.11.2 cu129 installed"."""
-    parts = [install.engine, install.version, install.variant, install.state]
-    text = " ".join(p for p in parts if p)
-    if install.state == "installing":
-        extra = [install.detail] if install.detail else []
-        if install.progress_percent is not None:
-            extra.append(f"{install.progress_percent} %")
-        if extra:
-            text += f" ({', '.join(extra)})"
-    elif install.state in ("failed", "unsupported") and install.detail:
-        text += f": {install.detail.splitlines()[0]}"
-    return text
+    return describe(
+        install.engine,
+        install.version,
+        install.variant,
+        install.state,
+        install.detail,
+        install.progress_percent,
+    )
 
 
 def installs_summary(installs) -> str:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentd import builds, install, nvml, protocol
+from agentd import builds, install, nvml, protocol, sources
 from agentd.config import InstallConfig
 from agentd.discovery import Machine
 from agentd.supervisor import Supervisor
@@ -114,7 +114,7 @@ CU129_WHEEL = (
     ],
 )
 def test_pip_is_asked_for_each_engine_and_variant(engine, version, variant, args, env):
-    plan = install.pip_plan(engine, version, variant, InstallConfig(), arch="x86_64")
+    plan = sources.pip_plan(engine, version, variant, InstallConfig(), arch="x86_64")
     assert plan.args == args
     assert plan.env == env
 
@@ -128,7 +128,7 @@ def test_every_source_can_be_replaced_for_a_mirror():
         vllm_cu129_wheel="https://files.mirror.example/vllm-{version}+cu129-{arch}.whl",
         torch_cu129_index="https://torch.mirror.example/cu129",
     )
-    plan = install.pip_plan("vllm", "0.11.2", "cu129", cfg, arch="aarch64")
+    plan = sources.pip_plan("vllm", "0.11.2", "cu129", cfg, arch="aarch64")
     assert plan.args == [
         "https://files.mirror.example/vllm-0.11.2+cu129-aarch64.whl",
         "--extra-index-url",
@@ -143,15 +143,15 @@ def test_every_source_can_be_replaced_for_a_mirror():
         "pypi.mirror.example",
     ]
     # another engine gets the site-wide sources, not vLLM's own arguments
-    assert install.pip_plan("llamacpp", "0.3.36", "cpu", cfg).args[-2:] == [
+    assert sources.pip_plan("llamacpp", "0.3.36", "cpu", cfg).args[-2:] == [
         "--find-links",
         "/mnt/wheels",
     ]
 
 
 def test_a_cu129_build_without_a_version_is_refused_with_why():
-    with pytest.raises(install.PlanError, match="needs a version"):
-        install.pip_plan("vllm", "", "cu129", InstallConfig())
+    with pytest.raises(sources.PlanError, match="needs a version"):
+        sources.pip_plan("vllm", "", "cu129", InstallConfig())
 
 
 # ---- the schedule ------------------------------------------------------------------
