@@ -112,3 +112,77 @@ def test_the_agent_installs_the_wanted_llamacpp_verifies_it_serves_and_repairs_i
     )
     assert "installing: downloading" not in out
     assert answers(stack) in ("length", "stop")
+
+
+def test_an_operators_build_change_reaches_a_gpu_node_which_acts_on_it(stack, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.agent import nvml_data
+    from tests.factories import join_token
+    from tests.processes import subprocess_env
+
+    def vllm():
+        return EngineInstall.objects.filter(node_id="gpu-i", engine="vllm").first()
+
+    # given: vLLM wanted, and a GPU node whose driver (R570) supports CUDA 12.8 only
+    stack.api("post", "engines/", json={"engine": "vllm", "version": "0.11.2"})
+    spec = nvml_data.hgx(count=1, driver_version="570.172.08", cuda_driver_version=12080)
+    nvml_file = nvml_data.write(tmp_path / "nvml.json", spec)
+    _, secret = join_token(name="e2e gpu-i", uses=1)
+    agent = Agent(tmp_path / "gpu-i", "gpu-i", stack.daphne.ws_url, secret)
+    agent.config = write_config(
+        agent.dir,
+        stack.daphne.ws_url,
+        node_id="gpu-i",
+        join_token=secret,
+        # no network here: a cu129 wheel that is not there fails pip at once
+        install={"pip_args": ["--no-index"], "vllm_cu129_wheel": str(tmp_path / "none.whl")},
+    )
+    agent.proc = start_agent(agent.config, nvml_file)
+    stack.agents.append(agent)
+
+    # then: auto finds no build for that driver, says why, and downloads nothing
+    row = stack.wait(lambda: (r := vllm()) and r.state == "unsupported" and r, "vllm unsupported")
+    assert row.detail.startswith("driver 570.172.08 supports CUDA 12.8; vLLM's builds need")
+    assert not (agent.state_dir / "engines").exists()
+
+    # when: an operator sets the build to none through the API
+    started = time.monotonic()
+    stack.api("post", "nodes/gpu-i/vllm-build/", json={"vllm_build": "none"})
+    # then: the node hears it and reports it straight away (not at its next registration)
+    stack.wait(lambda: vllm().detail.startswith("vllm build is none"), "the node to act on none")
+    print(f"\nAPI build change to the node's report: {time.monotonic() - started:.2f} s")
+
+    # when: another sets cu129 with the command
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "manage.py", "engine_build", "gpu-i", "cu129"],
+        cwd=ROOT,
+        env=subprocess_env(**stack.env),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    # then: the node tries the CUDA 12.9 build, and placement says why vLLM is not there
+    row = stack.wait(lambda: (r := vllm()) and r.state == "failed" and r, "the cu129 attempt")
+    print(
+        f"command's build change to the node's failed install: {time.monotonic() - started:.2f} s"
+    )
+    assert row.variant == "cu129"
+    assert row.detail.startswith("pip install exited with 1")
+    assert "gpu-i: vllm 0.11.2 failed to install: pip install exited with 1" in str(
+        stack.api("get", f"models/{_vllm_model(stack)}/explain/")
+    )
+
+
+def _vllm_model(stack) -> int:
+    model = stack.api("post", "models/", json={"name": "big", "desired_replicas": 1})
+    profile = stack.api(
+        "post",
+        "engine-profiles/",
+        json={"model": model["id"], "name": "gpu", "engine": "vllm", "model_path": "/m",
+              "gpus_per_node": 1},
+    )  # fmt: skip
+    stack.api("patch", f"models/{model['id']}/", json={"active_profile": profile["id"]})
+    return model["id"]
