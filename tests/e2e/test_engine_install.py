@@ -12,7 +12,7 @@ import pytest
 from agentd.install import CLOCK_FILE_ENV
 from fleet.models import EngineInstall, Node
 from tests.e2e.helpers import answers, apply_model, wait_serving
-from tests.processes import start_agent, write_config
+from tests.processes import start_agent
 from tests.processes.base import ROOT
 from tests.processes.stack import Agent
 
@@ -41,16 +41,7 @@ def test_the_agent_installs_the_wanted_llamacpp_verifies_it_serves_and_repairs_i
     version = pinned_llama_cpp_python()
     # given: a CPU node whose agent.yaml names no llama.cpp: it has only what it installs
     _, secret = join_token(name="e2e cpu-i", uses=1)
-    agent = Agent(tmp_path / "cpu-i", "cpu-i", stack.daphne.ws_url, secret)
-    lo, hi = agent.ports
-    agent.config = write_config(
-        agent.dir,
-        stack.daphne.ws_url,
-        node_id="cpu-i",
-        join_token=secret,
-        engine_port_range=[lo, hi],
-        labels={"llmgw.io/ports": f"{lo}-{hi}"},
-    )
+    agent = Agent(tmp_path / "cpu-i", "cpu-i", stack.daphne.ws_url, secret, engines={})
     clock = tmp_path / "agent-clock"
     agent.proc = start_agent(agent.config, **{CLOCK_FILE_ENV: str(clock)})
     stack.agents.append(agent)
@@ -130,12 +121,12 @@ def test_an_operators_build_change_reaches_a_gpu_node_which_acts_on_it(stack, tm
     spec = nvml_data.hgx(count=1, driver_version="570.172.08", cuda_driver_version=12080)
     nvml_file = nvml_data.write(tmp_path / "nvml.json", spec)
     _, secret = join_token(name="e2e gpu-i", uses=1)
-    agent = Agent(tmp_path / "gpu-i", "gpu-i", stack.daphne.ws_url, secret)
-    agent.config = write_config(
-        agent.dir,
+    agent = Agent(
+        tmp_path / "gpu-i",
+        "gpu-i",
         stack.daphne.ws_url,
-        node_id="gpu-i",
-        join_token=secret,
+        secret,
+        engines={},
         # no network here: a cu129 wheel that is not there fails pip at once
         install={"pip_args": ["--no-index"], "vllm_cu129_wheel": str(tmp_path / "none.whl")},
     )
