@@ -13,9 +13,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-from agentd import __version__, logs, protocol, weights
+from agentd import __version__, install, logs, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
 from agentd.load import LoadSampler
@@ -30,6 +31,9 @@ WEIGHTS_RESCAN_S = 60.0
 # Engines are installed by someone at a keyboard: a minute's delay in noticing
 # one is invisible, while a probe may start a Python that imports vLLM.
 ENGINE_REPROBE_S = 60.0
+# How often the install loop looks at its clock: a pass is due by the clock, or
+# at once when the control plane's wanted engines change.
+INSTALL_TICK_S = 1.0
 
 
 class Shards(Protocol):
@@ -47,6 +51,7 @@ class Shards(Protocol):
     def paths_in_use(self) -> list[str]: ...
     def engine_versions(self) -> dict[str, str]: ...
     def engine_problems(self) -> dict[str, str]: ...
+    def use_installed(self, engine: str, binary: str | None) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -89,6 +94,9 @@ class NoShards:
 
     def engine_problems(self) -> dict[str, str]:
         return {}
+
+    def use_installed(self, engine: str, binary: str | None) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -137,12 +145,21 @@ class SupervisedShards:
     def engine_problems(self) -> dict[str, str]:
         return self.sup.engine_problems()
 
+    def use_installed(self, engine: str, binary: str | None) -> None:
+        self.sup.use_installed(engine, binary)
+
     async def close(self) -> None:
         await self.sup.close()
 
 
 class Agent:
-    def __init__(self, cfg: Config, shards: Shards | None = None, machine: Machine | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        shards: Shards | None = None,
+        machine: Machine | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
         self.cfg = cfg
         self.shards: Shards = shards or NoShards()
         self.machine = machine or Machine(
@@ -156,7 +173,13 @@ class Agent:
         )
         self.sampler = LoadSampler()
         self.state_file = cfg.state_dir / "agent-state.json"
-        self.desired_version = self._load_state().get("desired_version", 0)
+        saved = self._load_state()
+        self.desired_version = saved.get("desired_version", 0)
+        # The wanted engines last heard, so a restarted agent runs its verified
+        # installs from the start, before the control plane says them again.
+        self._saved_wants = [
+            protocol.EngineWant.model_validate(w) for w in saved.get("engines", []) or []
+        ]
         self.weights_rescan_s = WEIGHTS_RESCAN_S
         # What the control plane has been told, so a heartbeat carries only news.
         self._lock = threading.Lock()
@@ -168,7 +191,16 @@ class Agent:
         self._sent_engines: dict[str, str] = {}
         self._sent_provision: list[protocol.EngineInstall] = []
         self._reported: set[tuple[int, str]] = set()
-        self._wants: list[protocol.EngineWant] = []
+        # The engines the control plane wants (None: it has not said), and their installs.
+        self._wants: list[protocol.EngineWant] | None = None
+        self.clock = clock or install.clock_from_env()
+        self._logged_install: dict[str, tuple] = {}
+        self.installer = install.Installer(
+            cfg.envs_dir, cfg.install, on_status=self._install_status, clock=self.clock
+        )
+        self.schedule = install.Schedule()
+        self._install_kick = asyncio.Event()
+        self._installed: dict[str, str] = {}  # engine -> binary, as the supervisor was told
         # Messages for the control plane, sent in order whenever a socket is up;
         # bounded by coalescing, never by dropping news (agentd/outbox.py).
         self.outbox = Outbox()
@@ -182,11 +214,17 @@ class Agent:
     async def start(self) -> None:
         """Adopt what a previous agent left running, before the first register reports it."""
         await self.shards.start()
+        if self._saved_wants:
+            wants = [install.Want(w.engine, w.version, w.variant) for w in self._saved_wants]
+            gpus = await asyncio.to_thread(self.machine.gpus)
+            self.installer.restore(wants, gpus)
+            self._use_installed()
         # The supervisor keeps its own record of the newest version; the larger wins.
         self.desired_version = max(self.desired_version, self.shards.desired_version)
         self._tasks = [
             asyncio.ensure_future(self._converge_loop()),
             asyncio.ensure_future(self._reprobe_loop()),
+            asyncio.ensure_future(self._install_loop()),
         ]
 
     async def close(self) -> None:
@@ -206,7 +244,9 @@ class Agent:
     def _save_state(self) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"desired_version": self.desired_version}))
+        known = self._wants if self._wants is not None else self._saved_wants
+        wants = [w.model_dump() for w in known]
+        tmp.write_text(json.dumps({"desired_version": self.desired_version, "engines": wants}))
         os.replace(tmp, self.state_file)
 
     def store_credential(self, secret: str) -> None:
@@ -246,7 +286,7 @@ class Agent:
         """What the supervisor knows, read on the event loop: its state changes there, and
         reading it from the thread that collects a heartbeat could catch it mid-change."""
         return {
-            "engines": self.shards.engine_versions(),
+            "engines": self.engine_versions(),
             "provision": self.provision(),
             "groups": self.shards.process_groups(),
             "running": self.shards.running(),
@@ -389,43 +429,95 @@ class Agent:
             )
 
     def on_provision(self, msg: protocol.Provision) -> None:
-        """Recorded, and answered in heartbeats; installing engines is not this agent's job."""
-        if list(msg.engines) != self._wants:
+        """The engines the fleet runs. The node's own say wins: an engine it disabled, or
+        whose binary it names by hand, is not the control plane's to install."""
+        wants = [e for e in msg.engines if not self._own_say(e.engine)]
+        if wants != self._wants:
             logger.info(
                 "control plane wants engines %s",
-                [f"{e.engine} {e.version}".strip() for e in msg.engines],
+                [f"{e.engine} {e.version} {e.variant}".strip() for e in wants] or "none",
             )
-        self._wants = list(msg.engines)
+            self._wants = wants
+            self._save_state()
+            self._install_kick.set()
+
+    def _own_say(self, engine: str) -> bool:
+        return engine in self.cfg.engines.disabled or engine in self.cfg.engines.binaries
 
     def provision(self) -> list[protocol.EngineInstall]:
-        """Where each wanted engine stands here. The node's own say wins: an engine it
-        disabled, or whose binary it names by hand, is not the control plane's to install."""
-        versions = self.shards.engine_versions()
-        problems = self.shards.engine_problems()
+        """Where each wanted engine stands here, as the install loop last saw it."""
         out = []
-        for want in self._wants:
-            name = want.engine
-            if name in self.cfg.engines.disabled or name in self.cfg.engines.binaries:
-                continue
-            if name in versions:
-                state, version, detail = "ready", versions[name], "found on this node"
-            else:
-                state, version = "unsupported", want.version
-                why = problems.get(name) or f"{name} is not installed"
-                detail = (
-                    f"{why}; this agent does not install engines: install it, or name its "
-                    f"binary in agent.yaml (engines.binaries.{name})"
-                )
-            out.append(
-                protocol.EngineInstall(
-                    engine=name,
-                    version=version[:255],
-                    variant=want.variant,
-                    state=state,
-                    detail=detail[:4096],
-                )
-            )
+        for want in self._wants or []:
+            st = self.installer.statuses.get(want.engine)
+            if st is None:
+                st = install.Status(want.engine, want.version, want.variant, install.INSTALLING,
+                                    "waiting for the install loop")  # fmt: skip
+            out.append(st.wire())
         return out
+
+    def engine_versions(self) -> dict[str, str]:
+        """What this node advertises: engines installed here and seen to run, and engines
+        agent.yaml names that answer their probe. Nothing merely found on the machine."""
+        found = dict(self.shards.engine_versions())
+        for engine, st in self.installer.installed().items():
+            found[engine] = st.version
+        return {e: v for e, v in found.items() if e not in self.cfg.engines.disabled}
+
+    # ---- the install loop ------------------------------------------------------
+
+    async def _install_loop(self) -> None:
+        due: float | None = None
+        while True:
+            try:
+                await asyncio.wait_for(self._install_kick.wait(), INSTALL_TICK_S)
+            except TimeoutError:
+                pass
+            kicked = self._install_kick.is_set()
+            self._install_kick.clear()
+            if self._wants is None:
+                continue
+            if not kicked and (due is None or self.clock() < due):
+                continue
+            try:
+                failed = await self.install_pass()
+            except Exception:  # noqa: BLE001 - the next pass tries again
+                logger.exception("the engine install pass failed")
+                failed = True
+            due = self.clock() + self.schedule.after(failed)
+
+    async def install_pass(self) -> bool:
+        """Install or re-check every wanted engine; True when one of them failed."""
+        wants = [install.Want(w.engine, w.version, w.variant) for w in self._wants or []]
+        gpus = await asyncio.to_thread(self.machine.gpus)
+        statuses = await self.installer.converge(wants, gpus)
+        self._use_installed()
+        return any(st.state == install.FAILED for st in statuses)
+
+    def _use_installed(self) -> None:
+        now = {e: st.binary for e, st in self.installer.installed().items()}
+        if now == self._installed:
+            return
+        for engine in set(self._installed) | set(now):
+            if self._installed.get(engine) != now.get(engine):
+                self.shards.use_installed(engine, now.get(engine))
+        self._installed = now
+        logger.info(
+            "engines installed and running: %s",
+            ", ".join(f"{e} {self.installer.statuses[e].version}" for e in sorted(now)) or "none",
+        )
+
+    def _install_status(self, st: install.Status) -> None:
+        """Each change of an engine's install logged once; progress alone is not a change."""
+        key = (st.state, st.version, st.variant, st.detail)
+        if self._logged_install.get(st.engine) == key:
+            return
+        self._logged_install[st.engine] = key
+        warn = st.state in (install.FAILED, install.UNSUPPORTED)
+        level = logging.WARNING if warn else logging.INFO
+        detail = f": {st.detail}" if st.detail else ""
+        logger.log(
+            level, "engine %s %s (%s) %s%s", st.engine, st.version, st.variant, st.state, detail
+        )
 
     def logs_reply(self, msg: protocol.LogsRequest) -> protocol.LogsReply:
         sources = [logs.AGENT_SOURCE, *self.shards.sources()]

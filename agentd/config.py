@@ -131,6 +131,50 @@ def _known_engine(name: str) -> None:
         raise ValueError(f"unknown engine '{name}' (known: {', '.join(known)})")
 
 
+DEFAULT_VLLM_CU129_WHEEL = (
+    "https://github.com/vllm-project/vllm/releases/download/v{version}/"
+    "vllm-{version}+cu129-cp38-abi3-manylinux1_{arch}.whl"
+)
+DEFAULT_TORCH_CU129_INDEX = "https://download.pytorch.org/whl/cu129"
+
+
+class InstallConfig(BaseModel):
+    """Where the agent installs engines from (docs/engines.md): every source can be replaced.
+
+    The defaults are the public sources; a site with a mirror, or none at all,
+    names its own. pip's own configuration (pip.conf, PIP_* variables) applies too.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The Python each engine's virtualenv is made with. Default: the agent's own.
+    python: str = ""
+    # --index-url for every install. Empty: pip's configuration (PyPI by default).
+    index_url: str = ""
+    # --extra-index-url for every install.
+    extra_index_urls: list[str] = []
+    # Added to every ``pip install`` (e.g. --find-links /mnt/wheels, --no-index).
+    pip_args: list[str] = []
+    # Per engine, added after the above: {"vllm": ["--trusted-host", "mirror"]}.
+    engine_pip_args: dict[str, list[str]] = {}
+    # vLLM's CUDA 12.9 wheel; {version} and {arch} (x86_64, aarch64) are filled in.
+    vllm_cu129_wheel: str = DEFAULT_VLLM_CU129_WHEEL
+    # PyTorch's CUDA 12.9 index, where the cu129 build's torch comes from.
+    torch_cu129_index: str = DEFAULT_TORCH_CU129_INDEX
+    # CMAKE_ARGS for llama-cpp-python's CUDA build (it compiles llama.cpp).
+    llamacpp_cuda_cmake_args: str = "-DGGML_CUDA=on"
+    # How long one pip run may take, and one verification.
+    pip_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
+    verify_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+
+    @field_validator("engine_pip_args")
+    @classmethod
+    def _known(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name in value:
+            _known_engine(name)
+        return value
+
+
 class GPUChecks(BaseModel):
     """When a GPU counts as having a problem, which keeps it out of placement."""
 
@@ -172,6 +216,7 @@ class Config(BaseModel):
     log_file: Path | None = None  # default: <state_dir>/agent.log
     weights_dirs: list[Path] = []
     engines: EnginesConfig = EnginesConfig()
+    install: InstallConfig = InstallConfig()
     engine_port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     tls_ca_file: Path | None = None
@@ -250,6 +295,11 @@ class Config(BaseModel):
     @property
     def credential_path(self) -> Path:
         return self.credential_file or self.state_dir / "credential"
+
+    @property
+    def envs_dir(self) -> Path:
+        """Where the engines the agent installs live, one virtualenv each."""
+        return self.state_dir / "engines"
 
     @property
     def log_path(self) -> Path:

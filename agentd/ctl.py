@@ -207,6 +207,11 @@ def _node(api: Api, args, out):
             ", ".join(f"{k} {v}" for k, v in sorted((node.get("engine_versions") or {}).items()))
             or "-",
         ),
+        ("vLLM build", node.get("vllm_build") or "-"),
+        (
+            "installs",
+            "; ".join(_install_text(i) for i in node.get("engine_installs") or []) or "-",
+        ),
         (
             "labels",
             ", ".join(f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items())) or "-",
@@ -225,6 +230,22 @@ def _node(api: Api, args, out):
             f"gpu {gpu.get('index')}: {gpu.get('name')}, "
             f"{gpu.get('memory_used_mb', '-')}/{gpu.get('memory_total_mb', '-')} MB\n"
         )
+    return None
+
+
+def _install_text(i: dict) -> str:
+    """One engine's install, worded as in ``manage.py nodes`` (agentd.sources.describe)."""
+    from agentd.sources import describe  # here, not above: most commands never need it
+
+    fields = ("engine", "version", "variant", "state", "detail")
+    return describe(*(str(i.get(k) or "") for k in fields), i.get("progress_percent"))
+
+
+def _engine_build(api: Api, args, out):
+    node = api.call("POST", f"nodes/{_quote(args.node)}/vllm-build/", {"vllm_build": args.build})
+    if args.json:
+        return node
+    out.write(f"{node['id']}: vLLM build {node['vllm_build']} (the node is told at once)\n")
     return None
 
 
@@ -444,6 +465,9 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--scope", choices=["inference", "manage"], default="inference")
     k.add_argument("--models", default="", help="Inference keys: a,b (default: every model).")
     k.add_argument("--expires", help="30d, 12h… or an ISO 8601 time.")
+    b = sub.add_parser("engine-build", help="Which vLLM build NODE installs (docs/engines.md).")
+    b.add_argument("node")
+    b.add_argument("build", choices=["auto", "cu13", "cu129", "none"])
     g = sub.add_parser("logs", help="The last lines of NODE's agent log, or of a shard's.")
     g.add_argument("node")
     g.add_argument("--shard", help="A shard's id (llmgw node NODE --json lists them).")
@@ -462,6 +486,7 @@ COMMANDS = {
     "uncordon": _intent("uncordon"),
     "logs": _logs,
     "revoke": _revoke,
+    "engine-build": _engine_build,
     "join-token": _secret("join-tokens/", lambda a: {"name": a.name, "ttl": a.ttl, "uses": a.uses}),
     "api-key": _secret(
         "api-keys/",

@@ -142,8 +142,12 @@ class EngineInstall(_Part):
     engine: Annotated[str, Field(min_length=1, max_length=32)]
     version: ShortStr = ""
     variant: ShortStr = ""
+    # installing, installed, failed or unsupported (docs/engines.md); free text, so a
+    # newer agent's state is shown rather than refused.
     state: Annotated[str, Field(max_length=32)]
     detail: Text = ""
+    # While installing, where known (a download's share). None: not known.
+    progress_percent: Annotated[int, Field(ge=0, le=100)] | None = None
 
 
 class RunningShard(_Part):

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agentd import protocol, state
-from agentd.engines import Engine, EngineUnavailable, make_engines
+from agentd.engines import Engine, EngineUnavailable, engine_classes, make_engines
 
 # Re-exported: the timings kept their old address when the lifecycle moved out.
 from agentd.lifecycle import DRAIN_POLL_S as DRAIN_POLL_S
@@ -44,6 +44,10 @@ from agentd.shard import LIVE, Shard, identity, parse_spec
 from agentd.shardproc import exit_reason
 
 logger = logging.getLogger(__name__)
+
+# A configured engine's version probe may take this long before it counts as not
+# answering (SGLang's imports the package); probes run off the heartbeat's path.
+PROBE_BOUND_S = 30.0
 
 Event = protocol.ShardStatus | protocol.FetchProgress
 OnEvent = Callable[[Event], Awaitable[None]]
@@ -91,6 +95,7 @@ class Supervisor(EngineLifecycle):
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.drain_timeout_s = drain_timeout_s
+        self._binaries = dict(binaries or {})
         self._engines: dict[str, Engine] = make_engines(binaries)
         self._disabled = set(disabled or [])
         self._allow_env = frozenset(allow_env or [])
@@ -99,6 +104,7 @@ class Supervisor(EngineLifecycle):
         self._version = 0
         self._versions: dict[str, str] = {}
         self._unavailable: dict[str, str] = {}
+        self._probed = False
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
@@ -203,21 +209,52 @@ class Supervisor(EngineLifecycle):
         return dict(self._unavailable)
 
     async def probe_engines(self) -> dict[str, str]:
-        """Look for the engines again (versions are cached; this refreshes them)."""
-        names = [n for n in self._engines if n not in self._disabled]
-        results = await asyncio.gather(
-            *(asyncio.to_thread(self._engines[n].version) for n in names), return_exceptions=True
-        )
+        """Probe the engines agent.yaml names again; each probe bounded by ``PROBE_BOUND_S``.
+
+        Only those: an engine merely found on PATH, or importable in the agent's
+        own Python, is somebody's, not necessarily one that works, and placing on
+        it is how a replica fails on a node nobody watches. Installed engines are
+        the install loop's to report (agentd.install).
+        """
+        names = [n for n in self._binaries if n in self._engines and n not in self._disabled]
+        tasks = [asyncio.ensure_future(asyncio.to_thread(self._engines[n].version)) for n in names]
+        if tasks:
+            await asyncio.wait(tasks, timeout=PROBE_BOUND_S)
         versions, unavailable = {}, {}
-        for name, result in zip(names, results, strict=True):
-            if isinstance(result, EngineUnavailable):
-                unavailable[name] = str(result)
-            elif isinstance(result, BaseException):
-                unavailable[name] = f"version probe failed: {result}"
+        for name, task in zip(names, tasks, strict=True):
+            if not task.done():
+                task.cancel()  # the thread finishes on its own; its answer is not waited for
+                unavailable[name] = f"its version probe took longer than {PROBE_BOUND_S:g} s"
+            elif isinstance(task.exception(), EngineUnavailable):
+                unavailable[name] = str(task.exception())
+            elif task.exception() is not None:
+                unavailable[name] = f"version probe failed: {task.exception()}"
             else:
-                versions[name] = result
+                versions[name] = task.result()
+        if versions != self._versions and self._probed:
+            logger.info(
+                "engines named in the configuration changed: %s",
+                ", ".join(f"{n} {v}" for n, v in sorted(versions.items())) or "none answers",
+            )
+        elif versions and not self._probed:
+            logger.info(
+                "engines named in the configuration: %s",
+                ", ".join(f"{n} {v}" for n, v in sorted(versions.items())),
+            )
+        self._probed = True
         self._versions, self._unavailable = versions, unavailable
         return dict(versions)
+
+    def use_installed(self, name: str, binary: str | None) -> None:
+        """Run ``name`` from an installed build (its binary), or, with None, as agent.yaml says.
+
+        An installed build is used first: it is the one that was seen to run here.
+        Shards already running keep the process they have.
+        """
+        cls = engine_classes().get(name)
+        if cls is None:
+            return
+        self._engines[name] = cls(binary or self._binaries.get(name))
 
     def log_sources(self) -> list[str]:
         """The shards whose output can be shown."""

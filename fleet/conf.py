@@ -41,8 +41,9 @@ class FleetSettings:
     # write, for bigger batches at the price of latency. 0: none.
     heartbeat_flush_s: float = 0.0
     logs_timeout_s: float = 10.0  # how long a log request waits for the agent's reply
-    # Engines every node should have, ENGINE=VERSION separated by commas; sent
-    # to each agent as a provision message when it registers. Empty: none.
+    # Engines every node should have, ENGINE=VERSION separated by commas, used
+    # while no WantedEngine rows exist (fleet.services.engines; docs/engines.md).
+    # Sent to each agent as a provision message. Empty: none.
     engines: dict[str, str] = field(default_factory=dict)
     # What one agent socket may send (token buckets, fleet/consumers.py): a
     # sustained rate and a burst saved up, in messages and in bytes; past either

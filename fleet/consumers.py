@@ -15,7 +15,7 @@ from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
 from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
-from fleet.services import access, desired, doorbells, heartbeat, inventory
+from fleet.services import access, desired, doorbells, engines, heartbeat, inventory
 from fleet.services.heartbeat import ReportMemo, batcher
 from llmgw_site.peer import connection_peer
 
@@ -260,14 +260,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 heartbeat_interval_s=fleet_settings().heartbeat_interval_s,
             )
         )
-        engines = fleet_settings().engines
-        if engines:
-            await self.send_msg(
-                protocol.Provision(
-                    type="provision",
-                    engines=[protocol.EngineWant(engine=e, version=v) for e, v in engines.items()],
-                )
-            )
+        provision = await database_sync_to_async(engines.provision_for)(self.node_id)
+        if provision.engines:
+            await self.send_msg(provision)
         await self.send_desired()
 
     async def on_heartbeat(self, msg: protocol.Heartbeat):
@@ -341,6 +336,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def node_doorbell(self, event):
         if not self.closing:
             await self.send_desired()
+
+    async def node_provision(self, event):
+        if not self.closing:
+            await self.send_msg(await database_sync_to_async(engines.provision_for)(self.node_id))
 
     async def node_supersede(self, event):
         if event.get("channel") != self.channel_name:

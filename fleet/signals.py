@@ -8,7 +8,7 @@ for a pass itself when a shard fails, gets ready or stops, or a node returns.
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from fleet.models import EngineProfile, Model, Node
+from fleet.models import EngineProfile, Model, Node, WantedEngine
 from fleet.services.reconciler.ask import request_reconcile
 
 
@@ -19,3 +19,12 @@ from fleet.services.reconciler.ask import request_reconcile
 @receiver(post_delete, sender=Node)
 def _catalog_or_node_changed(sender, **kwargs) -> None:
     request_reconcile()
+
+
+@receiver(post_save, sender=WantedEngine)
+@receiver(post_delete, sender=WantedEngine)
+def _wanted_engines_changed(sender, **kwargs) -> None:
+    """Every connected node hears at once: the admin, the API and ``apply`` all save rows."""
+    from fleet.services.engines import tell_nodes
+
+    tell_nodes()

@@ -16,15 +16,18 @@ from fleet.models import (
     ShardLoad,
     ShardState,
     Storage,
+    VllmBuild,
+    WantedEngine,
 )
 from fleet.services import access
 from fleet.services import drain as drain_service
+from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
 
 from .common import ReadOnlyAdmin, ReadOnlyTabularInline, count_message, human_bytes
 
 # What operators may change on a node; everything else is the agent's word.
-OPERATOR_FIELDS = ("cordoned", "draining", "operator_labels")
+OPERATOR_FIELDS = ("cordoned", "draining", "operator_labels", "vllm_build")
 
 
 class GPUInline(ReadOnlyTabularInline):
@@ -89,7 +92,7 @@ class WeightsInline(ReadOnlyTabularInline):
 
 class EngineInstallInline(ReadOnlyTabularInline):
     model = EngineInstall
-    fields = ("engine", "version", "variant", "state", "detail")
+    fields = ("engine", "version", "variant", "state", "progress_percent", "detail")
     readonly_fields = fields
 
 
@@ -134,11 +137,22 @@ class NodeAdmin(admin.ModelAdmin):
         "gpus_display",
         "shards_display",
         "keeping_up",
+        "vllm_build",
+        "engine_installs",
         "agent_version",
     )
-    list_filter = ("state", "connected", "cordoned", "draining", "agent_version")
+    list_filter = ("state", "connected", "cordoned", "draining", "vllm_build", "agent_version")
     search_fields = ("id", "hostname", "mgmt_addr")
-    actions = ("cordon_nodes", "drain_nodes", "uncordon_nodes", "revoke_credentials")
+    actions = (
+        "cordon_nodes",
+        "drain_nodes",
+        "uncordon_nodes",
+        "revoke_credentials",
+        "vllm_build_auto",
+        "vllm_build_cu13",
+        "vllm_build_cu129",
+        "vllm_build_none",
+    )
     inlines = (
         GPUInline,
         ShardInline,
@@ -224,7 +238,7 @@ class NodeAdmin(admin.ModelAdmin):
             super()
             .get_queryset(request)
             .select_related("load")
-            .prefetch_related("gpus")
+            .prefetch_related("gpus", "engine_installs")
             .annotate(
                 shard_count=Count("shards", distinct=True),
                 ready_count=Count(
@@ -251,6 +265,40 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.display(description="desired set")
     def keeping_up(self, obj):
         return node_service.desired_sync(obj, timezone.now())
+
+    @admin.display(description="engine installs")
+    def engine_installs(self, obj):
+        return engine_service.installs_summary(obj.engine_installs.all())
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "vllm_build" in form.changed_data:
+            engine_service.tell_nodes([obj.pk])  # the node acts on it at once
+
+    def _set_build(self, request, queryset, build):
+        nodes = list(queryset)
+        done = engine_service.set_vllm_build(nodes, build)
+        self.message_user(
+            request,
+            count_message(done, len(nodes), f"vLLM build {build} on", "had it already")
+            + "; each is told at once",
+        )
+
+    @admin.action(description="vLLM build: auto (from the driver)", permissions=["change"])
+    def vllm_build_auto(self, request, queryset):
+        self._set_build(request, queryset, VllmBuild.AUTO)
+
+    @admin.action(description="vLLM build: CUDA 13", permissions=["change"])
+    def vllm_build_cu13(self, request, queryset):
+        self._set_build(request, queryset, VllmBuild.CU13)
+
+    @admin.action(description="vLLM build: CUDA 12.9", permissions=["change"])
+    def vllm_build_cu129(self, request, queryset):
+        self._set_build(request, queryset, VllmBuild.CU129)
+
+    @admin.action(description="vLLM build: none (not installed)", permissions=["change"])
+    def vllm_build_none(self, request, queryset):
+        self._set_build(request, queryset, VllmBuild.NONE)
 
     @admin.display(description="labels in effect")
     def effective_labels(self, obj):
@@ -416,3 +464,11 @@ class ShardLoadAdmin(ReadOnlyAdmin):
     @admin.display(description="RSS", ordering="rss_bytes")
     def rss(self, obj):
         return human_bytes(obj.rss_bytes)
+
+
+@admin.register(WantedEngine)
+class WantedEngineAdmin(admin.ModelAdmin):
+    """The engines every node installs (docs/engines.md); a change reaches nodes at once."""
+
+    list_display = ("engine", "version", "updated_at")
+    fields = ("engine", "version")

@@ -25,6 +25,8 @@ from fleet.models import (
     NodeLoad,
     Replica,
     Shard,
+    VllmBuild,
+    WantedEngine,
 )
 from fleet.services import nodes as node_service
 from fleet.services import profiles
@@ -95,7 +97,7 @@ class FabricSerializer(serializers.ModelSerializer):
 class EngineInstallSerializer(serializers.ModelSerializer):
     class Meta:
         model = EngineInstall
-        fields = ("engine", "version", "variant", "state", "detail")
+        fields = ("engine", "version", "variant", "state", "progress_percent", "detail")
         read_only_fields = fields
 
 
@@ -138,6 +140,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "state",
             "cordoned",
             "draining",
+            "vllm_build",
             "connected",
             "last_seen",
             "registered_at",
@@ -166,6 +169,25 @@ class NodeSerializer(serializers.ModelSerializer):
     def get_load(self, obj):
         load = node_service.fresh_load(obj, self.context.get("now") or timezone.now())
         return NodeLoadSerializer(load).data if load else None
+
+
+class VllmBuildSerializer(serializers.Serializer):
+    vllm_build = serializers.ChoiceField(
+        choices=VllmBuild.choices,
+        help_text="auto: from the driver's CUDA version; cu13; cu129; none: not installed.",
+        error_messages={
+            "invalid_choice": (
+                f"'{{input}}' is not a vLLM build; one of {', '.join(VllmBuild.values)}"
+            )
+        },
+    )
+
+
+class WantedEngineSerializer(ValidatedModelSerializer):
+    class Meta:
+        model = WantedEngine
+        fields = ("id", "engine", "version", "updated_at")
+        read_only_fields = ("updated_at",)
 
 
 class ModelSerializer(ValidatedModelSerializer):
@@ -313,6 +335,8 @@ class NodeRowSerializer(serializers.Serializer):
     gpus = serializers.CharField()
     engines = serializers.CharField()
     shards = serializers.CharField(help_text="Ready/all.")
+    vllm_build = serializers.CharField(help_text="auto, cu13, cu129 or none.")
+    installs = serializers.CharField(help_text="Each wanted engine's install state; '-': none.")
 
 
 class NodeLogsSerializer(serializers.Serializer):

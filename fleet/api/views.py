@@ -11,9 +11,10 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 
-from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
+from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard, WantedEngine
 from fleet.services import access, api_keys, catalog, node_logs, snapshot
 from fleet.services import drain as drain_service
+from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
 
 from . import filters, serializers
@@ -47,6 +48,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         **{n: ["fleet.view_node", "fleet.drain_node"] for n in ("cordon", "drain", "uncordon")},
         # As in the console: revoking a node's credentials is changing the node.
         "revoke": ["fleet.view_node", "fleet.change_node"],
+        "vllm_build": ["fleet.view_node", "fleet.change_node"],
     }
 
     def _intent(self, request, change):
@@ -129,6 +131,27 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
                 "error": reply.error,
             }
         )
+
+    @extend_schema(request=serializers.VllmBuildSerializer, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="vllm-build")
+    def vllm_build(self, request, pk=None):
+        """Which vLLM build this node installs: auto, cu13, cu129 or none. The node is told
+        at once; idempotent."""
+        node = self.get_object()
+        body = serializers.VllmBuildSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        engine_service.set_vllm_build([node], body.validated_data["vllm_build"])
+        node = self.get_queryset().get(pk=node.pk)
+        return Response(self.get_serializer(node).data)
+
+
+class WantedEngineViewSet(viewsets.ModelViewSet):
+    """Engines every node installs, at a version (docs/engines.md). Nodes hear of a change
+    at once; each installs the build its hardware and vLLM build call for."""
+
+    queryset = WantedEngine.objects.all()
+    serializer_class = serializers.WantedEngineSerializer
+    ordering_fields = ("engine",)
 
 
 class GPUViewSet(viewsets.ReadOnlyModelViewSet):

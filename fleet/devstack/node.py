@@ -66,6 +66,9 @@ def ensure_agent_config(directory: Path, ws_url: str, ports: tuple[int, int]) ->
         "engine_port_range": list(ports),
         # The control plane hands out this node's engine ports from the same range.
         "labels": {"llmgw.io/ports": f"{ports[0]}-{ports[1]}", "demo": "make-run"},
+        # llama.cpp from this virtualenv, named by hand: a node advertises only what
+        # its configuration names or what its agent installed (docs/engines.md).
+        "engines": {"binaries": {"llamacpp": sys.executable}},
     }
     secret = credential.read_text().strip() if credential.exists() else ""
     identity = access.identify(secret) if secret else None

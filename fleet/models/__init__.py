@@ -10,6 +10,7 @@ from .choices import (
     PlacementPolicy,
     ReplicaState,
     ShardState,
+    VllmBuild,
 )
 from .nodes import (
     GPU,
@@ -20,6 +21,7 @@ from .nodes import (
     NodeLoad,
     ShardLoad,
     Storage,
+    WantedEngine,
 )
 from .status import FleetStatus
 from .workload import Replica, Shard
@@ -50,4 +52,6 @@ __all__ = [
     "ShardLoad",
     "ShardState",
     "Storage",
+    "VllmBuild",
+    "WantedEngine",
 ]

@@ -53,6 +53,15 @@ class Engine(models.TextChoices):
     FAKE = "fake", "fake (tests only)"
 
 
+class VllmBuild(models.TextChoices):
+    """Which vLLM build a node installs (agentd/builds.py; docs/engines.md)."""
+
+    AUTO = "auto", "auto (from the driver's CUDA version)"
+    CU13 = "cu13", "CUDA 13 (the package index's wheel)"
+    CU129 = "cu129", "CUDA 12.9 (the release's cu129 wheel, PyTorch cu129)"
+    NONE = "none", "none (vLLM is not installed here)"
+
+
 class ApiKeyScope(models.TextChoices):
     INFERENCE = "inference", "inference"  # the gateway's /v1/*
     MANAGE = "manage", "manage"  # the management API /api/v1/ (needs a staff user)

@@ -7,7 +7,7 @@ from django.urls import reverse
 from agentd.protocol import NODE_ID_PATTERN
 from fleet.selectors import effective_labels
 
-from .choices import NodeState
+from .choices import Engine, NodeState, VllmBuild
 
 node_id_validator = RegexValidator(
     NODE_ID_PATTERN, "a node id is 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
@@ -44,6 +44,14 @@ class Node(models.Model):
     )
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
     cordoned = models.BooleanField(default=False, help_text="No new placements on this node.")
+    vllm_build = models.CharField(
+        "vLLM build",
+        max_length=8,
+        choices=VllmBuild.choices,
+        default=VllmBuild.AUTO,
+        help_text="Which vLLM build this node installs. auto: CUDA 13 where the driver "
+        "supports it (>= 580), else CUDA 12.9 (>= 575). The agent is told at once.",
+    )
     draining = models.BooleanField(
         default=False, help_text="Replicas are being moved away; cordoned when done."
     )
@@ -192,6 +200,9 @@ class EngineInstall(models.Model):
     variant = models.CharField(max_length=255, blank=True)
     state = models.CharField(max_length=32)
     detail = models.TextField(blank=True)
+    progress_percent = models.PositiveSmallIntegerField(
+        "progress (%)", null=True, blank=True, help_text="While installing, where known."
+    )
 
     class Meta:
         ordering = ["node", "engine"]
@@ -201,6 +212,36 @@ class EngineInstall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}:{self.engine} {self.state}"
+
+
+class WantedEngine(models.Model):
+    """An engine, at a version, that every node of the fleet should have installed.
+
+    Agents install it themselves (agentd/install.py), each in the build its node's
+    ``vllm_build`` and hardware call for; a change is sent to every connected node
+    at once. Nodes that disable an engine, or name its binary by hand, keep theirs.
+    """
+
+    engine = models.CharField(
+        max_length=32,
+        unique=True,
+        choices=[c for c in Engine.choices if c[0] != Engine.FAKE],
+    )
+    version = models.CharField(
+        max_length=64,
+        help_text="The release to install, e.g. 0.11.2 (pip's version: vLLM's cu129 wheel "
+        "is the same version's release asset).",
+        validators=[
+            RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$", "a version, like 0.11.2 or 0.3.36")
+        ],
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["engine"]
+
+    def __str__(self) -> str:
+        return f"{self.engine} {self.version}"
 
 
 class NodeLoad(models.Model):

@@ -17,6 +17,10 @@ using the same ``clean()`` rules as the admin and the API::
             model_path: Qwen/Qwen2.5-7B-Instruct
             gpus_per_node: 1
             gpu_class: H100
+
+    engines:                          # optional: the engines every node installs
+      vllm: 0.11.2                    # (docs/engines.md); engines not named are left
+      llamacpp: 0.3.36                # alone
 """
 
 import logging
@@ -26,7 +30,7 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from fleet.models import EngineProfile, Model
+from fleet.models import EngineProfile, Model, WantedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,11 @@ class ApplyResult:
 
 def parse(text: str) -> list[dict]:
     """The model entries of a catalog file, or CatalogError saying what is malformed."""
+    return _parse(text)["models"]
+
+
+def _parse(text: str) -> dict:
+    """The whole file, checked for shape: models, and engines if named."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -79,9 +88,11 @@ def parse(text: str) -> list[dict]:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise CatalogError([f"not valid YAML: {where}{problem}"]) from None
+    if isinstance(data, dict) and "engines" in data and "models" not in data:
+        data = {**data, "models": []}
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise CatalogError(["the file must be a mapping with a list under 'models'"])
-    unknown = set(data) - {"models"}
+    unknown = set(data) - {"models", "engines"}
     if unknown:
         raise CatalogError([f"unknown top-level key(s): {', '.join(sorted(unknown))}"])
     errors, seen = [], set()
@@ -116,9 +127,18 @@ def parse(text: str) -> list[dict]:
             names.add(prof.get("name"))
             for key in sorted(set(prof) - PROFILE_KEYS):
                 errors.append(f"{pwhere}: unknown field '{key}'")
+    engines = data.get("engines", {})
+    if not isinstance(engines, dict):
+        errors.append("engines: must be a mapping of engine: version, e.g. vllm: 0.11.2")
+    else:
+        for engine, version in engines.items():
+            if not isinstance(version, str):
+                errors.append(
+                    f"engines.{engine}: the version must be text; quote it, e.g. '0.11.2'"
+                )
     if errors:
         raise CatalogError(errors)
-    return data["models"]
+    return data
 
 
 def _messages(where: str, exc: ValidationError) -> list[str]:
@@ -156,7 +176,8 @@ def _defaults(model_cls, names) -> dict:
 
 def apply(text: str, *, dry_run: bool = False) -> ApplyResult:
     """Apply a catalog file; returns what changed. Raises CatalogError and changes nothing."""
-    entries = parse(text)
+    data = _parse(text)
+    entries = data["models"]
     result = ApplyResult()
     errors: list[str] = []
     model_defaults = _defaults(Model, MODEL_KEYS.values())
@@ -164,6 +185,8 @@ def apply(text: str, *, dry_run: bool = False) -> ApplyResult:
     with transaction.atomic():
         for entry in entries:
             errors += _apply_model(entry, model_defaults, profile_defaults, result)
+        for engine, version in data.get("engines", {}).items():
+            errors += _apply_engine(str(engine), str(version), result)
         if errors:
             transaction.set_rollback(True)
             raise CatalogError(errors)
@@ -173,6 +196,27 @@ def apply(text: str, *, dry_run: bool = False) -> ApplyResult:
         for line in result.changes:
             logger.info("catalog applied: %s", line)
     return result
+
+
+def _apply_engine(engine: str, version: str, result: ApplyResult) -> list[str]:
+    where = f"engines.{engine}"
+    row = WantedEngine.objects.filter(engine=engine).first()
+    if row is not None and row.version == version:
+        result.unchanged.append(f"engine {engine}")
+        return []
+    before = row.version if row else None
+    row = row or WantedEngine(engine=engine)
+    row.version = version
+    try:
+        row.full_clean()
+    except ValidationError as exc:
+        return _messages(where, exc)
+    row.save()  # every connected node hears of it (fleet.signals)
+    if before:
+        result.changes.append(f"engine {engine}: version {before} -> {version}")
+    else:
+        result.changes.append(f"engine {engine} {version} wanted")
+    return []
 
 
 def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:

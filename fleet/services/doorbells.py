@@ -31,6 +31,7 @@ NODE_DOORBELL = "node.doorbell"  # the desired set changed: send it again
 NODE_SUPERSEDE = "node.supersede"  # the same node connected again elsewhere
 NODE_REVOKED = "node.revoked"  # its credential may have been revoked: check
 NODE_LOGS_REQUEST = "node.logs_request"  # pass a logs request on to the agent
+NODE_PROVISION = "node.provision"  # the wanted engines or the node's vLLM build changed
 
 
 async def process_channel(layer) -> str:

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from fleet.models import GPU, Node, NodeLoad, ShardState
 from fleet.services import desired
+from fleet.services.engines import installs_summary
 from fleet.services.reconciler.ask import request_reconcile
 from fleet.services.units import gb_text
 
@@ -131,6 +132,8 @@ class NodeRow:
     gpus: str
     engines: str
     shards: str
+    vllm_build: str = "auto"
+    installs: str = "-"  # each wanted engine's install state (fleet.services.engines)
 
 
 def node_rows(now: datetime | None = None) -> list[NodeRow]:
@@ -138,7 +141,9 @@ def node_rows(now: datetime | None = None) -> list[NodeRow]:
     now = now or timezone.now()
     nodes = (
         Node.objects.select_related("load")
-        .prefetch_related(Prefetch("gpus", queryset=GPU.objects.only("node_id", "name")))
+        .prefetch_related(
+            Prefetch("gpus", queryset=GPU.objects.only("node_id", "name")), "engine_installs"
+        )
         .annotate(
             shard_count=Count("shards", distinct=True),
             ready_count=Count("shards", filter=Q(shards__state=ShardState.READY), distinct=True),
@@ -156,6 +161,8 @@ def node_rows(now: datetime | None = None) -> list[NodeRow]:
                 gpus=gpu_summary(node.gpus.all()),
                 engines=",".join(sorted(node.engine_versions)) or "-",
                 shards=f"{node.ready_count}/{node.shard_count}" if node.shard_count else "0",
+                vllm_build=node.vllm_build,
+                installs=installs_summary(node.engine_installs.all()),
             )
         )
     return rows

@@ -19,6 +19,7 @@ from .placement_types import (  # noqa: F401 - re-exported: callers import them 
     REASONS_LISTED,
     SPREAD,
     GpuInfo,
+    InstallInfo,
     NodeInfo,
     NoPlacement,
     Placement,
@@ -141,7 +142,7 @@ def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
             f"{nid}: has {gb_text(node.memory_mb)} GB of memory, needs {req.min_memory_gb}",
         )
     if req.engine not in node.engines:
-        return Reason(nid, "engine", f"{nid}: engine '{req.engine}' is not installed")
+        return Reason(nid, "engine", engine_missing(node, req.engine))
     if req.gpus_per_node:
         gpus = _class_gpus(node, req)
         if req.gpu_class and not gpus:
@@ -156,6 +157,29 @@ def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
                 f"{nid}: has {len(gpus)} GPUs{with_problems}, needs {req.gpus_per_node} healthy",
             )
     return None
+
+
+def engine_missing(node: NodeInfo, engine: str) -> str:
+    """Why a node does not offer an engine, as the agent's install state says."""
+    nid = node.id
+    if engine == "vllm" and node.vllm_build == "none":
+        return f"{nid}: vllm build is none"
+    got = node.installs.get(engine)
+    if got is None:
+        return f"{nid}: engine '{engine}' is not installed"
+    name = f"{engine} {got.version}".strip()
+    first = got.detail.splitlines()[0] if got.detail else ""
+    if got.state == "installing":
+        extra = [first] if first else []
+        if got.progress_percent is not None:
+            extra.append(f"{got.progress_percent} %")
+        more = f" ({', '.join(extra)})" if extra else ""
+        return f"{nid}: {name} is installing{more}"
+    if got.state == "failed":
+        return f"{nid}: {name} failed to install: {first or 'no detail'}"
+    if got.state == "unsupported":
+        return f"{nid}: {engine} is unsupported here: {first or 'no detail'}"
+    return f"{nid}: engine '{engine}' is {got.state}"
 
 
 def _class_gpus(node: NodeInfo, req: Request) -> list[GpuInfo]:

@@ -29,6 +29,16 @@ class GpuInfo:
     numa_node: int | None = None
 
 
+@dataclass(frozen=True)
+class InstallInfo:
+    """An engine's install on a node that is not (yet) installed, as the agent reported it."""
+
+    state: str
+    version: str = ""
+    detail: str = ""
+    progress_percent: int | None = None
+
+
 @dataclass
 class NodeInfo:
     """One node as placement sees it: reported facts, operator intent, and what is in use."""
@@ -41,6 +51,8 @@ class NodeInfo:
     labels: dict = field(default_factory=dict)
     memory_mb: int | None = None  # None: the agent did not say; still usable
     engines: dict = field(default_factory=dict)
+    installs: dict[str, InstallInfo] = field(default_factory=dict)  # engine -> not installed
+    vllm_build: str = "auto"
     gpus: list[GpuInfo] = field(default_factory=list)
     fabrics: dict[str, list[str]] = field(default_factory=dict)  # fabric -> HCAs
     weights: frozenset[str] = frozenset()

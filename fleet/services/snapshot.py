@@ -15,6 +15,7 @@ from fleet.models import (
     GPU,
     SHARD_FINISHED,
     DesiredState,
+    EngineInstall,
     FabricAttachment,
     LocalWeights,
     Node,
@@ -25,6 +26,7 @@ from fleet.selectors import effective_labels, parse_selector
 
 from .placement import (
     GpuInfo,
+    InstallInfo,
     NodeInfo,
     NoPlacement,
     Placement,
@@ -73,11 +75,14 @@ def build() -> Snapshot:
     at 5,000 nodes.
     """
     decode = _Json()
-    t = {m: m._meta.db_table for m in (Node, GPU, FabricAttachment, LocalWeights, Shard)}
+    t = {
+        m: m._meta.db_table
+        for m in (Node, GPU, FabricAttachment, LocalWeights, Shard, EngineInstall)
+    }
     nodes: dict[str, NodeInfo] = {}
-    for nid, state, cordoned, draining, connected, agent, operator, mem, engines in _rows(
+    for nid, state, cordoned, draining, connected, agent, operator, mem, engines, build in _rows(
         f"SELECT id, state, cordoned, draining, connected, agent_labels, operator_labels, "
-        f"memory_total_mb, engine_versions FROM {t[Node]} ORDER BY id"
+        f"memory_total_mb, engine_versions, vllm_build FROM {t[Node]} ORDER BY id"
     ):
         labels = effective_labels(decode(agent, {}), decode(operator, {}))
         port_range = None
@@ -96,6 +101,7 @@ def build() -> Snapshot:
             memory_mb=mem,
             engines=decode(engines, {}),
             port_range=port_range,
+            vllm_build=build,
         )
     peers: dict[str, frozenset] = {}
     index_col = connection.ops.quote_name("index")
@@ -116,6 +122,13 @@ def build() -> Snapshot:
     for nid, fabric, hcas in _rows(f"SELECT node_id, fabric, hcas FROM {t[FabricAttachment]}"):
         if nid in nodes:
             nodes[nid].fabrics[fabric] = list(decode(hcas, ()))
+    # Why an engine is missing, for the pending reason; only rows that are not installed.
+    for nid, engine, version, state, detail, pct in _rows(
+        f"SELECT node_id, engine, version, state, detail, progress_percent "
+        f"FROM {t[EngineInstall]} WHERE state <> 'installed'"
+    ):
+        if nid in nodes:
+            nodes[nid].installs[engine] = InstallInfo(state, version, detail, pct)
     weights: dict[str, set[str]] = {}
     for nid, path in _rows(f"SELECT node_id, path FROM {t[LocalWeights]}"):
         weights.setdefault(nid, set()).add(path)

@@ -21,7 +21,7 @@ from fleet.models import (
     NodeCredential,
 )
 from fleet.models.access import hash_secret
-from fleet.services import access
+from fleet.services import access, catalog
 from tests.admin.helpers import form_data
 from tests.factories import (
     LLAMACPP_CPU,
@@ -71,6 +71,7 @@ def fleet():
     access.create_join_token("rack-4", ttl=timedelta(hours=1))
     ApiKey.issue(name="client", scope=ApiKeyScope.INFERENCE)
     FleetStatus.get()
+    catalog.apply("engines:\n  llamacpp: 0.3.36\n")
     return node
 
 

@@ -136,52 +136,6 @@ def test_a_cpu_node_heartbeats_without_gpu_fields(tmp_path, monkeypatch):
     assert hb.gpu_memory_used_mb == [] and hb.load.memory_available_bytes > 0
 
 
-class EnginesHere(RecordingShards):
-    def __init__(self):
-        super().__init__()
-        self.versions = {"llamacpp": "0.3.16"}
-
-    def engine_versions(self):
-        return dict(self.versions)
-
-    def engine_problems(self):
-        return {} if "vllm" in self.versions else {"vllm": "vllm is not on PATH"}
-
-
-def test_provision_is_recorded_and_reported_as_not_installed_here(tmp_path):
-    engines = EnginesHere()
-    agent = make_agent(
-        tmp_path,
-        shards=engines,
-        engines={"binaries": {"llamacpp": "/usr/bin/llama-server"}, "disabled": ["sglang"]},
-    )
-    agent.register_message()
-    agent.on_provision(
-        protocol.Provision(
-            type="provision",
-            engines=[
-                protocol.EngineWant(engine="vllm", version="0.11.0"),
-                protocol.EngineWant(engine="sglang", version="0.5.2"),
-                protocol.EngineWant(engine="llamacpp", version="0.3.16"),
-            ],
-        )
-    )
-    hb = agent.heartbeat_message()
-    assert hb.provision_changed
-    # llamacpp is named by hand and sglang disabled: neither is the control plane's
-    assert [(e.engine, e.state) for e in hb.provision] == [("vllm", "unsupported")]
-    assert hb.provision[0].detail.startswith("vllm is not on PATH; this agent does not install")
-    assert "engines.binaries.vllm" in hb.provision[0].detail
-    assert not agent.heartbeat_message().provision_changed
-
-    # installed by hand later and found by the supervisor's next probe: said once
-    engines.versions["vllm"] = "0.11.0"
-    hb = agent.heartbeat_message()
-    assert hb.provision_changed and hb.engines_changed
-    assert [(e.engine, e.state, e.version) for e in hb.provision] == [("vllm", "ready", "0.11.0")]
-    assert not agent.heartbeat_message().provision_changed
-
-
 # ---- desired sets: fencing -----------------------------------------------------
 
 

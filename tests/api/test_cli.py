@@ -81,6 +81,21 @@ def test_nodes_prints_the_table_with_unknown_memory_as_a_dash(cli):
     }
 
 
+def test_engine_build_sets_a_nodes_vllm_build_and_node_shows_it_with_installs(cli):
+    failed = {"engine": "vllm", "version": "0.11.2", "variant": "cu13", "state": "failed",
+              "detail": "pip install exited with 1\n..."}  # fmt: skip
+    add_node("gpu-01", provision=[failed])
+
+    status, out, err = cli("engine-build", "gpu-01", "cu129")
+    assert (status, out, err) == (0, "gpu-01: vLLM build cu129 (the node is told at once)\n", "")
+    assert Node.objects.get(pk="gpu-01").vllm_build == "cu129"
+
+    status, out, _ = cli("node", "gpu-01")
+    assert status == 0
+    assert "vLLM build   cu129" in out
+    assert "installs     vllm 0.11.2 cu13 failed: pip install exited with 1" in out
+
+
 def test_node_shows_one_node_and_a_missing_one_is_exit_1(cli):
     add_node("gpu-01", memory_gb=256)
 

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from fleet.models import ApiKey, JoinToken, Node, NodeCredential, ShardState
+from fleet.models import ApiKey, EngineInstall, JoinToken, Node, NodeCredential, ShardState
 from fleet.models.access import hash_secret
 from fleet.services import access
 from tests.factories import (
@@ -69,6 +69,19 @@ def test_nodes_table():
     report_load("gpu-01", cpu_percent=41.6)
     report_load("old-01", cpu_percent=99.0, age=timedelta(minutes=3))
     Node.objects.filter(pk="mixed-01").update(cordoned=True)
+    Node.objects.filter(pk="gpu-01").update(vllm_build="cu129")
+    EngineInstall.objects.create(
+        node_id="gpu-01", engine="llamacpp", version="0.3.16", variant="cuda", state="installed"
+    )
+    EngineInstall.objects.create(
+        node_id="gpu-01",
+        engine="vllm",
+        version="0.11.2",
+        variant="cu129",
+        state="installing",
+        detail="downloading",
+        progress_percent=42,
+    )
     model = add_model("qwen-7b", **LLAMACPP_CPU)
     profile = model.active_profile
     add_replica(model, profile, ["gpu-01"])
@@ -86,7 +99,13 @@ def test_nodes_table():
         "GPUS": "8×H100",
         "ENGINES": "llamacpp,vllm",
         "SHARDS (READY/ALL)": "1/2",
+        "VLLM BUILD": "cu129",
+        "INSTALLS": (
+            "llamacpp 0.3.16 cuda installed; vllm 0.11.2 cu129 installing (downloading, 42 %)"
+        ),
     }
+    assert rows["old-01"]["VLLM BUILD"] == "auto"
+    assert rows["old-01"]["INSTALLS"] == "-"
     # unknown memory is '-', never 0; a three-minute-old load is not shown
     assert rows["old-01"]["MEM (GB)"] == "-"
     assert rows["old-01"]["CPU %"] == "-"

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import sys
 
 import pytest
 
@@ -18,7 +19,8 @@ async def test_real_engine_becomes_ready_answers_and_its_death_is_reported(state
     prof = profile("llamacpp", model_path=str(model), served_model_name="tiny")
     spec = shard("tiny-s0", engine="llamacpp", profile=prof, startup_timeout_s=120)
     rec = Recorder()
-    sup = fake_supervisor(state_dir, rec, binaries={})
+    # llama.cpp as agent.yaml names it: the test virtualenv's llama-cpp-python.
+    sup = fake_supervisor(state_dir, rec, binaries={"llamacpp": sys.executable})
     await sup.start()
     try:
         assert sup.engine_versions()["llamacpp"] == LlamaCpp().version()

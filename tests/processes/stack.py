@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import requests
@@ -78,7 +79,10 @@ class Agent:
             engine_port_range=[lo, hi],
             # The control plane hands out this node's engine ports from the same range.
             labels={"llmgw.io/ports": f"{lo}-{hi}"},
-            **config,
+            # llama.cpp from the test virtualenv, named by hand unless the test says
+            # otherwise: nothing merely importable in the agent's Python is advertised
+            # (docs/engines.md).
+            **{"engines": {"binaries": {"llamacpp": sys.executable}}, **config},
         )
         self.proc: AgentProcess | None = None
         self.frozen: list[int] = []  # engine group leaders stopped with the agent

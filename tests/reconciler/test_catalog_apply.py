@@ -170,3 +170,41 @@ def test_malformed_files_are_refused_with_the_reason(text, message):
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(CommandError, match="cannot read .*nope.yaml: No such file"):
         call_command("apply", "-f", str(tmp_path / "nope.yaml"))
+
+
+def test_apply_sets_the_wanted_engines_and_leaves_the_others_alone(tmp_path):
+    from fleet.models import WantedEngine
+
+    WantedEngine.objects.create(engine="sglang", version="0.5.5")
+    text = "engines:\n  vllm: 0.11.2\n  llamacpp: 0.3.36\n"
+
+    assert run_apply(tmp_path, text).splitlines() == [
+        "engine vllm 0.11.2 wanted",
+        "engine llamacpp 0.3.36 wanted",
+    ]
+    assert run_apply(tmp_path, text.replace("0.11.2", "0.11.3")).splitlines() == [
+        "engine vllm: version 0.11.2 -> 0.11.3",
+        "unchanged: engine llamacpp",
+    ]
+    assert dict(WantedEngine.objects.values_list("engine", "version")) == {
+        "llamacpp": "0.3.36",
+        "sglang": "0.5.5",
+        "vllm": "0.11.3",
+    }
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("engines:\n  vllm: 0.11\n", "engines.vllm: the version must be text; quote it"),
+        ("engines: [vllm]\n", "engines: must be a mapping of engine: version"),
+        ("engines:\n  vlm: 0.11.2\n", "engines.vlm"),
+    ],
+)
+def test_bad_engines_apply_nothing_and_say_which(tmp_path, text, says):
+    from fleet.models import WantedEngine
+
+    with pytest.raises(CommandError, match="nothing applied") as err:
+        run_apply(tmp_path, text)
+    assert says in str(err.value)
+    assert not WantedEngine.objects.exists()

@@ -10,11 +10,13 @@ COLUMNS = (
     ("GPUS", "gpus"),
     ("ENGINES", "engines"),
     ("SHARDS (READY/ALL)", "shards"),
+    ("VLLM BUILD", "vllm_build"),
+    ("INSTALLS", "installs"),
 )
 
 
 class Command(BaseCommand):
-    help = "List the fleet's nodes: state, CPU, memory, GPUs, engines and shards."
+    help = "List the fleet's nodes: state, CPU, memory, GPUs, engines, shards, and engine installs."
 
     def handle(self, *args, **options):
         rows = node_service.node_rows()

@@ -1,0 +1,105 @@
+"""Which build of an engine a node gets: the ``auto`` rule, and what operators can choose.
+
+vLLM ships one build per CUDA release line. The default wheel on the package
+index is built for CUDA 13; the same version's CUDA 12.9 wheel is a release
+asset on GitHub, to be paired with PyTorch's cu129 wheels. A CUDA program runs
+on a driver that supports its CUDA version or a newer one, so the rule reads the
+CUDA version the driver supports (NVML's ``nvmlSystemGetCudaDriverVersion``),
+and, where NVML cannot say, the driver's own version against NVIDIA's table.
+
+NVIDIA's "CUDA Toolkit and Minimum Required Driver Version" table (CUDA Toolkit
+release notes, Table 3; docs.nvidia.com/cuda/cuda-toolkit-release-notes) gives,
+for Linux x86_64: CUDA 13.0 GA needs driver >= 580 (580.65.06), CUDA 12.9 needs
+>= 575 (575.51.03). The data-center support matrix says the same by branch:
+R580 is the first to support CUDA 13.x, R570 and R575 top out at 12.x.
+Minor-version compatibility (a 12.x program on any R525+ driver) is not relied
+on: PyTorch's and vLLM's wheels use PTX and libraries that want the full line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentd import protocol
+
+AUTO, CU13, CU129, NONE = "auto", "cu13", "cu129", "none"
+VLLM_BUILDS = (AUTO, CU13, CU129, NONE)
+# llama.cpp: a CUDA build where there is an NVIDIA GPU, the CPU build elsewhere.
+CPU, CUDA = "cpu", "cuda"
+
+# (build, the CUDA version it needs, the Linux driver branch that first supports it)
+CUDA_LINES = ((CU13, (13, 0), 580), (CU129, (12, 9), 575))
+GPU_ENGINES = ("vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The variant to install, or None with the reason nothing is (``unsupported``)."""
+
+    variant: str | None
+    reason: str = ""
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    try:
+        parts = tuple(int(p) for p in text.strip().split(".") if p != "")
+    except ValueError:
+        return None
+    return parts or None
+
+
+def driver_cuda(gpus: list[protocol.GPU]) -> tuple[int, int] | None:
+    """The CUDA version this node's driver supports: NVML's, else from the driver's branch."""
+    for g in gpus:
+        got = _version(g.cuda_version)
+        if got:
+            return (got[0], got[1] if len(got) > 1 else 0)
+    for g in gpus:
+        got = _version(g.driver_version)
+        if got:
+            for _build, cuda, branch in CUDA_LINES:
+                if got[0] >= branch:
+                    return cuda
+            return (0, 0)  # older than any line we install: said so below
+    return None
+
+
+def auto_vllm(gpus: list[protocol.GPU]) -> Choice:
+    """``auto``: the newest CUDA line the driver supports."""
+    if not gpus:
+        return Choice(None, "no NVIDIA GPU on this node")
+    cuda = driver_cuda(gpus)
+    if cuda is None:
+        return Choice(None, "the NVIDIA driver reports no version")
+    for build, need, _branch in CUDA_LINES:
+        if cuda >= need:
+            return Choice(build)
+    have = f"CUDA {cuda[0]}.{cuda[1]}" if cuda != (0, 0) else "an older CUDA"
+    driver = gpus[0].driver_version or "unknown"
+    return Choice(
+        None,
+        f"driver {driver} supports {have}; vLLM's builds need CUDA 12.9 "
+        "(driver >= 575) or CUDA 13.0 (driver >= 580)",
+    )
+
+
+def choose(engine: str, asked: str, gpus: list[protocol.GPU]) -> Choice:
+    """The variant of ``engine`` to install here, given what the control plane asked."""
+    if engine == "vllm":
+        asked = asked or AUTO
+        if asked == NONE:
+            return Choice(None, "vllm build is none on this node (set by operators)")
+        if not gpus:
+            return Choice(None, "no NVIDIA GPU on this node: vLLM needs one")
+        if asked == AUTO:
+            return auto_vllm(gpus)
+        if asked in (CU13, CU129):
+            return Choice(asked)
+        return Choice(None, f"unknown vllm build '{asked}' (known: {', '.join(VLLM_BUILDS)})")
+    if engine == "sglang":
+        if not gpus:
+            return Choice(None, "no NVIDIA GPU on this node: SGLang needs one")
+        return Choice(CUDA)
+    if engine == "llamacpp":
+        return Choice(CUDA if gpus else CPU)
+    return Choice(None, f"this agent does not install engine '{engine}'")

@@ -1,0 +1,467 @@
+"""The agent's engine installs: a virtualenv per engine, filled by pip, verified before it counts.
+
+The control plane says which engines at which versions the fleet runs (a
+``provision`` message); ``agentd.builds`` picks the variant for this node. Each
+engine goes into ``<state_dir>/engines/<engine>-<version>-<variant>/``, by pip,
+from the variant's sources (``pip_plan``; every URL and argument can be replaced
+in agent.yaml's ``install``). It counts only once it ran here (``verify``): GPU
+engines compute on a GPU inside the new environment and answer ``--version``;
+llama.cpp's server starts on a tiny model and answers. A mark file records a
+verified install, so a restarted agent re-checks rather than reinstalls.
+
+Installed engines are checked again every ``RECHECK_S``: a library removed by an
+unrelated upgrade is found here, not by the next replica to start, and the
+environment is repaired in place (pip's ``--force-reinstall``), which leaves
+engines already running from it serving. After a failure the next pass comes
+sooner and backs off (``Schedule``). Docs: docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from agentd import builds, protocol, tinygguf
+from agentd.config import InstallConfig
+from agentd.engines.base import http_get
+from agentd.sources import Plan, PlanError, env_dir, pip_plan
+
+logger = logging.getLogger(__name__)
+
+INSTALLING, INSTALLED, FAILED, UNSUPPORTED = "installing", "installed", "failed", "unsupported"
+# How often installed engines are checked again, and the retry after a failure:
+# a lock held by a new machine's own updates clears in a minute or two, while
+# ten minutes' wait would leave a node idle for no reason.
+RECHECK_S = 600.0
+RETRY_FIRST_S = 60.0
+RETRY_MAX_S = 600.0
+MARK = "llmgw-installed.json"
+TAIL_LINES = 20
+
+# A short computation on the GPU inside the new environment: an import that
+# works on a machine whose driver cannot run this build still fails here.
+GPU_CHECK = (
+    "import torch\n"
+    "x = torch.ones(256, 256, device='cuda')\n"
+    "total = (x @ x).sum().item()\n"
+    "assert total == 256 ** 3, total\n"
+    "print('computed on', torch.cuda.get_device_name(0), 'torch', torch.__version__,"
+    " 'cuda', torch.version.cuda)\n"
+)
+DIST_VERSION = "from importlib.metadata import version; print(version({dist!r}))"
+
+
+@dataclass(frozen=True)
+class Want:
+    engine: str
+    version: str = ""
+    variant: str = ""  # what the control plane asked: for vLLM, the node's build
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where one wanted engine stands here."""
+
+    engine: str
+    version: str
+    variant: str
+    state: str
+    detail: str = ""
+    progress: int | None = None
+    binary: str = ""  # what the supervisor runs, once installed
+
+    def wire(self) -> protocol.EngineInstall:
+        return protocol.EngineInstall(
+            engine=self.engine,
+            version=self.version[:255],
+            variant=self.variant[:255],
+            state=self.state,
+            detail=self.detail[:4096],
+            progress_percent=self.progress,
+        )
+
+
+class Schedule:
+    """When the next pass is due: ``RECHECK_S`` after a good one; after a failed one
+    ``RETRY_FIRST_S``, doubling each failure up to ``RETRY_MAX_S``; reset by success."""
+
+    def __init__(self, every=RECHECK_S, first=RETRY_FIRST_S, most=RETRY_MAX_S):
+        self.every, self.first, self.most = every, first, most
+        self.retry = first
+
+    def after(self, failed: bool) -> float:
+        if not failed:
+            self.retry = self.first
+            return self.every
+        delay, self.retry = self.retry, min(self.retry * 2, self.most)
+        return delay
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+# Tests of the real agent process move its install clock on by writing seconds to
+# the file this variable names; nothing else reads it.
+CLOCK_FILE_ENV = "LLMGW_AGENT_CLOCK_FILE"
+
+
+def clock_from_env() -> Callable[[], float]:
+    """``time.monotonic``, or, where ``LLMGW_AGENT_CLOCK_FILE`` is set, monotonic time plus
+    the seconds that file holds (read at each call; missing or empty is 0)."""
+    path = os.environ.get(CLOCK_FILE_ENV)
+    if not path:
+        return time.monotonic
+
+    def clock() -> float:
+        try:
+            return time.monotonic() + float(Path(path).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return time.monotonic()
+
+    return clock
+
+
+class StepFailed(Exception):
+    """One step of an install or a verification failed; the message is for operators."""
+
+
+OnStatus = Callable[[Status], None]
+
+
+class Installer:
+    """Installs and verifies the wanted engines, one pass at a time (``converge``).
+
+    ``on_status`` hears every change of an engine's status (progress included).
+    ``clock`` is monotonic seconds; tests pass their own.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        cfg: InstallConfig,
+        *,
+        on_status: OnStatus | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.root = Path(root)
+        self.cfg = cfg
+        self.on_status = on_status or (lambda st: None)
+        self.clock = clock
+        self.python = cfg.python or sys.executable
+        self.statuses: dict[str, Status] = {}
+        self.downloads = 0  # pip runs started: a test counts what was fetched
+
+    # ---- what the agent reads -------------------------------------------------
+
+    def installed(self) -> dict[str, Status]:
+        return {e: st for e, st in self.statuses.items() if st.state == INSTALLED}
+
+    def _set(self, st: Status) -> Status:
+        prev = self.statuses.get(st.engine)
+        self.statuses[st.engine] = st
+        if prev != st:
+            self.on_status(st)
+        return st
+
+    def restore(self, wants: list[Want], gpus: list[protocol.GPU]) -> None:
+        """What a previous agent installed and verified, counted as installed until the
+        first pass checks it again (at once, when the control plane's wants arrive)."""
+        for want in wants:
+            choice = builds.choose(want.engine, want.variant, gpus)
+            if choice.variant is None:
+                continue
+            try:
+                plan = pip_plan(want.engine, want.version, choice.variant, self.cfg)
+            except PlanError:
+                continue
+            env = env_dir(self.root, want.engine, want.version, choice.variant)
+            mark = self._read_mark(env)
+            if mark is None or mark.get("plan") != plan.fingerprint():
+                continue
+            self._set(
+                Status(want.engine, mark.get("version") or want.version, choice.variant,
+                       INSTALLED, binary=self.binary(want.engine, env))
+            )  # fmt: skip
+
+    # ---- one pass -------------------------------------------------------------
+
+    async def converge(self, wants: list[Want], gpus: list[protocol.GPU]) -> list[Status]:
+        """Install or re-check every wanted engine; forget the ones no longer wanted."""
+        for engine in list(self.statuses):
+            if engine not in {w.engine for w in wants}:
+                del self.statuses[engine]
+        out = []
+        for want in wants:
+            try:
+                out.append(await self._one(want, gpus))
+            except Exception as exc:  # noqa: BLE001 - one engine's trouble is not the others'
+                logger.exception("installing %s failed unexpectedly", want.engine)
+                out.append(self._fail(want, want.variant, f"{type(exc).__name__}: {exc}"))
+        return out
+
+    def _fail(self, want: Want, variant: str, detail: str) -> Status:
+        return self._set(Status(want.engine, want.version, variant, FAILED, detail))
+
+    async def _one(self, want: Want, gpus: list[protocol.GPU]) -> Status:
+        choice = builds.choose(want.engine, want.variant, gpus)
+        if choice.variant is None:
+            # Decided before anything is fetched: nothing is downloaded for it.
+            return self._set(
+                Status(want.engine, want.version, want.variant or "", UNSUPPORTED, choice.reason)
+            )
+        variant = choice.variant
+        try:
+            plan = pip_plan(want.engine, want.version, variant, self.cfg)
+        except PlanError as exc:
+            return self._fail(want, variant, str(exc))
+        env = env_dir(self.root, want.engine, want.version, variant)
+        base = Status(want.engine, want.version, variant, INSTALLING)
+        prev = self.statuses.get(want.engine)
+        mark = self._read_mark(env)
+        if mark is not None and mark.get("plan") == plan.fingerprint():
+            try:
+                found = await self.verify(plan, env, quiet=True)
+                binary = self.binary(want.engine, env)
+                if prev is None or prev.state != INSTALLED or prev.version != found:
+                    self._set(replace(base, state=INSTALLED, version=found, binary=binary))
+                return self.statuses[want.engine]
+            except StepFailed as exc:
+                logger.warning(
+                    "%s in %s no longer works (%s): repairing it",
+                    want.engine,
+                    env,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+                self._mark_broken(env)
+                repair = True
+        else:
+            repair = False
+        try:
+            await self._install(plan, env, base, repair=repair)
+            self._set(replace(base, detail="verifying"))
+            found = await self.verify(plan, env)
+        except StepFailed as exc:
+            return self._fail(want, variant, str(exc))
+        self._write_mark(env, plan, found)
+        return self._set(
+            replace(base, state=INSTALLED, version=found, binary=self.binary(want.engine, env))
+        )
+
+    # ---- installing -----------------------------------------------------------
+
+    async def _install(self, plan: Plan, env: Path, base: Status, *, repair: bool) -> None:
+        python = env / "bin" / "python"
+        if not python.exists():
+            self._set(replace(base, detail="creating its environment"))
+            await self._run(
+                [self.python, "-m", "venv", "--clear", str(env)], timeout=300, what="python -m venv"
+            )
+        args = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+        if repair:
+            args.append("--force-reinstall")
+        self.downloads += 1
+        self._set(replace(base, detail="downloading"))
+        await self._run(
+            args + plan.args,
+            timeout=self.cfg.pip_timeout_s,
+            what="pip install",
+            env=plan.env,
+            progress=lambda detail, pct: self._set(replace(base, detail=detail, progress=pct)),
+        )
+
+    async def _run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        what: str,
+        env: dict[str, str] | None = None,
+        progress: Callable[[str, int | None], None] | None = None,
+    ) -> str:
+        """Run a command to its end, in a process group of its own; its output, or StepFailed
+        with the last lines of it."""
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env.pop("PYTHONPATH", None)  # the agent's own imports are not the engine's
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise StepFailed(f"{what} could not start: {exc}") from None
+        lines: list[str] = []
+        phase = ""
+
+        async def read():
+            nonlocal phase
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip()
+                lines.append(line)
+                del lines[:-200]
+                if progress is not None:
+                    got = pip_phase(line)
+                    if got and got != phase:
+                        phase = got
+                        progress(got, None)
+
+        try:
+            async with asyncio.timeout(timeout):
+                await read()
+                code = await proc.wait()
+        except TimeoutError:
+            _kill(proc.pid)
+            await proc.wait()
+            raise StepFailed(
+                f"{what} took longer than {timeout:g} s\n{tail(chr(10).join(lines))}"
+            ) from None
+        except asyncio.CancelledError:
+            _kill(proc.pid)
+            raise
+        text = "\n".join(lines)
+        if code != 0:
+            raise StepFailed(f"{what} exited with {code}\n{tail(text)}")
+        return text
+
+    # ---- verifying ------------------------------------------------------------
+
+    def binary(self, engine: str, env: Path) -> str:
+        """What the supervisor runs: vLLM's command, or the environment's Python."""
+        if engine == "vllm":
+            return str(env / "bin" / "vllm")
+        return str(env / "bin" / "python")
+
+    async def verify(self, plan: Plan, env: Path, quiet: bool = False) -> str:
+        """Run the engine here; its version, or StepFailed saying what did not work."""
+        python = str(env / "bin" / "python")
+        timeout = self.cfg.verify_timeout_s
+        if not Path(python).exists():
+            raise StepFailed(f"{python} is missing")
+        if plan.engine in builds.GPU_ENGINES:
+            out = await self._run([python, "-c", GPU_CHECK], timeout=timeout, what="the GPU check")
+            if not quiet:
+                logger.info("%s: %s", plan.engine, tail(out, 1))
+        if plan.engine == "vllm":
+            return tail(
+                await self._run(
+                    [str(env / "bin" / "vllm"), "--version"], timeout=timeout, what="vllm --version"
+                ),
+                1,
+            )
+        version = tail(
+            await self._run(
+                [python, "-c", DIST_VERSION.format(dist=plan.dist)],
+                timeout=timeout,
+                what=f"reading {plan.dist}'s version",
+            ),
+            1,
+        )
+        if plan.engine == "llamacpp":
+            await self._serve_once(python, timeout)
+        elif plan.engine == "sglang":
+            await self._run([python, "-c", "import sglang"], timeout=timeout, what="import sglang")
+        return version
+
+    async def _serve_once(self, python: str, timeout: float) -> None:
+        """llama.cpp's server starts on a tiny model and answers, then is stopped."""
+        model = self.root / "verify" / "tiny.gguf"
+        if not model.exists():
+            tinygguf.write(model)
+        port = _free_port()
+        log = self.root / "verify" / "llamacpp-server.log"
+        with open(log, "wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                python, "-m", "llama_cpp.server", "--model", str(model),
+                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "256",
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            deadline = self.clock_now() + timeout
+            while True:
+                if proc.returncode is not None:
+                    raise StepFailed(
+                        f"llama.cpp's server exited with {proc.returncode} before it answered\n"
+                        + tail(log.read_text(errors="replace"))
+                    )
+                try:
+                    status, _ = await http_get("127.0.0.1", port, "/v1/models", 2.0)
+                    if status == 200:
+                        return
+                except (OSError, TimeoutError, ValueError):
+                    pass
+                if self.clock_now() > deadline:
+                    raise StepFailed(
+                        f"llama.cpp's server did not answer within {timeout:g} s\n"
+                        + tail(log.read_text(errors="replace"))
+                    )
+                try:
+                    await asyncio.wait_for(proc.wait(), 0.2)
+                except TimeoutError:
+                    pass
+        finally:
+            if proc.returncode is None:
+                _kill(proc.pid)
+                await proc.wait()
+
+    @staticmethod
+    def clock_now() -> float:
+        # Deadlines of a process being waited on are real time, whatever clock drives
+        # the schedule: a test that moves its clock on must not time out a server.
+        return time.monotonic()
+
+    # ---- marks ------------------------------------------------------------------
+
+    def _read_mark(self, env: Path) -> dict | None:
+        try:
+            return json.loads((env / MARK).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write_mark(self, env: Path, plan: Plan, version: str) -> None:
+        tmp = env / (MARK + ".tmp")
+        tmp.write_text(json.dumps({"plan": plan.fingerprint(), "version": version}))
+        os.replace(tmp, env / MARK)
+
+    def _mark_broken(self, env: Path) -> None:
+        (env / MARK).unlink(missing_ok=True)
+
+
+def pip_phase(line: str) -> str:
+    """What pip is doing, from one line of its output: downloading, building, installing."""
+    if line.startswith(("Collecting ", "Downloading ", "  Downloading ", "Obtaining ")):
+        return "downloading"
+    if "Building wheel" in line or line.startswith("Building wheels"):
+        return "building"
+    if line.startswith("Installing collected packages"):
+        return "installing"
+    return ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,313 @@
+"""Engines on a node: the build each driver gets, the pip commands of each engine and
+variant, the install schedule, and what a node advertises (docs/engines.md)."""
+
+import asyncio
+import os
+import stat
+import time
+
+import pytest
+
+from agentd import builds, install, nvml, protocol, sources
+from agentd.config import InstallConfig
+from agentd.discovery import Machine
+from agentd.supervisor import Supervisor
+from tests.agent import nvml_data
+from tests.agent.test_agent_messages import RecordingShards, make_agent
+
+# ---- the build each driver gets (NVML double) -------------------------------------
+
+
+def gpus_with(tmp_path, monkeypatch, driver: str, cuda: int | None):
+    """The GPUs a node reports, read through the NVML double as the agent reads them."""
+    spec = nvml_data.hgx(count=1, driver_version=driver, cuda_driver_version=cuda)
+    monkeypatch.setenv(nvml.FAKE_ENV, str(nvml_data.write(tmp_path / "nvml.json", spec)))
+    machine = Machine(state_dir=tmp_path)
+    try:
+        return machine.gpus()
+    finally:
+        machine.close()
+
+
+@pytest.mark.parametrize(
+    "driver, cuda, build",
+    [
+        ("590.44.01", 13010, "cu13"),  # R590: CUDA 13.1
+        ("580.65.06", 13000, "cu13"),  # CUDA 13.0 GA's minimum
+        ("575.57.08", 12090, "cu129"),  # CUDA 12.9's
+        ("570.172.08", 12080, None),  # R570 stops at CUDA 12.8
+        ("550.90.07", 12040, None),
+        # NVML without the CUDA version: the driver's branch against NVIDIA's table
+        ("580.82.07", None, "cu13"),
+        ("575.51.03", None, "cu129"),
+        ("570.133.20", None, None),
+    ],
+)
+def test_auto_picks_the_newest_cuda_line_the_driver_supports(
+    tmp_path, monkeypatch, driver, cuda, build
+):
+    gpus = gpus_with(tmp_path, monkeypatch, driver, cuda)
+    choice = builds.choose("vllm", "auto", gpus)
+    assert choice.variant == build
+    if build is None:
+        assert f"driver {driver}" in choice.reason
+        assert "driver >= 575" in choice.reason and "driver >= 580" in choice.reason
+
+
+@pytest.mark.parametrize(
+    "asked, variant, reason",
+    [
+        ("cu13", "cu13", ""),
+        ("cu129", "cu129", ""),
+        ("none", None, "vllm build is none on this node"),
+        ("cu11", None, "unknown vllm build 'cu11'"),
+    ],
+)
+def test_an_operators_build_wins_over_the_rule(tmp_path, monkeypatch, asked, variant, reason):
+    gpus = gpus_with(tmp_path, monkeypatch, "550.90.07", 12040)  # auto would refuse
+    choice = builds.choose("vllm", asked, gpus)
+    assert choice.variant == variant
+    assert reason in choice.reason
+
+
+def test_gpu_engines_are_unsupported_without_a_gpu_and_llamacpp_builds_for_what_is_there(
+    tmp_path, monkeypatch
+):
+    assert builds.choose("vllm", "cu13", []) == builds.Choice(
+        None, "no NVIDIA GPU on this node: vLLM needs one"
+    )
+    assert builds.choose("sglang", "", []).variant is None
+    assert builds.choose("llamacpp", "", []).variant == "cpu"
+    gpus = gpus_with(tmp_path, monkeypatch, "580.65.06", 13000)
+    assert builds.choose("llamacpp", "", gpus).variant == "cuda"
+    assert builds.choose("sglang", "", gpus).variant == "cuda"
+
+
+# ---- pip commands and URLs per engine and variant -------------------------------------
+
+CU129_WHEEL = (
+    "https://github.com/vllm-project/vllm/releases/download/v0.11.2/"
+    "vllm-0.11.2+cu129-cp38-abi3-manylinux1_x86_64.whl"
+)
+
+
+@pytest.mark.parametrize(
+    "engine, version, variant, args, env",
+    [
+        ("vllm", "0.11.2", "cu13", ["vllm==0.11.2"], {}),
+        (
+            "vllm",
+            "0.11.2",
+            "cu129",
+            [CU129_WHEEL, "--extra-index-url", "https://download.pytorch.org/whl/cu129"],
+            {},
+        ),
+        ("llamacpp", "0.3.36", "cpu", ["llama-cpp-python[server]==0.3.36"], {}),
+        (
+            "llamacpp",
+            "0.3.36",
+            "cuda",
+            ["llama-cpp-python[server]==0.3.36", "--no-cache-dir"],
+            {"CMAKE_ARGS": "-DGGML_CUDA=on", "FORCE_CMAKE": "1"},
+        ),
+        ("sglang", "0.5.5", "cuda", ["sglang==0.5.5"], {}),
+    ],
+)
+def test_pip_is_asked_for_each_engine_and_variant(engine, version, variant, args, env):
+    plan = sources.pip_plan(engine, version, variant, InstallConfig(), arch="x86_64")
+    assert plan.args == args
+    assert plan.env == env
+
+
+def test_every_source_can_be_replaced_for_a_mirror():
+    cfg = InstallConfig(
+        index_url="https://pypi.mirror.example/simple",
+        extra_index_urls=["https://extra.mirror.example/simple"],
+        pip_args=["--find-links", "/mnt/wheels"],
+        engine_pip_args={"vllm": ["--trusted-host", "pypi.mirror.example"]},
+        vllm_cu129_wheel="https://files.mirror.example/vllm-{version}+cu129-{arch}.whl",
+        torch_cu129_index="https://torch.mirror.example/cu129",
+    )
+    plan = sources.pip_plan("vllm", "0.11.2", "cu129", cfg, arch="aarch64")
+    assert plan.args == [
+        "https://files.mirror.example/vllm-0.11.2+cu129-aarch64.whl",
+        "--extra-index-url",
+        "https://torch.mirror.example/cu129",
+        "--index-url",
+        "https://pypi.mirror.example/simple",
+        "--extra-index-url",
+        "https://extra.mirror.example/simple",
+        "--find-links",
+        "/mnt/wheels",
+        "--trusted-host",
+        "pypi.mirror.example",
+    ]
+    # another engine gets the site-wide sources, not vLLM's own arguments
+    assert sources.pip_plan("llamacpp", "0.3.36", "cpu", cfg).args[-2:] == [
+        "--find-links",
+        "/mnt/wheels",
+    ]
+
+
+def test_a_cu129_build_without_a_version_is_refused_with_why():
+    with pytest.raises(sources.PlanError, match="needs a version"):
+        sources.pip_plan("vllm", "", "cu129", InstallConfig())
+
+
+# ---- the schedule ------------------------------------------------------------------
+
+
+def test_failures_retry_after_one_minute_doubling_to_ten_and_success_resets():
+    s = install.Schedule()
+    minutes = [s.after(failed=True) / 60 for _ in range(6)]
+    assert minutes == [1, 2, 4, 8, 10, 10]
+    assert s.after(failed=False) == 600  # the re-check every 10 minutes
+    assert s.after(failed=True) == 60  # a new failure starts again at one minute
+
+
+# ---- what the node says and advertises -------------------------------------------------
+
+
+def provision(*wants) -> protocol.Provision:
+    return protocol.Provision(
+        type="provision",
+        engines=[protocol.EngineWant(engine=e, version=v, variant=b) for e, v, b in wants],
+    )
+
+
+class Versions(RecordingShards):
+    """A supervisor whose configured engines answer with these versions."""
+
+    def __init__(self, versions):
+        super().__init__()
+        self.versions = versions
+        self.installed = {}
+
+    def engine_versions(self):
+        return dict(self.versions)
+
+    def use_installed(self, engine, binary):
+        self.installed[engine] = binary
+
+
+def test_disabled_and_by_hand_engines_are_never_installed_and_vllm_is_unsupported_on_a_cpu_node(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)  # no NVIDIA driver: a CPU node
+    shards = Versions({"llamacpp": "4567 (abc1234)", "sglang": "0.5.5"})
+    agent = make_agent(
+        tmp_path,
+        shards=shards,
+        engines={"binaries": {"llamacpp": "/opt/llama/llama-server"}, "disabled": ["sglang"]},
+    )
+    agent.on_provision(
+        provision(("vllm", "0.11.2", "auto"), ("sglang", "0.5.5", ""), ("llamacpp", "0.3.36", ""))
+    )
+    failed = asyncio.run(agent.install_pass())
+
+    assert not failed
+    (vllm,) = agent.provision()  # llama.cpp is by hand and SGLang disabled: not reported
+    assert (vllm.engine, vllm.state) == ("vllm", "unsupported")
+    assert vllm.detail == "no NVIDIA GPU on this node: vLLM needs one"
+    # nothing was fetched: no pip run, no environment
+    assert agent.installer.downloads == 0
+    assert not agent.cfg.envs_dir.exists() or not any(agent.cfg.envs_dir.iterdir())
+    # the by-hand llama.cpp answers and is advertised; the disabled SGLang is not
+    assert agent.engine_versions() == {"llamacpp": "4567 (abc1234)"}
+    assert shards.installed == {}
+
+
+def _script(path, text):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_a_llama_server_on_path_is_not_advertised_until_the_configuration_names_it(
+    tmp_path, monkeypatch
+):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    server = _script(bin_dir / "llama-server", "#!/bin/sh\necho 'version: 4567 (abc1234)'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    async def versions(binaries):
+        sup = Supervisor(tmp_path / f"state-{len(binaries)}", port_range=(30000, 30009),
+                         binaries=binaries)  # fmt: skip
+        await sup.start()
+        try:
+            return sup.engine_versions()
+        finally:
+            await sup.close()
+
+    # somebody's llama-server on PATH: found, not advertised
+    assert asyncio.run(versions({})) == {}
+    # named in agent.yaml: probed, and advertised
+    assert asyncio.run(versions({"llamacpp": str(server)})) == {"llamacpp": "4567 (abc1234)"}
+
+
+# ---- real pip and real probes -------------------------------------------------------------
+
+
+@pytest.mark.live
+def test_a_failed_install_is_failed_with_the_last_lines_of_pips_output(tmp_path):
+    cfg = InstallConfig(pip_args=["--no-index"])  # nothing to find: pip fails at once
+    seen = []
+    installer = install.Installer(tmp_path / "engines", cfg, on_status=seen.append)
+
+    (st,) = asyncio.run(installer.converge([install.Want("llamacpp", "0.0.0")], []))
+
+    assert (st.state, st.variant) == ("failed", "cpu")
+    first, *rest = st.detail.splitlines()
+    assert first == "pip install exited with 1"
+    assert "No matching distribution found for llama-cpp-python[server]==0.0.0" in rest[-1]
+    assert [(s.state, s.detail) for s in seen][:2] == [
+        ("installing", "creating its environment"),
+        ("installing", "downloading"),
+    ]
+    assert installer.installed() == {}
+
+
+def test_a_configured_probe_that_hangs_is_bounded(tmp_path, monkeypatch):
+    import agentd.supervisor as supervisor
+
+    monkeypatch.setattr(supervisor, "PROBE_BOUND_S", 0.5)
+    slow = _script(tmp_path / "llama-server", "#!/bin/sh\nsleep 2\necho 'version: 1 (a)'\n")
+
+    async def probe():
+        sup = Supervisor(tmp_path / "state", port_range=(30000, 30009),
+                         binaries={"llamacpp": str(slow)})  # fmt: skip
+        await sup.start()
+        try:
+            return sup.engine_versions(), sup.engine_problems()
+        finally:
+            await sup.close()
+
+    versions, problems = asyncio.run(probe())
+    assert versions == {}
+    assert problems == {"llamacpp": "its version probe took longer than 0.5 s"}
+
+
+def test_the_install_loop_acts_on_a_changed_build_at_once_not_at_its_next_pass(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
+    agent = make_agent(tmp_path)
+    agent.clock = lambda: 0.0  # the 10-minute schedule never comes: only the kick can
+
+    async def scenario():
+        loop = asyncio.ensure_future(agent._install_loop())
+        try:
+            for build, says in (("auto", "no NVIDIA GPU"), ("none", "vllm build is none")):
+                agent.on_provision(provision(("vllm", "0.11.2", build)))
+                started = time.monotonic()
+                async with asyncio.timeout(10):  # a wait's bound, not the figure's
+                    while not (agent.provision() and says in agent.provision()[0].detail):
+                        await asyncio.sleep(0.01)
+                took = time.monotonic() - started
+                print(f"\nvllm build {build}: acted on in {took * 1000:.0f} ms")
+                assert took <= 1.0
+        finally:
+            loop.cancel()
+
+    asyncio.run(scenario())
