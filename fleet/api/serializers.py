@@ -26,8 +26,12 @@ from fleet.models import (
     Replica,
     Shard,
 )
+from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
+
+SMALLINT_MAX = 32767
+INT_MAX = 2**31 - 1
 
 
 class ValidatedModelSerializer(serializers.ModelSerializer):
@@ -187,6 +191,40 @@ class ModelSerializer(ValidatedModelSerializer):
             "updated_at",
         )
         read_only_fields = ("created_at", "updated_at")
+        # Model.clean() refuses a negative count; said here too, the schema says it.
+        extra_kwargs = {
+            "desired_replicas": {"min_value": 0, "max_value": INT_MAX},
+            "replace_after_s": {"max_value": INT_MAX},
+        }
+
+
+@extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN, "maxLength": 1024})
+class SelectorField(serializers.Field):
+    """A label selector, checked as given (by EngineProfile.clean()): never trimmed into one.
+
+    Its pattern in the schema is the grammar the API parses (fleet/selectors.py).
+    Not a CharField: drf-spectacular would offer "" a second time beside the
+    pattern, which already takes it, and a client would find the schema ambiguous.
+    """
+
+    default_error_messages = {
+        "invalid": "Not a valid string.",
+        "max_length": "Ensure this field has no more than 1024 characters.",
+    }
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("help_text", "Label selector, e.g. 'gpu=h100,zone!=b,coding'.")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        if len(data) > 1024:
+            self.fail("max_length")
+        return data
+
+    def to_representation(self, value):
+        return value
 
 
 class EngineProfileSerializer(ValidatedModelSerializer):
@@ -200,6 +238,19 @@ class EngineProfileSerializer(ValidatedModelSerializer):
     )
     model_name = serializers.CharField(source="model.name", read_only=True)
     gpus_total = serializers.IntegerField(read_only=True)
+    node_selector = SelectorField(required=False)
+    # JSON in the database, but only these shapes are valid (EngineProfile.clean());
+    # typed here, the schema says so and a generated client gets a list and a map.
+    args = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text="Extra engine arguments.",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text="Extra environment variables.",
+    )
 
     class Meta:
         model = EngineProfile
@@ -227,6 +278,14 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "created_at",
             "updated_at",
         )
+        # The column sizes of PostgreSQL, said here so that SQLite (which has one
+        # size) checks them too and the schema is the same on either.
+        extra_kwargs = {
+            **{
+                name: {"max_value": SMALLINT_MAX} for name in ("tp", "pp", "gpus_per_node", "nodes")
+            },
+            **{name: {"max_value": INT_MAX} for name in ("min_memory_gb", "startup_timeout_s")},
+        }
         read_only_fields = (
             "args_env_changed_by",
             "args_env_changed_at",
@@ -301,3 +360,27 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "updated_at",
         )
         read_only_fields = fields
+
+
+class PlacedShardSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    rank = serializers.IntegerField()
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="GPU UUIDs.")
+    port = serializers.IntegerField()
+
+
+class NodeVerdictSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    fits = serializers.BooleanField()
+    reason = serializers.CharField()
+
+
+class ExplanationSerializer(serializers.Serializer):
+    """What ``explain`` answers (fleet.services.snapshot.Explanation.as_dict): for the schema."""
+
+    model = serializers.CharField()
+    profile = serializers.CharField()
+    summary = serializers.CharField(help_text="What the profile needs, in a line.")
+    choice = serializers.CharField(help_text="Where a new replica would go, or why nowhere.")
+    placement = PlacedShardSerializer(many=True, help_text="Empty when it cannot be placed.")
+    nodes = NodeVerdictSerializer(many=True, help_text="Every node, and whether it fits.")

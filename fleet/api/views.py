@@ -1,11 +1,16 @@
 """The management API: thin viewsets over the fleet models and services."""
 
 from django.db.models import ProtectedError
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 
 from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
@@ -83,6 +88,56 @@ class ProtectedDeleteMixin:
             ) from None
 
 
+MODEL_EXAMPLE = OpenApiExample(
+    "A model",
+    value={
+        "name": "qwen2.5-7b-instruct",
+        "description": "Chat, 7B",
+        "desired_replicas": 2,
+        "placement_policy": "spread",
+    },
+    request_only=True,
+)
+PROFILE_EXAMPLE = OpenApiExample(
+    "Two GPUs with vLLM",
+    value={
+        "model": 1,
+        "name": "h100-tp2",
+        "engine": "vllm",
+        "gpu_class": "H100",
+        "tp": 2,
+        "gpus_per_node": 2,
+        "model_path": "/models/qwen2.5-7b-instruct",
+        "args": ["--max-model-len", "8192"],
+        "env": {"VLLM_USE_V1": "1"},
+        "min_memory_gb": 64,
+        "node_selector": "zone=a,!spot",
+    },
+    request_only=True,
+)
+EXPLAIN_EXAMPLE = OpenApiExample(
+    "One node fits",
+    value={
+        "model": "qwen2.5-7b-instruct",
+        "profile": "h100-tp2",
+        "summary": "vllm, 2 H100 GPU(s), 64 GB of memory, policy spread",
+        "choice": "would go to gpu-01 (port 20001, 2 GPUs)",
+        "placement": [
+            {"node": "gpu-01", "rank": 0, "gpus": ["GPU-5f1c8a2e", "GPU-9b0d4c17"], "port": 20001}
+        ],
+        "nodes": [
+            {"node": "gpu-01", "fits": True, "reason": "gpu-01: fits"},
+            {"node": "gpu-02", "fits": False, "reason": "gpu-02: cordoned"},
+        ],
+    },
+    response_only=True,
+)
+
+
+@extend_schema_view(
+    create=extend_schema(examples=[MODEL_EXAMPLE]),
+    update=extend_schema(examples=[MODEL_EXAMPLE]),
+)
 class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     """Models operators want served, and how many replicas of each."""
 
@@ -93,19 +148,40 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     ordering_fields = ("name", "updated_at")
 
     @extend_schema(
-        parameters=[OpenApiParameter("profile", str, description="Ask about this profile.")],
-        responses=OpenApiTypes.OBJECT,
+        parameters=[
+            OpenApiParameter(
+                "profile",
+                str,
+                description="Ask about this profile of the model instead of its active one.",
+            )
+        ],
+        responses={
+            200: serializers.ExplanationSerializer,
+            404: OpenApiResponse(description="No model with this id, or no such profile of it."),
+            409: OpenApiResponse(description="No profile named, and the model has no active one."),
+        },
+        examples=[EXPLAIN_EXAMPLE],
     )
     @action(detail=True, methods=["get"])
     def explain(self, request, pk=None):
         """Every node and why a new replica could run there or not; ?profile= asks "what if"."""
+        model = self.get_object()
+        profile = request.query_params.get("profile")
+        if profile is None and model.active_profile_id is None:
+            # The request is fine; the model is not ready to be asked about.
+            raise Conflict(f"model '{model.name}' has no active profile; name one with ?profile=")
         try:
-            result = snapshot.explain_model(self.get_object().name, request.GET.get("profile"))
+            result = snapshot.explain_model(model.name, profile)
         except snapshot.ExplainError as exc:
-            raise ValidationError({"profile": [str(exc)]}) from None
+            # The model exists (get_object), so what is missing is the profile asked about.
+            raise NotFound(str(exc)) from None
         return Response(result.as_dict())
 
 
+@extend_schema_view(
+    create=extend_schema(examples=[PROFILE_EXAMPLE]),
+    update=extend_schema(examples=[PROFILE_EXAMPLE]),
+)
 class EngineProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     """How a model runs: engine, parallelism, GPUs, arguments and requirements."""
 
