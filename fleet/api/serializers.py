@@ -7,6 +7,7 @@ holds the same through the API as in the admin, field by field.
 from copy import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -34,8 +35,26 @@ SMALLINT_MAX = 32767
 INT_MAX = 2**31 - 1
 
 
+class StrictCharField(serializers.CharField):
+    """Text, and only text: DRF's CharField takes ``0`` or ``1.5`` and stores "0", "1.5".
+
+    The schema says string; a client sending a number has a bug worth hearing about.
+    """
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class ValidatedModelSerializer(serializers.ModelSerializer):
     """Validates through the model's full_clean(), after DRF's own field checks."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+        models.TextField: StrictCharField,
+    }
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -242,12 +261,12 @@ class EngineProfileSerializer(ValidatedModelSerializer):
     # JSON in the database, but only these shapes are valid (EngineProfile.clean());
     # typed here, the schema says so and a generated client gets a list and a map.
     args = serializers.ListField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
         required=False,
         help_text="Extra engine arguments.",
     )
     env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
         required=False,
         help_text="Extra environment variables.",
     )
