@@ -212,7 +212,11 @@ class ModelSerializer(ValidatedModelSerializer):
         read_only_fields = ("created_at", "updated_at")
         # Model.clean() refuses a negative count; said here too, the schema says it.
         extra_kwargs = {
-            "desired_replicas": {"min_value": 0, "max_value": INT_MAX},
+            "desired_replicas": {
+                "min_value": 0,
+                "max_value": INT_MAX,
+                "error_messages": {"min_value": "replicas cannot be negative"},
+            },
             "replace_after_s": {"max_value": INT_MAX},
         }
 
@@ -261,12 +265,22 @@ class EngineProfileSerializer(ValidatedModelSerializer):
     # JSON in the database, but only these shapes are valid (EngineProfile.clean());
     # typed here, the schema says so and a generated client gets a list and a map.
     args = serializers.ListField(
-        child=StrictCharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(
+            allow_blank=True,
+            trim_whitespace=False,
+            error_messages={"invalid": "args must be a list of strings"},
+        ),
+        error_messages={"not_a_list": "args must be a list of strings, not {input_type}"},
         required=False,
         help_text="Extra engine arguments.",
     )
     env = serializers.DictField(
-        child=StrictCharField(allow_blank=True, trim_whitespace=False),
+        child=StrictCharField(
+            allow_blank=True,
+            trim_whitespace=False,
+            error_messages={"invalid": "env must map names to string values"},
+        ),
+        error_messages={"not_a_dict": "env must map names to string values, not {input_type}"},
         required=False,
         help_text="Extra environment variables.",
     )
