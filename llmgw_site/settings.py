@@ -273,6 +273,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw API",
     "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
     "VERSION": "1",
+    # Tags and operation ids by resource ("nodes", nodes_drain_create), not "v1":
+    # what a generated client names its modules and methods after.
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
     # The schema describes the API (/api/v1/), not the page that serves it.
     "SERVE_INCLUDE_SCHEMA": False,
     # A request body's own components (ModelRequest, PatchedModelRequest): without
