@@ -26,6 +26,69 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
+NODE_EXAMPLE = OpenApiExample(
+    "A GPU node",
+    value={
+        "id": "gpu-01",
+        "hostname": "gpu-01.example",
+        "mgmt_addr": "10.0.0.7",
+        "mgmt_interface": "eth0",
+        "state": "ready",
+        "cordoned": False,
+        "draining": False,
+        "connected": True,
+        "last_seen": "2026-12-01T03:49:13.291554Z",
+        "registered_at": "2026-11-20T09:12:44.100000Z",
+        "agent_version": "0.1.0",
+        "engine_versions": {"vllm": "0.11.0", "llamacpp": "0.3.16"},
+        "memory_total_mb": 2063500,
+        "agent_labels": {"zone": "a"},
+        "operator_labels": {"tier": "gold"},
+        "labels": {"zone": "a", "tier": "gold"},
+        "desired_version": 12,
+        "acked_version": 12,
+        "desired_lag_since": None,
+        "not_keeping_up": False,
+        "gpus": [
+            {
+                "id": 1,
+                "node": "gpu-01",
+                "index": 0,
+                "uuid": "GPU-5f1c8a2e-0000-4b7d-9e2a-3c6f0d1b0000",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total_mb": 81559,
+                "memory_used_mb": 412,
+                "compute_capability": "9.0",
+                "numa_node": 0,
+                "pci_bus_id": "00000000:18:00.0",
+                "driver_version": "550.90.07",
+                "cuda_version": "12.4",
+                "nvlink_peers": [1, 2, 3, 4, 5, 6, 7],
+                "ecc_errors": 0,
+                "temperature_c": 34,
+                "problems": [],
+                "healthy": True,
+            }
+        ],
+        "fabrics": [{"fabric": "ib0", "hcas": ["mlx5_0", "mlx5_1"], "rate_gbps": 400}],
+        "engine_installs": [],
+        "load": {
+            "sampled_at": "2026-12-01T03:49:10.000000Z",
+            "cpu_percent": 37.5,
+            "cpu_count": 224,
+            "load1": 3.5,
+            "load5": 3.0,
+            "load15": 2.5,
+            "memory_used_bytes": 442381631488,
+            "memory_available_bytes": 1717986918400,
+        },
+    },
+    response_only=True,
+)
+NODE_RESPONSE = {"responses": serializers.NodeSerializer, "examples": [NODE_EXAMPLE]}
+
+
+@extend_schema_view(retrieve=extend_schema(**NODE_RESPONSE))
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """Nodes as their agents report them, with operator intent (cordoned, draining)."""
 
@@ -47,19 +110,19 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = self.get_queryset().get(pk=node.pk)
         return Response(self.get_serializer(node).data)
 
-    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @extend_schema(request=None, **NODE_RESPONSE)
     @action(detail=True, methods=["post"])
     def cordon(self, request, pk=None):
         """No new placements on this node. Idempotent."""
         return self._intent(request, node_service.cordon)
 
-    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @extend_schema(request=None, **NODE_RESPONSE)
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
         """Cordon, start replacements elsewhere, and once they are ready retire what runs here."""
         return self._intent(request, drain_service.drain_node)
 
-    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @extend_schema(request=None, **NODE_RESPONSE)
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):
         """Allow placements again; also ends a drain. Idempotent."""

@@ -55,6 +55,8 @@ def test_main_operations_carry_examples(schema):
     create_model = schema["paths"]["/api/v1/models/"]["post"]
     create_profile = schema["paths"]["/api/v1/engine-profiles/"]["post"]
     explain = schema["paths"]["/api/v1/models/{id}/explain/"]["get"]
+    node = schema["paths"]["/api/v1/nodes/{id}/"]["get"]
+    assert node["responses"]["200"]["content"]["application/json"]["examples"]
     assert create_model["requestBody"]["content"]["application/json"]["examples"]
     assert create_profile["requestBody"]["content"]["application/json"]["examples"]
     assert explain["responses"]["200"]["content"]["application/json"]["examples"]
