@@ -10,7 +10,6 @@ import django_filters
 from django import forms
 from django.core.exceptions import ValidationError
 from django.db import models
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 
 from fleet.models import (
@@ -56,15 +55,24 @@ class BooleanFilter(django_filters.BooleanFilter):
     field_class = StrictBooleanField
 
 
-@extend_schema_field(OpenApiTypes.INT)
+# Ids are positive 64-bit integers; past that the database cannot even compare.
+ID_MAX = 2**63 - 1
+
+
+class IdField(forms.IntegerField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=1, max_value=ID_MAX, **kwargs)
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": ID_MAX})
 class IdFilter(django_filters.Filter):
-    """A related object's integer id, looked up as given: an unknown id matches nothing.
+    """A related object's id, looked up as given: an id that names nothing matches nothing.
 
     django-filter's default for a foreign key (ModelChoiceFilter) answers 400 for
     an id that does not exist, which a client cannot know from the schema.
     """
 
-    field_class = forms.IntegerField
+    field_class = IdField
 
 
 class ChoiceInFilter(django_filters.BaseInFilter, django_filters.ChoiceFilter):
