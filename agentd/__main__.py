@@ -112,7 +112,7 @@ def _run(cfg) -> int:
         "llmgw-agent %s starting node=%s control_plane=%s state_dir=%s",
         __version__,
         cfg.node_id,
-        cfg.control_plane_url,
+        ",".join(cfg.urls),
         cfg.state_dir,
     )
     try:

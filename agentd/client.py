@@ -5,6 +5,10 @@ ack names, everything queued in the agent's outbox, and whatever the control
 plane sends handed to the agent. A lost connection is retried with jittered
 exponential backoff; only a refusal of who this node is (4003, 4010, or HTTP
 403 at the handshake) stops the agent, since retrying cannot fix it.
+
+With more than one control-plane URL (``control_plane_urls``: web processes of one
+control plane), each retry goes to the next URL in turn, so an agent whose web
+process died is back on another after the first, short, backoff.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def _tls(agent: Agent) -> ssl.SSLContext | None:
     the next reconnect without restarting the agent.
     """
     cfg = agent.cfg
-    if not cfg.control_plane_url.startswith("wss://"):
+    if not cfg.control_plane_url.startswith("wss://"):  # every URL has its scheme
         return None
     ctx = ssl.create_default_context(cafile=str(cfg.tls_ca_file) if cfg.tls_ca_file else None)
     if cfg.tls_cert_file is not None:
@@ -75,11 +79,15 @@ def _tls(agent: Agent) -> ssl.SSLContext | None:
 async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None) -> None:
     """Connect, serve, reconnect, until ``stop`` is set. Raises Refused when refused."""
     backoff = backoff or Backoff()
-    url = agent.cfg.control_plane_url
+    urls = agent.cfg.urls
+    turn = 0
     while not stop.is_set():
+        url = urls[turn % len(urls)]
+        turn += 1
         try:
             registered = asyncio.Event()
-            await _until_stopped(_session(agent, stop, backoff, registered), stop, registered)
+            session = _session(agent, url, stop, backoff, registered)
+            await _until_stopped(session, stop, registered)
         except Refused:
             raise
         except InvalidStatus as exc:
@@ -111,7 +119,10 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
         if stop.is_set():
             return
         delay = backoff.next()
-        logger.info("reconnecting in %.1f s", delay)
+        if len(urls) > 1:
+            logger.info("reconnecting in %.1f s to %s", delay, urls[turn % len(urls)])
+        else:
+            logger.info("reconnecting in %.1f s", delay)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
 
@@ -138,11 +149,11 @@ async def _until_stopped(session, stop: asyncio.Event, registered: asyncio.Event
 
 
 async def _session(
-    agent: Agent, stop: asyncio.Event, backoff: Backoff, registered: asyncio.Event
+    agent: Agent, url: str, stop: asyncio.Event, backoff: Backoff, registered: asyncio.Event
 ) -> None:
     cfg = agent.cfg
     async with websockets.connect(
-        cfg.control_plane_url,
+        url,
         additional_headers={"Authorization": f"Bearer {cfg.bearer()}"},
         ssl=_tls(agent),
         open_timeout=10,
@@ -169,11 +180,12 @@ async def _session(
         else:
             interval = cfg.heartbeat_interval_s
         logger.info(
-            "registered node=%s gpus=%d running_shards=%d heartbeat=%gs",
+            "registered node=%s gpus=%d running_shards=%d heartbeat=%gs via=%s",
             register.node_id,
             len(register.gpus),
             len(register.running_shards),
             interval,
+            url,
         )
         tasks = [
             asyncio.ensure_future(_receive(agent, ws)),

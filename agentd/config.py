@@ -143,12 +143,26 @@ class GPUChecks(BaseModel):
     max_temperature_c: Annotated[int, Field(gt=0, le=150)] = 87
 
 
+def check_control_plane_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("ws", "wss"):
+        raise ValueError(f"must start with ws:// or wss:// (got {value!r})")
+    if not parts.hostname:
+        raise ValueError(f"names no host (got {value!r})")
+    if parts.path != AGENT_PATH:
+        raise ValueError(f"the path must be {AGENT_PATH} (got {parts.path or '/'!r})")
+    return value
+
+
 class Config(BaseModel):
     """A validated agent.yaml. See docs/agent.example.yaml for every field."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     control_plane_url: str
+    # More web processes of the same control plane, tried in turn after it when a
+    # connection fails or ends (behind no load balancer, or as its fallback).
+    control_plane_urls: list[str] = []
     join_token: str | None = None
     credential_file: Path | None = None  # default: <state_dir>/credential
     node_id: str = Field(default_factory=lambda: sanitise_node_id(socket.gethostname()))
@@ -174,13 +188,16 @@ class Config(BaseModel):
     @field_validator("control_plane_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("ws", "wss"):
-            raise ValueError(f"must start with ws:// or wss:// (got {value!r})")
-        if not parts.hostname:
-            raise ValueError(f"names no host (got {value!r})")
-        if parts.path != AGENT_PATH:
-            raise ValueError(f"the path must be {AGENT_PATH} (got {parts.path or '/'!r})")
+        return check_control_plane_url(value)
+
+    @field_validator("control_plane_urls")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for i, url in enumerate(value):
+            try:
+                check_control_plane_url(url)
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
         return value
 
     @field_validator("node_id")
@@ -207,6 +224,14 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _tls(self) -> Config:
+        schemes = {url.split("://", 1)[0] for url in self.urls}
+        if len(schemes) > 1:
+            raise ValueError(
+                "control_plane_urls: every URL must use the scheme of control_plane_url "
+                f"({self.control_plane_url.split('://', 1)[0]}://): one TLS setting serves all"
+            )
+        if len(set(self.urls)) < len(self.urls):
+            raise ValueError("control_plane_urls: names a URL twice")
         plain = not self.control_plane_url.startswith("wss://")
         for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
             if getattr(self, name) is not None and plain:
@@ -216,6 +241,11 @@ class Config(BaseModel):
         return self
 
     # ---- derived paths -----------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        """Every URL of the control plane, in the order they are tried."""
+        return [self.control_plane_url, *self.control_plane_urls]
 
     @property
     def credential_path(self) -> Path:

@@ -7,11 +7,13 @@ import time
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
+from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
 from fleet.services import access, desired, doorbells, heartbeat, inventory
 from fleet.services.heartbeat import ReportMemo, batcher
@@ -52,6 +54,10 @@ class TokenBucket:
         self.tokens -= amount
         return True
 
+    def give(self, amount: float) -> None:
+        """Give back what a message was charged, up to the burst."""
+        self.tokens = min(self.burst, self.tokens + amount)
+
 
 class AgentConsumer(AsyncWebsocketConsumer):
     """Validates every message, then hands it to a service. Holds no fleet state of its own.
@@ -61,7 +67,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     so a socket never has more than one message waiting on the shared database
     thread or in a heartbeat batch; and each socket's messages and bytes are
     metered (``TokenBucket``) before they are parsed, so a node sending more
-    than an agent ever would is closed with 4029 before it costs much.
+    than an agent ever would is closed with 4029 before it costs much. A log
+    reply answering the control plane's own request is not the agent's doing:
+    its charge is given back (``receive``), so an operator following a node's
+    logs never gets its socket closed.
     """
 
     identity: access.AgentIdentity | None = None
@@ -137,13 +146,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.closing:
             return
-        if not self.within_limits(text_data, bytes_data):
-            s = fleet_settings()
-            await self.refuse(
-                CloseCode.RATE_LIMITED,
-                f"more than {s.agent_messages_per_s:g} messages or {s.agent_bytes_per_s:g} bytes "
-                f"a second (bursts of {s.agent_messages_burst} and {s.agent_bytes_burst})",
-            )
+        charged = self.charge(text_data, bytes_data)
+        # Past the limits, a message is read only while a log request is waiting
+        # for its reply, and the socket is closed after it unless it was that
+        # reply: one message at most, of at most the 1 MiB Daphne takes.
+        if charged is None and not self.logs_waiting:
+            await self.rate_limited()
             return
         if bytes_data is not None:
             await self.refuse(
@@ -154,6 +162,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             msg = protocol.parse_agent_message(text_data)
         except ProtocolError as exc:
             await self.refuse(exc.code, exc.reason)
+            return
+        if msg.type == "logs_reply" and msg.request_id in self.logs_waiting:
+            # Asked for by the control plane (an operator following the logs),
+            # not sent of the agent's own accord: it costs the socket nothing.
+            if charged is not None:
+                self.messages.give(1)
+                self.bytes.give(charged)
+        elif charged is None:
+            await self.rate_limited()
             return
         if self.node_id is None and msg.type != "register":
             await self.refuse(CloseCode.NOT_REGISTERED, f"'{msg.type}' before 'register'")
@@ -166,14 +183,28 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # that should have closed this socket was lost, or is on its way.
             await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
 
-    def within_limits(self, text_data, bytes_data) -> bool:
-        """Charge this message to the socket's buckets, before any parsing."""
+    def charge(self, text_data, bytes_data) -> int | None:
+        """Charge this message to the socket's buckets, before any parsing: its size in
+        bytes, or None when it is past either limit (and nothing is charged)."""
         if text_data is not None:
             size = len(text_data.encode("utf-8", "surrogatepass"))
         else:
             size = len(bytes_data or b"")
         now = time.monotonic()
-        return self.messages.take(1, now) and self.bytes.take(size, now)
+        if not self.messages.take(1, now):
+            return None
+        if not self.bytes.take(size, now):
+            self.messages.give(1)
+            return None
+        return size
+
+    async def rate_limited(self) -> None:
+        s = fleet_settings()
+        await self.refuse(
+            CloseCode.RATE_LIMITED,
+            f"more than {s.agent_messages_per_s:g} messages or {s.agent_bytes_per_s:g} bytes "
+            f"a second (bursts of {s.agent_messages_burst} and {s.agent_bytes_burst})",
+        )
 
     async def write(self, fn, *args, **kwargs):
         """A write this socket's message makes, done only while its credential holds
@@ -272,10 +303,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return  # the asker gave up long ago
         # What a revoked node says reaches no one, operators included.
         await self.write(lambda: None)
-        await self.channel_layer.send(
-            reply_channel,
-            {"type": "logs.reply", "request_id": msg.request_id, "reply": msg.model_dump()},
-        )
+        try:
+            await self.channel_layer.send(
+                reply_channel,
+                {"type": "logs.reply", "request_id": msg.request_id, "reply": msg.model_dump()},
+            )
+        except ChannelFull:
+            # The asker's process is not reading (busy, or gone without its
+            # channel expiring yet): it will time out as for an agent that never
+            # answered. Not a reason to end this socket.
+            AGENT_LOGS_REPLIES_DROPPED.inc()
+            logger.warning(
+                "log reply dropped, the asker's channel is over capacity node=%s request_id=%s",
+                self.node_id,
+                msg.request_id,
+            )
 
     async def on_ack(self, msg: protocol.AgentAck):
         if msg.of == "desired":

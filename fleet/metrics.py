@@ -12,7 +12,7 @@ import hmac
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 FLEET_GAUGES = (
@@ -28,6 +28,14 @@ FLEET_GAUGES = (
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
+
+# The agents' sockets (fleet.consumers). A log reply whose asker's channel is full
+# (the asker stopped reading) is dropped and counted, never fatal to the socket.
+AGENT_LOGS_REPLIES_DROPPED = Counter(
+    "llmgw_agent_logs_replies_dropped",
+    "Agents' log replies dropped because the asker's channel-layer channel was full.",
+    registry=REGISTRY,
+)
 
 
 def render() -> bytes:

@@ -4,11 +4,12 @@ An OpenAI-compatible HTTP server with no model behind it, whose faults can be
 ordered on the command line: a slow load (``--load-time``), a crash
 (``--crash-after``), a hang (``--hang``: it accepts connections, never answers,
 and ignores SIGTERM), slow tokens (``--token-delay``), a weight download that
-makes progress (``--fetch-to``), and a worker child in its process group
-(``--spawn-worker``). It answers /health (503 while loading), /v1/models,
-/v1/chat/completions and /v1/completions (streamed or not), /v1/embeddings and
-/metrics. Plain asyncio, no dependencies, so it is also the gateway benchmark's
-stub. Use the real llama.cpp engine wherever a real engine will do.
+makes progress (``--fetch-to``), a worker child in its process group
+(``--spawn-worker``), and a flood of log lines on stdout (``--log-flood``). It
+answers /health (503 while loading), /v1/models, /v1/chat/completions and
+/v1/completions (streamed or not), /v1/embeddings and /metrics. Plain asyncio,
+no dependencies, so it is also the gateway benchmark's stub. Use the real
+llama.cpp engine wherever a real engine will do.
 
 The agent runs it only where agent.yaml names a Python for the ``fake`` engine.
 """
@@ -268,6 +269,8 @@ class FakeServer:
             loop.call_later(opts.crash_after, self.crash)
         if opts.fetch_to:
             await self.fetch()
+        if opts.log_flood > 0:
+            self.flooding = asyncio.ensure_future(self.flood_logs())  # kept: a task needs a holder
         server = await asyncio.start_server(self.handle, opts.host, opts.port)
         print(f"fake engine: pid {os.getpid()} listening on {opts.host}:{opts.port}", flush=True)
         if opts.hang:
@@ -279,6 +282,25 @@ class FakeServer:
             print(f"fake engine: ready, serving {opts.served_model_name}", flush=True)
         async with server:
             await server.serve_forever()
+
+    async def flood_logs(self) -> None:
+        """``--log-flood`` lines a second on stdout, as an engine logging every token would."""
+        rate, written, started = self.opts.log_flood, 0, time.monotonic()
+        # Each line --log-flood-line-bytes long, its newline included.
+        filler = b"x" * max(0, self.opts.log_flood_line_bytes - 35)
+        out = sys.stdout.buffer
+        while True:
+            due = int((time.monotonic() - started) * rate)
+            if due > written:
+                out.write(
+                    b"".join(
+                        b"fake engine: flood line %09d %s\n" % (i, filler)
+                        for i in range(written, due)
+                    )
+                )
+                out.flush()
+                written = due
+            await asyncio.sleep(0.05)
 
     def crash(self) -> None:
         print(f"fake engine: crashing with exit code {self.opts.exit_code}", flush=True)
@@ -300,6 +322,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fetch-bytes", type=int, default=1 << 20)
     p.add_argument("--fetch-time", type=float, default=1.0)
     p.add_argument("--spawn-worker", action="store_true", help="a child in the same group")
+    p.add_argument("--log-flood", type=float, default=0.0, help="log lines a second on stdout")
+    p.add_argument("--log-flood-line-bytes", type=int, default=200, help="each flood line's size")
     return p.parse_args(argv)
 
 

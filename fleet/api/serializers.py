@@ -417,3 +417,79 @@ class ExplanationSerializer(serializers.Serializer):
     choice = serializers.CharField(help_text="Where a new replica would go, or why nowhere.")
     placement = PlacedShardSerializer(many=True, help_text="Empty when it cannot be placed.")
     nodes = NodeVerdictSerializer(many=True, help_text="Every node, and whether it fits.")
+
+
+class NodeRowSerializer(serializers.Serializer):
+    """One row of the node table; "-" where the node never said."""
+
+    node = serializers.CharField()
+    state = serializers.CharField(help_text="State, with intent appended: 'ready,cordoned'.")
+    cpu_percent = serializers.CharField()
+    memory_gb = serializers.CharField()
+    gpus = serializers.CharField()
+    engines = serializers.CharField()
+    shards = serializers.CharField(help_text="Ready/all.")
+
+
+class NodeLogsSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    source = serializers.CharField()
+    lines = serializers.ListField(child=serializers.CharField())
+    sources = serializers.ListField(child=serializers.CharField(), help_text="What else it has.")
+    error = serializers.CharField(allow_blank=True, help_text="The node's own refusal, if any.")
+
+
+class CatalogApplySerializer(serializers.Serializer):
+    catalog = serializers.CharField(
+        max_length=1 << 20, trim_whitespace=False, help_text="The catalog file's YAML text."
+    )
+    dry_run = serializers.BooleanField(default=False, help_text="Say what would change only.")
+
+
+class ApplyResultSerializer(serializers.Serializer):
+    dry_run = serializers.BooleanField()
+    changes = serializers.ListField(child=serializers.CharField())
+    unchanged = serializers.ListField(child=serializers.CharField())
+
+
+class CatalogExplainSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=200)
+    profile = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    catalog = serializers.CharField(
+        max_length=1 << 20,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="A catalog file to consider applied first; nothing is saved.",
+    )
+
+
+class RevokedSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    revoked = serializers.IntegerField(help_text="Credentials revoked now (0: none was live).")
+
+
+class JoinTokenRequestSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, help_text="What it is for, e.g. 'rack 4'.")
+    ttl = serializers.CharField(default="24h", max_length=20, help_text="30m, 24h, 7d…")
+    uses = serializers.IntegerField(default=1, min_value=1, max_value=100_000)
+
+
+class ApiKeyRequestSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, help_text="Who or what it is for.")
+    scope = serializers.ChoiceField(choices=["inference", "manage"], default="inference")
+    models = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        help_text="Inference keys: the models it may use (none listed: all).",
+    )
+    expires = serializers.CharField(
+        required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
+    )
+
+
+class SecretSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    prefix = serializers.CharField()
+    secret = serializers.CharField(help_text="Shown in this answer only; kept hashed.")
+    expires_at = serializers.DateTimeField(allow_null=True)

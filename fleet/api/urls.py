@@ -11,5 +11,8 @@ router.register("models", views.ModelViewSet)
 router.register("engine-profiles", views.EngineProfileViewSet)
 router.register("replicas", views.ReplicaViewSet)
 router.register("shards", views.ShardViewSet)
+router.register("catalog", views.CatalogViewSet, basename="catalog")
+router.register("join-tokens", views.JoinTokenViewSet, basename="join-token")
+router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 
 urlpatterns = router.urls

@@ -1,6 +1,10 @@
 """The management API: thin viewsets over the fleet models and services."""
 
+from dataclasses import asdict
+
+from django.db import transaction
 from django.db.models import ProtectedError
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
@@ -10,13 +14,13 @@ from drf_spectacular.utils import (
 )
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 
 from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
+from fleet.services import access, api_keys, catalog, node_logs, snapshot
 from fleet.services import drain as drain_service
 from fleet.services import nodes as node_service
-from fleet.services import snapshot
 
 from . import filters, serializers
 
@@ -24,6 +28,14 @@ from . import filters, serializers
 class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
+
+
+class NodeTimeout(APIException):
+    status_code = status.HTTP_504_GATEWAY_TIMEOUT
+    default_code = "node_timeout"
+
+
+LOG_LINES_MAX = 2000
 
 
 NODE_EXAMPLE = OpenApiExample(
@@ -101,7 +113,9 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ("id", "state", "last_seen")
     # Moving workload is its own permission, not change_node (FleetModelPermissions).
     action_permissions = {
-        name: ["fleet.view_node", "fleet.drain_node"] for name in ("cordon", "drain", "uncordon")
+        **{n: ["fleet.view_node", "fleet.drain_node"] for n in ("cordon", "drain", "uncordon")},
+        # As in the console: revoking a node's credentials is changing the node.
+        "revoke": ["fleet.view_node", "fleet.change_node"],
     }
 
     def _intent(self, request, change):
@@ -127,6 +141,63 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def uncordon(self, request, pk=None):
         """Allow placements again; also ends a drain. Idempotent."""
         return self._intent(request, node_service.uncordon)
+
+    @extend_schema(request=None, responses=serializers.RevokedSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        """Revoke the node's credentials and close its socket; its agent must enrol again."""
+        node = self.get_object()
+        return Response({"node": node.pk, "revoked": access.revoke_node(node)})
+
+    @extend_schema(responses=serializers.NodeRowSerializer(many=True))
+    @action(detail=False, methods=["get"], pagination_class=None, filterset_class=None)
+    def table(self, request):
+        """The node table as ``manage.py nodes`` prints it, one row per node; "-" is unknown."""
+        return Response([asdict(row) for row in node_service.node_rows()])
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("source", str, description="'agent' (default) or a shard's id."),
+            OpenApiParameter(
+                "lines", int, description=f"How many of the last lines, 1 to {LOG_LINES_MAX}."
+            ),
+        ],
+        responses=serializers.NodeLogsSerializer,
+    )
+    @action(detail=True, methods=["get"], filterset_class=None)
+    def logs(self, request, pk=None):
+        """The last lines of the agent's log or a shard's, asked of the node now (≤ 10 s).
+
+        409 when the node has no socket open, 504 when it does not answer in time.
+        """
+        node = self.get_object()
+        source = request.query_params.get("source", "agent") or "agent"
+        try:
+            lines = int(request.query_params.get("lines", 200))
+        except ValueError:
+            raise ValidationError({"lines": ["must be an integer"]}) from None
+        if not 1 <= lines <= LOG_LINES_MAX:
+            raise ValidationError({"lines": [f"must be between 1 and {LOG_LINES_MAX}"]})
+        if len(source) > 100:
+            raise ValidationError({"source": ["must be at most 100 characters"]})
+        if not node.connected or not node.channel_name:
+            raise Conflict(f"no agent connected: node {node.pk} has no open socket")
+        try:
+            reply = node_logs.request_logs(node.pk, source, lines)
+        except node_logs.NodeUnreachable as exc:
+            raise NodeTimeout(
+                f"{exc}; the agent may be older than the control plane "
+                "(it does not know the logs request)"
+            ) from None
+        return Response(
+            {
+                "node": node.pk,
+                "source": source,
+                "lines": reply.lines,
+                "sources": reply.sources,
+                "error": reply.error,
+            }
+        )
 
 
 class GPUViewSet(viewsets.ReadOnlyModelViewSet):
@@ -272,3 +343,117 @@ class ShardViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.ShardFilterSet
     search_fields = ("id", "node__id", "error")
     ordering_fields = ("created_at", "state", "node")
+
+
+class CatalogViewSet(viewsets.ViewSet):
+    """The catalog file (models and their engine profiles) applied or asked about, as
+    ``manage.py apply`` and ``manage.py explain -f`` do it."""
+
+    queryset = Model.objects.none()  # for the permissions of what is not an action here
+    # Applying writes models and profiles: the permissions the admin asks for them.
+    action_permissions = {
+        "apply": [
+            "fleet.add_model",
+            "fleet.change_model",
+            "fleet.add_engineprofile",
+            "fleet.change_engineprofile",
+        ],
+        "explain": ["fleet.view_model", "fleet.view_node"],
+    }
+
+    @extend_schema(
+        request=serializers.CatalogApplySerializer, responses=serializers.ApplyResultSerializer
+    )
+    @action(detail=False, methods=["post"])
+    def apply(self, request):
+        """Apply a catalog file: all of it, or nothing (400 lists every problem)."""
+        body = serializers.CatalogApplySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            result = catalog.apply(
+                body.validated_data["catalog"], dry_run=body.validated_data["dry_run"]
+            )
+        except catalog.CatalogError as exc:
+            raise ValidationError({"catalog": exc.errors}) from None
+        return Response({"dry_run": body.validated_data["dry_run"], **asdict(result)})
+
+    @extend_schema(request=serializers.CatalogExplainSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=False, methods=["post"])
+    def explain(self, request):
+        """Why a new replica of a model could run on each node, with a catalog file
+        considered applied first (nothing is saved): what if."""
+        body = serializers.CatalogExplainSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            with transaction.atomic():
+                if data.get("catalog"):
+                    catalog.apply(data["catalog"])
+                result = snapshot.explain_model(data["model"], data.get("profile") or None)
+                transaction.set_rollback(True)  # explain never changes anything
+        except catalog.CatalogError as exc:
+            raise ValidationError({"catalog": exc.errors}) from None
+        except snapshot.ExplainError as exc:
+            raise ValidationError({"model": [str(exc)]}) from None
+        return Response({**result.as_dict(), "lines": result.lines()})
+
+
+class JoinTokenViewSet(viewsets.ViewSet):
+    """Join tokens that let new nodes enrol, as ``manage.py create_join_token`` makes them."""
+
+    queryset = Model.objects.none()
+    action_permissions = {"create": ["fleet.add_jointoken"]}
+
+    @extend_schema(
+        request=serializers.JoinTokenRequestSerializer,
+        responses={201: serializers.SecretSerializer},
+    )
+    def create(self, request):
+        """A new join token; its secret is in this answer only."""
+        body = serializers.JoinTokenRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            ttl = api_keys.parse_duration(data["ttl"])
+            token, secret = access.create_join_token(data["name"], ttl=ttl, max_uses=data["uses"])
+        except ValueError as exc:
+            raise ValidationError({"detail": [str(exc)]}) from None
+        return Response(
+            {"name": token.name, "prefix": token.prefix, "secret": secret,
+             "expires_at": token.expires_at, "uses": token.max_uses},
+            status=status.HTTP_201_CREATED,
+        )  # fmt: skip
+
+
+class ApiKeyViewSet(viewsets.ViewSet):
+    """API keys, as ``manage.py create_api_key`` makes them. A manage key made here acts as
+    the user asking, never as anyone else."""
+
+    queryset = Model.objects.none()
+    action_permissions = {"create": ["fleet.add_apikey"]}
+
+    @extend_schema(
+        request=serializers.ApiKeyRequestSerializer,
+        responses={201: serializers.SecretSerializer},
+    )
+    def create(self, request):
+        """A new API key; its secret is in this answer only."""
+        body = serializers.ApiKeyRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            expires_at = api_keys.parse_expiry(data["expires"]) if data.get("expires") else None
+            key, secret = api_keys.create_api_key(
+                data["name"],
+                scope=data["scope"],
+                user=request.user if data["scope"] == "manage" else None,
+                allowed_models=data.get("models") or [],
+                expires_at=expires_at,
+            )
+        except ValueError as exc:
+            raise ValidationError({"detail": [str(exc)]}) from None
+        return Response(
+            {"name": key.name, "prefix": key.prefix, "secret": secret,
+             "expires_at": key.expires_at, "scope": key.scope},
+            status=status.HTTP_201_CREATED,
+        )  # fmt: skip

@@ -32,6 +32,15 @@ def test_the_example_config_is_valid():
         ({"control_plane_url": "http://cp/ws/agent/"}, "control_plane_url: must start with ws://"),
         ({"control_plane_url": "ws://cp/agent"}, "control_plane_url: the path must be /ws/agent/"),
         ({"control_plane_url": "ws:///ws/agent/"}, "control_plane_url: names no host"),
+        (
+            {"control_plane_urls": ["ws://cp-2/ws/agent/", "ws://cp-3/agent"]},
+            "control_plane_urls: [1]: the path must be /ws/agent/",
+        ),
+        (
+            {"control_plane_urls": ["wss://cp-2/ws/agent/"]},
+            "every URL must use the scheme of control_plane_url (ws://)",
+        ),
+        ({"control_plane_urls": [URL]}, "control_plane_urls: names a URL twice"),
         ({"node_id": "-bad"}, "node_id: '-bad' is not a node id"),
         ({"node_id": "a" * 64}, "node_id:"),
         ({"heartbeat_interval_s": 0}, "heartbeat_interval_s: Input should be greater than 0"),
@@ -125,3 +134,14 @@ def test_engines_may_allow_loader_variables_and_nothing_else():
 
     with pytest.raises(ConfigError, match="engines.allow_env: 'OMP_NUM_THREADS' is not"):
         parse_config({"control_plane_url": URL, "engines": {"allow_env": ["OMP_NUM_THREADS"]}})
+
+
+def test_more_web_processes_are_tried_after_the_first_in_their_order():
+    cfg = parse_config(
+        {
+            "control_plane_url": URL,
+            "control_plane_urls": ["ws://cp-2/ws/agent/", "ws://cp-3/ws/agent/"],
+        }
+    )
+    assert cfg.urls == [URL, "ws://cp-2/ws/agent/", "ws://cp-3/ws/agent/"]
+    assert parse_config({"control_plane_url": URL}).urls == [URL]

@@ -9,10 +9,12 @@ import logging
 
 import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from channels.layers import get_channel_layer
 from django.db.models import F
 from django.utils import timezone
 
 from agentd.protocol import CloseCode
+from fleet.metrics import REGISTRY
 from fleet.models import DesiredState, Node, NodeCredential, NodeState
 from fleet.services import access, doorbells, node_logs
 from fleet.services.desired import bump_desired
@@ -97,6 +99,41 @@ async def test_an_agent_that_never_answers_is_unreachable_after_the_bound(settin
     request = await agent.recv_type("logs_request")
     await agent.send({"type": "logs_reply", "v": 1, "request_id": request["request_id"]})
     await agent.heartbeat(seq=1)
+    await agent.close()
+
+
+def dropped_replies() -> float:
+    return REGISTRY.get_sample_value("llmgw_agent_logs_replies_dropped_total")
+
+
+async def test_a_reply_to_an_asker_whose_channel_is_full_is_dropped_and_counted(caplog):
+    agent = await enrol("gpu-01")
+    layer = get_channel_layer()
+    # given: an asker in another process that stopped reading, its channel full
+    stuck = "specific.stuck-process!asker"
+    for _ in range(layer.get_capacity(stuck)):
+        await layer.send(stuck, {"type": "logs.reply", "request_id": "older"})
+    dropped = dropped_replies()
+
+    # when: it asks the node for its logs, and the agent answers
+    await doorbells.aring_node(
+        "gpu-01", doorbells.NODE_LOGS_REQUEST, request_id="r-1", reply_channel=stuck
+    )
+    request = await agent.recv_type("logs_request")
+    await agent.send({"type": "logs_reply", "v": 1, "request_id": request["request_id"]})
+
+    # then: the socket goes on, the reply dropped, counted and logged
+    await agent.heartbeat(seq=1)
+    assert (await node()).connected
+    assert dropped_replies() == dropped + 1
+    assert "log reply dropped, the asker's channel is over capacity node=gpu-01" in caplog.text
+    # and an asker that reads is answered as before
+    asking = asyncio.ensure_future(node_logs.arequest_logs("gpu-01", lines=1))
+    request = await agent.recv_type("logs_request")
+    await agent.send(
+        {"type": "logs_reply", "v": 1, "request_id": request["request_id"], "lines": ["ok"]}
+    )
+    assert (await asyncio.wait_for(asking, 5)).lines == ["ok"]
     await agent.close()
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from tests.e2e import reliability
 from tests.processes import Stack
+from tests.processes.postgres import PrivatePostgres
 
 
 @pytest.fixture
@@ -19,6 +20,15 @@ def tiny_model(tmp_path) -> Path:
     return write_tiny_model(tmp_path / "weights" / "tiny-llama.gguf")
 
 
+def _running(stack: Stack):
+    try:
+        stack.make_keys()
+        stack.start_control_plane()
+        yield stack
+    finally:
+        stack.close()
+
+
 @pytest.fixture
 def stack(transactional_db, tmp_path):
     """A private Redis, Daphne, a Celery worker and beat; agents are added by the test.
@@ -26,13 +36,28 @@ def stack(transactional_db, tmp_path):
     Everything it started is stopped afterwards, engines included (they outlive
     their agent by design), before the test database is flushed.
     """
-    s = Stack(tmp_path)
+    yield from _running(Stack(tmp_path))
+
+
+@pytest.fixture
+def postgres(transactional_db):
+    """A PostgreSQL server of the test's own, migrated, which it may stop and start;
+    this process's ORM is on it until the test ends. Fails (never skips) naming what
+    is missing where the PostgreSQL server is not installed."""
+    pg = PrivatePostgres()
     try:
-        s.make_keys()
-        s.start_control_plane()
-        yield s
+        pg.init()
+        pg.migrate()
+        with pg.as_default():
+            yield pg
     finally:
-        s.close()
+        pg.close()
+
+
+@pytest.fixture
+def stack_on_postgres(postgres, tmp_path):
+    """``stack``, its control plane on the test's own PostgreSQL (``postgres``)."""
+    yield from _running(Stack(tmp_path, database_url=postgres.url))
 
 
 @pytest.fixture

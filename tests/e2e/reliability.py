@@ -38,12 +38,29 @@ FIGURES = {
         "{first_ok_after_up_s} s after it was back; {requests} requests in all, "
         "{failed} failed + {broken} broken"
     ),
+    "7": (
+        "down {down_s} s: requests {ok}/{requests} ok ({success_pct} %; "
+        "{ok_while_down}/{requests_while_down} while it was down); both changes made just "
+        "before converged {converged_after_up_s} s after it was back; "
+        "{agents_registered_again} agents registered again within {agents_back_max_s} s; "
+        "node states seen: {node_states_seen}, {nodes_lost} lost; {duplicate_shards} "
+        "duplicate shards, {shards_placed} shards placed, {engine_starts} engine starts, "
+        "{restarts} restarts"
+    ),
     "8": (
         "down {down_s} s: both changes converged {converged_after_up_s} s after Redis was "
         "back; {duplicate_shards} duplicate shards, {shards_placed} shards placed, "
         "{engine_starts} engine starts, {restarts} restarts; API change during the outage "
         "answered in ≤ {api_change_max_s} s; requests {ok}/{requests} ok "
         "({ok_while_down}/{requests_while_down} while Redis was down)"
+    ),
+    "9": (
+        "{changes} desired changes while {followers} pages followed an engine logging "
+        "{flood_lines_per_s} lines/s: sync p50 {sync_p50_s} s, p99 {sync_p99_s} s, max "
+        "{sync_max_s} s (unloaded p50 {quiet_sync_p50_s} s); {pages} log pages of "
+        "{lines_per_page} lines ({mb_followed} MB), outcomes {page_outcomes}; "
+        "{replies_dropped:g} replies dropped; log problems {log_problems}; "
+        "{failed} failed + {broken} broken of {requests} requests"
     ),
     "10": (
         "{stale_replays} stale replays: {replay_effects} effects, no ack; "

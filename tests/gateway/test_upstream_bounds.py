@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -214,6 +215,13 @@ async def test_a_cut_answer_is_still_incomplete_not_refused():
         await answer_of(cut)
 
 
+def _scraped_upstream(port: int):
+    """What ``engines.scrape`` reads and writes of an upstream."""
+    return SimpleNamespace(
+        url=f"http://127.0.0.1:{port}", address=("127.0.0.1", port), engine_waiting=-1.0
+    )
+
+
 @pytest.mark.parametrize(
     "answer, waiting",
     [
@@ -227,12 +235,7 @@ async def test_scraping_an_engine_is_bounded_too(answer, waiting):
     server, port, seen = await raw_server(answer)
     client = Client(1.0, ReadLimits(max_header_bytes=4096, max_body_bytes=64 << 10, idle_s=0.3))
 
-    class Up:
-        url = f"http://127.0.0.1:{port}"
-        address = ("127.0.0.1", port)
-        engine_waiting = -1.0
-
-    up = Up()
+    up = _scraped_upstream(port)
     await engines.scrape(client, [up], 5.0)
     assert up.engine_waiting == waiting
     assert seen["written"] < (1 << 20)  # refused long before the end
@@ -245,12 +248,7 @@ async def test_an_engine_without_metrics_is_not_asked_again_every_scrape():
     server, port, seen = await raw_server(not_found)
     client = Client(1.0, ReadLimits(max_header_bytes=4096, max_body_bytes=64 << 10, idle_s=0.3))
 
-    class Up:
-        url = f"http://127.0.0.1:{port}"
-        address = ("127.0.0.1", port)
-        engine_waiting = -1.0
-
-    up = Up()
+    up = _scraped_upstream(port)
     for _ in range(5):
         await engines.scrape(client, [up], 5.0)
     # asked once: its log does not gain a 404 line every few seconds

@@ -9,6 +9,8 @@ them and export it here.
 - ``servers``: Daphne (its static files collected first), Celery, the fake engine;
 - ``agents``: an agentd process and its config;
 - ``stack``: all of them together, with a private Redis, for the e2e scenarios;
+- ``postgres``: a PostgreSQL server of a test's own, which it may stop (imported
+  from ``tests.processes.postgres``);
 - ``load``: a steady load of chat completions through the gateway, each outcome kept;
 - ``tls``: a CA and certificates made by the test, and HAProxy checking clients' ones
   (imported from ``tests.processes.tls``: it needs the ``cryptography`` package);

@@ -49,7 +49,7 @@ CELERY_WORKER = [
 class Agent:
     """One agentd process with its own state dir and port range, as a node of the fleet."""
 
-    def __init__(self, directory: Path, node_id: str, url: str, join_token: str):
+    def __init__(self, directory: Path, node_id: str, url: str, join_token: str, **config):
         self.dir = directory
         self.node_id = node_id
         self.ports = port_block()
@@ -64,6 +64,7 @@ class Agent:
             engine_port_range=[lo, hi],
             # The control plane hands out this node's engine ports from the same range.
             labels={"llmgw.io/ports": f"{lo}-{hi}"},
+            **config,
         )
         self.proc: AgentProcess | None = None
 
@@ -90,13 +91,19 @@ class Agent:
 
 
 class Stack:
-    """The processes of one scenario; ``close()`` stops all of them, engines included."""
+    """The processes of one scenario; ``close()`` stops all of them, engines included.
 
-    def __init__(self, tmp: Path):
+    ``database_url``: the control plane's database, when not the test database
+    (a ``PrivatePostgres`` the test stops; the test process's ORM must be on it too).
+    """
+
+    def __init__(self, tmp: Path, database_url: str | None = None):
         self.tmp = tmp
         (tmp / "redis").mkdir(parents=True, exist_ok=True)
         self.redis = PrivateRedis(tmp / "redis").start()
         self.env = {"REDIS_URL": self.redis.url, **FAST}
+        if database_url:
+            self.env["DATABASE_URL"] = database_url
         self.port: int | None = None
         self.daphne: LiveServer | None = None
         self.celery: list[tuple[subprocess.Popen, Path]] = []
@@ -143,11 +150,13 @@ class Stack:
 
     # ---- agents ------------------------------------------------------------------------
 
-    def add_agent(self, node_id: str) -> Agent:
+    def add_agent(self, node_id: str, **config) -> Agent:
+        """An agent enrolled with a join token of its own; ``config``: more agent.yaml fields
+        (``engines={"binaries": {"fake": sys.executable}}`` to run the fake engine)."""
         from tests.factories import join_token
 
         _, secret = join_token(name=f"e2e {node_id}", uses=1)
-        agent = Agent(self.tmp / node_id, node_id, self.daphne.ws_url, secret)
+        agent = Agent(self.tmp / node_id, node_id, self.daphne.ws_url, secret, **config)
         agent.start()
         self.agents.append(agent)
         return agent

@@ -137,16 +137,17 @@ def haproxy_binary() -> str | None:
     return str(fallback) if fallback.exists() else None
 
 
-def documented_config() -> str:
-    """The HAProxy configuration in docs/security.md, as written there."""
-    text = (ROOT / "docs" / "security.md").read_text()
+def documented_config(doc: str = "security.md") -> str:
+    """The HAProxy configuration a page of docs/ gives (its ```haproxy block), as written."""
+    text = (ROOT / "docs" / doc).read_text()
     found = re.search(r"```haproxy\n(.*?)```", text, re.S)
-    assert found, "docs/security.md has no ```haproxy block"
+    assert found, f"docs/{doc} has no ```haproxy block"
     return found.group(1)
 
 
-def _swap(text: str, old: str, new: str) -> str:
-    assert old in text, f"docs/security.md's HAProxy configuration no longer has {old!r}"
+def swap(text: str, old: str, new: str, doc: str = "security.md") -> str:
+    """``old`` in a documented configuration replaced by the test's own address or path."""
+    assert old in text, f"docs/{doc}'s HAProxy configuration no longer has {old!r}"
     return text.replace(old, new)
 
 
@@ -190,15 +191,20 @@ def start_haproxy(
     """
     port = free_port()
     config = documented_config()
-    config = _swap(config, "bind :8443", f"bind 127.0.0.1:{port}")
-    config = _swap(config, "/etc/haproxy/llmgw/proxy.pem", str(server_pem))
-    config = _swap(config, "/etc/haproxy/llmgw/nodes-ca.pem", str(client_ca))
-    config = _swap(
+    config = swap(config, "bind :8443", f"bind 127.0.0.1:{port}")
+    config = swap(config, "/etc/haproxy/llmgw/proxy.pem", str(server_pem))
+    config = swap(config, "/etc/haproxy/llmgw/nodes-ca.pem", str(client_ca))
+    config = swap(
         config,
         "server daphne1 10.0.0.10:8000",
         f"server daphne1 127.0.0.1:{backend_port} source {source}",
     )
-    path = directory / "haproxy.cfg"
+    return run_haproxy(binary, directory, config, port)
+
+
+def run_haproxy(binary: str, directory: Path, config: str, port: int, name="haproxy") -> HAProxy:
+    """HAProxy in the foreground on ``config`` (checked first), waited for on ``port``."""
+    path = directory / f"{name}.cfg"
     path.write_text(config)
     check = subprocess.run(
         [binary, "-c", "-f", str(path)], capture_output=True, text=True, timeout=30, check=False
@@ -206,7 +212,7 @@ def start_haproxy(
     assert check.returncode == 0, (
         f"haproxy refused the configuration:\n{check.stdout}{check.stderr}"
     )
-    log = directory / "haproxy.log"
+    log = directory / f"{name}.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [binary, "-db", "-f", str(path)], stdout=fh, stderr=subprocess.STDOUT

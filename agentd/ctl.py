@@ -1,0 +1,496 @@
+"""llmgw: the fleet from an operator's laptop, through the management API only.
+
+``llmgw nodes``, ``llmgw drain gpu-07 --wait``, ``llmgw apply -f catalog.yaml`` … do
+what the ``manage.py`` commands of the same names do, over HTTP with a ``manage`` API
+key, so they need neither the control plane's database nor its settings. Installed
+with the agent (``pip install .``), standard library and PyYAML only.
+
+Where it connects: ``--url`` / ``LLMGW_URL``; the key: ``LLMGW_API_KEY``; or both from
+``~/.config/llmgw/cli.yaml`` (``url:`` and ``api_key:``), which must be readable by its
+owner alone (mode 0600), as ssh insists for its keys.
+
+Exit status, for scripts: 0 done; 1 the API refused the request (it says why);
+2 bad usage or a bad file, nothing sent; 3 the key was refused (unknown, revoked, not
+a manage key); 4 the control plane could not be reached or failed (5xx); 5 ``--wait``
+ran out of time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AUTH, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(6)
+CONFIG_PATH = Path("~/.config/llmgw/cli.yaml")
+TIMEOUT_S = 30.0
+
+
+class Failure(Exception):
+    """Ends the command: ``message`` to stderr, ``code`` as the exit status."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+# ---- where, and with which key ---------------------------------------------------------
+
+
+def _config_file(path: Path) -> dict:
+    path = path.expanduser()
+    if not path.exists():
+        return {}
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise Failure(
+            f"{path} holds an API key and is readable by others (mode {mode & 0o777:o}); "
+            f"run: chmod 600 {path}",
+            EXIT_USAGE,
+        )
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise Failure(f"{path}: cannot read it: {exc}", EXIT_USAGE) from None
+    if not isinstance(data, dict) or set(data) - {"url", "api_key"}:
+        raise Failure(f"{path}: expected only the keys url and api_key", EXIT_USAGE)
+    return data
+
+
+def _settings(args) -> tuple[str, str]:
+    conf = _config_file(Path(args.config)) if args.config else _config_file(CONFIG_PATH)
+    url = args.url or os.environ.get("LLMGW_URL") or conf.get("url") or ""
+    key = os.environ.get("LLMGW_API_KEY") or conf.get("api_key") or ""
+    if not url:
+        raise Failure(
+            f"no control plane named: pass --url, set LLMGW_URL, or put url: in {CONFIG_PATH}",
+            EXIT_USAGE,
+        )
+    if not key:
+        raise Failure(
+            "no API key: set LLMGW_API_KEY, or put api_key: in "
+            f"{CONFIG_PATH} (mode 600); create one with manage.py create_api_key --scope manage",
+            EXIT_USAGE,
+        )
+    return url.rstrip("/"), str(key)
+
+
+# ---- the API -----------------------------------------------------------------------------
+
+
+class Api:
+    def __init__(self, url: str, key: str, timeout: float = TIMEOUT_S):
+        self.url, self.key, self.timeout = url, key, timeout
+
+    def call(self, method: str, path: str, body: dict | None = None, **query):
+        query = {k: v for k, v in query.items() if v is not None}
+        url = f"{self.url}/api/v1/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.key}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise _refusal(exc, method, path) from None
+        except (urllib.error.URLError, OSError) as exc:
+            why = getattr(exc, "reason", exc)
+            raise Failure(
+                f"cannot reach the control plane at {self.url}: {why}", EXIT_UNREACHABLE
+            ) from None
+        return json.loads(raw) if raw else None
+
+
+def _refusal(exc: urllib.error.HTTPError, method: str, path: str) -> Failure:
+    raw = exc.read()
+    try:
+        detail = json.loads(raw)
+    except ValueError:
+        detail = raw.decode("utf-8", "replace").strip()[:300]
+    text = _detail_text(detail)
+    if exc.code in (401, 403):
+        hint = "the key was refused" if exc.code == 401 else "the key's user may not do this"
+        return Failure(f"{hint}: {text}", EXIT_AUTH)
+    if exc.code >= 500:
+        return Failure(f"the control plane failed ({exc.code}): {text}", EXIT_UNREACHABLE)
+    if exc.code == 404:
+        return Failure(f"not found: {method} {path}: {text}", EXIT_REFUSED)
+    return Failure(text, EXIT_REFUSED)
+
+
+def _detail_text(detail) -> str:
+    """DRF's error bodies, flattened: 'detail' alone, or 'field: problem' per line."""
+    if isinstance(detail, dict):
+        if set(detail) == {"detail"} or ("detail" in detail and len(detail) <= 2):
+            return str(detail["detail"])
+        parts = []
+        for field, problems in detail.items():
+            items = problems if isinstance(problems, list) else [problems]
+            parts += [f"{field}: {p}" for p in items]
+        return "\n".join(parts)
+    if isinstance(detail, list):
+        return "\n".join(str(d) for d in detail)
+    return str(detail)
+
+
+# ---- output -------------------------------------------------------------------------------
+
+
+def _table(rows: list[list[str]], out) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+NODE_COLUMNS = (
+    ("NODE", "node"),
+    ("STATE", "state"),
+    ("CPU %", "cpu_percent"),
+    ("MEM (GB)", "memory_gb"),
+    ("GPUS", "gpus"),
+    ("ENGINES", "engines"),
+    ("SHARDS (READY/ALL)", "shards"),
+)
+
+
+def _nodes(api: Api, args, out):
+    rows = api.call("GET", "nodes/table/")
+    if args.json:
+        return rows
+    if not rows:
+        out.write("no nodes yet: enrol one with a join token (manage.py create_join_token)\n")
+        return None
+    _table(
+        [[h for h, _ in NODE_COLUMNS]] + [[str(r[k]) for _, k in NODE_COLUMNS] for r in rows], out
+    )
+    return None
+
+
+def _node(api: Api, args, out):
+    node = api.call("GET", f"nodes/{_quote(args.node)}/")
+    if args.json:
+        return node
+    load = node.get("load") or {}
+    lines = [
+        ("node", node["id"]),
+        ("hostname", node.get("hostname") or "-"),
+        (
+            "state",
+            node["state"]
+            + (
+                ",draining" if node.get("draining") else ",cordoned" if node.get("cordoned") else ""
+            ),
+        ),
+        ("connected", "yes" if node.get("connected") else "no"),
+        ("last seen", node.get("last_seen") or "-"),
+        ("agent", node.get("agent_version") or "-"),
+        ("address", node.get("mgmt_addr") or "-"),
+        (
+            "memory",
+            f"{node['memory_total_mb'] / 1000:.1f} GB" if node.get("memory_total_mb") else "-",
+        ),
+        ("CPU", f"{load['cpu_percent']:.0f} %" if load.get("cpu_percent") is not None else "-"),
+        (
+            "engines",
+            ", ".join(f"{k} {v}" for k, v in sorted((node.get("engine_versions") or {}).items()))
+            or "-",
+        ),
+        (
+            "labels",
+            ", ".join(f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items())) or "-",
+        ),
+        (
+            "desired set",
+            f"v{node.get('desired_version')} (acked v{node.get('acked_version')})"
+            + ("; not keeping up" if node.get("not_keeping_up") else ""),
+        ),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        out.write(f"{k.ljust(width)}  {v}\n")
+    for gpu in node.get("gpus") or []:
+        out.write(
+            f"gpu {gpu.get('index')}: {gpu.get('name')}, "
+            f"{gpu.get('memory_used_mb', '-')}/{gpu.get('memory_total_mb', '-')} MB\n"
+        )
+    return None
+
+
+def _models(api: Api, args, out):
+    models = _all_pages(api, "models/")
+    if args.json:
+        return models
+    if not models:
+        out.write("no models in the catalog: llmgw apply -f catalog.yaml\n")
+        return None
+    rows = [["MODEL", "REPLICAS", "PROFILE", "DESCRIPTION"]]
+    for m in models:
+        rows.append(
+            [
+                m["name"],
+                str(m.get("desired_replicas", "-")),
+                str(m.get("active_profile_name") or m.get("active_profile") or "-"),
+                (m.get("description") or "")[:60],
+            ]
+        )
+    _table(rows, out)
+    return None
+
+
+def _all_pages(api: Api, path: str) -> list:
+    page = api.call("GET", path)
+    if isinstance(page, list):
+        return page
+    items = list(page.get("results", []))
+    while page.get("next"):
+        nxt = urllib.parse.urlsplit(page["next"])
+        page = api.call(
+            "GET", nxt.path.split("/api/v1/", 1)[1] + (f"?{nxt.query}" if nxt.query else "")
+        )
+        items += page.get("results", [])
+    return items
+
+
+def _read_file(path: str) -> str:
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise Failure(f"cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
+
+
+def _apply(api: Api, args, out):
+    text = _read_file(args.file)
+    try:
+        result = api.call("POST", "catalog/apply/", {"catalog": text, "dry_run": args.dry_run})
+    except Failure as exc:
+        if exc.code == EXIT_REFUSED:
+            raise Failure(
+                f"{args.file}: nothing applied:\n{_indent(str(exc))}", EXIT_REFUSED
+            ) from None
+        raise
+    if args.json:
+        return result
+    prefix = "would change: " if args.dry_run else ""
+    for line in result["changes"]:
+        out.write(prefix + line + "\n")
+    if not result["changes"]:
+        out.write("nothing to change\n")
+    elif result["unchanged"]:
+        out.write(f"unchanged: {', '.join(result['unchanged'])}\n")
+    return None
+
+
+def _explain(api: Api, args, out):
+    body = {"model": args.model, "profile": args.profile or ""}
+    if args.file:
+        body["catalog"] = _read_file(args.file)
+    result = api.call("POST", "catalog/explain/", body)
+    if args.json:
+        return result
+    for line in result["lines"]:
+        out.write(line + "\n")
+    return None
+
+
+def _intent(verb: str):
+    def run(api: Api, args, out):
+        node = api.call("POST", f"nodes/{_quote(args.node)}/{verb}/")
+        if verb == "drain" and getattr(args, "wait", False):
+            node = _wait_drained(api, args.node, args.timeout, out if not args.json else None)
+        if args.json:
+            return node
+        out.write(f"{node['id']}: {_intent_text(node)}\n")
+        return None
+
+    return run
+
+
+def _intent_text(node: dict) -> str:
+    if node.get("draining"):
+        return "draining (cordoned; its replicas move elsewhere)"
+    if node.get("cordoned"):
+        return "cordoned (no new placements)"
+    return "takes placements"
+
+
+def _wait_drained(api: Api, node_id: str, timeout: float, out) -> dict:
+    """Until no shard that should run is left on the node (its replicas moved)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shards = _all_pages(api, f"shards/?node={_quote(node_id)}&desired_state=running")
+        node = api.call("GET", f"nodes/{_quote(node_id)}/")
+        if not shards:
+            if out is not None:
+                out.write(f"{node_id}: drained, nothing runs there\n")
+            return node
+        if time.monotonic() >= deadline:
+            raise Failure(
+                f"{node_id}: still {len(shards)} shard(s) running after {timeout:g} s; "
+                "the drain goes on (llmgw node to follow it)",
+                EXIT_TIMEOUT,
+            )
+        time.sleep(1)
+
+
+def _logs(api: Api, args, out):
+    reply = api.call(
+        "GET", f"nodes/{_quote(args.node)}/logs/", source=args.shard or "agent", lines=args.lines
+    )
+    if args.json:
+        return reply
+    for line in reply["lines"]:
+        out.write(line + "\n")
+    if reply.get("error"):
+        raise Failure(
+            f"{args.node}: {reply['error']} (sources: {', '.join(reply['sources'])})", EXIT_REFUSED
+        )
+    return None
+
+
+def _revoke(api: Api, args, out):
+    if not args.yes:
+        raise Failure(
+            f"revoking {args.node} disconnects its agent, which must enrol again with a new "
+            "join token: add --yes to do it",
+            EXIT_USAGE,
+        )
+    result = api.call("POST", f"nodes/{_quote(args.node)}/revoke/")
+    if args.json:
+        return result
+    out.write(
+        f"{args.node}: {result['revoked']} credential(s) revoked; its agent is disconnected\n"
+    )
+    return None
+
+
+def _secret(path: str, fields):
+    def run(api: Api, args, out):
+        made = api.call("POST", path, fields(args))
+        if args.json:
+            return made
+        expiry = made.get("expires_at") or "never"
+        args.err.write(
+            f"'{made['name']}' ({made['prefix']}), expires {expiry}. "
+            "The secret is shown only once:\n"
+        )
+        out.write(made["secret"] + "\n")
+        return None
+
+    return run
+
+
+def _quote(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+# ---- the command line -----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw",
+        description="The llmgw fleet through its management API (a manage key).",
+        epilog="Connects to --url / LLMGW_URL with LLMGW_API_KEY, or with "
+        f"{CONFIG_PATH} (url:, api_key:; mode 600).",
+    )
+    p.add_argument("--url", help="The control plane, e.g. https://llmgw.example.com")
+    p.add_argument("--config", help=f"A config file instead of {CONFIG_PATH}")
+    p.add_argument("--json", action="store_true", help="Print the API's JSON, for scripts.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("nodes", help="The node table: state, CPU, memory, GPUs, engines, shards.")
+    n = sub.add_parser("node", help="One node in full.")
+    n.add_argument("node")
+    sub.add_parser("models", help="The catalog's models.")
+    e = sub.add_parser("explain", help="Why a new replica of MODEL could run on each node.")
+    e.add_argument("model")
+    e.add_argument("--profile", help="Ask about this profile instead of the active one.")
+    e.add_argument("-f", "--file", help="A catalog file to consider applied first (what if).")
+    a = sub.add_parser("apply", help="Apply a catalog file: all of it, or nothing.")
+    a.add_argument("-f", "--file", required=True, help="catalog.yaml, or - for stdin")
+    a.add_argument("--dry-run", action="store_true", help="Say what would change only.")
+    d = sub.add_parser("drain", help="Cordon NODE and move its replicas elsewhere.")
+    d.add_argument("node")
+    d.add_argument("--wait", action="store_true", help="Return once nothing runs there.")
+    d.add_argument("--timeout", type=float, default=600, help="For --wait, in seconds.")
+    for verb, what in (("cordon", "No new placements on NODE."), ("uncordon", "Placements again.")):
+        c = sub.add_parser(verb, help=what)
+        c.add_argument("node")
+    r = sub.add_parser("revoke", help="Revoke NODE's credentials and disconnect its agent.")
+    r.add_argument("node")
+    r.add_argument("--yes", action="store_true", help="Yes, its agent must enrol again.")
+    j = sub.add_parser("join-token", help="A join token for enrolling nodes (secret printed once).")
+    j.add_argument("name")
+    j.add_argument("--ttl", default="24h", help="Lifetime: 30m, 24h, 7d… (default 24h).")
+    j.add_argument("--uses", type=int, default=1, help="How many nodes it may enrol.")
+    k = sub.add_parser("api-key", help="A gateway or management-API key (secret printed once).")
+    k.add_argument("name")
+    k.add_argument("--scope", choices=["inference", "manage"], default="inference")
+    k.add_argument("--models", default="", help="Inference keys: a,b (default: every model).")
+    k.add_argument("--expires", help="30d, 12h… or an ISO 8601 time.")
+    g = sub.add_parser("logs", help="The last lines of NODE's agent log, or of a shard's.")
+    g.add_argument("node")
+    g.add_argument("--shard", help="A shard's id (llmgw node NODE --json lists them).")
+    g.add_argument("-n", "--lines", type=int, default=200, help="How many (1-2000).")
+    return p
+
+
+COMMANDS = {
+    "nodes": _nodes,
+    "node": _node,
+    "models": _models,
+    "explain": _explain,
+    "apply": _apply,
+    "drain": _intent("drain"),
+    "cordon": _intent("cordon"),
+    "uncordon": _intent("uncordon"),
+    "logs": _logs,
+    "revoke": _revoke,
+    "join-token": _secret("join-tokens/", lambda a: {"name": a.name, "ttl": a.ttl, "uses": a.uses}),
+    "api-key": _secret(
+        "api-keys/",
+        lambda a: {
+            "name": a.name,
+            "scope": a.scope,
+            "models": [m.strip() for m in a.models.split(",") if m.strip()],
+            **({"expires": a.expires} if a.expires else {}),
+        },
+    ),
+}
+
+
+def main(argv: list[str] | None = None, out=None, err=None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    args = _parser().parse_args(argv)
+    args.err = err
+    try:
+        api = Api(*_settings(args))
+        result = COMMANDS[args.command](api, args, out)
+        if args.json and result is not None:
+            out.write(json.dumps(result, indent=2) + "\n")
+        return EXIT_OK
+    except Failure as exc:
+        err.write(f"llmgw {args.command}: {exc}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

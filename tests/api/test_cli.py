@@ -1,0 +1,275 @@
+"""``llmgw``, the operators' command-line client, against a live control plane over real HTTP:
+each command's output and exit status, a wrong or revoked key, a server that is down, a
+config file others can read, and ``apply -f`` with a bad file changing nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentd import ctl
+from fleet.models import ApiKey, JoinToken, Model, Node
+from fleet.services import api_keys
+from tests.consumer.test_daphne_agent import connect, enrol, recv
+from tests.factories import (
+    add_node,
+    enrol_node,
+    manage_key,
+    operator,
+    register_msg,
+    report_load,
+)
+from tests.processes import ROOT, free_port
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+
+CATALOG = """\
+models:
+  - name: tiny
+    replicas: 1
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        model_path: /models/tiny.gguf
+"""
+
+
+@pytest.fixture
+def cli(daphne_server, monkeypatch, tmp_path):
+    """Runs ``llmgw ARGS`` in this process against the live server; (status, out, err)."""
+    _, secret = manage_key()
+    monkeypatch.setenv("LLMGW_URL", daphne_server.url)
+    monkeypatch.setenv("LLMGW_API_KEY", secret)
+    monkeypatch.setattr(ctl, "CONFIG_PATH", tmp_path / "no-such-cli.yaml")
+
+    def run(*args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = ctl.main(list(args), out=out, err=err)
+        return status, out.getvalue(), err.getvalue()
+
+    run.secret = secret
+    run.url = daphne_server.url
+    return run
+
+
+def test_nodes_prints_the_table_with_unknown_memory_as_a_dash(cli):
+    add_node("gpu-01", memory_gb=None)
+    add_node("gpu-02", memory_gb=256)
+    report_load("gpu-02", cpu_percent=41.0)
+
+    status, out, err = cli("nodes")
+
+    assert (status, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split() == ["NODE", "STATE", "CPU", "%", "MEM", "(GB)", "GPUS", "ENGINES",
+                              "SHARDS", "(READY/ALL)"]  # fmt: skip
+    by_node = {r.split()[0]: r.split() for r in rows}
+    assert by_node["gpu-01"][2:4] == ["-", "-"], "CPU and memory unknown: '-'"
+    assert by_node["gpu-02"][2:4] == ["41", "256"]
+
+    status, out, _ = cli("--json", "nodes")
+    assert status == 0
+    assert {r["node"]: r["memory_gb"] for r in json.loads(out)} == {
+        "gpu-01": "-",
+        "gpu-02": "256",
+    }
+
+
+def test_node_shows_one_node_and_a_missing_one_is_exit_1(cli):
+    add_node("gpu-01", memory_gb=256)
+
+    status, out, _ = cli("node", "gpu-01")
+    assert status == 0
+    assert "node         gpu-01" in out and "memory       256.0 GB" in out
+
+    status, out, err = cli("node", "gpu-99")
+    assert status == ctl.EXIT_REFUSED and out == ""
+    assert "not found" in err and "nodes/gpu-99/" in err
+
+
+def test_apply_then_models_and_explain(cli, tmp_path):
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG)
+
+    status, out, _ = cli("apply", "-f", str(catalog), "--dry-run")
+    assert status == 0 and out.startswith("would change: ")
+    assert not Model.objects.exists(), "a dry run changes nothing"
+
+    status, out, _ = cli("apply", "-f", str(catalog))
+    assert status == 0 and "tiny" in out
+    assert Model.objects.get(name="tiny").desired_replicas == 1
+    assert cli("apply", "-f", str(catalog))[1] == "nothing to change\n"
+
+    status, out, _ = cli("models")
+    assert status == 0 and out.splitlines()[1].split()[:2] == ["tiny", "1"]
+
+    add_node("cpu-01")
+    status, out, _ = cli("explain", "tiny")
+    assert status == 0
+    assert out.startswith("model tiny, profile cpu: ") and "cpu-01" in out
+
+
+def test_explain_with_a_file_asks_what_if_and_saves_nothing(cli, tmp_path):
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG)
+    add_node("cpu-01")
+
+    status, out, err = cli("explain", "tiny", "-f", str(catalog))
+
+    assert (status, err) == (0, ""), err
+    assert "cpu-01" in out
+    assert not Model.objects.exists()
+
+
+def test_apply_with_a_bad_file_changes_nothing_and_says_what_is_wrong(cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CATALOG + "  - name: broken\n    replicas: -3\n")
+
+    status, out, err = cli("apply", "-f", str(bad))
+
+    assert status == ctl.EXIT_REFUSED and out == ""
+    assert f"{bad}: nothing applied:" in err and "broken" in err and "replicas" in err
+    assert not Model.objects.exists(), "all or nothing: the good entry was not applied either"
+
+    status, _, err = cli("apply", "-f", str(tmp_path / "missing.yaml"))
+    assert status == ctl.EXIT_USAGE and "cannot read" in err
+
+
+def test_cordon_uncordon_and_drain_change_the_node(cli):
+    add_node("gpu-01")
+
+    assert cli("cordon", "gpu-01")[:2] == (0, "gpu-01: cordoned (no new placements)\n")
+    assert Node.objects.get(pk="gpu-01").cordoned
+    assert cli("uncordon", "gpu-01")[:2] == (0, "gpu-01: takes placements\n")
+    assert not Node.objects.get(pk="gpu-01").cordoned
+
+    # nothing runs there, so --wait returns at once
+    status, out, _ = cli("drain", "gpu-01", "--wait", "--timeout", "30")
+    assert status == 0
+    assert out.splitlines() == ["gpu-01: drained, nothing runs there", "gpu-01: " + (
+        "draining (cordoned; its replicas move elsewhere)")]  # fmt: skip
+    assert Node.objects.get(pk="gpu-01").draining
+
+
+def test_revoke_asks_for_yes_then_revokes(cli):
+    enrol_node("gpu-01")
+    status, _, err = cli("revoke", "gpu-01")
+    assert status == ctl.EXIT_USAGE and "add --yes" in err
+    assert Node.objects.get(pk="gpu-01").credentials.filter(revoked_at=None).exists()
+
+    status, out, _ = cli("revoke", "gpu-01", "--yes")
+    assert status == 0 and "credential(s) revoked" in out
+    assert not Node.objects.get(pk="gpu-01").credentials.filter(revoked_at=None).exists()
+
+
+def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, monkeypatch):
+    status, out, err = cli("join-token", "rack 4", "--uses", "3", "--ttl", "2h")
+    assert status == 0 and "shown only once" in err
+    token = JoinToken.objects.get(name="rack 4")
+    assert token.max_uses == 3 and out.strip().startswith(f"lgj_{token.prefix}_")
+
+    status, out, _ = cli("api-key", "ci pipeline", "--scope", "manage")
+    assert status == 0
+    monkeypatch.setenv("LLMGW_API_KEY", out.strip())
+    assert cli("nodes")[0] == 0, "the new manage key works"
+    assert ApiKey.objects.get(name="ci pipeline").user.username == "ops", "acts as its maker"
+
+    status, _, err = cli("api-key", "client", "--expires", "yesterday")
+    assert status == ctl.EXIT_REFUSED and "yesterday" in err
+    assert not ApiKey.objects.filter(name="client").exists()
+
+
+def test_a_wrong_or_revoked_key_is_exit_3_and_says_so(cli, monkeypatch):
+    monkeypatch.setenv("LLMGW_API_KEY", "lgk_nothing_like_a_key")
+    status, out, err = cli("nodes")
+    assert status == ctl.EXIT_AUTH and out == ""
+    assert "the key was refused" in err and "unknown API key" in err
+
+    key, secret = manage_key(operator("ops-2"))
+    api_keys.revoke_api_key(key)
+    monkeypatch.setenv("LLMGW_API_KEY", secret)
+    status, _, err = cli("nodes")
+    assert status == ctl.EXIT_AUTH and "revoked" in err
+
+
+def test_a_server_that_is_down_is_exit_4_naming_it(cli, monkeypatch):
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("LLMGW_URL", url)
+
+    status, out, err = cli("nodes")
+
+    assert status == ctl.EXIT_UNREACHABLE and out == ""
+    assert f"cannot reach the control plane at {url}" in err
+
+
+def test_the_config_file_must_be_its_owner_s_alone(cli, monkeypatch, tmp_path):
+    monkeypatch.delenv("LLMGW_URL")
+    monkeypatch.delenv("LLMGW_API_KEY")
+    config = tmp_path / "cli.yaml"
+    config.write_text(f"url: {cli.url}\napi_key: {cli.secret}\n")
+    config.chmod(0o644)
+
+    status, _, err = cli("--config", str(config), "nodes")
+    assert status == ctl.EXIT_USAGE
+    assert "readable by others (mode 644)" in err and f"chmod 600 {config}" in err
+
+    config.chmod(0o600)
+    assert cli("--config", str(config), "nodes")[0] == 0
+
+    status, _, err = cli("--config", str(tmp_path / "none.yaml"), "nodes")
+    assert status == ctl.EXIT_USAGE and "no control plane named" in err
+
+
+async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(
+    daphne_server, cli
+):
+    from asgiref.sync import sync_to_async
+
+    status, _, err = await sync_to_async(cli)("logs", "gpu-01")
+    assert status == ctl.EXIT_REFUSED and "not found" in err
+
+    credential = await enrol(daphne_server, "gpu-01")
+    status, _, err = await asyncio.to_thread(cli, "logs", "gpu-01")
+    assert status == ctl.EXIT_REFUSED and "no agent connected" in err
+
+    async with connect(daphne_server, credential) as ws:
+        await ws.send(json.dumps(register_msg("gpu-01")))
+        await recv(ws, "ack")
+        await recv(ws, "desired")
+        asked = asyncio.ensure_future(asyncio.to_thread(cli, "logs", "gpu-01", "-n", "2"))
+        request = await recv(ws, "logs_request", timeout=15)
+        assert (request["source"], request["lines"]) == ("agent", 2)
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "logs_reply",
+                    "v": 1,
+                    "request_id": request["request_id"],
+                    "lines": ["engine up", "ready"],
+                    "sources": ["agent"],
+                }
+            )
+        )
+        status, out, err = await asyncio.wait_for(asked, 30)
+    assert (status, out, err) == (0, "engine up\nready\n", "")
+
+
+def test_the_installed_entry_point_runs_and_usage_errors_are_exit_2(cli):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentd.ctl", "nodes"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("no nodes yet")
+    bad = subprocess.run(
+        [sys.executable, "-m", "agentd.ctl", "frobnicate"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert bad.returncode == ctl.EXIT_USAGE and "invalid choice: 'frobnicate'" in bad.stderr
