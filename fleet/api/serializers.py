@@ -36,10 +36,17 @@ INT_MAX = 2**31 - 1
 
 
 class StrictCharField(serializers.CharField):
-    """Text, and only text: DRF's CharField takes ``0`` or ``1.5`` and stores "0", "1.5".
+    """Text, and only text, checked as given.
 
-    The schema says string; a client sending a number has a bug worth hearing about.
+    DRF's CharField takes ``0`` or ``1.5`` and stores "0", "1.5", and trims
+    blanks first, so "  " sent for a field the schema says is non-empty (as it
+    is) came back "may not be blank". The schema says string; a client sending
+    a number has a bug worth hearing about.
     """
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
@@ -440,7 +447,7 @@ class NodeLogsSerializer(serializers.Serializer):
 
 
 class CatalogApplySerializer(serializers.Serializer):
-    catalog = serializers.CharField(
+    catalog = StrictCharField(
         max_length=1 << 20, trim_whitespace=False, help_text="The catalog file's YAML text."
     )
     dry_run = serializers.BooleanField(default=False, help_text="Say what would change only.")
@@ -453,9 +460,9 @@ class ApplyResultSerializer(serializers.Serializer):
 
 
 class CatalogExplainSerializer(serializers.Serializer):
-    model = serializers.CharField(max_length=200)
-    profile = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    catalog = serializers.CharField(
+    model = StrictCharField(max_length=200)
+    profile = StrictCharField(max_length=200, required=False, allow_blank=True)
+    catalog = StrictCharField(
         max_length=1 << 20,
         required=False,
         allow_blank=True,
@@ -470,20 +477,20 @@ class RevokedSerializer(serializers.Serializer):
 
 
 class JoinTokenRequestSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100, help_text="What it is for, e.g. 'rack 4'.")
-    ttl = serializers.CharField(default="24h", max_length=20, help_text="30m, 24h, 7d…")
+    name = StrictCharField(max_length=100, help_text="What it is for, e.g. 'rack 4'.")
+    ttl = StrictCharField(default="24h", max_length=20, help_text="30m, 24h, 7d…")
     uses = serializers.IntegerField(default=1, min_value=1, max_value=100_000)
 
 
 class ApiKeyRequestSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100, help_text="Who or what it is for.")
+    name = StrictCharField(max_length=100, help_text="Who or what it is for.")
     scope = serializers.ChoiceField(choices=["inference", "manage"], default="inference")
     models = serializers.ListField(
-        child=serializers.CharField(max_length=200),
+        child=StrictCharField(max_length=200),
         required=False,
         help_text="Inference keys: the models it may use (none listed: all).",
     )
-    expires = serializers.CharField(
+    expires = StrictCharField(
         required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
     )
 

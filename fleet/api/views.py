@@ -157,12 +157,23 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("source", str, description="'agent' (default) or a shard's id."),
             OpenApiParameter(
-                "lines", int, description=f"How many of the last lines, 1 to {LOG_LINES_MAX}."
+                "source",
+                {"type": "string", "maxLength": 100},
+                description="'agent' (default) or a shard's id.",
+            ),
+            OpenApiParameter(
+                "lines",
+                {"type": "integer", "minimum": 1, "maximum": LOG_LINES_MAX},
+                description=f"How many of the last lines, 1 to {LOG_LINES_MAX} (default 200).",
             ),
         ],
-        responses=serializers.NodeLogsSerializer,
+        responses={
+            200: serializers.NodeLogsSerializer,
+            400: OpenApiResponse(description="`lines` or `source` out of bounds."),
+            409: OpenApiResponse(description="The node's agent has no socket open."),
+            504: OpenApiResponse(description="The node did not answer in time."),
+        },
     )
     @action(detail=True, methods=["get"], filterset_class=None)
     def logs(self, request, pk=None):
@@ -377,7 +388,14 @@ class CatalogViewSet(viewsets.ViewSet):
             raise ValidationError({"catalog": exc.errors}) from None
         return Response({"dry_run": body.validated_data["dry_run"], **asdict(result)})
 
-    @extend_schema(request=serializers.CatalogExplainSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=serializers.CatalogExplainSerializer,
+        responses={
+            200: OpenApiTypes.OBJECT,
+            404: OpenApiResponse(description="No such model, or no such profile of it."),
+            409: OpenApiResponse(description="No profile named, and the model has no active one."),
+        },
+    )
     @action(detail=False, methods=["post"])
     def explain(self, request):
         """Why a new replica of a model could run on each node, with a catalog file
@@ -393,8 +411,12 @@ class CatalogViewSet(viewsets.ViewSet):
                 transaction.set_rollback(True)  # explain never changes anything
         except catalog.CatalogError as exc:
             raise ValidationError({"catalog": exc.errors}) from None
+        except snapshot.NoActiveProfile as exc:
+            # As GET models/{id}/explain/: a model with nothing to explain is in the
+            # wrong state for it, and a model or profile named and missing is not found.
+            raise Conflict(str(exc)) from None
         except snapshot.ExplainError as exc:
-            raise ValidationError({"model": [str(exc)]}) from None
+            raise NotFound(str(exc)) from None
         return Response({**result.as_dict(), "lines": result.lines()})
 
 

@@ -1,13 +1,15 @@
 """schemathesis hooks for tests/api/test_api_fuzz.py: valid requests that are valid.
 
 A request body can follow the schema and still be refused, for reasons no JSON
-Schema states: an id that names nothing in this database (``"model": 72``), or
-an engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` (a rule
-across fields, EngineProfile.clean()). The API answers 400 to both, rightly; the
-positive-data check would call that a valid request refused. So a *positive*
-case (one schemathesis means to be valid) is made valid in those two ways only,
-before it is sent: ids point at the fleet the test made, and the profile's
-parallelism adds up. Negative cases are sent as drawn.
+Schema states: an id that names nothing in this database (``"model": 72``), an
+engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` (a rule across
+fields, EngineProfile.clean()), a catalog file's YAML inside a string, or a
+duration ("24h") or time the schema only describes in words. The API answers
+400 to them, rightly; the positive-data check would call that a valid request
+refused. So a *positive* case (one schemathesis means to be valid) is made valid
+in those ways only, before it is sent: ids point at the fleet the test made, the
+parallelism adds up, the catalog is a real one and durations are durations.
+Negative cases are sent as drawn.
 
 Loaded by the schemathesis command through ``SCHEMATHESIS_HOOKS``; the test
 passes the seeded model's id in ``LLMGW_FUZZ_MODEL_ID``.
@@ -18,6 +20,16 @@ import os
 import schemathesis
 
 GPU_ENGINES = ("vllm", "sglang")
+# The fleet the test made, as a catalog file: applying it changes nothing.
+CATALOG = """\
+models:
+  - name: qwen-7b
+    replicas: 1
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        model_path: /models/qwen-7b
+"""
 
 
 def _model_id() -> int:
@@ -48,4 +60,13 @@ def map_case(context, case):
         # A model's active profile must be one of its own; none is always one of them.
         if case.body.get("active_profile") is not None:
             case.body["active_profile"] = None
+    elif path in ("/api/v1/catalog/apply/", "/api/v1/catalog/explain/"):
+        if "catalog" in case.body or path.endswith("apply/"):
+            case.body["catalog"] = CATALOG
+    elif path == "/api/v1/join-tokens/":
+        case.body["ttl"] = "24h"
+    elif path == "/api/v1/api-keys/":
+        case.body.pop("models", None)  # names of models that exist, in words only
+        if "expires" in case.body:
+            case.body["expires"] = "30d"
     return case
