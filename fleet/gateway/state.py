@@ -24,7 +24,7 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, keys, metrics, table
+from . import engines, keys, metrics, ratelimit, table, usage
 from .errors import GatewayError
 from .upstream import Client, ReadLimits
 
@@ -45,6 +45,8 @@ class Limits:
     cooldown_after: int
     max_outstanding: int
     engine_scrape_s: float
+    limits_retry_s: float
+    usage_flush_s: float
     upstream: ReadLimits  # what the request path accepts from engines
     scrape: ReadLimits  # what a scrape of an engine's /metrics accepts
 
@@ -75,6 +77,8 @@ class Limits:
             cooldown_after=c.gateway_cooldown_after,
             max_outstanding=c.gateway_max_outstanding_per_replica,
             engine_scrape_s=c.gateway_engine_scrape_s,
+            limits_retry_s=c.gateway_limits_retry_s,
+            usage_flush_s=c.gateway_usage_flush_s,
             upstream=upstream,
             scrape=dataclasses.replace(upstream, max_body_bytes=c.gateway_engine_scrape_max_bytes),
         )
@@ -92,6 +96,8 @@ class Gateway:
         self.routes: dict[str, table.Route] = {}
         self.keys: dict[str, keys.KeyEntry] = {}
         self.used_keys: set[int] = set()
+        self.limiter = ratelimit.Limiter(retry_s=self.limits.limits_retry_s)
+        self.usage = usage.Usage()
         self.scraper: Client | None = None  # engines' /metrics, with its own bounds
         self.client: Client | None = None  # the request path
         self.started = False
@@ -131,6 +137,7 @@ class Gateway:
                 asyncio.ensure_future(self._listen()),
                 asyncio.ensure_future(self._refresher()),
                 asyncio.ensure_future(self._flush_last_used()),
+                asyncio.ensure_future(self._flush_usage()),
                 asyncio.ensure_future(self._scrape_engines()),
                 asyncio.ensure_future(self._record_history()),
             ]
@@ -148,6 +155,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self._write_used()
+        await self.write_usage()
+        await self.limiter.close()
         if self.client is not None:
             self.client.close()
         if self.scraper is not None:
@@ -314,6 +323,28 @@ class Gateway:
             await database_sync_to_async(_write_last_used)(ids)
         except Exception:  # noqa: BLE001 - a lost last_used is not worth a failed request
             logger.warning("could not record API key use for %d keys", len(ids), exc_info=True)
+
+    async def account(self, key: keys.KeyEntry, model: str, prompt: int, completion: int) -> None:
+        """An answer's tokens: into this hour's usage, and against the key's token limits."""
+        now = time.time()
+        self.usage.add(key.id, model, prompt, completion, now)
+        if key.limits.tokens_on:
+            await self.limiter.charge(key, prompt + completion, now)
+
+    async def write_usage(self) -> None:
+        counts = self.usage.take()
+        if not counts:
+            return
+        try:
+            await database_sync_to_async(usage.write)(counts)
+        except Exception:  # noqa: BLE001 - kept for the next flush
+            self.usage.put_back(counts)
+            logger.warning("could not write key usage (%d rows kept)", len(counts), exc_info=True)
+
+    async def _flush_usage(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.usage_flush_s)
+            await self.write_usage()
 
     async def _scrape_engines(self) -> None:
         while True:

@@ -1,0 +1,324 @@
+"""Per-key limits, shared by every gateway process through Redis.
+
+Four limits per key (``ApiKey`` fields, else the ``LLMGW_GATEWAY_DEFAULT_*``
+settings; 0 is none): requests per minute, tokens per minute, and token
+budgets per UTC day and per UTC calendar month. Each is a counter in a fixed
+window whose name carries the window (``…:rq:<key>:m<minute>``), so a window
+ends by itself at its boundary and the counters expire after it.
+
+A request costs one round trip: a Lua script that reads the token counters,
+refuses the request if one is spent or the request counter is full, and counts
+the request otherwise, atomically, so two gateway processes can never let more
+through between them than the limit. Tokens are charged when the engine
+reports them (its ``usage``), in one more round trip after the answer has gone.
+A key without limits costs nothing: Redis is not asked.
+
+Redis away: requests pass unchecked (fail open) rather than fail, the outage is
+logged once, ``llmgw_gateway_limits_unchecked_total`` counts what passed, and
+Redis is tried again after ``gateway_limits_retry_s``; counting resumes then.
+"""
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+from prometheus_client import Counter
+
+from fleet.metrics import REGISTRY
+
+from .errors import GatewayError
+
+logger = logging.getLogger(__name__)
+
+UNCHECKED = Counter(
+    "llmgw_gateway_limits_unchecked",
+    "Requests let through without checking their key's limits because Redis did not answer.",
+    registry=REGISTRY,
+)
+REFUSED = Counter(
+    "llmgw_gateway_limits_refused",
+    "Requests refused with 429 because their key was over a limit, by limit.",
+    ["limit"],
+    registry=REGISTRY,
+)
+
+# KEYS: requests this minute, tokens this minute, this day, this month.
+# ARGV: the four limits (0: none), then the request counter's expiry in seconds.
+# Returns {refused, requests, tokens minute, tokens day, tokens month}; refused
+# names the limit (1 requests, 2 tokens/min, 3 day, 4 month) or is 0.
+_CHECK = """
+local rq = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tm = tonumber(redis.call('GET', KEYS[2]) or '0')
+local td = tonumber(redis.call('GET', KEYS[3]) or '0')
+local tmo = tonumber(redis.call('GET', KEYS[4]) or '0')
+local lr, lt, ld, lmo = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local refused = 0
+if lmo > 0 and tmo >= lmo then refused = 4
+elseif ld > 0 and td >= ld then refused = 3
+elseif lt > 0 and tm >= lt then refused = 2
+elseif lr > 0 and rq >= lr then refused = 1
+end
+if refused == 0 and lr > 0 then
+  rq = redis.call('INCR', KEYS[1])
+  if rq == 1 then redis.call('EXPIRE', KEYS[1], ARGV[5]) end
+end
+return {refused, rq, tm, td, tmo}
+"""
+
+# KEYS: the token counters to charge; ARGV: the tokens, then each key's expiry.
+_CHARGE = """
+for i, k in ipairs(KEYS) do
+  if redis.call('INCRBY', k, ARGV[1]) == tonumber(ARGV[1]) then
+    redis.call('EXPIRE', k, ARGV[i + 1])
+  end
+end
+return 0
+"""
+
+_NAMES = {
+    1: "requests_per_minute",
+    2: "tokens_per_minute",
+    3: "tokens_per_day",
+    4: "tokens_per_month",
+}
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    tokens_per_day: int = 0
+    tokens_per_month: int = 0
+
+    @property
+    def on(self) -> bool:
+        return bool(
+            self.requests_per_minute
+            or self.tokens_per_minute
+            or self.tokens_per_day
+            or self.tokens_per_month
+        )
+
+    @property
+    def tokens_on(self) -> bool:
+        return bool(self.tokens_per_minute or self.tokens_per_day or self.tokens_per_month)
+
+
+NO_LIMITS = KeyLimits()
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The windows ``now`` (Unix seconds) falls in, and the seconds until each ends."""
+
+    minute: str
+    day: str
+    month: str
+    minute_left: float
+    day_left: float
+    month_left: float
+
+    @classmethod
+    def at(cls, now: float) -> "Windows":
+        t = datetime.fromtimestamp(now, UTC)
+        midnight = datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp()
+        nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC).timestamp()
+        return cls(
+            minute=str(int(now // 60)),
+            day=t.strftime("%Y%m%d"),
+            month=t.strftime("%Y%m"),
+            minute_left=60 - now % 60,
+            day_left=midnight + 86400 - now,
+            month_left=nxt - now,
+        )
+
+
+def reset_text(seconds: float) -> str:
+    """A wait as OpenAI writes it in x-ratelimit-reset-*: "20ms", "1s", "6m0s", "2h3m0s"."""
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    s = math.ceil(seconds)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return f"{h}h{m}m{s}s"
+    if m:
+        return f"{m}m{s}s"
+    return f"{s}s"
+
+
+class Limiter:
+    """One per gateway (event loop): its own asyncio Redis connection pool."""
+
+    def __init__(self, url: str | None = None, prefix: str | None = None, retry_s: float = 2.0):
+        self.url = url or settings.REDIS_URL
+        if prefix is None:
+            prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "llmgw")
+        self.prefix = f"{prefix}:limits"
+        self.retry_s = retry_s
+        self._redis = None
+        self._check = self._charge = None
+        self.down_until = 0.0  # monotonic; while in the future, limits are not checked
+        self.down = False
+
+    def _client(self):
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(
+                self.url, socket_timeout=0.25, socket_connect_timeout=0.25
+            )
+            self._check = self._redis.register_script(_CHECK)
+            self._charge = self._redis.register_script(_CHARGE)
+        return self._redis
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    def _keys(self, key_id: int, w: Windows) -> list[str]:
+        p = self.prefix
+        return [
+            f"{p}:rq:{key_id}:m{w.minute}",
+            f"{p}:tk:{key_id}:m{w.minute}",
+            f"{p}:tk:{key_id}:d{w.day}",
+            f"{p}:tk:{key_id}:M{w.month}",
+        ]
+
+    def _unavailable(self, exc: Exception) -> None:
+        UNCHECKED.inc()
+        self.down_until = time.monotonic() + self.retry_s
+        if not self.down:
+            self.down = True
+            logger.warning(
+                "limits: Redis did not answer, requests pass unchecked until it does: %s", exc
+            )
+
+    def _available(self) -> None:
+        if self.down:
+            self.down = False
+            logger.warning("limits: Redis answers again, limits are checked again")
+
+    async def check(self, entry, now: float | None = None) -> list[tuple[bytes, bytes]]:
+        """Count a request of ``entry`` (a KeyEntry); its x-ratelimit-* headers, or a 429.
+
+        Passes unchecked (no headers) when the key has no limits or Redis is away.
+        """
+        lim: KeyLimits = entry.limits
+        if not lim.on:
+            return []
+        if self.down_until and time.monotonic() < self.down_until:
+            UNCHECKED.inc()
+            return []
+        now = time.time() if now is None else now
+        w = Windows.at(now)
+        self._client()
+        try:
+            refused, rq, tm, td, tmo = await self._check(
+                keys=self._keys(entry.id, w),
+                args=[
+                    lim.requests_per_minute,
+                    lim.tokens_per_minute,
+                    lim.tokens_per_day,
+                    lim.tokens_per_month,
+                    math.ceil(w.minute_left) + 60,
+                ],
+            )
+        except (redis.RedisError, OSError) as exc:
+            self._unavailable(exc)
+            return []
+        self._available()
+        headers = _headers(lim, w, rq, tm, td, tmo)
+        if refused:
+            REFUSED.labels(_NAMES[refused]).inc()
+            raise _refusal(entry, lim, w, refused, headers)
+        return headers
+
+    async def charge(self, entry, tokens: int, now: float | None = None) -> None:
+        """Count ``tokens`` against the key's token limits, once the engine has reported them."""
+        lim: KeyLimits = entry.limits
+        if tokens <= 0 or not lim.tokens_on:
+            return
+        if self.down_until and time.monotonic() < self.down_until:
+            return
+        now = time.time() if now is None else now
+        w = Windows.at(now)
+        _, tk_min, tk_day, tk_month = self._keys(entry.id, w)
+        keys, ttls = [], []
+        for limit, k, left in (
+            (lim.tokens_per_minute, tk_min, w.minute_left),
+            (lim.tokens_per_day, tk_day, w.day_left),
+            (lim.tokens_per_month, tk_month, w.month_left),
+        ):
+            if limit:
+                keys.append(k)
+                ttls.append(math.ceil(left) + 60)
+        self._client()
+        try:
+            await self._charge(keys=keys, args=[tokens, *ttls])
+        except (redis.RedisError, OSError) as exc:
+            self._unavailable(exc)
+            return
+        self._available()
+
+
+def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int):
+    """(limit, remaining, seconds left) of the token limit with the least left."""
+    best = None
+    for limit, used, left in (
+        (lim.tokens_per_minute, tm, w.minute_left),
+        (lim.tokens_per_day, td, w.day_left),
+        (lim.tokens_per_month, tmo, w.month_left),
+    ):
+        if limit:
+            remaining = max(0, limit - used)
+            if best is None or remaining < best[1]:
+                best = (limit, remaining, left)
+    return best
+
+
+def _headers(lim: KeyLimits, w: Windows, rq, tm, td, tmo) -> list[tuple[bytes, bytes]]:
+    headers = []
+    if lim.requests_per_minute:
+        headers += [
+            (b"x-ratelimit-limit-requests", str(lim.requests_per_minute).encode()),
+            (
+                b"x-ratelimit-remaining-requests",
+                str(max(0, lim.requests_per_minute - rq)).encode(),
+            ),
+            (b"x-ratelimit-reset-requests", reset_text(w.minute_left).encode()),
+        ]
+    tokens = _tokens_window(lim, w, tm, td, tmo)
+    if tokens is not None:
+        limit, remaining, left = tokens
+        headers += [
+            (b"x-ratelimit-limit-tokens", str(limit).encode()),
+            (b"x-ratelimit-remaining-tokens", str(remaining).encode()),
+            (b"x-ratelimit-reset-tokens", reset_text(left).encode()),
+        ]
+    return headers
+
+
+def _refusal(entry, lim: KeyLimits, w: Windows, refused: int, headers) -> GatewayError:
+    who = f"API key '{entry.name}' ({entry.prefix})"
+    if refused == 1:
+        message = f"{who} is over its limit of {lim.requests_per_minute} requests per minute"
+        left, code = w.minute_left, "rate_limit_exceeded"
+    elif refused == 2:
+        message = f"{who} is over its limit of {lim.tokens_per_minute} tokens per minute"
+        left, code = w.minute_left, "rate_limit_exceeded"
+    elif refused == 3:
+        message = f"{who} has used its budget of {lim.tokens_per_day} tokens for today (UTC)"
+        left, code = w.day_left, "insufficient_quota"
+    else:
+        message = f"{who} has used its budget of {lim.tokens_per_month} tokens for this month (UTC)"
+        left, code = w.month_left, "insufficient_quota"
+    err = GatewayError(
+        429, f"{message}; try again in {reset_text(left)}", code=code, retry_after=math.ceil(left)
+    )
+    err.extra_headers = headers
+    return err
