@@ -190,6 +190,21 @@ class ApiKey(_Secret):
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix})"
 
+    @classmethod
+    def find(cls, secret: str, queryset=None):
+        """As for any secret, and a rotated key's previous secret during its grace."""
+        found = super().find(secret, queryset)
+        if found is not None or split_prefix(secret or "", cls.KIND) is None:
+            return found
+        digest = hash_secret(secret)
+        rows = (queryset if queryset is not None else cls.objects).filter(
+            prefix=split_prefix(secret, cls.KIND), previous_secret_expires_at__gt=timezone.now()
+        )
+        for row in rows:
+            if row.previous_secret_hash and hmac.compare_digest(row.previous_secret_hash, digest):
+                return row
+        return None
+
     def usable(self, now=None) -> str | None:
         """None when it may be used now, else why not (the gateway's wording too)."""
         now = now or timezone.now()
