@@ -18,19 +18,19 @@ logged once, ``llmgw_gateway_limits_unchecked_total`` counts what passed, and
 Redis is tried again after ``gateway_limits_retry_s``; counting resumes then.
 """
 
+import hashlib
 import logging
 import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import redis
-import redis.asyncio as aioredis
 from django.conf import settings
 from prometheus_client import Counter
 
 from fleet.metrics import REGISTRY
 
+from . import resp
 from .errors import GatewayError
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ for i, k in ipairs(KEYS) do
 end
 return 0
 """
+
+_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CHECK, _CHARGE)}
 
 _NAMES = {
     1: "requests_per_minute",
@@ -152,8 +154,11 @@ def reset_text(seconds: float) -> str:
     return f"{s}s"
 
 
+_FAILURES = (resp.ReplyError, OSError, TimeoutError)
+
+
 class Limiter:
-    """One per gateway (event loop): its own asyncio Redis connection pool."""
+    """One per gateway (event loop), with its own Redis connection (``resp.Client``)."""
 
     def __init__(self, url: str | None = None, prefix: str | None = None, retry_s: float = 2.0):
         self.url = url or settings.REDIS_URL
@@ -161,24 +166,27 @@ class Limiter:
             prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "llmgw")
         self.prefix = f"{prefix}:limits"
         self.retry_s = retry_s
-        self._redis = None
-        self._check = self._charge = None
+        self._redis: resp.Client | None = None
         self.down_until = 0.0  # monotonic; while in the future, limits are not checked
         self.down = False
 
-    def _client(self):
-        if self._redis is None:
-            self._redis = aioredis.Redis.from_url(
-                self.url, socket_timeout=0.25, socket_connect_timeout=0.25
-            )
-            self._check = self._redis.register_script(_CHECK)
-            self._charge = self._redis.register_script(_CHARGE)
-        return self._redis
-
     async def close(self) -> None:
         if self._redis is not None:
-            await self._redis.aclose()
+            self._redis.close()
             self._redis = None
+
+    async def _script(self, script: str, keys: list, args: list):
+        """EVALSHA, loading the script first where Redis does not have it (a restart)."""
+        if self._redis is None:
+            self._redis = resp.Client(self.url)
+        sha = _SHA[script]
+        try:
+            return await self._redis.call("EVALSHA", sha, len(keys), *keys, *args)
+        except resp.ReplyError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        await self._redis.call("SCRIPT", "LOAD", script)
+        return await self._redis.call("EVALSHA", sha, len(keys), *keys, *args)
 
     def _keys(self, key_id: int, w: Windows) -> list[str]:
         p = self.prefix
@@ -216,11 +224,11 @@ class Limiter:
             return []
         now = time.time() if now is None else now
         w = Windows.at(now)
-        self._client()
         try:
-            refused, rq, tm, td, tmo = await self._check(
-                keys=self._keys(entry.id, w),
-                args=[
+            refused, rq, tm, td, tmo = await self._script(
+                _CHECK,
+                self._keys(entry.id, w),
+                [
                     lim.requests_per_minute,
                     lim.tokens_per_minute,
                     lim.tokens_per_day,
@@ -228,7 +236,7 @@ class Limiter:
                     math.ceil(w.minute_left) + 60,
                 ],
             )
-        except (redis.RedisError, OSError) as exc:
+        except _FAILURES as exc:
             self._unavailable(exc)
             return []
         self._available()
@@ -257,10 +265,9 @@ class Limiter:
             if limit:
                 keys.append(k)
                 ttls.append(math.ceil(left) + 60)
-        self._client()
         try:
-            await self._charge(keys=keys, args=[tokens, *ttls])
-        except (redis.RedisError, OSError) as exc:
+            await self._script(_CHARGE, keys, [tokens, *ttls])
+        except _FAILURES as exc:
             self._unavailable(exc)
             return
         self._available()

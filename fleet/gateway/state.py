@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class Gateway:
                 asyncio.ensure_future(self._record_history()),
             ]
             self.started = True
+            _close_before_twisted_stops(self)
             logger.info(
                 "gateway started models=%d ready_replicas=%d keys=%d",
                 len(self.routes),
@@ -371,6 +373,22 @@ class Gateway:
         while True:
             await asyncio.sleep(self.limits.last_used_flush_s)
             await self._write_used()
+
+
+def _close_before_twisted_stops(gw: Gateway) -> None:
+    """Under Daphne (no ASGI lifespan): make Twisted's shutdown wait for ``gw.close()``,
+    so a SIGTERM still writes the usage and last-used times counted since the last flush."""
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None or not hasattr(reactor, "addSystemEventTrigger"):
+        return
+    from twisted.internet.defer import Deferred
+
+    def before_shutdown():
+        if not gw.started:
+            return None
+        return Deferred.fromFuture(asyncio.ensure_future(gw.close()))
+
+    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
 
 
 _gateways: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway]" = (

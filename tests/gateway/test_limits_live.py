@@ -156,3 +156,25 @@ def test_over_a_token_budget_the_openai_client_sees_a_rate_limit_error(
     assert "budget of 10 tokens for today" in refused.value.message
     assert refused.value.code == "insufficient_quota"
     assert upstream.served == 2
+
+
+def test_a_gateway_stopped_cleanly_writes_the_usage_it_had_not_flushed_yet(
+    transactional_db, tmp_path, upstream
+):
+    from fleet.models import KeyUsage
+
+    # given a gateway that would write usage only once a minute
+    server = start_daphne(tmp_path, **{**FAST, "LLMGW_GATEWAY_USAGE_FLUSH_S": "60"})
+    try:
+        ready_model("tiny", [upstream])
+        key, secret = inference_key("team-a")
+        c = client(server, secret)
+        for _ in range(2):
+            c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert not KeyUsage.objects.exists()
+    finally:
+        # when it is stopped (SIGTERM)
+        server.stop()
+    # then what it counted is in the database
+    row = KeyUsage.objects.get(key=key)
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (2, 6, 8)
