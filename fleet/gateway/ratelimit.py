@@ -18,6 +18,7 @@ logged once, ``llmgw_gateway_limits_unchecked_total`` counts what passed, and
 Redis is tried again after ``gateway_limits_retry_s``; counting resumes then.
 """
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -49,6 +50,8 @@ REFUSED = Counter(
 
 # KEYS: requests this minute, tokens this minute, this day, this month.
 # ARGV: the four limits (0: none), then the request counter's expiry in seconds.
+# Expiries are set when a counter is made and outlast its window: constant, so a
+# key's command is the same bytes all minute long and is encoded once.
 # Returns {refused, requests, tokens minute, tokens day, tokens month}; refused
 # names the limit (1 requests, 2 tokens/min, 3 day, 4 month) or is 0.
 _CHECK = """
@@ -70,15 +73,20 @@ end
 return {refused, rq, tm, td, tmo}
 """
 
-# KEYS: the token counters to charge; ARGV: the tokens, then each key's expiry.
+# KEYS: the token counters to charge; ARGV: each one's expiry, then the tokens.
 _CHARGE = """
+local n = ARGV[#ARGV]
 for i, k in ipairs(KEYS) do
-  if redis.call('INCRBY', k, ARGV[1]) == tonumber(ARGV[1]) then
-    redis.call('EXPIRE', k, ARGV[i + 1])
+  if redis.call('INCRBY', k, n) == tonumber(n) then
+    redis.call('EXPIRE', k, ARGV[i])
   end
 end
 return 0
 """
+
+_MINUTE_TTL_S = 120
+_DAY_TTL_S = 2 * 86400
+_MONTH_TTL_S = 33 * 86400
 
 _SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CHECK, _CHARGE)}
 
@@ -127,17 +135,30 @@ class Windows:
 
     @classmethod
     def at(cls, now: float) -> "Windows":
-        t = datetime.fromtimestamp(now, UTC)
-        midnight = datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp()
-        nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC).timestamp()
+        day, month, day_end, month_end = _day(int(now // 86400))
         return cls(
             minute=str(int(now // 60)),
-            day=t.strftime("%Y%m%d"),
-            month=t.strftime("%Y%m"),
+            day=day,
+            month=month,
             minute_left=60 - now % 60,
-            day_left=midnight + 86400 - now,
-            month_left=nxt - now,
+            day_left=day_end - now,
+            month_left=month_end - now,
         )
+
+
+_DAYS: dict[int, tuple[str, str, float, float]] = {}
+
+
+def _day(n: int) -> tuple[str, str, float, float]:
+    """Day ``n`` since the epoch (UTC): its name, its month's, and when each ends. Cached."""
+    got = _DAYS.get(n)
+    if got is None:
+        if len(_DAYS) > 64:
+            _DAYS.clear()
+        t = datetime.fromtimestamp(n * 86400, UTC)
+        nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC).timestamp()
+        got = _DAYS[n] = (t.strftime("%Y%m%d"), t.strftime("%Y%m"), (n + 1) * 86400, nxt)
+    return got
 
 
 def reset_text(seconds: float) -> str:
@@ -167,6 +188,10 @@ class Limiter:
         self.prefix = f"{prefix}:limits"
         self.retry_s = retry_s
         self._redis: resp.Client | None = None
+        # Encoded commands by (key id, limits, minute), for the minute at hand.
+        self._commands: dict[tuple, bytes] = {}
+        self._minute = ""
+        self._pending: set[asyncio.Task] = set()
         self.down_until = 0.0  # monotonic; while in the future, limits are not checked
         self.down = False
 
@@ -175,18 +200,48 @@ class Limiter:
             self._redis.close()
             self._redis = None
 
-    async def _script(self, script: str, keys: list, args: list):
-        """EVALSHA, loading the script first where Redis does not have it (a restart)."""
+    def _command(self, kind: str, entry, lim: KeyLimits, w: Windows) -> bytes:
+        if w.minute != self._minute:
+            self._commands.clear()
+            self._minute = w.minute
+        cached = self._commands.get((kind, entry.id, lim))
+        if cached is not None:
+            return cached
+        rq, tk_min, tk_day, tk_month = self._keys(entry.id, w)
+        if kind == "check":
+            args = ["EVALSHA", _SHA[_CHECK], 4, rq, tk_min, tk_day, tk_month]
+            args += [*_limits(lim), _MINUTE_TTL_S]
+        else:
+            keys, ttls = [], []
+            for limit, k, ttl in (
+                (lim.tokens_per_minute, tk_min, _MINUTE_TTL_S),
+                (lim.tokens_per_day, tk_day, _DAY_TTL_S),
+                (lim.tokens_per_month, tk_month, _MONTH_TTL_S),
+            ):
+                if limit:
+                    keys.append(k)
+                    ttls.append(ttl)
+            # The tokens go last, appended per call.
+            args = ["EVALSHA", _SHA[_CHARGE], len(keys), *keys, *ttls]
+        command = self._commands[(kind, entry.id, lim)] = resp.encode(args)
+        return command
+
+    def _client(self) -> resp.Client:
         if self._redis is None:
             self._redis = resp.Client(self.url)
-        sha = _SHA[script]
+        return self._redis
+
+    async def _run(self, command: bytes):
+        """EVALSHA, loading the scripts first where Redis does not have them (a restart)."""
+        client = self._client()
         try:
-            return await self._redis.call("EVALSHA", sha, len(keys), *keys, *args)
+            return await client.call_raw(command)
         except resp.ReplyError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
-        await self._redis.call("SCRIPT", "LOAD", script)
-        return await self._redis.call("EVALSHA", sha, len(keys), *keys, *args)
+        for script in (_CHECK, _CHARGE):
+            await client.call("SCRIPT", "LOAD", script)
+        return await client.call_raw(command)
 
     def _keys(self, key_id: int, w: Windows) -> list[str]:
         p = self.prefix
@@ -197,8 +252,9 @@ class Limiter:
             f"{p}:tk:{key_id}:M{w.month}",
         ]
 
-    def _unavailable(self, exc: Exception) -> None:
-        UNCHECKED.inc()
+    def _unavailable(self, exc: Exception, count: bool = True) -> None:
+        if count:
+            UNCHECKED.inc()
         self.down_until = time.monotonic() + self.retry_s
         if not self.down:
             self.down = True
@@ -225,17 +281,7 @@ class Limiter:
         now = time.time() if now is None else now
         w = Windows.at(now)
         try:
-            refused, rq, tm, td, tmo = await self._script(
-                _CHECK,
-                self._keys(entry.id, w),
-                [
-                    lim.requests_per_minute,
-                    lim.tokens_per_minute,
-                    lim.tokens_per_day,
-                    lim.tokens_per_month,
-                    math.ceil(w.minute_left) + 60,
-                ],
-            )
+            refused, rq, tm, td, tmo = await self._run(self._command("check", entry, lim, w))
         except _FAILURES as exc:
             self._unavailable(exc)
             return []
@@ -254,23 +300,52 @@ class Limiter:
         if self.down_until and time.monotonic() < self.down_until:
             return
         now = time.time() if now is None else now
-        w = Windows.at(now)
-        _, tk_min, tk_day, tk_month = self._keys(entry.id, w)
-        keys, ttls = [], []
-        for limit, k, left in (
-            (lim.tokens_per_minute, tk_min, w.minute_left),
-            (lim.tokens_per_day, tk_day, w.day_left),
-            (lim.tokens_per_month, tk_month, w.month_left),
-        ):
-            if limit:
-                keys.append(k)
-                ttls.append(math.ceil(left) + 60)
+        command = _with_tokens(self._command("charge", entry, lim, Windows.at(now)), tokens)
+        # Not waited for where the connection is up: the answer has gone already, and
+        # commands on one connection run in order, so the next check sees these tokens.
+        fut = self._client().send_nowait(command)
+        if fut is not None:
+            fut.add_done_callback(lambda f: self._charged(f, command))
+            return
+        await self._charge_waiting(command)
+
+    async def _charge_waiting(self, command: bytes) -> None:
         try:
-            await self._script(_CHARGE, keys, [tokens, *ttls])
+            await self._run(command)
         except _FAILURES as exc:
-            self._unavailable(exc)
+            self._unavailable(exc, count=False)
             return
         self._available()
+
+    def _charged(self, fut: asyncio.Future, command: bytes) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None and isinstance(fut.result(), resp.ReplyError):
+            if str(fut.result()).startswith("NOSCRIPT"):
+                # Redis restarted: load the scripts and charge again, waiting this time.
+                self._pending.add(task := asyncio.ensure_future(self._charge_waiting(command)))
+                task.add_done_callback(self._pending.discard)
+                return
+            exc = fut.result()
+        if exc is not None:
+            self._unavailable(exc, count=False)
+
+
+def _limits(lim: KeyLimits) -> tuple[int, int, int, int]:
+    return (
+        lim.requests_per_minute,
+        lim.tokens_per_minute,
+        lim.tokens_per_day,
+        lim.tokens_per_month,
+    )
+
+
+def _with_tokens(command: bytes, tokens: int) -> bytes:
+    """A cached charge command (``*N`` args, the tokens missing) with the tokens added."""
+    head, rest = command.split(b"\r\n", 1)
+    t = str(tokens).encode()
+    return b"*%d\r\n%b$%d\r\n%b\r\n" % (int(head[1:]) + 1, rest, len(t), t)
 
 
 def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int):

@@ -152,12 +152,12 @@ class Client:
             await self._call(conn, "SELECT", db)
         return conn
 
-    async def _call(self, conn: _Protocol, *args):
+    async def _call(self, conn: _Protocol, *args, raw: bytes | None = None):
         if conn.closed:
             raise ConnectionError("the connection to Redis is closed")
         fut = asyncio.get_running_loop().create_future()
         conn.pending.append(fut)
-        conn.transport.write(encode(args))
+        conn.transport.write(raw or encode(args))
         try:
             async with asyncio.timeout(self.timeout):
                 value = await fut
@@ -174,6 +174,24 @@ class Client:
         if conn is None or conn.closed:
             conn = await self._connect()
         return await self._call(conn, *args)
+
+    async def call_raw(self, command: bytes):
+        """``call`` for a command already encoded (``encode``): cached by the caller."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self._connect()
+        return await self._call(conn, raw=command)
+
+    def send_nowait(self, command: bytes) -> asyncio.Future | None:
+        """Send an encoded command without waiting: the future gets its reply (an error reply
+        as a ReplyError value). None when not connected; the caller then uses ``call_raw``."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        conn.pending.append(fut)
+        conn.transport.write(command)
+        return fut
 
     def close(self) -> None:
         if self._conn is not None:
