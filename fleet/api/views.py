@@ -380,6 +380,8 @@ class ApiKeyViewSet(viewsets.ViewSet):
             secret = api_keys.rotate_api_key(
                 key, api_keys.parse_duration(body.validated_data["grace"])
             )
+        except OverflowError:
+            raise ValidationError({"grace": ["a grace period that long is not a date"]}) from None
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
         return Response(
@@ -420,8 +422,11 @@ class UsageViewSet(viewsets.ViewSet):
         since_text = request.query_params.get("since") or "7d"
         try:
             since = timezone.now() - api_keys.parse_duration(since_text)
-        except ValueError:
-            when = parse_datetime(since_text.strip().replace("Z", "+00:00"))
+        except (ValueError, OverflowError):
+            try:
+                when = parse_datetime(since_text.strip().replace("Z", "+00:00"))
+            except ValueError:
+                when = None
             if when is None:
                 raise ValidationError(
                     {"since": [f"'{since_text}' is neither a duration (7d) nor an ISO 8601 time"]}

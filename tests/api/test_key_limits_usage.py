@@ -153,6 +153,8 @@ def test_usage_through_the_api_filtered_by_key_model_and_since(api):
     assert hour.minute == 0 and hour.tzinfo is not None
     assert [r["key"] for r in month] == ["team-b"]
     assert bad.status_code == 400 and "yesterday" in bad.json()["since"][0]
+    for since in ("2026-13-45T00:00", "99999999999d"):
+        assert api.get(f"/api/v1/usage/?since={since}").status_code == 400
 
 
 def test_usage_command_sums_per_key_and_model():

@@ -22,8 +22,8 @@ class Command(BaseCommand):
             raise CommandError(f"no API key with prefix '{prefix}'")
         try:
             secret = api_keys.rotate_api_key(key, api_keys.parse_duration(grace))
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        except (ValueError, OverflowError) as exc:
+            raise CommandError(f"--grace {grace}: {exc}") from None
         self.stderr.write(
             f"key '{key.name}' ({key.prefix}) rotated; the old secret works until "
             f"{key.previous_secret_expires_at:%Y-%m-%d %H:%M} UTC. The new secret, shown once:"

@@ -16,8 +16,8 @@ class Command(BaseCommand):
     def handle(self, *args, key, model, since, hourly, **options):
         try:
             start = timezone.now() - api_keys.parse_duration(since)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        except (ValueError, OverflowError) as exc:
+            raise CommandError(f"--since {since}: {exc}") from None
         rows = api_keys.usage(key=key, model=model, since=start)
         header = f"{'KEY':<24} {'MODEL':<28} {'REQUESTS':>9} {'PROMPT':>12} {'COMPLETION':>12}"
         if hourly:
