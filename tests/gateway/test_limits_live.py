@@ -178,3 +178,51 @@ def test_a_gateway_stopped_cleanly_writes_the_usage_it_had_not_flushed_yet(
     # then what it counted is in the database
     row = KeyUsage.objects.get(key=key)
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (2, 6, 8)
+
+
+def test_redis_away_the_gateway_serves_unchecked_and_counts_again_when_it_is_back(
+    transactional_db, tmp_path, upstream
+):
+    from fleet.devstack.redis import PrivateRedis
+
+    # given a gateway on a Redis of its own, and a key allowed 100 requests a minute
+    (tmp_path / "r").mkdir()
+    redis = PrivateRedis(tmp_path / "r").start()
+    server = start_daphne(tmp_path, REDIS_URL=redis.url, LLMGW_GATEWAY_LIMITS_RETRY_S="0.2", **FAST)
+    try:
+        ready_model("tiny", [upstream])
+        _, secret = inference_key("team-a", requests_per_minute=100)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        before = post(server.url, secret, body)
+
+        # when Redis goes away
+        redis.stop()
+        during = [post(server.url, secret, body) for _ in range(3)]
+
+        # and comes back
+        redis.start()
+        back = wait_until(
+            lambda: (
+                (a := post(server.url, secret, body))[1].get("x-ratelimit-limit-requests") and a
+            ),
+            what="limits checked again",
+        )
+        metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    finally:
+        server.stop()
+        redis.stop()
+
+    assert before[0] == 200 and before[1]["x-ratelimit-remaining-requests"] == "99"
+    # then requests are served, unchecked (no headers), logged once, counted in a metric
+    assert [s for s, _, _ in during] == [200, 200, 200]
+    assert all("x-ratelimit-limit-requests" not in h for _, h, _ in during)
+    assert server.output().count("Redis did not answer") == 1
+    assert "Redis answers again" in server.output()
+    unchecked = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("llmgw_gateway_limits_unchecked_total")
+    ]
+    assert unchecked and float(unchecked[0].split()[-1]) >= 3
+    # and counting resumed (a fresh Redis: the minute starts over)
+    assert back[0] == 200 and int(back[1]["x-ratelimit-remaining-requests"]) < 100
