@@ -9,7 +9,15 @@ from dataclasses import dataclass
 
 _KEY = r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?"
 _VALUE = r"[A-Za-z0-9._-]{0,63}"
-_TERM = re.compile(rf"^(?P<neg>!)?(?P<key>{_KEY})(\s*(?P<op>!=|==|=)\s*(?P<value>{_VALUE}))?$")
+# Spaces are the only blanks a selector may have around its terms: Python's idea
+# of whitespace (strip(), \s) is wider than other languages', and a client
+# checking a selector against SELECTOR_PATTERN must get the answer the API gives.
+_TERM = re.compile(rf"(?P<neg>!)?(?P<key>{_KEY})( *(?P<op>!=|==|=) *(?P<value>{_VALUE}))?")
+_ITEM = rf"( *(!{_KEY}|{_KEY}( *(!=|==|=) *{_VALUE})?) *)?"
+# The whole grammar parse_selector() accepts, as a regular expression that means
+# the same in ECMAScript (the OpenAPI schema's dialect) and in Python with re.fullmatch
+# (where a bare `$` would also match before a final newline).
+SELECTOR_PATTERN = rf"^( *|{_ITEM}(,{_ITEM})*)$"
 
 
 def effective_labels(agent_labels: dict | None, operator_labels: dict | None) -> dict:
@@ -47,13 +55,14 @@ class Requirement:
 def parse_selector(text: str) -> list[Requirement]:
     """Parse a selector, or raise ValueError naming the bad term."""
     reqs = []
-    for raw in (text or "").split(","):
-        term = raw.strip()
+    text = text or ""
+    for raw in text.split(","):
+        term = raw.strip(" ")
         if not term:
-            if raw and text.strip():
+            if raw and text.strip(" "):
                 raise ValueError(f"empty term in selector {text!r}")
             continue
-        m = _TERM.match(term)
+        m = _TERM.fullmatch(term)
         if not m or (m.group("neg") and m.group("op")):
             raise ValueError(
                 f"'{term}' is not a valid selector term (use key, !key, key=v, key!=v)"

@@ -261,15 +261,31 @@ REST_FRAMEWORK = {
         "rest_framework.filters.SearchFilter",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON in, as the schema says; a form-encoded body cannot say null, or a list.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "fleet.api.exceptions.handle",
 }
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw API",
     "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
     "VERSION": "1",
+    # Tags and operation ids by resource ("nodes", nodes_drain_create), not "v1":
+    # what a generated client names its modules and methods after.
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
+    # The schema describes the API (/api/v1/), not the page that serves it.
+    "SERVE_INCLUDE_SCHEMA": False,
+    # A request body's own components (ModelRequest, PatchedModelRequest): without
+    # read-only fields, and with the rules (minLength...) that only writing has.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # After the enum hook, ours: every operation's error statuses and their bodies.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "fleet.api.schema.document_errors",
+    ],
     "SERVE_PERMISSIONS": [
         "rest_framework.permissions.AllowAny"
         if API_DOCS_PUBLIC

@@ -15,3 +15,7 @@ urlpatterns = [
     path("favicon.ico", lambda request: redirect(static("fleet/favicon.svg"))),
     path("", include("fleet.urls")),
 ]
+
+# Under /api/ a path no route matches is a JSON 404 like the API's own (and a 500 JSON too).
+handler404 = "fleet.api.exceptions.not_found"
+handler500 = "fleet.api.exceptions.server_error"

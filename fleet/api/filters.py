@@ -1,10 +1,29 @@
-"""Query filters for the management API (``?state=ready&cordoned=false``)."""
+"""Query filters for the management API (``?state=ready&cordoned=false``).
+
+What the schema says of a filter is what it does: a value of the wrong type is
+a 400 naming the parameter, never quietly ignored, and an id that matches
+nothing is an empty page, not an error. An empty value (``?state=``) is no
+filter, as the schema says (``allowEmptyValue``, fleet/api/schema.py).
+"""
 
 import django_filters
+from django import forms
 from django.core.exceptions import ValidationError
+from django.db import models
+from drf_spectacular.utils import extend_schema_field
 
-from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard
-from fleet.selectors import effective_labels, parse_selector, selector_matches
+from fleet.models import (
+    GPU,
+    EngineProfile,
+    Model,
+    Node,
+    NodeState,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+)
+from fleet.selectors import SELECTOR_PATTERN, effective_labels, parse_selector, selector_matches
 
 
 def _valid_selector(value: str) -> None:
@@ -14,17 +33,83 @@ def _valid_selector(value: str) -> None:
         raise ValidationError(str(exc)) from None
 
 
-class NodeFilterSet(django_filters.FilterSet):
-    selector = django_filters.CharFilter(
-        method="filter_selector",
-        validators=[_valid_selector],
-        label="Label selector, e.g. 'zone=a,!spot'; matches the labels in effect.",
+class StrictBooleanField(forms.Field):
+    """``true`` or ``false`` (or 1, 0), any case; anything else is an error, not "no filter"."""
+
+    widget = forms.TextInput
+    VALUES = {"true": True, "1": True, "false": False, "0": False}
+
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        try:
+            return self.VALUES[str(value).lower()]
+        except KeyError:
+            raise ValidationError(f"must be true or false, not {value!r}") from None
+
+    def validate(self, value):
+        pass  # None (no filter), True or False: each is valid
+
+
+class BooleanFilter(django_filters.BooleanFilter):
+    field_class = StrictBooleanField
+
+
+# Ids are positive 64-bit integers; past that the database cannot even compare.
+ID_MAX = 2**63 - 1
+
+
+class IdField(forms.IntegerField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=1, max_value=ID_MAX, **kwargs)
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": ID_MAX})
+class IdFilter(django_filters.Filter):
+    """A related object's id, looked up as given: an id that names nothing matches nothing.
+
+    django-filter's default for a foreign key (ModelChoiceFilter) answers 400 for
+    an id that does not exist, which a client cannot know from the schema.
+    """
+
+    field_class = IdField
+
+
+class ChoiceInFilter(django_filters.BaseInFilter, django_filters.ChoiceFilter):
+    """``?state__in=ready,suspect``: each value one of the choices, or a 400 naming it.
+
+    django-filter's own ``__in`` filter for a choice field takes any text and
+    matches nothing with it, while the schema lists the choices.
+    """
+
+
+def choice_in(field_name: str, choices) -> ChoiceInFilter:
+    return ChoiceInFilter(
+        field_name=field_name, lookup_expr="in", choices=choices, label="Any of, comma-separated."
     )
+
+
+class FilterSet(django_filters.FilterSet):
+    FILTER_DEFAULTS = {
+        **django_filters.FilterSet.FILTER_DEFAULTS,
+        models.BooleanField: {"filter_class": BooleanFilter},
+    }
+
+
+class NodeFilterSet(FilterSet):
+    selector = extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN})(
+        django_filters.CharFilter(
+            method="filter_selector",
+            validators=[_valid_selector],
+            label="Label selector, e.g. 'zone=a,!spot'; matches the labels in effect.",
+        )
+    )
+    state__in = choice_in("state", NodeState.choices)
 
     class Meta:
         model = Node
         fields = {
-            "state": ["exact", "in"],
+            "state": ["exact"],
             "cordoned": ["exact"],
             "draining": ["exact"],
             "connected": ["exact"],
@@ -42,13 +127,13 @@ class NodeFilterSet(django_filters.FilterSet):
         return queryset.filter(pk__in=ids)
 
 
-class GPUFilterSet(django_filters.FilterSet):
-    healthy = django_filters.BooleanFilter(method="filter_healthy", label="Has no problems.")
+class GPUFilterSet(FilterSet):
+    node = django_filters.CharFilter(field_name="node_id", label="The node's id.")
+    healthy = BooleanFilter(method="filter_healthy", label="Has no problems.")
 
     class Meta:
         model = GPU
         fields = {
-            "node": ["exact"],
             "name": ["exact", "icontains"],
             "uuid": ["exact"],
         }
@@ -57,36 +142,41 @@ class GPUFilterSet(django_filters.FilterSet):
         return queryset.filter(problems=[]) if value else queryset.exclude(problems=[])
 
 
-class ModelFilterSet(django_filters.FilterSet):
+class ModelFilterSet(FilterSet):
     class Meta:
         model = Model
         fields = {"name": ["exact", "icontains"], "placement_policy": ["exact"]}
 
 
-class EngineProfileFilterSet(django_filters.FilterSet):
+class EngineProfileFilterSet(FilterSet):
+    model = IdFilter(field_name="model_id", label="The model's id.")
     model_name = django_filters.CharFilter(field_name="model__name")
 
     class Meta:
         model = EngineProfile
-        fields = {"model": ["exact"], "engine": ["exact"], "gpu_class": ["exact", "icontains"]}
+        fields = {"engine": ["exact"], "gpu_class": ["exact", "icontains"]}
 
 
-class ReplicaFilterSet(django_filters.FilterSet):
+class ReplicaFilterSet(FilterSet):
+    model = IdFilter(field_name="model_id", label="The model's id.")
+    profile = IdFilter(field_name="profile_id", label="The engine profile's id.")
     model_name = django_filters.CharFilter(field_name="model__name")
+    state__in = choice_in("state", ReplicaState.choices)
 
     class Meta:
         model = Replica
-        fields = {"model": ["exact"], "profile": ["exact"], "state": ["exact", "in"]}
+        fields = {"state": ["exact"]}
 
 
-class ShardFilterSet(django_filters.FilterSet):
+class ShardFilterSet(FilterSet):
+    node = django_filters.CharFilter(field_name="node_id", label="The node's id.")
+    replica = django_filters.CharFilter(field_name="replica_id", label="The replica's id.")
     model_name = django_filters.CharFilter(field_name="replica__model__name")
+    state__in = choice_in("state", ShardState.choices)
 
     class Meta:
         model = Shard
         fields = {
-            "node": ["exact"],
-            "replica": ["exact"],
-            "state": ["exact", "in"],
+            "state": ["exact"],
             "desired_state": ["exact"],
         }

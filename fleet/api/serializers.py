@@ -7,6 +7,7 @@ holds the same through the API as in the admin, field by field.
 from copy import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -28,12 +29,41 @@ from fleet.models import (
     VllmBuild,
     WantedEngine,
 )
+from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
+
+SMALLINT_MAX = 32767
+INT_MAX = 2**31 - 1
+
+
+class StrictCharField(serializers.CharField):
+    """Text, and only text, checked as given.
+
+    DRF's CharField takes ``0`` or ``1.5`` and stores "0", "1.5", and trims
+    blanks first, so "  " sent for a field the schema says is non-empty (as it
+    is) came back "may not be blank". The schema says string; a client sending
+    a number has a bug worth hearing about.
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class ValidatedModelSerializer(serializers.ModelSerializer):
     """Validates through the model's full_clean(), after DRF's own field checks."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+        models.TextField: StrictCharField,
+    }
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -209,6 +239,44 @@ class ModelSerializer(ValidatedModelSerializer):
             "updated_at",
         )
         read_only_fields = ("created_at", "updated_at")
+        # Model.clean() refuses a negative count; said here too, the schema says it.
+        extra_kwargs = {
+            "desired_replicas": {
+                "min_value": 0,
+                "max_value": INT_MAX,
+                "error_messages": {"min_value": "replicas cannot be negative"},
+            },
+            "replace_after_s": {"max_value": INT_MAX},
+        }
+
+
+@extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN, "maxLength": 1024})
+class SelectorField(serializers.Field):
+    """A label selector, checked as given (by EngineProfile.clean()): never trimmed into one.
+
+    Its pattern in the schema is the grammar the API parses (fleet/selectors.py).
+    Not a CharField: drf-spectacular would offer "" a second time beside the
+    pattern, which already takes it, and a client would find the schema ambiguous.
+    """
+
+    default_error_messages = {
+        "invalid": "Not a valid string.",
+        "max_length": "Ensure this field has no more than 1024 characters.",
+    }
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("help_text", "Label selector, e.g. 'gpu=h100,zone!=b,coding'.")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        if len(data) > 1024:
+            self.fail("max_length")
+        return data
+
+    def to_representation(self, value):
+        return value
 
 
 class EngineProfileSerializer(ValidatedModelSerializer):
@@ -222,6 +290,29 @@ class EngineProfileSerializer(ValidatedModelSerializer):
     )
     model_name = serializers.CharField(source="model.name", read_only=True)
     gpus_total = serializers.IntegerField(read_only=True)
+    node_selector = SelectorField(required=False)
+    # JSON in the database, but only these shapes are valid (EngineProfile.clean());
+    # typed here, the schema says so and a generated client gets a list and a map.
+    args = serializers.ListField(
+        child=StrictCharField(
+            allow_blank=True,
+            trim_whitespace=False,
+            error_messages={"invalid": "args must be a list of strings"},
+        ),
+        error_messages={"not_a_list": "args must be a list of strings, not {input_type}"},
+        required=False,
+        help_text="Extra engine arguments.",
+    )
+    env = serializers.DictField(
+        child=StrictCharField(
+            allow_blank=True,
+            trim_whitespace=False,
+            error_messages={"invalid": "env must map names to string values"},
+        ),
+        error_messages={"not_a_dict": "env must map names to string values, not {input_type}"},
+        required=False,
+        help_text="Extra environment variables.",
+    )
 
     class Meta:
         model = EngineProfile
@@ -249,6 +340,14 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "created_at",
             "updated_at",
         )
+        # The column sizes of PostgreSQL, said here so that SQLite (which has one
+        # size) checks them too and the schema is the same on either.
+        extra_kwargs = {
+            **{
+                name: {"max_value": SMALLINT_MAX} for name in ("tp", "pp", "gpus_per_node", "nodes")
+            },
+            **{name: {"max_value": INT_MAX} for name in ("min_memory_gb", "startup_timeout_s")},
+        }
         read_only_fields = (
             "args_env_changed_by",
             "args_env_changed_at",
@@ -325,6 +424,30 @@ class ReplicaSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class PlacedShardSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    rank = serializers.IntegerField()
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="GPU UUIDs.")
+    port = serializers.IntegerField()
+
+
+class NodeVerdictSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    fits = serializers.BooleanField()
+    reason = serializers.CharField()
+
+
+class ExplanationSerializer(serializers.Serializer):
+    """What ``explain`` answers (fleet.services.snapshot.Explanation.as_dict): for the schema."""
+
+    model = serializers.CharField()
+    profile = serializers.CharField()
+    summary = serializers.CharField(help_text="What the profile needs, in a line.")
+    choice = serializers.CharField(help_text="Where a new replica would go, or why nowhere.")
+    placement = PlacedShardSerializer(many=True, help_text="Empty when it cannot be placed.")
+    nodes = NodeVerdictSerializer(many=True, help_text="Every node, and whether it fits.")
+
+
 class NodeRowSerializer(serializers.Serializer):
     """One row of the node table; "-" where the node never said."""
 
@@ -348,7 +471,7 @@ class NodeLogsSerializer(serializers.Serializer):
 
 
 class CatalogApplySerializer(serializers.Serializer):
-    catalog = serializers.CharField(
+    catalog = StrictCharField(
         max_length=1 << 20, trim_whitespace=False, help_text="The catalog file's YAML text."
     )
     dry_run = serializers.BooleanField(default=False, help_text="Say what would change only.")
@@ -361,9 +484,9 @@ class ApplyResultSerializer(serializers.Serializer):
 
 
 class CatalogExplainSerializer(serializers.Serializer):
-    model = serializers.CharField(max_length=200)
-    profile = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    catalog = serializers.CharField(
+    model = StrictCharField(max_length=200)
+    profile = StrictCharField(max_length=200, required=False, allow_blank=True)
+    catalog = StrictCharField(
         max_length=1 << 20,
         required=False,
         allow_blank=True,
@@ -378,20 +501,20 @@ class RevokedSerializer(serializers.Serializer):
 
 
 class JoinTokenRequestSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100, help_text="What it is for, e.g. 'rack 4'.")
-    ttl = serializers.CharField(default="24h", max_length=20, help_text="30m, 24h, 7d…")
+    name = StrictCharField(max_length=100, help_text="What it is for, e.g. 'rack 4'.")
+    ttl = StrictCharField(default="24h", max_length=20, help_text="30m, 24h, 7d…")
     uses = serializers.IntegerField(default=1, min_value=1, max_value=100_000)
 
 
 class ApiKeyRequestSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100, help_text="Who or what it is for.")
+    name = StrictCharField(max_length=100, help_text="Who or what it is for.")
     scope = serializers.ChoiceField(choices=["inference", "manage"], default="inference")
     models = serializers.ListField(
-        child=serializers.CharField(max_length=200),
+        child=StrictCharField(max_length=200),
         required=False,
         help_text="Inference keys: the models it may use (none listed: all).",
     )
-    expires = serializers.CharField(
+    expires = StrictCharField(
         required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
     )
     requests_per_minute = serializers.IntegerField(

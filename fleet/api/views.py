@@ -8,7 +8,13 @@ from django.db.models import ProtectedError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, ValidationError
@@ -46,6 +52,69 @@ class NodeTimeout(APIException):
 LOG_LINES_MAX = 2000
 
 
+NODE_EXAMPLE = OpenApiExample(
+    "A GPU node",
+    value={
+        "id": "gpu-01",
+        "hostname": "gpu-01.example",
+        "mgmt_addr": "10.0.0.7",
+        "mgmt_interface": "eth0",
+        "state": "ready",
+        "cordoned": False,
+        "draining": False,
+        "connected": True,
+        "last_seen": "2026-12-01T03:49:13.291554Z",
+        "registered_at": "2026-11-20T09:12:44.100000Z",
+        "agent_version": "0.1.0",
+        "engine_versions": {"vllm": "0.11.0", "llamacpp": "0.3.16"},
+        "memory_total_mb": 2063500,
+        "agent_labels": {"zone": "a"},
+        "operator_labels": {"tier": "gold"},
+        "labels": {"zone": "a", "tier": "gold"},
+        "desired_version": 12,
+        "acked_version": 12,
+        "desired_lag_since": None,
+        "not_keeping_up": False,
+        "gpus": [
+            {
+                "id": 1,
+                "node": "gpu-01",
+                "index": 0,
+                "uuid": "GPU-5f1c8a2e-0000-4b7d-9e2a-3c6f0d1b0000",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total_mb": 81559,
+                "memory_used_mb": 412,
+                "compute_capability": "9.0",
+                "numa_node": 0,
+                "pci_bus_id": "00000000:18:00.0",
+                "driver_version": "550.90.07",
+                "cuda_version": "12.4",
+                "nvlink_peers": [1, 2, 3, 4, 5, 6, 7],
+                "ecc_errors": 0,
+                "temperature_c": 34,
+                "problems": [],
+                "healthy": True,
+            }
+        ],
+        "fabrics": [{"fabric": "ib0", "hcas": ["mlx5_0", "mlx5_1"], "rate_gbps": 400}],
+        "engine_installs": [],
+        "load": {
+            "sampled_at": "2026-12-01T03:49:10.000000Z",
+            "cpu_percent": 37.5,
+            "cpu_count": 224,
+            "load1": 3.5,
+            "load5": 3.0,
+            "load15": 2.5,
+            "memory_used_bytes": 442381631488,
+            "memory_available_bytes": 1717986918400,
+        },
+    },
+    response_only=True,
+)
+NODE_RESPONSE = {"responses": serializers.NodeSerializer, "examples": [NODE_EXAMPLE]}
+
+
+@extend_schema_view(retrieve=extend_schema(**NODE_RESPONSE))
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """Nodes as their agents report them, with operator intent (cordoned, draining)."""
 
@@ -70,19 +139,19 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = self.get_queryset().get(pk=node.pk)
         return Response(self.get_serializer(node).data)
 
-    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @extend_schema(request=None, **NODE_RESPONSE)
     @action(detail=True, methods=["post"])
     def cordon(self, request, pk=None):
         """No new placements on this node. Idempotent."""
         return self._intent(request, node_service.cordon)
 
-    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @extend_schema(request=None, **NODE_RESPONSE)
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
         """Cordon, start replacements elsewhere, and once they are ready retire what runs here."""
         return self._intent(request, drain_service.drain_node)
 
-    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @extend_schema(request=None, **NODE_RESPONSE)
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):
         """Allow placements again; also ends a drain. Idempotent."""
@@ -103,12 +172,23 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("source", str, description="'agent' (default) or a shard's id."),
             OpenApiParameter(
-                "lines", int, description=f"How many of the last lines, 1 to {LOG_LINES_MAX}."
+                "source",
+                {"type": "string", "maxLength": 100},
+                description="'agent' (default) or a shard's id.",
+            ),
+            OpenApiParameter(
+                "lines",
+                {"type": "integer", "minimum": 1, "maximum": LOG_LINES_MAX},
+                description=f"How many of the last lines, 1 to {LOG_LINES_MAX} (default 200).",
             ),
         ],
-        responses=serializers.NodeLogsSerializer,
+        responses={
+            200: serializers.NodeLogsSerializer,
+            400: OpenApiResponse(description="`lines` or `source` out of bounds."),
+            409: OpenApiResponse(description="The node's agent has no socket open."),
+            504: OpenApiResponse(description="The node did not answer in time."),
+        },
     )
     @action(detail=True, methods=["get"], filterset_class=None)
     def logs(self, request, pk=None):
@@ -189,6 +269,56 @@ class ProtectedDeleteMixin:
             ) from None
 
 
+MODEL_EXAMPLE = OpenApiExample(
+    "A model",
+    value={
+        "name": "qwen2.5-7b-instruct",
+        "description": "Chat, 7B",
+        "desired_replicas": 2,
+        "placement_policy": "spread",
+    },
+    request_only=True,
+)
+PROFILE_EXAMPLE = OpenApiExample(
+    "Two GPUs with vLLM",
+    value={
+        "model": 1,
+        "name": "h100-tp2",
+        "engine": "vllm",
+        "gpu_class": "H100",
+        "tp": 2,
+        "gpus_per_node": 2,
+        "model_path": "/models/qwen2.5-7b-instruct",
+        "args": ["--max-model-len", "8192"],
+        "env": {"VLLM_USE_V1": "1"},
+        "min_memory_gb": 64,
+        "node_selector": "zone=a,!spot",
+    },
+    request_only=True,
+)
+EXPLAIN_EXAMPLE = OpenApiExample(
+    "One node fits",
+    value={
+        "model": "qwen2.5-7b-instruct",
+        "profile": "h100-tp2",
+        "summary": "vllm, 2 H100 GPU(s), 64 GB of memory, policy spread",
+        "choice": "would go to gpu-01 (port 20001, 2 GPUs)",
+        "placement": [
+            {"node": "gpu-01", "rank": 0, "gpus": ["GPU-5f1c8a2e", "GPU-9b0d4c17"], "port": 20001}
+        ],
+        "nodes": [
+            {"node": "gpu-01", "fits": True, "reason": "gpu-01: fits"},
+            {"node": "gpu-02", "fits": False, "reason": "gpu-02: cordoned"},
+        ],
+    },
+    response_only=True,
+)
+
+
+@extend_schema_view(
+    create=extend_schema(examples=[MODEL_EXAMPLE]),
+    update=extend_schema(examples=[MODEL_EXAMPLE]),
+)
 class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     """Models operators want served, and how many replicas of each."""
 
@@ -199,19 +329,40 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     ordering_fields = ("name", "updated_at")
 
     @extend_schema(
-        parameters=[OpenApiParameter("profile", str, description="Ask about this profile.")],
-        responses=OpenApiTypes.OBJECT,
+        parameters=[
+            OpenApiParameter(
+                "profile",
+                str,
+                description="Ask about this profile of the model instead of its active one.",
+            )
+        ],
+        responses={
+            200: serializers.ExplanationSerializer,
+            404: OpenApiResponse(description="No model with this id, or no such profile of it."),
+            409: OpenApiResponse(description="No profile named, and the model has no active one."),
+        },
+        examples=[EXPLAIN_EXAMPLE],
     )
     @action(detail=True, methods=["get"])
     def explain(self, request, pk=None):
         """Every node and why a new replica could run there or not; ?profile= asks "what if"."""
+        model = self.get_object()
+        profile = request.query_params.get("profile")
+        if profile is None and model.active_profile_id is None:
+            # The request is fine; the model is not ready to be asked about.
+            raise Conflict(f"model '{model.name}' has no active profile; name one with ?profile=")
         try:
-            result = snapshot.explain_model(self.get_object().name, request.GET.get("profile"))
+            result = snapshot.explain_model(model.name, profile)
         except snapshot.ExplainError as exc:
-            raise ValidationError({"profile": [str(exc)]}) from None
+            # The model exists (get_object), so what is missing is the profile asked about.
+            raise NotFound(str(exc)) from None
         return Response(result.as_dict())
 
 
+@extend_schema_view(
+    create=extend_schema(examples=[PROFILE_EXAMPLE]),
+    update=extend_schema(examples=[PROFILE_EXAMPLE]),
+)
 class EngineProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     """How a model runs: engine, parallelism, GPUs, arguments and requirements."""
 
@@ -273,7 +424,14 @@ class CatalogViewSet(viewsets.ViewSet):
             raise ValidationError({"catalog": exc.errors}) from None
         return Response({"dry_run": body.validated_data["dry_run"], **asdict(result)})
 
-    @extend_schema(request=serializers.CatalogExplainSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=serializers.CatalogExplainSerializer,
+        responses={
+            200: OpenApiTypes.OBJECT,
+            404: OpenApiResponse(description="No such model, or no such profile of it."),
+            409: OpenApiResponse(description="No profile named, and the model has no active one."),
+        },
+    )
     @action(detail=False, methods=["post"])
     def explain(self, request):
         """Why a new replica of a model could run on each node, with a catalog file
@@ -289,8 +447,12 @@ class CatalogViewSet(viewsets.ViewSet):
                 transaction.set_rollback(True)  # explain never changes anything
         except catalog.CatalogError as exc:
             raise ValidationError({"catalog": exc.errors}) from None
+        except snapshot.NoActiveProfile as exc:
+            # As GET models/{id}/explain/: a model with nothing to explain is in the
+            # wrong state for it, and a model or profile named and missing is not found.
+            raise Conflict(str(exc)) from None
         except snapshot.ExplainError as exc:
-            raise ValidationError({"model": [str(exc)]}) from None
+            raise NotFound(str(exc)) from None
         return Response({**result.as_dict(), "lines": result.lines()})
 
 

@@ -182,6 +182,10 @@ class ExplainError(LookupError):
     """The model or profile to explain does not exist. The message names it."""
 
 
+class NoActiveProfile(ExplainError):
+    """The model exists but has no active profile, and none was named."""
+
+
 @dataclass
 class Explanation:
     model: str
@@ -240,7 +244,7 @@ def explain_model(model_name: str, profile_name: str | None = None) -> Explanati
     if profile_name is None:
         profile = model.active_profile
         if profile is None:
-            raise ExplainError(f"model '{model_name}' has no active profile; name one")
+            raise NoActiveProfile(f"model '{model_name}' has no active profile; name one")
     else:
         profile = EngineProfile.objects.filter(model=model, name=profile_name).first()
         if profile is None:

@@ -102,6 +102,12 @@ FIGURES = {
         "{failed} failed + {broken} broken of {requests} streamed requests at "
         "{rate_per_s}/s ({clients} clients); drained in {drained_s} s"
     ),
+    "13": (
+        "both agents registered through the other web process {back_on_other_web_s} s after "
+        "the kill; node states seen {node_states_seen}; same engine PIDs: {engines_same}, "
+        "{restarts} restarts; {failed} failed + {broken} broken of {requests} requests "
+        "({streamed} streamed, {rate_per_s}/s) through the web process that stayed"
+    ),
 }
 
 

@@ -150,7 +150,7 @@ def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, re
     replicas = Replica.objects.filter(pk__in=[s.replica_id for s in after])
     same = {a.node_id: dict(engine_processes(a.state_dir)) for a in (balanced, direct)} == engines
     record(
-        "15.3",
+        "13",
         back_on_other_web_s=round(back_s, 1),
         node_states_seen=sorted(states),
         engines_same=same,

@@ -58,13 +58,24 @@ def test_api_explain_lists_nodes_and_the_choice(api):
     assert body["placement"] == [{"node": "gpu-08", "rank": 0, "gpus": [], "port": 30000}]
 
 
-def test_api_explain_with_an_unknown_profile_is_a_field_error(api):
+def test_api_explain_with_an_unknown_profile_is_not_found(api):
     model = add_model("qwen")
 
     resp = api.get(f"/api/v1/models/{model.pk}/explain/?profile=nope")
 
-    assert resp.status_code == 400
-    assert resp.json() == {"profile": ["model 'qwen' has no profile 'nope' (it has: default)"]}
+    assert resp.status_code == 404
+    assert resp.json() == {"detail": "model 'qwen' has no profile 'nope' (it has: default)"}
+
+
+def test_api_explain_of_a_model_without_an_active_profile_is_a_conflict(api):
+    model = add_model("qwen")
+    model.active_profile = None
+    model.save()
+
+    resp = api.get(f"/api/v1/models/{model.pk}/explain/")
+
+    assert resp.status_code == 409
+    assert resp.json() == {"detail": "model 'qwen' has no active profile; name one with ?profile="}
 
 
 def test_admin_drain_action(admin_client):

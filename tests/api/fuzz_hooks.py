@@ -1,0 +1,72 @@
+"""schemathesis hooks for tests/api/test_api_fuzz.py: valid requests that are valid.
+
+A request body can follow the schema and still be refused, for reasons no JSON
+Schema states: an id that names nothing in this database (``"model": 72``), an
+engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` (a rule across
+fields, EngineProfile.clean()), a catalog file's YAML inside a string, or a
+duration ("24h") or time the schema only describes in words. The API answers
+400 to them, rightly; the positive-data check would call that a valid request
+refused. So a *positive* case (one schemathesis means to be valid) is made valid
+in those ways only, before it is sent: ids point at the fleet the test made, the
+parallelism adds up, the catalog is a real one and durations are durations.
+Negative cases are sent as drawn.
+
+Loaded by the schemathesis command through ``SCHEMATHESIS_HOOKS``; the test
+passes the seeded model's id in ``LLMGW_FUZZ_MODEL_ID``.
+"""
+
+import os
+
+import schemathesis
+
+GPU_ENGINES = ("vllm", "sglang")
+# The fleet the test made, as a catalog file: applying it changes nothing.
+CATALOG = """\
+models:
+  - name: qwen-7b
+    replicas: 1
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        model_path: /models/qwen-7b
+"""
+
+
+def _model_id() -> int:
+    return int(os.environ["LLMGW_FUZZ_MODEL_ID"])
+
+
+def _consistent_profile(body: dict) -> None:
+    """The drawn profile, its parallelism made to add up (tp × pp = gpus_per_node × nodes)."""
+    engine = body.get("engine") or "llamacpp"
+    gpus = body.get("gpus_per_node") or 0
+    if engine in GPU_ENGINES:
+        gpus = max(gpus, 1)
+    # A PATCH may leave out any of these; sending all five keeps the stored ones out of it.
+    body.update(engine=engine, gpus_per_node=gpus, nodes=1, tp=max(gpus, 1), pp=1)
+
+
+@schemathesis.hook
+def map_case(context, case):
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+        return case
+    path = case.operation.path
+    if path.startswith("/api/v1/engine-profiles/") and case.method in ("POST", "PUT", "PATCH"):
+        if "model" in case.body or case.method != "PATCH":
+            case.body["model"] = _model_id()
+        _consistent_profile(case.body)
+    elif path.startswith("/api/v1/models/") and case.method in ("POST", "PUT", "PATCH"):
+        # A model's active profile must be one of its own; none is always one of them.
+        if case.body.get("active_profile") is not None:
+            case.body["active_profile"] = None
+    elif path in ("/api/v1/catalog/apply/", "/api/v1/catalog/explain/"):
+        if "catalog" in case.body or path.endswith("apply/"):
+            case.body["catalog"] = CATALOG
+    elif path == "/api/v1/join-tokens/":
+        case.body["ttl"] = "24h"
+    elif path == "/api/v1/api-keys/":
+        case.body.pop("models", None)  # names of models that exist, in words only
+        if "expires" in case.body:
+            case.body["expires"] = "30d"
+    return case
