@@ -49,9 +49,13 @@ def _consistent_profile(body: dict) -> None:
 @schemathesis.hook
 def map_case(context, case):
     meta = case.meta
-    if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+    if meta is None or not meta.generation.mode.is_positive:
         return case
     path = case.operation.path
+    if path == "/api/v1/usage/" and case.query and "since" in case.query:
+        case.query["since"] = "7d"  # a duration or a time, in words only
+    if not isinstance(case.body, dict):
+        return case
     if path.startswith("/api/v1/engine-profiles/") and case.method in ("POST", "PUT", "PATCH"):
         if "model" in case.body or case.method != "PATCH":
             case.body["model"] = _model_id()
@@ -65,6 +69,8 @@ def map_case(context, case):
             case.body["catalog"] = CATALOG
     elif path == "/api/v1/join-tokens/":
         case.body["ttl"] = "24h"
+    elif path == "/api/v1/api-keys/{prefix}/rotate/":
+        case.body["grace"] = "1h"
     elif path == "/api/v1/api-keys/":
         case.body.pop("models", None)  # names of models that exist, in words only
         if "expires" in case.body:
