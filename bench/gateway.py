@@ -129,7 +129,18 @@ def setup_db(engine_port: int) -> None:
     replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
     Shard.objects.create(replica=replica, node=node, port=engine_port, state=ShardState.READY)
     _, secret = ApiKey.issue(name="bench", scope="inference")
+    # Limits on, set too high to refuse anything: what checking them costs a request
+    # (one Redis round trip before the engine, one after for the tokens).
+    _, limited = ApiKey.issue(
+        name="bench-limited",
+        scope="inference",
+        requests_per_minute=2_000_000_000,
+        tokens_per_minute=2_000_000_000,
+        tokens_per_day=10**15,
+        tokens_per_month=10**15,
+    )
     print(secret)
+    print(limited)
 
 
 # ---- load ----------------------------------------------------------------------
@@ -358,7 +369,7 @@ def main() -> int:
         )
         if out.returncode:
             sys.exit(f"setting up the bench database failed:\n{out.stderr}")
-        key = out.stdout.strip().splitlines()[-1]
+        key, limited = out.stdout.strip().splitlines()[-2:]
         targets = {"direct": (f"http://127.0.0.1:{engine_port}", key, engine.pid)}
 
         port = free_port()
@@ -369,6 +380,7 @@ def main() -> int:
         )
         wait_http(f"http://127.0.0.1:{port}/metrics", daphne)
         targets["llmgw (daphne)"] = (f"http://127.0.0.1:{port}", key, daphne.pid)
+        targets["llmgw (daphne) limits"] = (f"http://127.0.0.1:{port}", limited, daphne.pid)
         if not args.no_uvicorn:
             port = free_port()
             uv = procs.start(
@@ -380,6 +392,7 @@ def main() -> int:
             )
             wait_http(f"http://127.0.0.1:{port}/metrics", uv)
             targets["llmgw (uvicorn)"] = (f"http://127.0.0.1:{port}", key, uv.pid)
+            targets["llmgw (uvicorn) limits"] = (f"http://127.0.0.1:{port}", limited, uv.pid)
         if not args.no_litellm:
             litellm = Path(args.litellm_venv) / "bin" / "litellm"
             if not litellm.exists():
@@ -424,7 +437,7 @@ def main() -> int:
                     settle(pgid)
                     results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = r
                     print(
-                        f"{name:16} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
+                        f"{name:22} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
                         f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s  "
                         + (
                             f"cpu {r['cpu_ms_per_request']:6.2f} ms/req  "
@@ -464,9 +477,22 @@ def report(results: dict) -> None:
             best = max(r["rps"] for r in by_conc.values())
             cpu = [r["cpu_ms_per_request"] for r in by_conc.values() if r["cpu_ms_per_request"]]
             print(
-                f"  {name:16} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s"
+                f"  {name:22} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s"
                 + (f"  cpu {min(cpu):.2f} ms/req" if cpu else "")
             )
+    print("\nlimits on minus off, same gateway process, same run (ms, p50 / p99):")
+    for name, by_payload in t.items():
+        off = t.get(name.removesuffix(" limits")) if name.endswith(" limits") else None
+        if off is None:
+            continue
+        for payload, by_conc in by_payload.items():
+            cells = [
+                f"c={conc}: {r['p50_ms'] - off[payload][conc]['p50_ms']:+.2f}"
+                f"/{r['p99_ms'] - off[payload][conc]['p99_ms']:+.2f}"
+                for conc, r in by_conc.items()
+                if conc in off.get(payload, {})
+            ]
+            print(f"  {name.removesuffix(' limits'):16} {payload:9} {'  '.join(cells)}")
     if "clients" in results:
         print("\nupstream client, direct to the engine (req/s):")
         for name, rate in results["clients"].items():

@@ -134,6 +134,19 @@ class FleetSettings:
     # Silence allowed while an answer's body is awaited (streams included); the
     # wait for the first byte is gateway_first_byte_timeout_s.
     gateway_upstream_idle_timeout_s: float = 60.0
+    # Limits for keys that set none of their own (ApiKey fields; docs/gateway.md).
+    # 0: no limit. Requests are counted before they reach an engine; tokens
+    # (prompt + completion, from the engine's usage) as they are reported.
+    gateway_default_requests_per_minute: int = 0
+    gateway_default_tokens_per_minute: int = 0
+    gateway_default_tokens_per_day: int = 0  # a budget per UTC day
+    gateway_default_tokens_per_month: int = 0  # a budget per UTC calendar month
+    # After Redis fails, limits are not checked (requests pass) this long
+    # before Redis is tried again.
+    gateway_limits_retry_s: float = 2.0
+    # How often each gateway process writes the usage it counted (per key,
+    # model and hour) to the database; a killed process loses at most this.
+    gateway_usage_flush_s: float = 10.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":

@@ -194,7 +194,9 @@ class FakeServer:
         self.served += 1
         try:
             if req.get("stream"):
-                return await self.stream(chat, n, base, kind, writer, keep)
+                options = req.get("stream_options")
+                usage = isinstance(options, dict) and options.get("include_usage") is True
+                return await self.stream(chat, n, base, kind, writer, keep, usage)
             if self.opts.token_delay:
                 await asyncio.sleep(self.opts.token_delay * n)
             text = " ".join(WORDS[i % len(WORDS)] for i in range(n))
@@ -209,7 +211,9 @@ class FakeServer:
         finally:
             self.running -= 1
 
-    async def stream(self, chat: bool, n: int, base: dict, kind: str, writer, keep: bool) -> None:
+    async def stream(
+        self, chat: bool, n: int, base: dict, kind: str, writer, keep: bool, usage: bool = False
+    ) -> None:
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
             + (b"Transfer-Encoding: chunked\r\n" if keep else b"")
@@ -232,6 +236,11 @@ class FakeServer:
                 await event(json.dumps({**base, "object": obj, "choices": [choice]}))
                 if self.opts.token_delay and not last:
                     await asyncio.sleep(self.opts.token_delay)
+            if usage:
+                # stream_options.include_usage, as vLLM answers it: a last event of usage only.
+                counts = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+                obj = kind + ".chunk" if chat else kind
+                await event(json.dumps({**base, "object": obj, "choices": [], "usage": counts}))
             await event("[DONE]")
             if keep:
                 writer.write(b"0\r\n\r\n")

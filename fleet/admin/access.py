@@ -4,6 +4,8 @@ A new secret is shown once, on the page that answers the add form, and is
 stored nowhere but as a hash: not in the database, not in a message cookie.
 """
 
+from datetime import timedelta
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -12,9 +14,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html_join
 
-from fleet.models import ApiKey, ApiKeyScope, JoinToken, Model, NodeCredential
-from fleet.services import access, api_keys
+from fleet.models import ApiKey, ApiKeyScope, JoinToken, KeyUsage, Model, NodeCredential
+from fleet.services import access, api_keys, doorbells
+from fleet.services.api_keys import LIMIT_FIELDS as LIMITS
 
 from .common import ReadOnlyAdmin
 
@@ -198,7 +202,17 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ("name", "scope", "user", "allowed_models", "expires_at")
+        fields = (
+            "name",
+            "scope",
+            "user",
+            "allowed_models",
+            "expires_at",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "tokens_per_day",
+            "tokens_per_month",
+        )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -250,12 +264,34 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
-        return ("prefix", "scope", "user", "status", "created_at", "last_used_at", "revoked_at")
+        return (
+            "prefix",
+            "scope",
+            "user",
+            "status",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "previous_secret_expires_at",
+            "usage_by_model",
+        )
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ("name", "scope", "user", "allowed_models", "expires_at")
-        return ("name", "allowed_models", "expires_at", *self.get_readonly_fields(request, obj))
+            return ("name", "scope", "user", "allowed_models", "expires_at", *LIMITS)
+        return (
+            "name",
+            "allowed_models",
+            "expires_at",
+            *LIMITS,
+            *self.get_readonly_fields(request, obj),
+        )
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change:
+            # Limits and models are cached by the gateways: ring them.
+            doorbells.ring_gateways("keys")
 
     def issue(self, request, form):
         data = form.cleaned_data
@@ -265,6 +301,22 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             user=data.get("user"),
             allowed_models=data["allowed_models"],
             expires_at=data.get("expires_at"),
+            limits={f: data.get(f) for f in LIMITS},
+        )
+
+    @admin.display(description="usage, last 30 days")
+    def usage_by_model(self, obj):
+        since = timezone.now() - timedelta(days=30)
+        totals = api_keys.usage_totals(api_keys.usage(key=obj.prefix, since=since))
+        if not totals:
+            return "none counted"
+        return format_html_join(
+            "",
+            "<div>{}: {} requests, {} prompt + {} completion tokens</div>",
+            (
+                (t["model"], t["requests"], t["prompt_tokens"], t["completion_tokens"])
+                for t in totals
+            ),
         )
 
     @admin.display(description="status")
@@ -281,3 +333,14 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
     def revoke_keys(self, request, queryset):
         done = sum(api_keys.revoke_api_key(k) for k in queryset)
         self.message_user(request, f"revoked {done} API key(s)", messages.WARNING)
+
+
+@admin.register(KeyUsage)
+class KeyUsageAdmin(ReadOnlyAdmin):
+    """Tokens per key, model and hour, as the gateways count them (written in batches)."""
+
+    list_display = ("hour", "key", "model", "requests", "prompt_tokens", "completion_tokens")
+    list_filter = ("model", "key")
+    search_fields = ("key__name", "key__prefix", "model")
+    date_hierarchy = "hour"
+    list_select_related = ("key",)

@@ -517,6 +517,37 @@ class ApiKeyRequestSerializer(serializers.Serializer):
     expires = StrictCharField(
         required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
     )
+    requests_per_minute = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, help_text="0: none; null: the default."
+    )
+    tokens_per_minute = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    tokens_per_day = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    tokens_per_month = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+
+
+class ApiKeyLimitsSerializer(serializers.Serializer):
+    requests_per_minute = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, help_text="0: none; null: the default."
+    )
+    tokens_per_minute = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    tokens_per_day = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    tokens_per_month = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+
+
+class ApiKeyRotateSerializer(serializers.Serializer):
+    grace = serializers.CharField(
+        default="24h", max_length=20, help_text="How long the old secret still works."
+    )
+
+
+class KeyUsageSerializer(serializers.Serializer):
+    key = serializers.CharField(source="key.name")
+    prefix = serializers.CharField(source="key.prefix")
+    model = serializers.CharField()
+    hour = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
 
 
 class SecretSerializer(serializers.Serializer):

@@ -15,5 +15,6 @@ router.register("shards", views.ShardViewSet)
 router.register("catalog", views.CatalogViewSet, basename="catalog")
 router.register("join-tokens", views.JoinTokenViewSet, basename="join-token")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
+router.register("usage", views.UsageViewSet, basename="usage")
 
 urlpatterns = router.urls

@@ -1,9 +1,12 @@
 """The management API: thin viewsets over the fleet models and services."""
 
 from dataclasses import asdict
+from datetime import UTC
 
 from django.db import transaction
 from django.db.models import ProtectedError
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -17,7 +20,17 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 
-from fleet.models import GPU, EngineProfile, Model, Node, Replica, Shard, WantedEngine
+from fleet.models import (
+    GPU,
+    ApiKey,
+    EngineProfile,
+    KeyUsage,
+    Model,
+    Node,
+    Replica,
+    Shard,
+    WantedEngine,
+)
 from fleet.services import access, api_keys, catalog, node_logs, snapshot
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
@@ -474,8 +487,13 @@ class ApiKeyViewSet(viewsets.ViewSet):
     """API keys, as ``manage.py create_api_key`` makes them. A manage key made here acts as
     the user asking, never as anyone else."""
 
-    queryset = Model.objects.none()
-    action_permissions = {"create": ["fleet.add_apikey"]}
+    queryset = ApiKey.objects.none()
+    lookup_field = "prefix"
+    action_permissions = {
+        "create": ["fleet.add_apikey"],
+        "partial_update": ["fleet.change_apikey"],
+        "rotate": ["fleet.change_apikey"],
+    }
 
     @extend_schema(
         request=serializers.ApiKeyRequestSerializer,
@@ -494,6 +512,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
                 user=request.user if data["scope"] == "manage" else None,
                 allowed_models=data.get("models") or [],
                 expires_at=expires_at,
+                limits={f: data[f] for f in api_keys.LIMIT_FIELDS if f in data},
             )
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
@@ -502,3 +521,82 @@ class ApiKeyViewSet(viewsets.ViewSet):
              "expires_at": key.expires_at, "scope": key.scope},
             status=status.HTTP_201_CREATED,
         )  # fmt: skip
+
+    @extend_schema(request=serializers.ApiKeyLimitsSerializer, responses={200: OpenApiTypes.OBJECT})
+    def partial_update(self, request, prefix=None):
+        """Change a key's limits: a number (0: none) or null (the gateway's default)."""
+        key = _api_key(prefix)
+        body = serializers.ApiKeyLimitsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        api_keys.set_limits(key, dict(body.validated_data))
+        return Response({"name": key.name, "prefix": key.prefix, **_limits(key)})
+
+    @extend_schema(request=serializers.ApiKeyRotateSerializer, responses={201: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"])
+    def rotate(self, request, prefix=None):
+        """A new secret, in this answer only; the old one keeps working for ``grace``."""
+        key = _api_key(prefix)
+        body = serializers.ApiKeyRotateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            secret = api_keys.rotate_api_key(
+                key, api_keys.parse_duration(body.validated_data["grace"])
+            )
+        except OverflowError:
+            raise ValidationError({"grace": ["a grace period that long is not a date"]}) from None
+        except ValueError as exc:
+            raise ValidationError({"detail": [str(exc)]}) from None
+        return Response(
+            {"name": key.name, "prefix": key.prefix, "secret": secret,
+             "expires_at": key.expires_at, "old_secret_until": key.previous_secret_expires_at},
+            status=status.HTTP_201_CREATED,
+        )  # fmt: skip
+
+
+def _api_key(prefix: str) -> ApiKey:
+    key = ApiKey.objects.filter(prefix=prefix).first()
+    if key is None:
+        raise NotFound(f"no API key with prefix '{prefix}'")
+    return key
+
+
+def _limits(key: ApiKey) -> dict:
+    return {f: getattr(key, f) for f in api_keys.LIMIT_FIELDS}
+
+
+class UsageViewSet(viewsets.ViewSet):
+    """Tokens per key, model and hour (UTC), as the gateways count them from the engines'
+    ``usage``; written in batches, so the last few seconds may not be here yet."""
+
+    queryset = KeyUsage.objects.none()
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("key", str, description="A key's prefix or name."),
+            OpenApiParameter("model", str),
+            OpenApiParameter(
+                "since", str, description="24h, 7d… or an ISO 8601 time (default 7d)."
+            ),
+        ],
+        responses={200: serializers.KeyUsageSerializer(many=True)},
+    )
+    def list(self, request):
+        since_text = request.query_params.get("since") or "7d"
+        try:
+            since = timezone.now() - api_keys.parse_duration(since_text)
+        except (ValueError, OverflowError):
+            try:
+                when = parse_datetime(since_text.strip().replace("Z", "+00:00"))
+            except ValueError:
+                when = None
+            if when is None:
+                raise ValidationError(
+                    {"since": [f"'{since_text}' is neither a duration (7d) nor an ISO 8601 time"]}
+                ) from None
+            since = when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+        rows = api_keys.usage(
+            key=request.query_params.get("key"),
+            model=request.query_params.get("model"),
+            since=since,
+        )
+        return Response(serializers.KeyUsageSerializer(rows[:10_000], many=True).data)

@@ -48,7 +48,10 @@ async def application(scope, receive, send) -> None:
             raw = await _read_body(scope, receive, gw.limits.max_body_bytes[endpoint])
             req = validate.parse(endpoint, raw)
             route = _route_for(gw, key, req.model)
-            await _serve(gw, route, req, scope, receive, reply, t0)
+            if key.limits.on:
+                # One Redis round trip; raises the 429 when the key is over a limit.
+                reply.extra = await gw.limiter.check(key)
+            await _serve(gw, route, req, scope, receive, reply, t0, key)
         elif path == "/v1/models" or path.startswith("/v1/models/"):
             if scope["method"] not in ("GET", "HEAD"):
                 raise GatewayError(405, f"{path} takes GET, not {scope['method']}")
@@ -150,7 +153,7 @@ async def _read_body(scope, receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
+async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
     """Proxy, and cancel the upstream request if the client goes away meanwhile."""
     task = asyncio.current_task()
     state = {"gone": False, "done": False, "watcher": None}
@@ -170,7 +173,7 @@ async def _serve(gw, route, req, scope, receive, reply, t0) -> None:
     # Most answers take less than this; they pay for a timer, not for a task.
     timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, watch)
     try:
-        await proxy.forward(gw, route, req, reply, t0)
+        await proxy.forward(gw, route, req, reply, t0, key)
     except asyncio.CancelledError:
         if not state["gone"]:
             raise

@@ -25,6 +25,8 @@ _TYPES = {
 class GatewayError(Exception):
     """A request the gateway answers itself, with a status and a message naming the problem."""
 
+    extra_headers: list[tuple[bytes, bytes]] = []  # a 429's x-ratelimit-* headers
+
     def __init__(
         self,
         status: int,
@@ -50,7 +52,7 @@ class GatewayError(Exception):
             headers.append((b"retry-after", str(self.retry_after).encode()))
         if self.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        return headers
+        return headers + self.extra_headers
 
 
 def error_body(status: int, message: str, *, param=None, code=None) -> bytes:

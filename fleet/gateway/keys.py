@@ -7,11 +7,15 @@ is lost. Keys are found by the SHA-256 of the secret, the same digest the
 database stores; a dict lookup on a digest leaks nothing about the secret.
 """
 
+import dataclasses
+import time
 from dataclasses import dataclass
 
+from fleet.conf import fleet_settings
 from fleet.models.access import api_key_refusal, bearer_secret, hash_secret, split_prefix
 
 from .errors import GatewayError
+from .ratelimit import NO_LIMITS, KeyLimits
 
 
 @dataclass(frozen=True)
@@ -23,20 +27,48 @@ class KeyEntry:
     allowed_models: frozenset  # empty: every model
     expires_at: float | None  # unix seconds
     revoked: bool
+    limits: KeyLimits = NO_LIMITS
+    rotated: bool = False  # the secret before a rotation; expires_at ends its grace
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
 
 
 def load_keys() -> dict[str, KeyEntry]:
-    """Every API key by its digest. Revoked ones too, so the client hears why it was refused."""
+    """Every API key by its digest. Revoked ones too, so the client hears why it was refused.
+
+    A rotated key's previous secret maps to the same key until its grace ends.
+    """
     from fleet.models import ApiKey
 
-    rows = ApiKey.objects.values_list(
-        "pk", "name", "prefix", "scope", "allowed_models", "expires_at", "revoked_at", "secret_hash"
+    c = fleet_settings()
+    defaults = (
+        c.gateway_default_requests_per_minute,
+        c.gateway_default_tokens_per_minute,
+        c.gateway_default_tokens_per_day,
+        c.gateway_default_tokens_per_month,
     )
-    return {
-        digest: KeyEntry(
+    rows = ApiKey.objects.values_list(
+        "pk",
+        "name",
+        "prefix",
+        "scope",
+        "allowed_models",
+        "expires_at",
+        "revoked_at",
+        "secret_hash",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "tokens_per_day",
+        "tokens_per_month",
+        "previous_secret_hash",
+        "previous_secret_expires_at",
+    )
+    found = {}
+    for pk, name, prefix, scope, allowed, expires, revoked, digest, *rest in rows:
+        own, previous, grace = rest[:4], rest[4], rest[5]
+        limits = KeyLimits(*(d if v is None else v for v, d in zip(own, defaults, strict=True)))
+        entry = found[digest] = KeyEntry(
             pk,
             name,
             prefix,
@@ -44,9 +76,14 @@ def load_keys() -> dict[str, KeyEntry]:
             frozenset(m for m in (allowed or []) if isinstance(m, str)),
             expires.timestamp() if expires else None,
             revoked is not None,
+            limits if limits.on else NO_LIMITS,
         )
-        for pk, name, prefix, scope, allowed, expires, revoked, digest in rows
-    }
+        if previous and grace is not None:
+            ends = grace.timestamp()
+            if entry.expires_at is not None:
+                ends = min(ends, entry.expires_at)
+            found[previous] = dataclasses.replace(entry, expires_at=ends, rotated=True)
+    return found
 
 
 def bearer(headers) -> str:
@@ -77,6 +114,13 @@ def check(entry: KeyEntry | None, secret: str, now: float) -> KeyEntry:
     if entry is None:
         shown = secret[:12] + "..." if len(secret) > 12 else "(too short)"
         raise GatewayError(401, f"invalid API key {shown}", code="invalid_api_key")
+    if entry.rotated and entry.expires_at <= now and not entry.revoked:
+        raise GatewayError(
+            401,
+            f"API key '{entry.name}' ({entry.prefix}) was rotated; its old secret stopped "
+            f"working at {time.strftime('%Y-%m-%d %H:%M', time.gmtime(entry.expires_at))} UTC",
+            code="expired_api_key",
+        )
     code, why = api_key_refusal(
         entry.name,
         entry.prefix,

@@ -72,8 +72,10 @@ class RouteMetrics:
         self.completion = TOKENS.labels(model, "completion")
         self.statuses: dict[int, object] = {}
 
-    def tokens(self, usage: dict | None, events: int = 0) -> None:
-        """Count an answer's tokens: from its ``usage``, else one per streamed event."""
+    def tokens(self, usage: dict | None, events: int = 0) -> tuple[int, int]:
+        """Count an answer's tokens: from its ``usage``, else one per streamed event.
+
+        Returns (prompt, completion) as counted."""
         prompt = completion = 0
         if isinstance(usage, dict):
             prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -85,6 +87,7 @@ class RouteMetrics:
             self.prompt.inc(prompt)
         if completion:
             self.completion.inc(completion)
+        return prompt, completion
 
     def count(self, status: int) -> None:
         child = self.statuses.get(status)

@@ -48,6 +48,28 @@ def usage_of(body: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+_INCLUDE = {"include_usage": True}
+_STREAMED = ("chat/completions", "completions")
+
+
+def wants_usage_added(req) -> bool:
+    """A streamed request whose client did not ask for usage: the gateway asks for it."""
+    body = req.body
+    if req.endpoint not in _STREAMED or body.get("stream") is not True:
+        return False
+    options = body.get("stream_options")
+    return not (isinstance(options, dict) and options.get("include_usage") is True)
+
+
+def _is_usage_only(text: bytes) -> bool:
+    """The last event of a stream with include_usage: no choices, only usage."""
+    try:
+        event = json.loads(text[5:])
+    except ValueError:
+        return False
+    return isinstance(event, dict) and event.get("choices") == [] and "usage" in event
+
+
 class SSECheck:
     """Lets through only whole, well-formed event-stream lines and notices the final [DONE].
 
@@ -55,31 +77,50 @@ class SSECheck:
     so an error event can always follow cleanly.
     """
 
-    __slots__ = ("tail", "done", "events", "usage")
+    __slots__ = ("tail", "done", "events", "usage", "strip_usage", "_dropped")
 
-    def __init__(self):
+    def __init__(self, strip_usage: bool = False):
         self.tail = b""
         self.done = False
         self.events = 0  # events carrying text: one token each, for engines that send
         self.usage = None  # no usage (the last event's, where they send it)
+        # Take out the usage-only event (``"choices": []``) the gateway asked for.
+        self.strip_usage = strip_usage
+        self._dropped = False
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         data = self.tail + chunk if self.tail else chunk
         cut = data.rfind(b"\n") + 1
         complete, self.tail = data[:cut], data[cut:]
         good = 0
+        kept = None  # the lines let through, where an event was taken out
         for line in complete.split(b"\n")[:-1]:
             text = line.rstrip(b"\r")
             if text and not text.startswith(_SSE_FIELDS):
-                return complete[:good], f"a line that is not server-sent events: {text[:60]!r}"
+                return (
+                    complete[:good] if kept is None else b"".join(kept),
+                    f"a line that is not server-sent events: {text[:60]!r}",
+                )
+            drop = False
             if text in (b"data: [DONE]", b"data:[DONE]"):
                 self.done = True
             elif text.startswith(b"data:"):
                 if _USAGE in text:
                     self.usage = usage_of(text) or self.usage
+                    if self.strip_usage and _is_usage_only(text):
+                        drop = True
                 if carries_text(text):
                     self.events += 1
+            elif not text and self._dropped:
+                drop = True  # the blank line that ended the event taken out
+            self._dropped = drop and bool(text)
+            if drop and kept is None:
+                kept = [complete[:good]]
+            elif not drop and kept is not None:
+                kept.append(line + b"\n")
             good += len(line) + 1
+        if kept is not None:
+            complete = b"".join(kept)
         if len(self.tail) > _MAX_LINE:
             return complete, f"an event line longer than {_MAX_LINE} bytes"
         return complete, None
@@ -88,16 +129,19 @@ class SSECheck:
 class Reply:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started", "status")
+    __slots__ = ("send", "started", "status", "extra")
 
     def __init__(self, send):
         self.send = send
         self.started = False
         self.status = 0
+        self.extra = None  # headers every answer carries (the key's x-ratelimit-*)
 
     async def start(self, status: int, headers: list) -> None:
         self.started = True
         self.status = status
+        if self.extra:
+            headers = headers + self.extra
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
 
@@ -110,7 +154,7 @@ def _replica_header(up: table.Upstream) -> tuple[bytes, bytes]:
     return (b"x-llmgw-replica", up.replica_id.encode())
 
 
-async def forward(gw, route: table.Route, req, reply: Reply, t0: float) -> None:
+async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None) -> None:
     """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts."""
     limits = gw.limits
     tried: list[table.Upstream] = []
@@ -135,7 +179,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float) -> None:
                     may_retry = (
                         attempt < limits.max_retries and len(route.upstreams) > len(tried) + 1
                     )
-                    await _attempt(gw, route, up, req, reply, t0, may_retry)
+                    await _attempt(gw, route, up, req, reply, t0, may_retry, key)
                     return
                 except _Retry as r:
                     tried.append(up)
@@ -177,7 +221,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float) -> None:
 
 
 async def _attempt(
-    gw, route, up: table.Upstream, req, reply: Reply, t0: float, may_retry: bool
+    gw, route, up: table.Upstream, req, reply: Reply, t0: float, may_retry: bool, key=None
 ) -> None:
     limits = gw.limits
 
@@ -185,9 +229,15 @@ async def _attempt(
         metrics.upstream_error(route.name, up.replica_id, kind)
 
     body = req.raw
-    if up.served_name != route.name:
+    strip_usage = wants_usage_added(req)
+    if up.served_name != route.name or strip_usage:
+        changed = {**req.body, "model": up.served_name}
+        if strip_usage:
+            # The engine reports usage in a last chunk only when asked; the client
+            # did not ask, so that chunk is taken out again on the way back.
+            changed["stream_options"] = {**(req.body.get("stream_options") or {}), **_INCLUDE}
         # The engine serves the profile's name; the client asked for the model's.
-        body = json.dumps({**req.body, "model": up.served_name}, allow_nan=False).encode()
+        body = json.dumps(changed, allow_nan=False).encode()
     up.outstanding += 1
     try:
         try:
@@ -227,9 +277,9 @@ async def _attempt(
                 error("status")
                 raise _Retry(f"replica {up.replica_id} answered {resp.status}")
             if resp.content_type == "text/event-stream" and resp.status == 200:
-                await _stream(route, up, resp, reply, t0)
+                await _stream(gw, route, up, resp, reply, t0, key, strip_usage)
             else:
-                await _whole(route, up, resp, reply)
+                await _whole(gw, route, up, resp, reply, key)
         except BaseException:
             # Closed, not returned to the pool: on a client that went away this
             # is what tells the engine to stop generating.
@@ -261,7 +311,7 @@ def _set_aside(gw, route, up: table.Upstream, why: str) -> None:
     )
 
 
-async def _whole(route, up, resp, reply: Reply) -> None:
+async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
     try:
         body = await resp.read()
     except Refused as exc:
@@ -311,10 +361,16 @@ async def _whole(route, up, resp, reply: Reply) -> None:
     await reply.start(status, headers)
     await reply.send({"type": "http.response.body", "body": body})
     if status < 400:
-        route.metrics.tokens(usage_of(body))
+        await _count(gw, route, key, usage_of(body))
 
 
-async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
+async def _count(gw, route, key, usage, events: int = 0) -> None:
+    prompt, completion = route.metrics.tokens(usage, events)
+    if key is not None:
+        await gw.account(key, route.name, prompt, completion)
+
+
+async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool) -> None:
     await reply.start(
         200,
         [
@@ -325,7 +381,7 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
         ],
     )
     send = reply.send
-    check = SSECheck()
+    check = SSECheck(strip_usage)
     first = True
     problem = None
     try:
@@ -354,10 +410,10 @@ async def _stream(route, up, resp, reply: Reply, t0: float) -> None:
         )
         resp.close()
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
-        route.metrics.tokens(check.usage, check.events)
+        await _count(gw, route, key, check.usage, check.events)
         return
     await send({"type": "http.response.body", "body": b""})
-    route.metrics.tokens(check.usage, check.events)
+    await _count(gw, route, key, check.usage, check.events)
 
 
 async def _end_stream_with_error(reply: Reply, message: str, code: str) -> None:

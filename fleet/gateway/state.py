@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, keys, metrics, table
+from . import engines, keys, metrics, ratelimit, table, usage
 from .errors import GatewayError
 from .upstream import Client, ReadLimits
 
@@ -45,6 +46,8 @@ class Limits:
     cooldown_after: int
     max_outstanding: int
     engine_scrape_s: float
+    limits_retry_s: float
+    usage_flush_s: float
     upstream: ReadLimits  # what the request path accepts from engines
     scrape: ReadLimits  # what a scrape of an engine's /metrics accepts
 
@@ -75,6 +78,8 @@ class Limits:
             cooldown_after=c.gateway_cooldown_after,
             max_outstanding=c.gateway_max_outstanding_per_replica,
             engine_scrape_s=c.gateway_engine_scrape_s,
+            limits_retry_s=c.gateway_limits_retry_s,
+            usage_flush_s=c.gateway_usage_flush_s,
             upstream=upstream,
             scrape=dataclasses.replace(upstream, max_body_bytes=c.gateway_engine_scrape_max_bytes),
         )
@@ -92,6 +97,8 @@ class Gateway:
         self.routes: dict[str, table.Route] = {}
         self.keys: dict[str, keys.KeyEntry] = {}
         self.used_keys: set[int] = set()
+        self.limiter = ratelimit.Limiter(retry_s=self.limits.limits_retry_s)
+        self.usage = usage.Usage()
         self.scraper: Client | None = None  # engines' /metrics, with its own bounds
         self.client: Client | None = None  # the request path
         self.started = False
@@ -131,10 +138,12 @@ class Gateway:
                 asyncio.ensure_future(self._listen()),
                 asyncio.ensure_future(self._refresher()),
                 asyncio.ensure_future(self._flush_last_used()),
+                asyncio.ensure_future(self._flush_usage()),
                 asyncio.ensure_future(self._scrape_engines()),
                 asyncio.ensure_future(self._record_history()),
             ]
             self.started = True
+            _close_before_twisted_stops(self)
             logger.info(
                 "gateway started models=%d ready_replicas=%d keys=%d",
                 len(self.routes),
@@ -148,6 +157,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self._write_used()
+        await self.write_usage()
+        await self.limiter.close()
         if self.client is not None:
             self.client.close()
         if self.scraper is not None:
@@ -315,6 +326,28 @@ class Gateway:
         except Exception:  # noqa: BLE001 - a lost last_used is not worth a failed request
             logger.warning("could not record API key use for %d keys", len(ids), exc_info=True)
 
+    async def account(self, key: keys.KeyEntry, model: str, prompt: int, completion: int) -> None:
+        """An answer's tokens: into this hour's usage, and against the key's token limits."""
+        now = time.time()
+        self.usage.add(key.id, model, prompt, completion, now)
+        if key.limits.tokens_on:
+            await self.limiter.charge(key, prompt + completion, now)
+
+    async def write_usage(self) -> None:
+        counts = self.usage.take()
+        if not counts:
+            return
+        try:
+            await database_sync_to_async(usage.write)(counts)
+        except Exception:  # noqa: BLE001 - kept for the next flush
+            self.usage.put_back(counts)
+            logger.warning("could not write key usage (%d rows kept)", len(counts), exc_info=True)
+
+    async def _flush_usage(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.usage_flush_s)
+            await self.write_usage()
+
     async def _scrape_engines(self) -> None:
         while True:
             await asyncio.sleep(self.limits.engine_scrape_s)
@@ -340,6 +373,22 @@ class Gateway:
         while True:
             await asyncio.sleep(self.limits.last_used_flush_s)
             await self._write_used()
+
+
+def _close_before_twisted_stops(gw: Gateway) -> None:
+    """Under Daphne (no ASGI lifespan): make Twisted's shutdown wait for ``gw.close()``,
+    so a SIGTERM still writes the usage and last-used times counted since the last flush."""
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None or not hasattr(reactor, "addSystemEventTrigger"):
+        return
+    from twisted.internet.defer import Deferred
+
+    def before_shutdown():
+        if not gw.started:
+            return None
+        return Deferred.fromFuture(asyncio.ensure_future(gw.close()))
+
+    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
 
 
 _gateways: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway]" = (

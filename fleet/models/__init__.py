@@ -1,4 +1,4 @@
-from .access import ApiKey, JoinToken, NodeCredential
+from .access import ApiKey, JoinToken, KeyUsage, NodeCredential
 from .catalog import EngineProfile, Model
 from .choices import (
     SHARD_FINISHED,
@@ -39,6 +39,7 @@ __all__ = [
     "FabricAttachment",
     "FleetStatus",
     "JoinToken",
+    "KeyUsage",
     "LocalWeights",
     "Model",
     "Node",

@@ -162,6 +162,26 @@ class ApiKey(_Secret):
     )
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Limits (docs/gateway.md). Empty: the LLMGW_GATEWAY_DEFAULT_* setting; 0: no limit.
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests per minute. Empty: the default; 0: no limit."
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Prompt + completion tokens per minute. Empty: the default; 0: no limit.",
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Token budget per UTC day. Empty: the default; 0: none."
+    )
+    tokens_per_month = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Token budget per UTC calendar month. Empty: the default; 0: none.",
+    )
+    # Rotation: the secret before the last rotation, accepted until this time.
+    previous_secret_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -169,6 +189,21 @@ class ApiKey(_Secret):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix})"
+
+    @classmethod
+    def find(cls, secret: str, queryset=None):
+        """As for any secret, and a rotated key's previous secret during its grace."""
+        found = super().find(secret, queryset)
+        if found is not None or split_prefix(secret or "", cls.KIND) is None:
+            return found
+        digest = hash_secret(secret)
+        rows = (queryset if queryset is not None else cls.objects).filter(
+            prefix=split_prefix(secret, cls.KIND), previous_secret_expires_at__gt=timezone.now()
+        )
+        for row in rows:
+            if row.previous_secret_hash and hmac.compare_digest(row.previous_secret_hash, digest):
+                return row
+        return None
 
     def usable(self, now=None) -> str | None:
         """None when it may be used now, else why not (the gateway's wording too)."""
@@ -180,3 +215,28 @@ class ApiKey(_Secret):
             expired=self.expires_at is not None and self.expires_at <= now,
         )
         return why or None
+
+
+class KeyUsage(models.Model):
+    """Tokens one key used on one model in one hour (UTC), from the engines' ``usage``.
+
+    Written by the gateways in batches (fleet.gateway.usage), never per request.
+    """
+
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="usage")
+    model = models.CharField(max_length=128)
+    hour = models.DateTimeField(help_text="The start of the hour, UTC.")
+    requests = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-hour", "key", "model"]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "model", "hour"], name="key_usage_unique")
+        ]
+        indexes = [models.Index(fields=["hour"])]
+        verbose_name_plural = "key usage"
+
+    def __str__(self) -> str:
+        return f"{self.key_id} {self.model} {self.hour:%Y-%m-%d %H}:00"

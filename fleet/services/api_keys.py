@@ -8,6 +8,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from fleet.models import ApiKey, ApiKeyScope, Model
+from fleet.models.access import hash_secret, make_secret
 
 from . import doorbells
 
@@ -94,6 +95,27 @@ def check_api_key(
     return allowed
 
 
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
+
+
+def check_limits(limits: dict | None) -> dict:
+    """The limits given, checked: each a whole number >= 0 (0: no limit) or None (the default)."""
+    checked = {}
+    for name, value in (limits or {}).items():
+        if name not in LIMIT_FIELDS:
+            raise ApiKeyError(
+                name, f"unknown limit '{name}'; choose from {', '.join(LIMIT_FIELDS)}"
+            )
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise ApiKeyError(
+                name, f"{name} must be a whole number, 0 for no limit, or empty for the default"
+            )
+        checked[name] = value
+    return checked
+
+
 def create_api_key(
     name: str,
     *,
@@ -101,6 +123,7 @@ def create_api_key(
     user=None,
     allowed_models: list[str] | None = None,
     expires_at: datetime | None = None,
+    limits: dict | None = None,
 ) -> tuple[ApiKey, str]:
     """A new API key; returns (key, secret). The secret is shown once and kept only hashed.
 
@@ -110,7 +133,12 @@ def create_api_key(
         name, scope=scope, user=user, allowed_models=allowed_models, expires_at=expires_at
     )
     key, secret = ApiKey.issue(
-        name=name.strip(), scope=scope, user=user, allowed_models=allowed, expires_at=expires_at
+        name=name.strip(),
+        scope=scope,
+        user=user,
+        allowed_models=allowed,
+        expires_at=expires_at,
+        **check_limits(limits),
     )
     logger.info(
         "api key created name=%s prefix=%s scope=%s user=%s",
@@ -132,3 +160,80 @@ def revoke_api_key(key: ApiKey) -> bool:
         # Gateways cache keys: ring them rather than wait for their safety refresh.
         doorbells.ring_gateways("keys")
     return changed
+
+
+def set_limits(key: ApiKey, limits: dict) -> ApiKey:
+    """Change a key's limits (None: back to the default); gateways hear of it at once."""
+    limits = check_limits(limits)
+    for name, value in limits.items():
+        setattr(key, name, value)
+    key.save(update_fields=list(limits))
+    logger.info(
+        "api key limits name=%s prefix=%s %s",
+        key.name,
+        key.prefix,
+        " ".join(f"{k}={v}" for k, v in limits.items()),
+    )
+    doorbells.ring_gateways("keys")
+    return key
+
+
+def rotate_api_key(key: ApiKey, grace: timedelta, now: datetime | None = None) -> str:
+    """A new secret for ``key``; the current one keeps working for ``grace``. Returns it.
+
+    Only one old secret is kept: rotating again ends the previous one's grace.
+    """
+    if key.revoked:
+        raise ApiKeyError("key", f"API key '{key.name}' ({key.prefix}) is revoked")
+    if grace < timedelta(0):
+        raise ApiKeyError("grace", "the grace period cannot be negative")
+    now = now or timezone.now()
+    # The prefix stays the key's name for operators; the new secret carries it too.
+    secret = f"{ApiKey.KIND}_{key.prefix}_{make_secret(ApiKey.KIND)[0].split('_', 2)[2]}"
+    key.previous_secret_hash = key.secret_hash
+    key.previous_secret_expires_at = now + grace
+    key.secret_hash = hash_secret(secret)
+    key.save(update_fields=["previous_secret_hash", "previous_secret_expires_at", "secret_hash"])
+    logger.warning(
+        "api key rotated name=%s prefix=%s old secret works until %s",
+        key.name,
+        key.prefix,
+        f"{key.previous_secret_expires_at:%Y-%m-%d %H:%M} UTC",
+    )
+    doorbells.ring_gateways("keys")
+    return secret
+
+
+def usage(key: str | None = None, model: str | None = None, since: datetime | None = None):
+    """Usage rows (KeyUsage) per key, model and hour, newest first, filtered.
+
+    ``key`` is a key's prefix or name.
+    """
+    from django.db.models import Q
+
+    from fleet.models import KeyUsage
+
+    rows = KeyUsage.objects.select_related("key")
+    if key:
+        rows = rows.filter(Q(key__prefix=key) | Q(key__name=key))
+    if model:
+        rows = rows.filter(model=model)
+    if since is not None:
+        rows = rows.filter(hour__gte=since.replace(minute=0, second=0, microsecond=0))
+    return rows.order_by("-hour", "key__name", "model")
+
+
+def usage_totals(rows) -> list[dict]:
+    """The rows summed per key and model: what an operator asks first."""
+    from django.db.models import Sum
+
+    return list(
+        rows.order_by()
+        .values("key__name", "key__prefix", "model")
+        .annotate(
+            requests=Sum("requests"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+        )
+        .order_by("key__name", "model")
+    )

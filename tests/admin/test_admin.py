@@ -16,6 +16,7 @@ from fleet.models import (
     EngineProfile,
     FleetStatus,
     JoinToken,
+    KeyUsage,
     Model,
     Node,
     NodeCredential,
@@ -69,7 +70,15 @@ def fleet():
     shard = replica.shards.get()
     report_load("gpu-01", shards=[{"shard_id": shard.pk, "cpu_cores": 1.5, "rss_bytes": 2**33}])
     access.create_join_token("rack-4", ttl=timedelta(hours=1))
-    ApiKey.issue(name="client", scope=ApiKeyScope.INFERENCE)
+    key, _ = ApiKey.issue(name="client", scope=ApiKeyScope.INFERENCE)
+    KeyUsage.objects.create(
+        key=key,
+        model="qwen",
+        hour=timezone.now().replace(minute=0, second=0, microsecond=0),
+        requests=2,
+        prompt_tokens=30,
+        completion_tokens=40,
+    )
     FleetStatus.get()
     catalog.apply("engines:\n  llamacpp: 0.3.36\n")
     return node

@@ -63,9 +63,11 @@ def before_add_examples(context, examples):
 
 
 def _made_valid(case):
+    path = case.operation.path
+    if path == "/api/v1/usage/" and case.query and "since" in case.query:
+        case.query["since"] = "7d"  # a duration or a time, in words only
     if not isinstance(case.body, dict):
         return case
-    path = case.operation.path
     if path.startswith("/api/v1/engine-profiles/") and case.method in ("POST", "PUT", "PATCH"):
         if "model" in case.body or case.method != "PATCH":
             case.body["model"] = _model_id()
@@ -79,6 +81,8 @@ def _made_valid(case):
             case.body["catalog"] = CATALOG
     elif path == "/api/v1/join-tokens/":
         case.body["ttl"] = "24h"
+    elif path == "/api/v1/api-keys/{prefix}/rotate/":
+        case.body["grace"] = "1h"
     elif path == "/api/v1/api-keys/":
         case.body.pop("models", None)  # names of models that exist, in words only
         if "expires" in case.body:

@@ -29,3 +29,28 @@ def test_log_flood_writes_lines_of_the_asked_size_and_the_engine_still_answers(t
         assert json.load(health) == {"status": "ok"}
     finally:
         engine.kill()
+
+
+def test_a_stream_ends_with_a_usage_only_event_when_asked_as_vllm_does(tmp_path):
+    engine = FakeEngine(tmp_path, "tiny")
+    try:
+
+        def stream(**extra) -> list:
+            body = {"model": "tiny", "max_tokens": 3, "stream": True, "prompt": "hi", **extra}
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{engine.port}/v1/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                text = resp.read().decode()
+            return [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
+
+        plain = stream()
+        asked = stream(stream_options={"include_usage": True})
+    finally:
+        engine.kill()
+    assert plain[-1] == "[DONE]" and all("usage" not in e for e in plain)
+    last = json.loads(asked[-2])
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
+    assert len(asked) == len(plain) + 1

@@ -197,6 +197,18 @@ class Upstream:
                 await resp.write(b'data: {"id": "x", "choi')
                 request.transport.close()
                 return resp
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            # As vLLM and OpenAI do: one last event with no choices, only usage.
+            last = {
+                "id": f"chatcmpl-{self.name}",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+            }
+            await resp.write(b"data: " + json.dumps(last).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -4,6 +4,30 @@ from django.core.management.base import BaseCommand, CommandError
 from fleet.models import ApiKeyScope
 from fleet.services import api_keys
 
+LIMIT_OPTIONS = {
+    "rpm": "requests_per_minute",
+    "tpm": "tokens_per_minute",
+    "tokens_per_day": "tokens_per_day",
+    "tokens_per_month": "tokens_per_month",
+}
+
+
+def add_limit_arguments(parser) -> None:
+    """--rpm, --tpm, --tokens-per-day, --tokens-per-month: 0 for none; left out: the default."""
+    for option, what in (
+        ("--rpm", "requests per minute"),
+        ("--tpm", "tokens per minute"),
+        ("--tokens-per-day", "a token budget per UTC day"),
+        ("--tokens-per-month", "a token budget per UTC month"),
+    ):
+        parser.add_argument(
+            option, type=int, help=f"Limit: {what}. 0: none; left out: the gateway's default."
+        )
+
+
+def limits_from(options) -> dict:
+    return {f: options[o] for o, f in LIMIT_OPTIONS.items() if options.get(o) is not None}
+
 
 class Command(BaseCommand):
     help = "Create an API key for the gateway or the management API; prints its secret once."
@@ -21,6 +45,7 @@ class Command(BaseCommand):
             "--models", default="", help="Comma-separated models an inference key may use."
         )
         parser.add_argument("--expires", help="When it expires: 30d, 12h… or an ISO 8601 time.")
+        add_limit_arguments(parser)
 
     def handle(self, *args, name, scope, user, models, expires, **options):
         owner = None
@@ -38,6 +63,7 @@ class Command(BaseCommand):
                 user=owner,
                 allowed_models=[m.strip() for m in models.split(",") if m.strip()],
                 expires_at=expires_at,
+                limits=limits_from(options),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None

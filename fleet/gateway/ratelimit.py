@@ -1,0 +1,406 @@
+"""Per-key limits, shared by every gateway process through Redis.
+
+Four limits per key (``ApiKey`` fields, else the ``LLMGW_GATEWAY_DEFAULT_*``
+settings; 0 is none): requests per minute, tokens per minute, and token
+budgets per UTC day and per UTC calendar month. Each is a counter in a fixed
+window whose name carries the window (``…:rq:<key>:m<minute>``), so a window
+ends by itself at its boundary and the counters expire after it.
+
+A request costs one round trip: a Lua script that reads the token counters,
+refuses the request if one is spent or the request counter is full, and counts
+the request otherwise, atomically, so two gateway processes can never let more
+through between them than the limit. Tokens are charged when the engine
+reports them (its ``usage``), in one more round trip after the answer has gone.
+A key without limits costs nothing: Redis is not asked.
+
+Redis away: requests pass unchecked (fail open) rather than fail, the outage is
+logged once, ``llmgw_gateway_limits_unchecked_total`` counts what passed, and
+Redis is tried again after ``gateway_limits_retry_s``; counting resumes then.
+"""
+
+import asyncio
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from prometheus_client import Counter
+
+from fleet.metrics import REGISTRY
+
+from . import resp
+from .errors import GatewayError
+
+logger = logging.getLogger(__name__)
+
+UNCHECKED = Counter(
+    "llmgw_gateway_limits_unchecked",
+    "Requests let through without checking their key's limits because Redis did not answer.",
+    registry=REGISTRY,
+)
+REFUSED = Counter(
+    "llmgw_gateway_limits_refused",
+    "Requests refused with 429 because their key was over a limit, by limit.",
+    ["limit"],
+    registry=REGISTRY,
+)
+
+# KEYS: requests this minute, tokens this minute, this day, this month.
+# ARGV: the four limits (0: none), then the request counter's expiry in seconds.
+# Expiries are set when a counter is made and outlast its window: constant, so a
+# key's command is the same bytes all minute long and is encoded once.
+# Returns {refused, requests, tokens minute, tokens day, tokens month}; refused
+# names the limit (1 requests, 2 tokens/min, 3 day, 4 month) or is 0.
+_CHECK = """
+local rq = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tm = tonumber(redis.call('GET', KEYS[2]) or '0')
+local td = tonumber(redis.call('GET', KEYS[3]) or '0')
+local tmo = tonumber(redis.call('GET', KEYS[4]) or '0')
+local lr, lt, ld, lmo = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local refused = 0
+if lmo > 0 and tmo >= lmo then refused = 4
+elseif ld > 0 and td >= ld then refused = 3
+elseif lt > 0 and tm >= lt then refused = 2
+elseif lr > 0 and rq >= lr then refused = 1
+end
+if refused == 0 and lr > 0 then
+  rq = redis.call('INCR', KEYS[1])
+  if rq == 1 then redis.call('EXPIRE', KEYS[1], ARGV[5]) end
+end
+return {refused, rq, tm, td, tmo}
+"""
+
+# KEYS: the token counters to charge; ARGV: each one's expiry, then the tokens.
+_CHARGE = """
+local n = ARGV[#ARGV]
+for i, k in ipairs(KEYS) do
+  if redis.call('INCRBY', k, n) == tonumber(n) then
+    redis.call('EXPIRE', k, ARGV[i])
+  end
+end
+return 0
+"""
+
+_MINUTE_TTL_S = 120
+_DAY_TTL_S = 2 * 86400
+_MONTH_TTL_S = 33 * 86400
+
+_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CHECK, _CHARGE)}
+
+_NAMES = {
+    1: "requests_per_minute",
+    2: "tokens_per_minute",
+    3: "tokens_per_day",
+    4: "tokens_per_month",
+}
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    tokens_per_day: int = 0
+    tokens_per_month: int = 0
+
+    @property
+    def on(self) -> bool:
+        return bool(
+            self.requests_per_minute
+            or self.tokens_per_minute
+            or self.tokens_per_day
+            or self.tokens_per_month
+        )
+
+    @property
+    def tokens_on(self) -> bool:
+        return bool(self.tokens_per_minute or self.tokens_per_day or self.tokens_per_month)
+
+
+NO_LIMITS = KeyLimits()
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The windows ``now`` (Unix seconds) falls in, and the seconds until each ends."""
+
+    minute: str
+    day: str
+    month: str
+    minute_left: float
+    day_left: float
+    month_left: float
+
+    @classmethod
+    def at(cls, now: float) -> "Windows":
+        day, month, day_end, month_end = _day(int(now // 86400))
+        return cls(
+            minute=str(int(now // 60)),
+            day=day,
+            month=month,
+            minute_left=60 - now % 60,
+            day_left=day_end - now,
+            month_left=month_end - now,
+        )
+
+
+_DAYS: dict[int, tuple[str, str, float, float]] = {}
+
+
+def _day(n: int) -> tuple[str, str, float, float]:
+    """Day ``n`` since the epoch (UTC): its name, its month's, and when each ends. Cached."""
+    got = _DAYS.get(n)
+    if got is None:
+        if len(_DAYS) > 64:
+            _DAYS.clear()
+        t = datetime.fromtimestamp(n * 86400, UTC)
+        nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC).timestamp()
+        got = _DAYS[n] = (t.strftime("%Y%m%d"), t.strftime("%Y%m"), (n + 1) * 86400, nxt)
+    return got
+
+
+def reset_text(seconds: float) -> str:
+    """A wait as OpenAI writes it in x-ratelimit-reset-*: "20ms", "1s", "6m0s", "2h3m0s"."""
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    s = math.ceil(seconds)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return f"{h}h{m}m{s}s"
+    if m:
+        return f"{m}m{s}s"
+    return f"{s}s"
+
+
+_FAILURES = (resp.ReplyError, OSError, TimeoutError)
+
+
+class Limiter:
+    """One per gateway (event loop), with its own Redis connection (``resp.Client``)."""
+
+    def __init__(self, url: str | None = None, prefix: str | None = None, retry_s: float = 2.0):
+        self.url = url or settings.REDIS_URL
+        if prefix is None:
+            prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "llmgw")
+        self.prefix = f"{prefix}:limits"
+        self.retry_s = retry_s
+        self._redis: resp.Client | None = None
+        # Encoded commands by (key id, limits, minute), for the minute at hand.
+        self._commands: dict[tuple, bytes] = {}
+        self._minute = ""
+        self._pending: set[asyncio.Task] = set()
+        self.down_until = 0.0  # monotonic; while in the future, limits are not checked
+        self.down = False
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+    def _command(self, kind: str, entry, lim: KeyLimits, w: Windows) -> bytes:
+        if w.minute != self._minute:
+            self._commands.clear()
+            self._minute = w.minute
+        cached = self._commands.get((kind, entry.id, lim))
+        if cached is not None:
+            return cached
+        rq, tk_min, tk_day, tk_month = self._keys(entry.id, w)
+        if kind == "check":
+            args = ["EVALSHA", _SHA[_CHECK], 4, rq, tk_min, tk_day, tk_month]
+            args += [*_limits(lim), _MINUTE_TTL_S]
+        else:
+            keys, ttls = [], []
+            for limit, k, ttl in (
+                (lim.tokens_per_minute, tk_min, _MINUTE_TTL_S),
+                (lim.tokens_per_day, tk_day, _DAY_TTL_S),
+                (lim.tokens_per_month, tk_month, _MONTH_TTL_S),
+            ):
+                if limit:
+                    keys.append(k)
+                    ttls.append(ttl)
+            # The tokens go last, appended per call.
+            args = ["EVALSHA", _SHA[_CHARGE], len(keys), *keys, *ttls]
+        command = self._commands[(kind, entry.id, lim)] = resp.encode(args)
+        return command
+
+    def _client(self) -> resp.Client:
+        if self._redis is None:
+            self._redis = resp.Client(self.url)
+        return self._redis
+
+    async def _run(self, command: bytes):
+        """EVALSHA, loading the scripts first where Redis does not have them (a restart)."""
+        client = self._client()
+        try:
+            return await client.call_raw(command)
+        except resp.ReplyError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        for script in (_CHECK, _CHARGE):
+            await client.call("SCRIPT", "LOAD", script)
+        return await client.call_raw(command)
+
+    def _keys(self, key_id: int, w: Windows) -> list[str]:
+        p = self.prefix
+        return [
+            f"{p}:rq:{key_id}:m{w.minute}",
+            f"{p}:tk:{key_id}:m{w.minute}",
+            f"{p}:tk:{key_id}:d{w.day}",
+            f"{p}:tk:{key_id}:M{w.month}",
+        ]
+
+    def _unavailable(self, exc: Exception, count: bool = True) -> None:
+        if count:
+            UNCHECKED.inc()
+        self.down_until = time.monotonic() + self.retry_s
+        if not self.down:
+            self.down = True
+            logger.warning(
+                "limits: Redis did not answer, requests pass unchecked until it does: %s", exc
+            )
+
+    def _available(self) -> None:
+        if self.down:
+            self.down = False
+            logger.warning("limits: Redis answers again, limits are checked again")
+
+    async def check(self, entry, now: float | None = None) -> list[tuple[bytes, bytes]]:
+        """Count a request of ``entry`` (a KeyEntry); its x-ratelimit-* headers, or a 429.
+
+        Passes unchecked (no headers) when the key has no limits or Redis is away.
+        """
+        lim: KeyLimits = entry.limits
+        if not lim.on:
+            return []
+        if self.down_until and time.monotonic() < self.down_until:
+            UNCHECKED.inc()
+            return []
+        now = time.time() if now is None else now
+        w = Windows.at(now)
+        try:
+            refused, rq, tm, td, tmo = await self._run(self._command("check", entry, lim, w))
+        except _FAILURES as exc:
+            self._unavailable(exc)
+            return []
+        self._available()
+        headers = _headers(lim, w, rq, tm, td, tmo)
+        if refused:
+            REFUSED.labels(_NAMES[refused]).inc()
+            raise _refusal(entry, lim, w, refused, headers)
+        return headers
+
+    async def charge(self, entry, tokens: int, now: float | None = None) -> None:
+        """Count ``tokens`` against the key's token limits, once the engine has reported them."""
+        lim: KeyLimits = entry.limits
+        if tokens <= 0 or not lim.tokens_on:
+            return
+        if self.down_until and time.monotonic() < self.down_until:
+            return
+        now = time.time() if now is None else now
+        command = _with_tokens(self._command("charge", entry, lim, Windows.at(now)), tokens)
+        # Not waited for where the connection is up: the answer has gone already, and
+        # commands on one connection run in order, so the next check sees these tokens.
+        fut = self._client().send_nowait(command)
+        if fut is not None:
+            fut.add_done_callback(lambda f: self._charged(f, command))
+            return
+        await self._charge_waiting(command)
+
+    async def _charge_waiting(self, command: bytes) -> None:
+        try:
+            await self._run(command)
+        except _FAILURES as exc:
+            self._unavailable(exc, count=False)
+            return
+        self._available()
+
+    def _charged(self, fut: asyncio.Future, command: bytes) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None and isinstance(fut.result(), resp.ReplyError):
+            if str(fut.result()).startswith("NOSCRIPT"):
+                # Redis restarted: load the scripts and charge again, waiting this time.
+                self._pending.add(task := asyncio.ensure_future(self._charge_waiting(command)))
+                task.add_done_callback(self._pending.discard)
+                return
+            exc = fut.result()
+        if exc is not None:
+            self._unavailable(exc, count=False)
+
+
+def _limits(lim: KeyLimits) -> tuple[int, int, int, int]:
+    return (
+        lim.requests_per_minute,
+        lim.tokens_per_minute,
+        lim.tokens_per_day,
+        lim.tokens_per_month,
+    )
+
+
+def _with_tokens(command: bytes, tokens: int) -> bytes:
+    """A cached charge command (``*N`` args, the tokens missing) with the tokens added."""
+    head, rest = command.split(b"\r\n", 1)
+    t = str(tokens).encode()
+    return b"*%d\r\n%b$%d\r\n%b\r\n" % (int(head[1:]) + 1, rest, len(t), t)
+
+
+def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int):
+    """(limit, remaining, seconds left) of the token limit with the least left."""
+    best = None
+    for limit, used, left in (
+        (lim.tokens_per_minute, tm, w.minute_left),
+        (lim.tokens_per_day, td, w.day_left),
+        (lim.tokens_per_month, tmo, w.month_left),
+    ):
+        if limit:
+            remaining = max(0, limit - used)
+            if best is None or remaining < best[1]:
+                best = (limit, remaining, left)
+    return best
+
+
+def _headers(lim: KeyLimits, w: Windows, rq, tm, td, tmo) -> list[tuple[bytes, bytes]]:
+    headers = []
+    if lim.requests_per_minute:
+        headers += [
+            (b"x-ratelimit-limit-requests", str(lim.requests_per_minute).encode()),
+            (
+                b"x-ratelimit-remaining-requests",
+                str(max(0, lim.requests_per_minute - rq)).encode(),
+            ),
+            (b"x-ratelimit-reset-requests", reset_text(w.minute_left).encode()),
+        ]
+    tokens = _tokens_window(lim, w, tm, td, tmo)
+    if tokens is not None:
+        limit, remaining, left = tokens
+        headers += [
+            (b"x-ratelimit-limit-tokens", str(limit).encode()),
+            (b"x-ratelimit-remaining-tokens", str(remaining).encode()),
+            (b"x-ratelimit-reset-tokens", reset_text(left).encode()),
+        ]
+    return headers
+
+
+def _refusal(entry, lim: KeyLimits, w: Windows, refused: int, headers) -> GatewayError:
+    who = f"API key '{entry.name}' ({entry.prefix})"
+    if refused == 1:
+        message = f"{who} is over its limit of {lim.requests_per_minute} requests per minute"
+        left, code = w.minute_left, "rate_limit_exceeded"
+    elif refused == 2:
+        message = f"{who} is over its limit of {lim.tokens_per_minute} tokens per minute"
+        left, code = w.minute_left, "rate_limit_exceeded"
+    elif refused == 3:
+        message = f"{who} has used its budget of {lim.tokens_per_day} tokens for today (UTC)"
+        left, code = w.day_left, "insufficient_quota"
+    else:
+        message = f"{who} has used its budget of {lim.tokens_per_month} tokens for this month (UTC)"
+        left, code = w.month_left, "insufficient_quota"
+    err = GatewayError(
+        429, f"{message}; try again in {reset_text(left)}", code=code, retry_after=math.ceil(left)
+    )
+    err.extra_headers = headers
+    return err
