@@ -412,6 +412,44 @@ def _secret(path: str, fields):
     return run
 
 
+def _rotate(api: Api, args, out):
+    made = api.call("POST", f"api-keys/{_quote(args.prefix)}/rotate/", {"grace": args.grace})
+    if args.json:
+        return made
+    args.err.write(
+        f"'{made['name']}' ({made['prefix']}) rotated; the old secret works until "
+        f"{made.get('old_secret_until') or 'now'}. The new secret is shown only once:\n"
+    )
+    out.write(made["secret"] + "\n")
+    return None
+
+
+def _usage(api: Api, args, out):
+    rows = api.call("GET", "usage/", key=args.key, model=args.model, since=args.since)
+    if args.json:
+        return rows
+    if not rows:
+        args.err.write(f"no usage in the last {args.since}\n")
+        return None
+    head = ["KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION"]
+    if args.hourly:
+        table = [["HOUR (UTC)", *head]] + [
+            [r["hour"][:13].replace("T", " ") + ":00", r["key"], r["model"], str(r["requests"]),
+             str(r["prompt_tokens"]), str(r["completion_tokens"])]
+            for r in rows
+        ]  # fmt: skip
+    else:
+        totals: dict[tuple[str, str], list[int]] = {}
+        for r in rows:
+            t = totals.setdefault((r["key"], r["model"]), [0, 0, 0])
+            t[0] += r["requests"]
+            t[1] += r["prompt_tokens"]
+            t[2] += r["completion_tokens"]
+        table = [head] + [[k, m, *map(str, t)] for (k, m), t in sorted(totals.items())]
+    _table(table, out)
+    return None
+
+
 def _quote(part: str) -> str:
     return urllib.parse.quote(part, safe="")
 
@@ -465,6 +503,14 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--scope", choices=["inference", "manage"], default="inference")
     k.add_argument("--models", default="", help="Inference keys: a,b (default: every model).")
     k.add_argument("--expires", help="30d, 12h… or an ISO 8601 time.")
+    r = sub.add_parser("rotate-key", help="A new secret for a key; the old one works for --grace.")
+    r.add_argument("prefix", help="The key's prefix (the 8 characters after lgk_).")
+    r.add_argument("--grace", default="24h", help="How long the old secret still works.")
+    u = sub.add_parser("usage", help="Tokens per key and model, from the gateways' counts.")
+    u.add_argument("--key", help="A key's prefix or name.")
+    u.add_argument("--model", help="One model.")
+    u.add_argument("--since", default="7d", help="How far back: 24h, 7d… (default 7d).")
+    u.add_argument("--hourly", action="store_true", help="One line per hour, not totals.")
     b = sub.add_parser("engine-build", help="Which vLLM build NODE installs (docs/engines.md).")
     b.add_argument("node")
     b.add_argument("build", choices=["auto", "cu13", "cu129", "none"])
@@ -487,6 +533,8 @@ COMMANDS = {
     "logs": _logs,
     "revoke": _revoke,
     "engine-build": _engine_build,
+    "rotate-key": _rotate,
+    "usage": _usage,
     "join-token": _secret("join-tokens/", lambda a: {"name": a.name, "ttl": a.ttl, "uses": a.uses}),
     "api-key": _secret(
         "api-keys/",

@@ -200,6 +200,38 @@ def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, m
     assert not ApiKey.objects.filter(name="client").exists()
 
 
+def test_usage_totals_and_hours_and_a_rotated_key_keeps_working_for_its_grace(cli, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import KeyUsage
+
+    key, secret = api_keys.create_api_key("team-a")
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    for ago, (requests, prompt, completion) in ((0, (3, 30, 90)), (1, (2, 20, 60))):
+        KeyUsage.objects.create(
+            key=key, model="tiny", hour=hour - timedelta(hours=ago), requests=requests,
+            prompt_tokens=prompt, completion_tokens=completion,
+        )  # fmt: skip
+
+    status, out, _ = cli("usage", "--key", "team-a")
+    assert status == 0
+    assert out.splitlines()[1].split() == ["team-a", "tiny", "5", "50", "150"]
+    status, out, _ = cli("usage", "--hourly", "--since", "24h")
+    assert status == 0 and len(out.splitlines()) == 3
+    status, _, err = cli("usage", "--since", "soon")
+    assert status == ctl.EXIT_REFUSED and "since: 'soon'" in err
+
+    status, out, err = cli("rotate-key", key.prefix, "--grace", "1h")
+    assert status == 0 and "rotated; the old secret works until" in err
+    assert out.strip() != secret and out.startswith(f"lgk_{key.prefix}_")
+    key.refresh_from_db()
+    assert key.previous_secret_expires_at is not None
+    status, _, err = cli("rotate-key", "nosuchkey")
+    assert status == ctl.EXIT_REFUSED and "no API key with prefix 'nosuchkey'" in err
+
+
 def test_a_wrong_or_revoked_key_is_exit_3_and_says_so(cli, monkeypatch):
     monkeypatch.setenv("LLMGW_API_KEY", "lgk_nothing_like_a_key")
     status, out, err = cli("nodes")
