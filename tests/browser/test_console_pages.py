@@ -21,13 +21,42 @@ import pytest
 from fleet.models import Model, Node
 from tests.processes import Load
 
+_BAR_JS = """
+const bar = document.querySelector(arguments[0] + ' .bar.' + arguments[1]);
+return bar && {percent: bar.dataset.percent,
+               label: bar.querySelector('.label').textContent.trim()};
+"""
 
-def _bar(row, kind: str) -> dict:
-    bar = row.find_element("css selector", f".bar.{kind}")
-    return {
-        "percent": bar.get_attribute("data-percent"),
-        "label": bar.find_element("css selector", ".label").get_attribute("textContent").strip(),
-    }
+
+_ROW_JS = """
+const row = document.querySelector(arguments[0]);
+if (!row) return null;
+const text = (css) => row.querySelector(css).textContent.trim();
+const bar = (kind) => {
+  const b = row.querySelector('.bar.' + kind);
+  return {percent: b.dataset.percent, label: b.querySelector('.label').textContent.trim(),
+          drawn: b.querySelector('.fill').getBoundingClientRect().width};
+};
+return {state: text('.node-state'), connected: text('.node-connected'),
+        cpu: bar('cpu'), ram: bar('ram'), shards: text('.node-shards'),
+        engines: [...row.querySelectorAll('.engines .engine')].map(e => e.textContent.trim())};
+"""
+
+
+def _text(browser, css: str) -> str:
+    """An element's text, found and read in one go (parts of these pages refresh in place)."""
+    text = browser.driver.execute_script(
+        "const el = document.querySelector(arguments[0]); return el && el.textContent;", css
+    )
+    assert text is not None, f"nothing matches {css} at {browser.driver.current_url}"
+    return " ".join(text.split())
+
+
+def _bar(browser, row_css: str, kind: str) -> dict:
+    """A bar's width and text, read in one go: the refresh may replace the row at any time."""
+    bar = browser.driver.execute_script(_BAR_JS, row_css, kind)
+    assert bar, f"no {kind} bar in {row_css}"
+    return bar
 
 
 def _mark_page(browser) -> None:
@@ -59,26 +88,23 @@ def test_the_cluster_page_lists_the_node_with_its_bars(signed_in, live_fleet):
     signed_in.visit("/admin/cluster/")
     signed_in.assert_styled()
 
-    row = signed_in.find(f'tr.node-row[data-node-id="{live_fleet.node_id}"]')
-    assert row.find_element("css selector", ".node-state").text == "ready"
-    assert row.find_element("css selector", ".node-connected").text == "yes"
-    cpu, ram = _bar(row, "cpu"), _bar(row, "ram")
+    row_css = f'tr.node-row[data-node-id="{live_fleet.node_id}"]'
+    # One read of the whole row: the page refreshes it in place every few seconds.
+    row = signed_in.driver.execute_script(_ROW_JS, row_css)
+    assert row, f"no row for {live_fleet.node_id}"
+    assert (row["state"], row["connected"]) == ("ready", "yes"), row
+    cpu, ram = row["cpu"], row["ram"]
     # The agent reports both: a width and a text, never the "-" of an unknown figure.
     assert cpu["percent"] and 0 <= float(cpu["percent"]) <= 100, cpu
     assert ram["percent"] and 0 < float(ram["percent"]) <= 100, ram
     assert re.fullmatch(r"[\d.]+ [KMGT]iB / [\d.]+ [KMGT]iB", ram["label"]), ram
-    width = signed_in.driver.execute_script(
-        "return arguments[0].querySelector('.fill').getBoundingClientRect().width",
-        row.find_element("css selector", ".bar.ram"),
-    )
-    assert width > 0, "the RAM bar is drawn, not only labelled"
-    engines = [e.text for e in row.find_elements("css selector", ".engines .engine")]
-    assert any(e.startswith("llamacpp") for e in engines), engines
-    assert row.find_element("css selector", ".node-shards").text == "1/1"
+    assert ram["drawn"] > 0, "the RAM bar is drawn, not only labelled"
+    assert any(e.startswith("llamacpp") for e in row["engines"]), row["engines"]
+    assert row["shards"] == "1/1"
 
     # The model is listed ready, and nothing waits for a place.
-    model = signed_in.find(f'tr.model-row[data-model="{live_fleet.model}"]')
-    assert model.find_element("css selector", ".model-ready").text == "1 / 1"
+    model_css = f'tr.model-row[data-model="{live_fleet.model}"]'
+    assert _text(signed_in, f"{model_css} .model-ready") == "1 / 1"
     assert signed_in.find_all("#cluster-pending tr.pending-row") == []
     signed_in.screenshot("cluster")
 
@@ -86,14 +112,14 @@ def test_the_cluster_page_lists_the_node_with_its_bars(signed_in, live_fleet):
 def test_the_cluster_page_refreshes_in_place_as_the_load_changes(signed_in, live_fleet):
     signed_in.visit("/admin/cluster/")
     row_css = f'tr.node-row[data-node-id="{live_fleet.node_id}"]'
-    before = _bar(signed_in.find(row_css), "cpu")
+    before = _bar(signed_in, row_css, "cpu")
     _mark_page(signed_in)
 
     # when: requests keep the node's CPU busy for a while
     with Load(live_fleet.url, live_fleet.stack.inference_key, live_fleet.model, clients=2):
         # then: the CPU figure changes on the page without the page being loaded again
         changed = signed_in.wait(
-            lambda d: (now := _bar(signed_in.find(row_css), "cpu")) != before and now,
+            lambda d: (now := _bar(signed_in, row_css, "cpu")) != before and now,
             f"the CPU bar to move from {before}",
             timeout=60,
         )
@@ -110,14 +136,13 @@ def test_the_node_page_shows_its_figures_shards_and_an_hour_of_charts(signed_in,
     assert signed_in.path == f"/admin/cluster/nodes/{live_fleet.node_id}/"
     signed_in.assert_styled()
 
-    assert signed_in.text("#node-state") == "ready"
-    load = signed_in.text("#node-load")
+    assert _text(signed_in, "#node-state") == "ready"
+    load = _text(signed_in, "#node-load")
     assert load.count("/") == 2 and load != "-", load
     assert signed_in.find_all("#node-disks tr.disk-row"), "the agent's state dir is a disk"
-    shard = signed_in.find("#node-shards tr.shard-row")
-    assert shard.find_element("css selector", ".shard-state").text == "ready"
-    assert shard.find_element("css selector", ".shard-cores").text not in ("", "-")
-    memory = shard.find_element("css selector", ".shard-memory").text
+    assert _text(signed_in, "#node-shards tr.shard-row .shard-state") == "ready"
+    assert _text(signed_in, "#node-shards tr.shard-row .shard-cores") not in ("", "-")
+    memory = _text(signed_in, "#node-shards tr.shard-row .shard-memory")
     assert re.fullmatch(r"[\d.]+ [KMGT]iB", memory), memory
 
     # The charts load on their own, from the history the control plane keeps.
@@ -187,8 +212,8 @@ def test_cordon_and_uncordon_from_the_node_page_ask_first_then_act(signed_in, li
     signed_in.wait_loaded()
     signed_in.check_page()
     assert Node.objects.get(pk=node_id).cordoned
-    assert signed_in.text("#node-state") == "ready,cordoned"
-    assert "cordon" in signed_in.text(".messagelist").lower()
+    assert _text(signed_in, "#node-state") == "ready,cordoned"
+    assert "cordon" in _text(signed_in, ".messagelist").lower()
 
     # and back: uncordon, confirmed, and the node takes work again
     signed_in.find("#action-uncordon").click()
@@ -198,7 +223,7 @@ def test_cordon_and_uncordon_from_the_node_page_ask_first_then_act(signed_in, li
     signed_in.wait_loaded()
     signed_in.check_page()
     assert not Node.objects.get(pk=node_id).cordoned
-    assert signed_in.text("#node-state") == "ready"
+    assert _text(signed_in, "#node-state") == "ready"
 
 
 def test_the_model_page_shows_the_replica_where_it_runs_and_the_gateway_figures(
@@ -212,14 +237,13 @@ def test_the_model_page_shows_the_replica_where_it_runs_and_the_gateway_figures(
         signed_in.check_page()
         assert signed_in.path == f"/admin/cluster/models/{model.pk}/"
 
-        replica = signed_in.find("#model-replicas tr.replica-row")
-        assert replica.find_element("css selector", ".replica-state").text == "ready"
-        assert live_fleet.node_id in replica.text
+        assert _text(signed_in, "#model-replicas tr.replica-row .replica-state") == "ready"
+        assert live_fleet.node_id in _text(signed_in, "#model-replicas tr.replica-row")
         # The gateway's own figures, kept in Redis: a rate once requests have gone through.
         signed_in.wait(
-            lambda d: signed_in.text("#model-rps") not in ("-", "0.00"),
+            lambda d: _text(signed_in, "#model-rps") not in ("-", "0.00"),
             "requests/s through the gateway",
             timeout=60,
         )
-    assert float(signed_in.text("#model-rps")) > 0
-    assert signed_in.text("#model-latency").endswith(" s")
+    assert float(_text(signed_in, "#model-rps")) > 0
+    assert _text(signed_in, "#model-latency").endswith(" s")
