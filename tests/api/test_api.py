@@ -39,19 +39,6 @@ PROFILE = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def api(client):
-    """A client holding a manage key of a staff user."""
-    _, secret = manage_key()
-    client.defaults.update(bearer(secret))
-    return client
-
-
 def results(resp):
     assert resp.status_code == 200, resp.content
     return resp.json()["results"]

@@ -25,11 +25,6 @@ from tests.factories import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def run(*args) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
     call_command(*args, stdout=out, stderr=err)

@@ -12,18 +12,6 @@ from tests.factories import add_node, bearer, grant, manage_key, staff_user
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def api(client):
-    _, secret = manage_key()
-    client.defaults.update(bearer(secret))
-    return client
-
-
 def test_wanted_engines_are_listed_added_changed_and_removed(api):
     resp = api.post("/api/v1/engines/", {"engine": "vllm", "version": "0.11.2"},
                     content_type="application/json")  # fmt: skip

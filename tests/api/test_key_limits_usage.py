@@ -12,21 +12,9 @@ from fleet.gateway import keys, usage
 from fleet.gateway.errors import GatewayError
 from fleet.models import ApiKey
 from fleet.services import api_keys
-from tests.factories import bearer, inference_key, manage_key
+from tests.factories import inference_key
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def api(client):
-    _, secret = manage_key()
-    client.defaults.update(bearer(secret))
-    return client
 
 
 def run(*args) -> tuple[str, str]:

@@ -19,11 +19,6 @@ PROFILE = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def as_key(client, user):
     _, secret = manage_key(user)
     client.defaults.update(bearer(secret))

@@ -8,7 +8,7 @@ here so `make test-fast` catches a regression too.
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
-from tests.factories import LLAMACPP_CPU, add_model, add_node, bearer, manage_key
+from tests.factories import LLAMACPP_CPU, add_model, add_node
 
 pytestmark = pytest.mark.django_db
 
@@ -16,13 +16,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(scope="module")
 def schema():
     return SchemaGenerator().get_schema(request=None, public=True)
-
-
-@pytest.fixture
-def api(client):
-    _, secret = manage_key()
-    client.defaults.update(bearer(secret))
-    return client
 
 
 def operations(schema):
