@@ -132,10 +132,27 @@ class Storage(_Part):
     shared: bool = False
 
 
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class KeptWeights(_Part):
+    """A path the agent kept although the control plane proposed removing it."""
+
+    path: Annotated[str, Field(max_length=1024)]
+    reason: Text
+
+
 class Weights(_Part):
     path: Annotated[str, Field(min_length=1, max_length=1024)]
     size_bytes: Count
     shared: bool = False
+    # Where the agent fetched it from, exactly as the profile's model_path names
+    # it (an https:// URL or hf://org/name[@revision]); "" for weights that were
+    # already there. Only complete, verified fetches are reported.
+    source: Annotated[str, Field(max_length=1024)] = ""
+    # When an engine last used it (unix seconds, the agent's clock). None: never
+    # seen in use by this agent.
+    last_used: Annotated[float, Field(ge=0)] | None = None
 
 
 class EngineInstall(_Part):
@@ -310,6 +327,10 @@ class AgentAck(_Msg):
     version: Version = 0
     ok: bool = True
     detail: Text = ""
+    # remove_weights only: the proposal's request_id, and per path what happened.
+    request_id: Annotated[str, Field(max_length=64)] = ""
+    removed: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=1024)] = []
+    kept: Annotated[list[KeptWeights], Field(max_length=1024)] = []
 
 
 class Goodbye(_Msg):
@@ -337,8 +358,13 @@ class ProfileSpec(_Part):
     nodes: Annotated[int, Field(ge=1)] = 1
     args: Annotated[list[Text], Field(max_length=256)] = []
     env: Annotated[dict[ShortStr, Text], Field(max_length=256)] = {}
+    # A local path (on the node or a shared filesystem), an https:// URL of one
+    # file, or hf://org/name[@revision]; the agent fetches the last two first.
     model_path: Annotated[str, Field(max_length=1024)] = ""
     served_model_name: ShortStr = ""
+    # Optional checksums of the fetched files: file name (for a URL, its last
+    # path part; for a hub repository, the path in the repository) -> hex sha256.
+    weights_sha256: Annotated[dict[Annotated[str, Field(max_length=1024)], Sha256Hex], Field(max_length=4096)] = {}
 
 
 class DesiredShard(_Part):
@@ -393,10 +419,18 @@ class Provision(_Msg):
 
 
 class RemoveWeights(_Msg):
-    """A proposal: the node checks each path again before removing it."""
+    """A proposal: the node checks each path again before removing it.
+
+    ``desired_version`` is the node's desired-set version the proposal was made
+    against: an agent that has not applied that version yet keeps everything,
+    and a path a desired shard (started or not) needs is always kept.
+    """
 
     type: Literal["remove_weights"]
     paths: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=1024)]
+    desired_version: Version = 0
+    # Echoed in the agent's ack, so the control plane can match the reply.
+    request_id: Annotated[str, Field(max_length=64)] = ""
 
 
 class LogsRequest(_Msg):
