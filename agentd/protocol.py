@@ -364,7 +364,9 @@ class ProfileSpec(_Part):
     served_model_name: ShortStr = ""
     # Optional checksums of the fetched files: file name (for a URL, its last
     # path part; for a hub repository, the path in the repository) -> hex sha256.
-    weights_sha256: Annotated[dict[Annotated[str, Field(max_length=1024)], Sha256Hex], Field(max_length=4096)] = {}
+    weights_sha256: Annotated[
+        dict[Annotated[str, Field(max_length=1024)], Sha256Hex], Field(max_length=4096)
+    ] = {}
 
 
 class DesiredShard(_Part):
