@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from agentd.client import Backoff
 from bench._common import raise_nofile
 
 # As agentd: give up on a handshake after 10 s, on the register's ack after 15 s.
@@ -91,7 +92,8 @@ class HeartbeatMaker:
         self.seq = 0
         self.shards = [f"bench-{i:05d}-r{k}" for k in range(2)] if self.serving else []
 
-    def next(self, desired_version: int) -> dict:
+    def next(self, desired_version: int, shards=None) -> dict:
+        """The next heartbeat; ``shards``, when given, are the shard ids the node runs."""
         rng = self.rng
         self.seq += 1
         if self.serving and rng.random() < 0.2:
@@ -132,7 +134,7 @@ class HeartbeatMaker:
                         "cpu_cores": round(rng.uniform(1.0, 3.0), 2),
                         "rss_bytes": 48 * GIB + rng.randrange(GIB),
                     }
-                    for s in self.shards
+                    for s in (self.shards if shards is None else shards)
                 ],
             },
             "desired_version": desired_version,
@@ -154,9 +156,21 @@ class WorkerResult:
     enrol_retries: int = 0
     lag_s: list = field(default_factory=list)
     gc_pauses_s: list = field(default_factory=list)
+    # After the window: each reconnected agent's registration (wall clock), and
+    # how many connection attempts the reconnects took.
+    reregistered_at: list = field(default_factory=list)
+    reconnect_attempts: int = 0
+    reconnect_errors: dict = field(default_factory=dict)
+    shards_started: int = 0
+
+
+RETRYABLE = (OSError, TimeoutError, InvalidHandshake, ConnectionClosed)
 
 
 class Agent:
+    """One simulated node: enrols, registers, heartbeats, pings, runs what it is told to,
+    and reconnects as agentd does (its own Backoff) when the socket ends."""
+
     def __init__(self, i: int, ctx: "Worker"):
         self.i, self.ctx = i, ctx
         self.rng = random.Random(i)
@@ -164,53 +178,95 @@ class Agent:
         self.desired_version = 0
         self.sent: dict[int, tuple[float, bool]] = {}  # seq -> (monotonic sent, in window)
         self.ws = None
+        self.credential: str | None = None
+        self.held: dict[str, dict] = {}  # shard id -> what register reports of it
 
-    async def _try_enrol(self) -> None:
+    def register(self) -> dict:
+        msg = register_msg(self.i)
+        msg["running_shards"] = list(self.held.values())
+        msg["desired_version"] = self.desired_version
+        return msg
+
+    async def _connect(self) -> None:
+        """Open a socket with this node's credential (or the join token) and register."""
         from websockets.asyncio.client import connect
 
         ctx = self.ctx
         self.ws = await connect(
             ctx.ws_url,
-            additional_headers={"Authorization": f"Bearer {ctx.secret}"},
+            additional_headers={"Authorization": f"Bearer {self.credential or ctx.secret}"},
             ping_interval=None,  # our pings are measurements, not keepalives
             proxy=None,
             open_timeout=OPEN_TIMEOUT_S,
             max_queue=None,
         )
         try:
-            await self.ws.send(json.dumps(register_msg(self.i)))
+            await self.ws.send(json.dumps(self.register()))
             async with asyncio.timeout(REGISTER_ACK_TIMEOUT_S):
                 while True:
                     msg = json.loads(await self.ws.recv())
                     if msg["type"] == "desired":
-                        self.desired_version = msg["version"]
+                        await self.on_desired(msg)
                     elif msg["type"] == "ack" and msg["of"] == "register":
                         break
         except BaseException:
             await self.ws.close()
             raise
-        if not msg.get("credential"):
-            raise RuntimeError("register ack without a credential on enrolment")
+        if self.credential is None:
+            if not msg.get("credential"):
+                raise RuntimeError("register ack without a credential on enrolment")
+            self.credential = msg["credential"]
 
     async def enrol(self) -> None:
         """Enrol and register, retrying as agentd does: jittered backoff, 1 s doubling."""
         ctx = self.ctx
         t = time.perf_counter()
         deadline = time.monotonic() + ctx.enrol_timeout
-        attempt = 0
+        backoff = Backoff(rng=self.rng)
         while True:
             try:
-                await self._try_enrol()
+                await self._connect()
                 break
-            except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
+            except RETRYABLE as exc:
                 refused = isinstance(exc, ConnectionClosed) and exc.rcvd and exc.rcvd.code >= 4000
                 if refused or time.monotonic() >= deadline:
                     raise
                 ctx.result.enrol_retries += 1
-                ceiling = min(30.0, 2.0**attempt)
-                attempt += 1
-                await asyncio.sleep(self.rng.uniform(ceiling / 2, ceiling))
+                await asyncio.sleep(backoff.next())
         ctx.result.enrol_s.append(time.perf_counter() - t)
+
+    async def on_desired(self, msg: dict) -> None:
+        """Run what the desired set says (a simulated engine is ready at once) and ack it."""
+        if msg["version"] < self.desired_version:
+            return  # fencing, as agentd
+        self.desired_version = msg["version"]
+        wanted = {s["shard_id"]: s for s in msg["shards"] if s["state"] == "running"}
+        for sid in [sid for sid in self.held if sid not in wanted]:
+            del self.held[sid]
+        for sid, s in wanted.items():
+            if sid in self.held:
+                continue
+            self.held[sid] = {
+                "shard_id": sid,
+                "replica_id": s["replica_id"],
+                "state": "ready",
+                "model": s["model"],
+            }
+            self.ctx.result.shards_started += 1
+            await self.ws.send(
+                json.dumps(
+                    {
+                        "type": "shard_status",
+                        "v": 1,
+                        "shard_id": sid,
+                        "replica_id": s["replica_id"],
+                        "state": "ready",
+                    }
+                )
+            )
+        await self.ws.send(
+            json.dumps({"type": "ack", "v": 1, "of": "desired", "version": self.desired_version})
+        )
 
     async def read(self) -> None:
         ctx = self.ctx
@@ -223,10 +279,10 @@ class Agent:
                     if sent is not None and sent[1]:
                         ctx.result.hb_rtt_s.append(now - sent[0])
                 elif msg["type"] == "desired":
-                    self.desired_version = msg["version"]
+                    await self.on_desired(msg)
         except Exception:  # noqa: BLE001 - counted below; the bench goes on
             pass
-        if not ctx.stopping:
+        if not ctx.stopping and time.time() < ctx.window[1]:
             ctx.result.closed_early += 1
 
     async def beat(self, first_at: float) -> None:
@@ -240,7 +296,7 @@ class Agent:
             in_window = ctx.window[0] <= time.time() < ctx.window[1]
             self.sent[self.hb.seq + 1] = (time.monotonic(), in_window)
             try:
-                await self.ws.send(json.dumps(self.hb.next(self.desired_version)))
+                await self.ws.send(json.dumps(self.hb.next(self.desired_version, list(self.held))))
             except Exception:  # noqa: BLE001 - the reader counts the close
                 return
             if in_window:
@@ -259,6 +315,34 @@ class Agent:
                 if in_window:
                     ctx.result.ping_rtt_s.append(time.monotonic() - t)
             at += interval
+
+    async def live(self) -> None:
+        """Serve the registered socket; when it ends, reconnect (agentd's backoff) and go on."""
+        ctx, loop = self.ctx, asyncio.get_running_loop()
+        while not ctx.stopping:
+            # Staggered: the first heartbeat falls somewhere in the first interval.
+            beat = asyncio.ensure_future(self.beat(loop.time() + self.rng.uniform(0, ctx.interval)))
+            try:
+                await self.read()
+            finally:
+                beat.cancel()
+            # Heartbeats the dead socket ate are not news on the next one.
+            self.sent = {seq: v for seq, v in self.sent.items() if v[1]}
+            backoff = Backoff(rng=self.rng)
+            while not ctx.stopping:
+                await asyncio.sleep(backoff.next())
+                if ctx.stopping:
+                    return
+                ctx.result.reconnect_attempts += 1
+                try:
+                    await self._connect()
+                    break
+                except RETRYABLE as exc:
+                    kind = type(exc).__name__
+                    ctx.result.reconnect_errors[kind] = ctx.result.reconnect_errors.get(kind, 0) + 1
+            else:
+                return
+            ctx.result.reregistered_at.append(time.time())
 
 
 class Worker:
@@ -285,10 +369,7 @@ class Worker:
                     kind = f"{type(exc).__name__}: {str(exc)[:80]}"
                     self.result.enrol_failed[kind] = self.result.enrol_failed.get(kind, 0) + 1
                     return
-            tasks.append(asyncio.ensure_future(agent.read()))
-            # Staggered: each agent's first heartbeat falls somewhere in its first interval.
-            first = loop.time() + agent.rng.uniform(0, self.interval)
-            tasks.append(asyncio.ensure_future(agent.beat(first)))
+            tasks.append(asyncio.ensure_future(agent.live()))
 
         await asyncio.gather(*(bring_up(a) for a in agents))
         conn.send(("registered", len(self.result.enrol_s)))
@@ -309,10 +390,16 @@ class Worker:
             in_window for a in agents for _, in_window in a.sent.values()
         ):
             await asyncio.sleep(0.2)
-        self.stopping = True
         self.result.hb_lost = sum(
             1 for a in agents for _, in_window in a.sent.values() if in_window
         )
+        for a in agents:
+            a.sent.clear()
+        conn.send(("done", asdict(self.result)))
+        # The agents stay connected (and reconnect) until told to stop: the
+        # orchestrator may restart the control plane under them first.
+        await loop.run_in_executor(None, conn.recv)
+        self.stopping = True
         for t in tasks:
             t.cancel()
         await asyncio.gather(
@@ -323,7 +410,7 @@ class Worker:
             ),
             return_exceptions=True,
         )
-        conn.send(("done", asdict(self.result)))
+        conn.send(("bye", asdict(self.result)))
 
     _gc_started = 0.0
 

@@ -1,4 +1,4 @@
-"""Pieces the benchmarks share: scratch databases, a Daphne process, CPU/RSS sampling.
+"""Pieces the benchmarks share: scratch databases, a web process, CPU/RSS sampling.
 
 Benchmarks run the real control plane as a subprocess, never in-process, so
 what they measure is what an operator would run. Nothing here imports Django.
@@ -151,32 +151,72 @@ def _child_nofile():
     raise_nofile()
 
 
+# The web servers the agents' socket is measured under: the same ASGI application
+# (llmgw_site.asgi), as an operator would start each.
+SERVERS = ("daphne", "uvicorn")
+
+
+def web_argv(server: str, port: int) -> list[str]:
+    if server == "daphne":
+        return ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"]
+    if server == "uvicorn":
+        return [
+            "-m",
+            "uvicorn",
+            "llmgw_site.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--lifespan",
+            "off",
+            "--no-access-log",
+        ]
+    raise ValueError(f"unknown web server '{server}': one of {', '.join(SERVERS)}")
+
+
 @dataclass
-class Daphne:
+class Web:
+    """One web process (Daphne or uvicorn) serving llmgw_site.asgi on loopback."""
+
     proc: subprocess.Popen
     port: int
     log: Path
+    server: str = "daphne"
 
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws/agent/"
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 15) -> float:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the seconds it took to go."""
+        t = time.monotonic()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(15)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return time.monotonic() - t
 
 
-def start_daphne(env: dict, log: Path, timeout: float = 60) -> Daphne:
-    """One Daphne process on a free loopback port, with a raised open-file limit."""
-    port = free_port()
-    with open(log, "wb") as fh:
+Daphne = Web  # the name the other benchmarks use
+
+
+def start_web(
+    server: str, env: dict, log: Path, timeout: float = 60, port: int | None = None
+) -> Web:
+    """One web process on a loopback port (a free one unless given), with a raised
+    open-file limit; returns once it accepts connections."""
+    port = port or free_port()
+    with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
+            [PY, *web_argv(server, port)],
             cwd=ROOT,
             # llmgw_site.asgi refuses to start without ALLOWED_HOSTS unless DEBUG is on.
             env={"ALLOWED_HOSTS": "127.0.0.1,localhost", **env},
@@ -184,17 +224,36 @@ def start_daphne(env: dict, log: Path, timeout: float = 60) -> Daphne:
             stderr=subprocess.STDOUT,
             preexec_fn=_child_nofile,
         )
-    server = Daphne(proc, port, log)
+    web = Web(proc, port, log, server)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"{server} exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            )
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                return server
+                return web
         time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"daphne did not listen within {timeout:g} s:\n{log.read_text()[-3000:]}")
+    web.stop()
+    raise RuntimeError(f"{server} did not listen within {timeout:g} s:\n{log.read_text()[-3000:]}")
+
+
+def start_daphne(env: dict, log: Path, timeout: float = 60) -> Web:
+    """One Daphne process on a free loopback port, with a raised open-file limit."""
+    return start_web("daphne", env, log, timeout)
+
+
+def start_celery(env: dict, log: Path, argv: list[str]) -> subprocess.Popen:
+    """``celery -A llmgw_site <argv>`` (a worker or beat), its output appended to ``log``."""
+    with open(log, "ab") as fh:
+        return subprocess.Popen(
+            [PY, "-m", "celery", "-A", "llmgw_site", *argv],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
 
 
 @dataclass

@@ -40,6 +40,11 @@ class FleetSettings:
     # (fleet/services/heartbeat/batching.py); this is an extra wait before each
     # write, for bigger batches at the price of latency. 0: none.
     heartbeat_flush_s: float = 0.0
+    # Threads (each with its own database connection) a web process runs its
+    # agent sockets' database calls on (fleet/services/socket_db.py): that many
+    # registrations overlap their round trips. SQLite takes one writer at a
+    # time, so there it is always 1.
+    agent_db_threads: int = 4
     logs_timeout_s: float = 10.0  # how long a log request waits for the agent's reply
     # Engines every node should have, ENGINE=VERSION separated by commas, used
     # while no WantedEngine rows exist (fleet.services.engines; docs/engines.md).

@@ -6,7 +6,6 @@ import logging
 import time
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -15,7 +14,7 @@ from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
 from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
-from fleet.services import access, desired, doorbells, engines, heartbeat, inventory
+from fleet.services import access, desired, doorbells, engines, heartbeat, inventory, socket_db
 from fleet.services.heartbeat import ReportMemo, batcher
 from llmgw_site.peer import connection_peer
 
@@ -59,6 +58,13 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + amount)
 
 
+def _register(credential_id: int, node_id: str, msg: protocol.Register, channel_name: str):
+    """A registration's write (as the node, while its credential holds), then the
+    provision and desired set the agent is sent after its ack."""
+    access.as_node(credential_id, node_id, inventory.register_node, msg, channel_name=channel_name)
+    return engines.provision_for(node_id), desired.desired_set(node_id)
+
+
 class AgentConsumer(AsyncWebsocketConsumer):
     """Validates every message, then hands it to a service. Holds no fleet state of its own.
 
@@ -89,7 +95,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             connection_peer(self.scope), _header_values(self.scope, access.CLIENT_CERT_HEADER)
         )
         # Authenticate before accept: an unknown agent never gets an open socket.
-        self.identity = await database_sync_to_async(access.identify)(_bearer(self.scope))
+        self.identity = await socket_db.call(access.identify, _bearer(self.scope))
         if self.identity is None:
             logger.warning(
                 "agent refused: no valid credential or join token client=%s", self.client
@@ -136,8 +142,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # Channels would first close stale database connections, with a hop to
         # the shared database thread, before every message: a heartbeat would
         # queue behind other agents' registrations just to be read. Every
-        # database call here goes through database_sync_to_async (or the
-        # heartbeat writer), which looks after its connection itself.
+        # database call here goes through fleet.services.socket_db (or the
+        # heartbeat writer), which looks after its connections itself.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"no handler for message type {message['type']}")
@@ -209,8 +215,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def write(self, fn, *args, **kwargs):
         """A write this socket's message makes, done only while its credential holds
         (``access.as_node``); raises access.Revoked, having written nothing, if not."""
-        return await database_sync_to_async(access.as_node)(
-            self.identity.credential_id, self.node_id, fn, *args, **kwargs
+        return await socket_db.call(
+            access.as_node, self.identity.credential_id, self.node_id, fn, *args, **kwargs
         )
 
     # ---- agent -> control plane ------------------------------------------------
@@ -233,9 +239,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         secret = None
         if self.node_id is None:
             try:
-                self.identity, secret = await database_sync_to_async(access.enrol)(
-                    self.identity, msg.node_id
-                )
+                if self.identity.enrolling:
+                    self.identity, secret = await socket_db.call(
+                        access.enrol, self.identity, msg.node_id
+                    )
+                else:
+                    access.check_node(self.identity, msg.node_id)  # all a credential needs
             except access.EnrolmentError as exc:
                 await self.refuse(CloseCode.FORBIDDEN, str(exc))
                 return
@@ -248,7 +257,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await doorbells.aring_node(
                 self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
             )
-        await self.write(inventory.register_node, msg, channel_name=self.channel_name)
+        # The write, and what the agent is sent next, in one trip to the database thread.
+        provision, desired_set = await socket_db.call(
+            _register, self.identity.credential_id, self.node_id, msg, self.channel_name
+        )
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
         await self.send_msg(
@@ -260,10 +272,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 heartbeat_interval_s=fleet_settings().heartbeat_interval_s,
             )
         )
-        provision = await database_sync_to_async(engines.provision_for)(self.node_id)
         if provision.engines:
             await self.send_msg(provision)
-        await self.send_desired()
+        await self.send_msg(desired_set)
 
     async def on_heartbeat(self, msg: protocol.Heartbeat):
         result = await batcher().submit(self.node_id, self.identity.credential_id, msg, self.memo)
@@ -329,7 +340,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=protocol.dump(msg))
 
     async def send_desired(self) -> None:
-        await self.send_msg(await database_sync_to_async(desired.desired_set)(self.node_id))
+        await self.send_msg(await socket_db.call(desired.desired_set, self.node_id))
 
     # ---- channel-layer events (from any process) -------------------------------
 
@@ -339,14 +350,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def node_provision(self, event):
         if not self.closing:
-            await self.send_msg(await database_sync_to_async(engines.provision_for)(self.node_id))
+            await self.send_msg(await socket_db.call(engines.provision_for, self.node_id))
 
     async def node_supersede(self, event):
         if event.get("channel") != self.channel_name:
             await self.refuse(CloseCode.SUPERSEDED, "the same node connected again")
 
     async def node_revoked(self, event):
-        if await database_sync_to_async(access.credential_revoked)(self.identity.credential_id):
+        if await socket_db.call(access.credential_revoked, self.identity.credential_id):
             await self.refuse(CloseCode.REVOKED, "credential revoked")
 
     async def node_logs_request(self, event):
@@ -402,8 +413,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
         except Exception:  # noqa: BLE001 - Redis away: the entry expires with the group's expiry
             logger.warning("could not leave the node's group node=%s", self.node_id)
-        held = await database_sync_to_async(inventory.mark_disconnected)(
-            self.node_id, self.channel_name
-        )
+        held = await socket_db.call(inventory.mark_disconnected, self.node_id, self.channel_name)
         if held:
             logger.info("agent stream closed node=%s code=%s", self.node_id, code)

@@ -61,6 +61,14 @@ class Node(models.Model):
     )
     last_seen = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)
+    inventory_digest = models.CharField(
+        max_length=64,
+        blank=True,
+        editable=False,
+        help_text="SHA-256 of the GPUs, fabrics, weights and engine installs the last "
+        "registration wrote; empty once a heartbeat changed any of them. A registration "
+        "with the same digest leaves those rows as they are.",
+    )
     agent_version = models.CharField(max_length=64, blank=True)
     engine_versions = models.JSONField(default=dict, blank=True)
     memory_total_mb = models.PositiveBigIntegerField(

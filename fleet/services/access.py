@@ -160,13 +160,21 @@ def create_join_token(name: str, *, ttl: timedelta, max_uses: int = 1, user=None
     return token, secret
 
 
+# A credential's last use is written at most this often: a fleet reconnecting at
+# once after a restart would otherwise spend a write per node on a date operators
+# read to the minute.
+LAST_USED_EVERY = timedelta(minutes=1)
+
+
 def identify(bearer: str) -> AgentIdentity | None:
     """The identity a bearer secret proves, or None. Revoked, expired and used-up are None."""
     if not bearer:
         return None
     cred = NodeCredential.find(bearer, NodeCredential.objects.filter(revoked_at__isnull=True))
     if cred is not None:
-        NodeCredential.objects.filter(pk=cred.pk).update(last_used_at=timezone.now())
+        now = timezone.now()
+        if cred.last_used_at is None or now - cred.last_used_at >= LAST_USED_EVERY:
+            NodeCredential.objects.filter(pk=cred.pk).update(last_used_at=now)
         return AgentIdentity(credential_id=cred.pk, node_id=cred.node_id)
     token = JoinToken.find(bearer)
     if token is not None and token.usable() is None:
@@ -206,6 +214,18 @@ def as_node(credential_id: int, node_id: str, write, *args, **kwargs):
         return write(*args, **kwargs)
 
 
+def check_node(identity: AgentIdentity, node_id: str) -> None:
+    """Raise EnrolmentError unless this identity may be ``node_id``, as far as it says by
+    itself (no database): its client certificate's CN, and a node credential's node."""
+    if identity.cert_node_id is not None and identity.cert_node_id != node_id:
+        # Checked first, so a join token is not used up by a node that cannot be it.
+        raise EnrolmentError(
+            mismatch_refusal(identity.cert_node_id, node_id, " (its client certificate's CN)")
+        )
+    if not identity.enrolling and identity.node_id != node_id:
+        raise EnrolmentError(mismatch_refusal(identity.node_id, node_id))
+
+
 def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | None]:
     """Check that this identity may register as ``node_id``; enrol it if it holds a join token.
 
@@ -214,14 +234,8 @@ def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | N
     nothing when it may not: a node credential for another node, or a client
     certificate (``cert_node_id``) for another node, refused the same way.
     """
-    if identity.cert_node_id is not None and identity.cert_node_id != node_id:
-        # Checked first, so a join token is not used up by a node that cannot be it.
-        raise EnrolmentError(
-            mismatch_refusal(identity.cert_node_id, node_id, " (its client certificate's CN)")
-        )
+    check_node(identity, node_id)
     if not identity.enrolling:
-        if identity.node_id != node_id:
-            raise EnrolmentError(mismatch_refusal(identity.node_id, node_id))
         return identity, None
     with transaction.atomic():
         # The conditional update is the guard: two agents racing for the last

@@ -150,6 +150,9 @@ def _apply_rare(
         for g in GPU.objects.filter(node_id__in=gpus_needed).order_by("index"):
             gpus.setdefault(g.node_id, []).append(g)
     dirty_gpus: dict[int, GPU] = {}
+    # Nodes whose GPUs' problems, weights or installs this batch changes: the rows
+    # no longer are what their last registration wrote (inventory.register_node).
+    changed_inventory: set[str] = set()
     for node_id, _cred, hb, _arrived in batch:
         node = nodes.get(node_id)
         if node is None:
@@ -169,12 +172,14 @@ def _apply_rare(
             if target is not None and p.problem not in target.problems:
                 target.problems = [*target.problems, p.problem]
                 dirty_gpus[target.pk] = target
+                changed_inventory.add(node_id)
                 logger.warning(
                     "gpu problem node=%s gpu=%d problem=%s", node_id, target.index, p.problem
                 )
         # Only when flagged: an empty list without the flag is silence.
         if hb.weights_changed:
             changes.replace_weights(node, hb.weights)
+            changed_inventory.add(node_id)
         if hb.memory_total_mb is not None and changes.memory_changed(
             node_id, node.memory_total_mb, hb.memory_total_mb
         ):
@@ -187,5 +192,8 @@ def _apply_rare(
             Node.objects.filter(pk=node_id).update(engine_versions=hb.engine_versions)
         if hb.provision_changed:
             changes.replace_installs(node, hb.provision)
+            changed_inventory.add(node_id)
+    if changed_inventory:
+        Node.objects.filter(pk__in=changed_inventory).update(inventory_digest="")
     if dirty_gpus:
         GPU.objects.bulk_update(dirty_gpus.values(), ["memory_used_mb", "problems"])

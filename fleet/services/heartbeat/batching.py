@@ -49,6 +49,11 @@ def attach() -> None:
     _sockets += 1
 
 
+def sockets() -> int:
+    """Agent sockets registered in this process and not yet closed."""
+    return _sockets
+
+
 def detach() -> None:
     """An agent socket closed. With none left, the writer gives its connection back."""
     global _sockets

@@ -46,12 +46,14 @@ def replace_storage(node_ids_and_lists) -> None:
     )
 
 
+def weights_row(w) -> dict:
+    """The columns a reported weights entry is kept as."""
+    return {"path": w.path, "size_bytes": w.size_bytes, "shared": w.shared}
+
+
 def replace_weights(node: Node, weights: list) -> None:
     node.weights.all().delete()
-    LocalWeights.objects.bulk_create(
-        LocalWeights(node=node, path=w.path, size_bytes=w.size_bytes, shared=w.shared)
-        for w in weights
-    )
+    LocalWeights.objects.bulk_create(LocalWeights(node=node, **weights_row(w)) for w in weights)
 
 
 def memory_changed(node_id: str, before_mb: int | None, now_mb: int | None) -> bool:

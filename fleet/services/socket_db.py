@@ -1,0 +1,106 @@
+"""Where the agents' sockets do their database work: a few threads, each with its connection.
+
+Channels' ``database_sync_to_async`` runs every call of every socket on one
+shared thread and opens and closes a database connection around each call
+(``CONN_MAX_AGE`` 0). One registration is a dozen round trips; at thousands of
+agents coming back after a restart that thread was the whole control plane's
+pace, and a new PostgreSQL connection per call (a server process forked each
+time) cost more than the queries (docs/benchmarks.md, Agent sockets).
+
+Here a socket's calls go to one of ``agent_db_threads`` threads, each keeping
+its own connection while agents are connected: registrations of different
+nodes overlap their round trips, and no call opens a connection. A socket
+waits for each call before making the next (Channels hands a consumer one
+message at a time), so its own writes stay in order. As with the heartbeat
+writer: a database error closes that thread's connection (the next call opens
+a fresh one); with no agent socket left, or nothing done for a while, the
+connections go back.
+"""
+
+import asyncio
+import functools
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import DatabaseError, close_old_connections, connection
+
+from fleet.conf import fleet_settings
+
+from .heartbeat import batching
+
+# A connection idle this long is checked before use: the database may have
+# restarted under it.
+CHECK_AFTER_S = 5.0
+IDLE_CLOSE_S = 5.0
+
+_lock = threading.Lock()
+_threads: list[ThreadPoolExecutor] = []
+_turn = itertools.count()
+_last_use: dict[int, float] = {}  # thread index -> monotonic time of its last call
+_janitor: threading.Thread | None = None
+
+
+def _threads_wanted() -> int:
+    if connection.vendor == "sqlite":
+        return 1  # one writer at a time anyway: more threads would only queue on its lock
+    return max(1, fleet_settings().agent_db_threads)
+
+
+def _executors() -> list[ThreadPoolExecutor]:
+    global _janitor
+    if not _threads:
+        with _lock:
+            if not _threads:
+                _threads.extend(
+                    ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llmgw-agent-db-{k}")
+                    for k in range(_threads_wanted())
+                )
+                _janitor = threading.Thread(
+                    target=_janitor_loop, name="llmgw-agent-db-idle", daemon=True
+                )
+                _janitor.start()
+    return _threads
+
+
+def _run(k: int, fn, args, kwargs):
+    """In thread ``k``: the call, on this thread's connection."""
+    if time.monotonic() - _last_use.get(k, 0.0) > CHECK_AFTER_S and connection.connection:
+        if not connection.is_usable():
+            connection.close()
+    failed = False
+    try:
+        return fn(*args, **kwargs)
+    except DatabaseError:
+        failed = True
+        raise
+    finally:
+        _last_use[k] = time.monotonic()
+        if failed or batching.sockets() == 0:
+            # Broken, or no agent socket left to make more calls: give it back.
+            close_old_connections()
+
+
+async def call(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on one of the sockets' database threads."""
+    executors = _executors()
+    k = next(_turn) % len(executors)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executors[k], functools.partial(_run, k, fn, args, kwargs))
+
+
+def _close_if_idle(k: int) -> None:
+    if time.monotonic() - _last_use.get(k, 0.0) >= IDLE_CLOSE_S:
+        close_old_connections()
+
+
+def _janitor_loop() -> None:
+    while True:
+        time.sleep(1.0)
+        for k, executor in enumerate(list(_threads)):
+            if time.monotonic() - _last_use.get(k, 0.0) >= IDLE_CLOSE_S:
+                try:
+                    executor.submit(_close_if_idle, k)
+                except RuntimeError:
+                    return  # the process is exiting: its executors are shut down
