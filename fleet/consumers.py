@@ -8,6 +8,7 @@ import time
 from channels.consumer import get_handler_name
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.utils import timezone
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
@@ -16,6 +17,7 @@ from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
 from fleet.services import access, desired, doorbells, engines, heartbeat, inventory, socket_db
 from fleet.services.heartbeat import ReportMemo, batcher
+from fleet.services.reconciler import expiry
 from llmgw_site.peer import connection_peer
 
 logger = logging.getLogger(__name__)
@@ -58,9 +60,21 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + amount)
 
 
+_listening = False  # whether this process has taken an agent's registration yet
+
+
 def _register(credential_id: int, node_id: str, msg: protocol.Register, channel_name: str):
     """A registration's write (as the node, while its credential holds), then the
     provision and desired set the agent is sent after its ack."""
+    global _listening
+    if not _listening:
+        # The first registration this process takes: it (re)started, and the
+        # nodes whose agents are on their way back get a full grace period.
+        _listening = True
+        if expiry.grace_from_now(timezone.now()):
+            logger.info(
+                "agents reconnecting to a new web process: every node gets a full grace period"
+            )
     access.as_node(credential_id, node_id, inventory.register_node, msg, channel_name=channel_name)
     return engines.provision_for(node_id), desired.desired_set(node_id)
 

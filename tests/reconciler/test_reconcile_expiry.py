@@ -8,6 +8,7 @@ import pytest
 from agentd import protocol
 from fleet.models import FleetStatus, Node, NodeState, ReplicaState, Shard
 from fleet.services import inventory
+from fleet.services.reconciler import expiry
 from tests.factories import add_model, add_node, register_msg
 from tests.reconciler.helpers import Clock, desired, make_ready, replicas, reregister, running
 
@@ -229,3 +230,25 @@ def test_a_shard_whose_node_was_deleted_is_healed_by_placing_again():
     [again] = running(model)
     assert again.node_id not in (None, shard.node_id)
     assert replicas(model)[0].state == ReplicaState.STARTING
+
+
+def test_a_web_process_taking_agents_again_gives_every_node_a_full_grace_period():
+    # given: three nodes, passes running; the web process goes away and comes
+    # back within the outage gap, so the passes alone see no outage
+    for n in ("gpu-01", "gpu-02", "gpu-03"):
+        add_node(n)
+    clock = Clock()
+    clock.pass_()
+    clock.advance(20, step=5)  # nobody heard: the agents' socket was gone
+
+    # when: the new web process takes its first registration
+    assert expiry.grace_from_now(clock.now)
+
+    # then: a node still on its way back is ready until 50 s after that, not after
+    # its last heartbeat (70 s by then), and suspect only past the full period
+    clock.advance(45, alive=["gpu-02", "gpu-03"], step=15)
+    assert node_state("gpu-01") == NodeState.READY
+    clock.advance(10, alive=["gpu-02", "gpu-03"], step=10)
+    assert node_state("gpu-01") == NodeState.SUSPECT
+    # and an earlier moment never shortens a grace period already given
+    assert not expiry.grace_from_now(clock.now - timedelta(minutes=5))

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from fleet.conf import fleet_settings
@@ -58,6 +58,22 @@ def begin_pass(now: datetime) -> FleetStatus:
                 (now - last).total_seconds(),
             )
     return status
+
+
+def grace_from_now(now: datetime) -> bool:
+    """Every node gets a full grace period from ``now``: a web process has begun taking
+    agent sockets, so nodes that were silent were silent because nobody listened.
+
+    A restart of the whole control plane can be shorter than ``outage_gap_s``,
+    which the passes alone would not call an outage; yet its thousands of
+    agents come back over the following seconds, the last of them a backoff or
+    two after the first. Returns whether the grace period moved.
+    """
+    return bool(
+        FleetStatus.objects.filter(pk=1)
+        .filter(Q(grace_from__isnull=True) | Q(grace_from__lt=now))
+        .update(grace_from=now)
+    )
 
 
 def silence_of(last_seen: datetime, grace_from: datetime | None, now: datetime) -> float:
