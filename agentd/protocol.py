@@ -198,7 +198,7 @@ class Load(_Part):
     load15: Annotated[float, Field(ge=0)]
     memory_used_bytes: Count
     memory_available_bytes: Count
-    shards: Annotated[list[ShardLoad], Field(max_length=256)] = []
+    shards: Annotated[list[ShardLoad], Field(max_length=256)] = Field(default_factory=list)
 
     @field_validator("shards")
     @classmethod
@@ -262,24 +262,33 @@ class Register(_Msg):
 
 
 class Heartbeat(_Msg):
-    """Cheap facts, each with its own semantics (see docs/protocol.md)."""
+    """Cheap facts, each with its own semantics (see docs/protocol.md).
+
+    Empty lists and dicts default through ``default_factory``: pydantic deep-copies
+    a literal ``[]`` default for every field a message leaves out, which was most
+    of the cost of reading a heartbeat (docs/benchmarks.md, Agent sockets).
+    """
 
     type: Literal["heartbeat"]
     seq: Count = 0
     # Per GPU, in index order. Empty: no news.
-    gpu_memory_used_mb: Annotated[list[SmallCount], Field(max_length=64)] = []
-    new_problems: Annotated[list[GPUProblem], Field(max_length=64)] = []
+    gpu_memory_used_mb: Annotated[list[SmallCount], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+    new_problems: Annotated[list[GPUProblem], Field(max_length=64)] = Field(default_factory=list)
     # Replaces the node's storage every time it is non-empty.
-    storage: Annotated[list[Storage], Field(max_length=64)] = []
+    storage: Annotated[list[Storage], Field(max_length=64)] = Field(default_factory=list)
     # The weights list counts only when weights_changed: an empty list without
     # the flag is silence, not "this node holds nothing".
     weights_changed: bool = False
-    weights: Annotated[list[Weights], Field(max_length=4096)] = []
+    weights: Annotated[list[Weights], Field(max_length=4096)] = Field(default_factory=list)
     memory_total_mb: Count | None = None
     engines_changed: bool = False
-    engine_versions: Annotated[dict[ShortStr, ShortStr], Field(max_length=32)] = {}
+    engine_versions: Annotated[dict[ShortStr, ShortStr], Field(max_length=32)] = Field(
+        default_factory=dict
+    )
     provision_changed: bool = False
-    provision: Annotated[list[EngineInstall], Field(max_length=32)] = []
+    provision: Annotated[list[EngineInstall], Field(max_length=32)] = Field(default_factory=list)
     load: Load | None = None
     desired_version: Version = 0
 

@@ -67,6 +67,14 @@ def _find_nul(data) -> bool:
     return False
 
 
+def _may_hold_nul(raw: str | bytes | dict) -> bool:
+    if isinstance(raw, str):
+        return "\\u0000" in raw
+    if isinstance(raw, bytes | bytearray):
+        return b"\\u0000" in raw
+    return True
+
+
 def decode(raw: str | bytes | dict, adapter: TypeAdapter, known: set[str]):
     """Validate ``raw`` against ``adapter`` if its type is in ``known``, or raise ProtocolError."""
     if isinstance(raw, dict):
@@ -94,7 +102,9 @@ def decode(raw: str | bytes | dict, adapter: TypeAdapter, known: set[str]):
     # PostgreSQL cannot store U+0000 in text, so a string holding one would pass
     # here and fail at the database; the sender must strip it (engine output can
     # carry them).
-    if _find_nul(data):
+    # JSON text can only carry U+0000 as the escape \u0000 (a raw control
+    # character is not JSON), so text without that escape needs no walk.
+    if _may_hold_nul(raw) and _find_nul(data):
         raise ProtocolError(CloseCode.INVALID_MESSAGE, f"{kind}: a string contains U+0000")
     try:
         return adapter.validate_python(data)
