@@ -23,6 +23,10 @@ from llmgw_site.peer import connection_peer
 logger = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 10
+# agentd gives up on a handshake after 10 s and on the register's ack after 15 s
+# (agentd/client.py): work for a socket queued longer than this is not done.
+HANDSHAKE_DEADLINE_S = 9
+REGISTER_DEADLINE_S = 13
 
 
 def _header_values(scope, name: str) -> list[str]:
@@ -109,7 +113,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             connection_peer(self.scope), _header_values(self.scope, access.CLIENT_CERT_HEADER)
         )
         # Authenticate before accept: an unknown agent never gets an open socket.
-        self.identity = await socket_db.call(access.identify, _bearer(self.scope))
+        try:
+            self.identity = await socket_db.call_by(
+                time.monotonic() + HANDSHAKE_DEADLINE_S, access.identify, _bearer(self.scope)
+            )
+        except socket_db.TooLate:
+            logger.warning(
+                "agent socket dropped: too busy to answer in time client=%s", self.client
+            )
+            await self.close()
+            return
         if self.identity is None:
             logger.warning(
                 "agent refused: no valid credential or join token client=%s", self.client
@@ -166,6 +179,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.closing:
             return
+        self.received_at = time.monotonic()
         charged = self.charge(text_data, bytes_data)
         # Past the limits, a message is read only while a log request is waiting
         # for its reply, and the socket is closed after it unless it was that
@@ -272,9 +286,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
             )
         # The write, and what the agent is sent next, in one trip to the database thread.
-        provision, desired_set = await socket_db.call(
-            _register, self.identity.credential_id, self.node_id, msg, self.channel_name
-        )
+        try:
+            provision, desired_set = await socket_db.call_by(
+                self.received_at + REGISTER_DEADLINE_S,
+                _register,
+                self.identity.credential_id,
+                self.node_id,
+                msg,
+                self.channel_name,
+            )
+        except socket_db.TooLate:
+            await self.refuse(CloseCode.TRY_AGAIN, "too busy to register in time; try again")
+            return
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
         await self.send_msg(

@@ -64,8 +64,15 @@ def _executors() -> list[ThreadPoolExecutor]:
     return _threads
 
 
-def _run(k: int, fn, args, kwargs):
+class TooLate(Exception):
+    """A call waited for its thread past its deadline, and was not made: the agent that
+    asked has given up waiting (its own timeout) and will come back."""
+
+
+def _run(k: int, deadline: float | None, fn, args, kwargs):
     """In thread ``k``: the call, on this thread's connection."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise TooLate(f"waited past the deadline for {getattr(fn, '__name__', fn)}")
     if time.monotonic() - _last_use.get(k, 0.0) > CHECK_AFTER_S and connection.connection:
         if not connection.is_usable():
             connection.close()
@@ -84,10 +91,22 @@ def _run(k: int, fn, args, kwargs):
 
 async def call(fn, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` on one of the sockets' database threads."""
+    return await call_by(None, fn, *args, **kwargs)
+
+
+async def call_by(deadline: float | None, fn, *args, **kwargs):
+    """As ``call``, unless its turn comes after ``deadline`` (monotonic): then TooLate.
+
+    A fleet reconnecting at once queues more registrations than the threads get
+    through while the agents wait; one whose agent has already given up is
+    dropped rather than written, so the queue drains at the pace of the live ones.
+    """
     executors = _executors()
     k = next(_turn) % len(executors)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executors[k], functools.partial(_run, k, fn, args, kwargs))
+    return await loop.run_in_executor(
+        executors[k], functools.partial(_run, k, deadline, fn, args, kwargs)
+    )
 
 
 def _close_if_idle(k: int) -> None:
