@@ -268,11 +268,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id is None:
             try:
                 if self.identity.enrolling:
-                    self.identity, secret = await socket_db.call(
-                        access.enrol, self.identity, msg.node_id
+                    # Under the same deadline: a credential issued after the agent
+                    # stopped waiting would never reach it, and the node could not
+                    # enrol again with the token.
+                    self.identity, secret = await socket_db.call_by(
+                        self.received_at + REGISTER_DEADLINE_S,
+                        access.enrol,
+                        self.identity,
+                        msg.node_id,
                     )
                 else:
                     access.check_node(self.identity, msg.node_id)  # all a credential needs
+            except socket_db.TooLate:
+                await self.refuse(CloseCode.TRY_AGAIN, "too busy to register in time; try again")
+                return
             except access.EnrolmentError as exc:
                 await self.refuse(CloseCode.FORBIDDEN, str(exc))
                 return
@@ -286,9 +295,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
             )
         # The write, and what the agent is sent next, in one trip to the database thread.
+        # Once a credential is issued it must reach the agent: no deadline then.
         try:
             provision, desired_set = await socket_db.call_by(
-                self.received_at + REGISTER_DEADLINE_S,
+                None if secret else self.received_at + REGISTER_DEADLINE_S,
                 _register,
                 self.identity.credential_id,
                 self.node_id,
