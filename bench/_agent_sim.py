@@ -346,8 +346,11 @@ class Agent:
 
 
 class Worker:
-    def __init__(self, ws_url, secret, ids, interval, enrol_concurrency, enrol_timeout):
+    def __init__(
+        self, ws_url, secret, ids, interval, enrol_concurrency, enrol_timeout, credentials=None
+    ):
         self.ws_url, self.secret, self.ids = ws_url, secret, ids
+        self.credentials = credentials
         self.interval = interval
         self.enrol_concurrency = enrol_concurrency
         self.enrol_timeout = enrol_timeout
@@ -359,6 +362,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         sem = asyncio.Semaphore(self.enrol_concurrency)
         agents = [Agent(i, self) for i in self.ids]
+        for agent, credential in zip(agents, self.credentials or (), strict=False):
+            agent.credential = credential  # enrolled beforehand (--seed)
         tasks = []
 
         async def bring_up(agent: Agent):

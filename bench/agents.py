@@ -86,10 +86,87 @@ def django_cmd(kind: str, value: int) -> None:
 
         _, secret = create_join_token("bench", ttl=timedelta(hours=4), max_uses=value)
         print(secret)
+    elif kind == "seed":
+        seed_fleet(value)
     elif kind == "catalog":
         from fleet.services import catalog
 
         catalog.apply(CATALOG.format(replicas=value))
+
+
+def seed_fleet(n: int) -> None:
+    """``n`` nodes enrolled and registered as the simulated agents register them, in bulk,
+    each with a credential: printed one per line, in node order."""
+    import json as _json
+
+    from django.utils import timezone
+
+    from agentd import protocol
+    from bench._agent_sim import register_msg
+    from fleet.models import (
+        GPU,
+        EngineInstall,
+        FabricAttachment,
+        LocalWeights,
+        Node,
+        NodeCredential,
+        Storage,
+    )
+    from fleet.models.access import hash_secret, make_secret
+    from fleet.services import inventory
+    from fleet.services.heartbeat import changes
+
+    now = timezone.now()
+    regs = [protocol.parse_agent_message(_json.dumps(register_msg(i))) for i in range(n)]
+    Node.objects.bulk_create(
+        [
+            Node(
+                id=r.node_id,
+                hostname=r.hostname,
+                mgmt_addr=r.mgmt_addr,
+                agent_labels=r.labels,
+                agent_version=r.agent_version,
+                engine_versions=r.engine_versions,
+                memory_total_mb=r.memory_total_mb,
+                state="ready",
+                connected=False,
+                last_seen=now,
+                registered_at=now,
+                inventory_digest=inventory.inventory_digest(r),
+            )
+            for r in regs
+        ],
+        batch_size=1000,
+    )
+    for model, rows in (
+        (GPU, lambda r: [GPU(node_id=r.node_id, **g.model_dump()) for g in r.gpus]),
+        (
+            FabricAttachment,
+            lambda r: [FabricAttachment(node_id=r.node_id, **f.model_dump()) for f in r.fabrics],
+        ),
+        (Storage, lambda r: [Storage(node_id=r.node_id, **x.model_dump()) for x in r.storage]),
+        (
+            LocalWeights,
+            lambda r: [
+                LocalWeights(node_id=r.node_id, **changes.weights_row(w)) for w in r.weights
+            ],
+        ),
+        (
+            EngineInstall,
+            lambda r: [EngineInstall(node_id=r.node_id, **e.model_dump()) for e in r.provision],
+        ),
+    ):
+        model.objects.bulk_create([x for r in regs for x in rows(r)], batch_size=5000)
+    secrets = []
+    creds = []
+    for r in regs:
+        secret, prefix = make_secret(NodeCredential.KIND)
+        secrets.append(secret)
+        creds.append(
+            NodeCredential(node_id=r.node_id, prefix=prefix, secret_hash=hash_secret(secret))
+        )
+    NodeCredential.objects.bulk_create(creds, batch_size=5000)
+    print("\n".join(secrets))
 
 
 def _ms(s: float) -> float:
@@ -319,8 +396,14 @@ def run_level(args, dbs: ScratchDatabases, n: int, server: str, workdir: Path) -
             raise RuntimeError(f"{label}: --django {kind} failed:\n{out.stderr[-3000:]}")
         return out.stdout.strip()
 
-    # The last line: the settings' logging may say something first.
-    secret = django("token", n).splitlines()[-1]
+    credentials = None
+    if args.seed:
+        # Enrolled already (in bulk): the agents connect with their own credentials.
+        credentials = django("seed", n).splitlines()[-n:]
+        secret = ""
+    else:
+        # The last line: the settings' logging may say something first.
+        secret = django("token", n).splitlines()[-1]
     cp = ControlPlane(args, env, workdir, label, server)
     cp.start()
     profile = Profile(args, workdir, label)
@@ -343,6 +426,7 @@ def run_level(args, dbs: ScratchDatabases, n: int, server: str, workdir: Path) -
                     args.interval,
                     args.enrol_concurrency,
                     args.enrol_timeout,
+                    credentials[k :: args.clients] if credentials else None,
                 ),
                 daemon=True,
             )
@@ -558,6 +642,11 @@ def main(argv=None) -> int:
         "--enrol-concurrency", type=int, default=8, help="enrolments in flight per client process"
     )
     p.add_argument("--enrol-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--seed",
+        action="store_true",
+        help="the nodes enrolled in bulk beforehand: agents connect with their own credentials",
+    )
     p.add_argument(
         "--replicas", type=int, default=0, help="one-node replicas placed on the agents' nodes"
     )
