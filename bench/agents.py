@@ -209,8 +209,25 @@ class Db:
         ids = {r[0] for r in self.rows("SELECT id FROM fleet_shard")}
         return ids, self.one("SELECT coalesce(sum(restarts), 0) FROM fleet_replica") or 0
 
+    def load(self) -> dict[str, float]:
+        """The database's own counters (PostgreSQL): transactions and rows so far."""
+        if self.sqlite:
+            return {}
+        row = self.rows(
+            "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted, tup_returned "
+            "FROM pg_stat_database WHERE datname = current_database()"
+        )[0]
+        return dict(zip(("commits", "inserted", "updated", "deleted", "read"), row, strict=True))
+
     def close(self) -> None:
         self.conn.close()
+
+
+def redis_commands(url: str) -> int:
+    """Commands the Redis server has processed so far (all its clients, not only ours)."""
+    import redis
+
+    return int(redis.Redis.from_url(url).info("stats")["total_commands_processed"])
 
 
 class ControlPlane:
@@ -475,6 +492,7 @@ def run_level(args, dbs: ScratchDatabases, n: int, server: str, workdir: Path) -
         clients = CpuWindow([psutil.Process(p.pid) for p in procs])
         busy0 = psutil.cpu_times()
         probe = DbProbe(db_url)
+        load0, redis0, t_load0 = db.load(), redis_commands(args.redis_url), time.monotonic()
         for w in (web_win, celery_win, clients):
             w.begin()
         next_sample = time.monotonic() + 1
@@ -485,6 +503,11 @@ def run_level(args, dbs: ScratchDatabases, n: int, server: str, workdir: Path) -
                 web_win.sample()
                 next_sample += 1
         probe.close()
+        time.sleep(1)  # PostgreSQL publishes its counters a moment after each transaction
+        load1, redis1 = db.load(), redis_commands(args.redis_url)
+        span = time.monotonic() - t_load0
+        db_load = {f"db_{k}_per_s": round((load1[k] - load0[k]) / span, 1) for k in load1}
+        db_load["redis_commands_per_s"] = round((redis1 - redis0) / span, 1)
         profile.stop()
         server_cpu, server_rss = web_win.end()
         celery_cpu, _ = celery_win.end()
@@ -574,6 +597,7 @@ def run_level(args, dbs: ScratchDatabases, n: int, server: str, workdir: Path) -
         "clients_cpu_pct": round(client_cpu, 1),
         "machine_cpu_pct": round(machine_cpu, 1),
         "server_errors": cp.errors(),
+        **db_load,
         **({"restart": restart, **reconnect} if args.restart else {}),
     }
     print(json.dumps(row), flush=True)
