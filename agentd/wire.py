@@ -21,7 +21,9 @@ class CloseCode(enum.IntEnum):
     """WebSocket close codes the control plane uses. 1009 (too big) comes from Daphne."""
 
     NORMAL = 1000  # the agent said goodbye, or the server is shutting down
-    TRY_AGAIN = 1013  # too busy to register in time (a whole fleet reconnecting): back off, retry
+    # Too busy to register in time (a whole fleet reconnecting): back off and retry.
+    # WebSocket's own 1013 is refused by Daphne's autobahn, which takes 1000 and 3000-4999.
+    TRY_AGAIN = 4013
     INVALID_MESSAGE = 4000  # not JSON, a binary frame, an unknown type, or a field fails
     UNSUPPORTED_VERSION = 4001  # "v" is not a version this end speaks
     NOT_REGISTERED = 4002  # a message before "register"

@@ -165,6 +165,8 @@ class WorkerResult:
 
 
 RETRYABLE = (OSError, TimeoutError, InvalidHandshake, ConnectionClosed)
+# Who this node is refused (agentd stops on these); any other close is retried.
+REFUSED = {4003, 4010}
 
 
 class Agent:
@@ -228,7 +230,9 @@ class Agent:
                 await self._connect()
                 break
             except RETRYABLE as exc:
-                refused = isinstance(exc, ConnectionClosed) and exc.rcvd and exc.rcvd.code >= 4000
+                refused = (
+                    isinstance(exc, ConnectionClosed) and exc.rcvd and exc.rcvd.code in REFUSED
+                )
                 if refused or time.monotonic() >= deadline:
                     raise
                 ctx.result.enrol_retries += 1

@@ -162,8 +162,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
         # Daphne drops a close frame's reason (django/daphne#374), so the agent
         # hears it in a last message; the frame keeps the code.
-        await self.send_msg(protocol.Closing(type="closing", code=int(code), reason=reason[:4096]))
-        await self.close(code=int(code), reason=reason[:120])
+        try:
+            await self.send_msg(
+                protocol.Closing(type="closing", code=int(code), reason=reason[:4096])
+            )
+            await self.close(code=int(code), reason=reason[:120])
+        except (RuntimeError, OSError):
+            # The agent is gone already (it gave up waiting): nobody to tell.
+            # Daphne says so with a RuntimeError, uvicorn with an OSError.
+            pass
 
     async def dispatch(self, message):
         # Channels would first close stale database connections, with a hop to
@@ -432,7 +439,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         except Exception as exc:
-            logger.warning(
+            # An OSError here is the client gone while we answered it (uvicorn's
+            # ClientDisconnected: an agent that gave up on a slow handshake).
+            logger.log(
+                logging.INFO if isinstance(exc, OSError) else logging.WARNING,
                 "agent socket ended by an error node=%s client=%s error=%r",
                 self.node_id or "-",
                 getattr(self, "client", "?"),

@@ -26,7 +26,7 @@ async def test_a_registration_its_agent_has_stopped_waiting_for_is_not_written(m
 
     # then: the agent is told to come back later, and nothing was written
     code, reason = await expect_close(comm)
-    assert code == CloseCode.TRY_AGAIN == 1013
+    assert code == CloseCode.TRY_AGAIN == 4013
     assert "try again" in reason
     after = await db(Node.objects.get)(pk="gpu-01")
     assert after.hostname == before.hostname
