@@ -74,13 +74,14 @@ def prompt_prefix(endpoint: str, body: dict, chars: int) -> str:
     """
     if endpoint == "chat/completions":
         out = []
-        size = 0
+        left = chars
         for m in body["messages"]:
-            text = _content_text(m.get("content"))
-            piece = f"{m['role']}\x1f{text}\x1e"
+            content = m.get("content")
+            text = content if content.__class__ is str else _content_text(content)
+            piece = f"{m['role']}\x1f{text[:left]}\x1e"
             out.append(piece)
-            size += len(piece)
-            if size >= chars:
+            left -= len(piece)
+            if left <= 0:
                 break
         return "".join(out)[:chars]
     prompt = body.get("prompt")
@@ -124,8 +125,9 @@ class Ring:
         }
 
     def owner(self, key: int):
-        """The replica that owns ``key``."""
-        return next(self.walk(key))
+        """The replica that owns ``key``: the one at the first point at or after it."""
+        points = self._points
+        return self.members[self._owners[bisect.bisect_left(points, key) % len(points)]]
 
     def walk(self, key: int):
         """Each replica once, in ring order from ``key``: the owner first, then who takes over."""
@@ -166,17 +168,20 @@ def choose(ring: Ring, key: int, available: list, policy: Policy):
     least = None
     for u in available:
         total += u.outstanding
-        if least is None or u.outstanding < least.outstanding:
-            least = u
+        if least is None or u.outstanding < least:
+            least = u.outstanding
     capacity = math.ceil(policy.load_factor * (total + 1) / len(available))
     capacity = min(capacity, policy.max_outstanding)
-    allowed = set(map(id, available))
-    first = True
+    # The common case first, without walking: the owner is there and has room.
+    owner = ring.owner(key)
+    if owner.outstanding < capacity and owner in available:
+        if owner.outstanding - least > policy.margin:
+            return None, FALLBACK
+        return owner, AFFINITY
     for u in ring.walk(key):
-        if id(u) in allowed and u.outstanding + 1 <= capacity:
-            if u.outstanding - least.outstanding > policy.margin:
+        if u is not owner and u.outstanding < capacity and u in available:
+            if u.outstanding - least > policy.margin:
                 return None, FALLBACK
-            return u, AFFINITY if first else OVERFLOW
-        first = False
-    # Everyone over the bound (load_factor below 1, or all full): the least busy.
+            return u, OVERFLOW
+    # Everyone over the bound (all full, say): the least busy, as without prefixes.
     return None, FALLBACK

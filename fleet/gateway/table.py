@@ -246,8 +246,13 @@ def pick_prefix(
     ring while its load allows (``prefix.choose``), else the least busy.
     """
     now = time.monotonic() if now is None else now
-    free = [u for u in route.upstreams if u.cooldown_until <= now and u not in exclude]
-    available = [u for u in free if not u.suspect] or free
+    free, healthy = [], []
+    for u in route.upstreams:
+        if u.cooldown_until <= now and u not in exclude:
+            free.append(u)
+            if not u.suspect:
+                healthy.append(u)
+    available = healthy or free
     up, result = prefix.choose(route.ring, key, available, policy)
     if up is None and result:
         up = pick(route, exclude, now)
