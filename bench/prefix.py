@@ -1,6 +1,6 @@
 """Prefix-aware routing: time to first token with llama.cpp's prompt cache, and what it costs.
 
-    .venv/bin/python bench/prefix.py [--prefixes 4] [--rounds 8] [--words 300] [--layers 8]
+    .venv/bin/python bench/prefix.py [--prefixes 4] [--rounds 12] [--words 200] [--layers 4]
 
 Three measurements, each side by side with least-outstanding in the same run:
 
@@ -8,12 +8,13 @@ Three measurements, each side by side with least-outstanding in the same run:
    the embedded default runs it) serve a generated model bigger than the tests'
    (``--layers`` blocks of 256: prompt processing costs enough to see), two
    replicas for a model with prefix routing on and two for one with it off.
-   Each engine keeps its last prompt's KV cache and, with ``--cache``, an LRU
-   of saved states sized for three prompts. ``--prefixes`` long system prompts
-   (``--words`` words, about 1,150 tokens at 300) are asked new questions in a
-   shuffled order, one request at a time, each request sent to both models in
-   turn; the client times the first streamed event. The engines' own logs say
-   how many prompt tokens they had to process.
+   Each engine keeps its last prompt's KV cache and an LRU of saved states
+   (``--cache``) that holds three prompts asked in turn, not four.
+   ``--prefixes`` long system prompts (``--words`` words, about 800 tokens at
+   200) are asked new questions in turn, round robin, one request at a time,
+   each request sent to both models in turn; the client times the first
+   streamed event. The engines' own logs say how many prompt tokens they had
+   to process.
 2. The routing work per request, in process: ``table.pick`` against the prefix
    hash plus ``table.pick_prefix``, for a short chat, a chat with a 4 KB system
    prompt and a 16 KB completion prompt, alternating in blocks.
@@ -44,7 +45,10 @@ from gateway import wait_http as _wait_http  # noqa: E402
 PY = sys.executable
 ARMS = ("on", "off")  # the model with prefix routing, and the one without
 EMBD, FF, CTX = 256, 768, 4096
-CACHE_PROMPTS = 3  # what each engine's state cache holds
+# Saved states each engine's cache holds. llama-cpp-python's LRU keeps the state a
+# hit loaded besides the new one, so a prompt asked again takes two: five hold
+# three prompts asked in turn, and not four.
+CACHE_STATES = 5
 
 
 def wait_http(url, proc, timeout=180):
@@ -151,11 +155,15 @@ def prompt_tokens_evaluated(log: Path) -> int:
     return sum(int(m.group(1)) for m in _EVAL.finditer(log.read_text(errors="replace")))
 
 
+_VOCAB = None
+
+
 def state_bytes(model: Path, text: str, layers: int) -> int:
     """About what llama.cpp saves for a prompt of ``text``: K and V, f16, every layer."""
     from llama_cpp import Llama
 
-    vocab = Llama(model_path=str(model), vocab_only=True, verbose=False)
+    global _VOCAB
+    vocab = _VOCAB = _VOCAB or Llama(model_path=str(model), vocab_only=True, verbose=False)
     tokens = len(vocab.tokenize(text.encode())) + 40  # the chat template and the question
     return tokens * layers * EMBD * 2 * 2
 
@@ -165,7 +173,7 @@ def ttft_run(args, work: Path, procs: Procs, env: dict) -> dict:
 
     model = write_tiny_model(work / "bench.gguf", layers=args.layers, embd=EMBD, ff=FF, ctx=CTX)
     prompts = system_prompts(args.prefixes, args.words)
-    cache = int((CACHE_PROMPTS + 0.5) * state_bytes(model, prompts[0], args.layers))
+    cache = int((CACHE_STATES + 0.5) * max(state_bytes(model, t, args.layers) for t in prompts))
     engines = {arm: [] for arm in ARMS}
     for arm in ARMS:
         for i in range(2):
@@ -190,9 +198,9 @@ def ttft_run(args, work: Path, procs: Procs, env: dict) -> dict:
     rows = []
     n = 0
     for r in range(args.rounds):
-        order = list(range(args.prefixes))
-        rng.shuffle(order)
-        for p in order:
+        # Round robin through the prompts: an engine's cache then holds every
+        # prompt that comes to it, if no more than three do.
+        for p in range(args.prefixes):
             question = f"Question {n}: " + " ".join(
                 rng.choice(["why", "how", "when"]) for _ in range(5)
             )
@@ -213,7 +221,13 @@ def ttft_run(args, work: Path, procs: Procs, env: dict) -> dict:
                     {"round": r, "prefix": p, "arm": arm, "ttft_s": ttft, "replica": replica}
                 )
             n += 1
-    result = {"prefixes": args.prefixes, "rounds": args.rounds, "cache_bytes": cache, "arms": {}}
+    result = {
+        "prefixes": args.prefixes,
+        "rounds": args.rounds,
+        "cache_bytes": cache,
+        "arms": {},
+        "requests": rows,
+    }
     for arm in ARMS:
         mine = [row for row in rows if row["arm"] == arm]
         warm = [row["ttft_s"] for row in mine if row["round"] > 0]
@@ -406,9 +420,9 @@ def bench_env(work: Path) -> tuple[dict, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefixes", type=int, default=4, help="distinct system prompts")
-    p.add_argument("--rounds", type=int, default=8, help="questions per system prompt")
-    p.add_argument("--words", type=int, default=300, help="words per system prompt")
-    p.add_argument("--layers", type=int, default=8, help="blocks of the generated model")
+    p.add_argument("--rounds", type=int, default=12, help="questions per system prompt")
+    p.add_argument("--words", type=int, default=200, help="words per system prompt")
+    p.add_argument("--layers", type=int, default=4, help="blocks of the generated model")
     p.add_argument("--no-cache", dest="cache", action="store_false", help="no state cache")
     p.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     p.add_argument("--overhead-rounds", type=int, default=4, help="wrk runs per arm")
