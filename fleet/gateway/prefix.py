@@ -86,11 +86,13 @@ def prompt_prefix(endpoint: str, body: dict, chars: int) -> str:
         return "".join(out)[:chars]
     prompt = body.get("prompt")
     if prompt.__class__ is list:
-        prompt = prompt[0] if prompt else ""
-    if prompt.__class__ is list:  # token ids, or a batch of them
-        ids = prompt[0] if prompt and prompt[0].__class__ is list else prompt
-        # About four characters a token: roughly the same span of prompt.
-        return ",".join(str(t) for t in ids[: max(1, chars // 4)])
+        first = prompt[0] if prompt else ""
+        if first.__class__ is str:  # a batch of prompts
+            prompt = first
+        else:  # token ids, or a batch of them
+            ids = first if first.__class__ is list else prompt
+            # About four characters a token: roughly the same span of prompt.
+            return ",".join(str(t) for t in ids[: max(1, chars // 4)])
     return prompt[:chars] if prompt.__class__ is str else str(prompt)[:chars]
 
 

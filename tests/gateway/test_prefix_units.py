@@ -80,15 +80,15 @@ def test_the_prefix_is_the_rendered_conversation_roles_and_text_parts_included()
 @pytest.mark.parametrize(
     "prompt, expected",
     [
-        ("abcdef", "abcd"),
-        (["abcdef", "zzz"], "abcd"),
+        ("abcdefghij", "abcdefgh"),
+        (["abcdefghij", "zzz"], "abcdefgh"),  # a batch: its first prompt
         ([], ""),
-        ([1, 2, 3, 4, 5, 6], "1"),  # four characters a token: one token for K=4
-        ([[7, 8], [9]], "7"),
+        ([1, 2, 3, 4, 5, 6], "1,2"),  # token ids, about four characters each
+        ([[7, 8, 9], [9]], "7,8"),  # a batch of them
     ],
 )
 def test_a_completion_prompt_counts_its_first_k_characters(prompt, expected):
-    assert prefix.prompt_prefix("completions", {"prompt": prompt}, 4) == expected
+    assert prefix.prompt_prefix("completions", {"prompt": prompt}, 8) == expected
 
 
 def test_a_lone_surrogate_in_the_prompt_still_hashes():
