@@ -28,15 +28,14 @@ import math
 from dataclasses import dataclass
 
 # Points per replica on the ring: enough that each owns close to 1/N of the
-# keys (the spread shrinks as 1/sqrt(points)), few enough to build in well
-# under a millisecond.
+# keys (the spread shrinks as 1/sqrt(points)), few enough that a ring builds in
+# a few milliseconds, once per change of the ready set.
 VNODES = 160
 
 # What ``choose`` says it did, the label of llmgw_gateway_prefix_routes_total.
 AFFINITY = "affinity"  # the prefix's own replica
 OVERFLOW = "overflow"  # the next one on the ring: the owner was over its bounded load
 FALLBACK = "fallback"  # the least busy replica: the ring's choice was over the margin
-RESULTS = (AFFINITY, OVERFLOW, FALLBACK)
 
 
 def _hash64(data: bytes) -> int:
