@@ -146,19 +146,22 @@ def download(
         done = have
         if on_bytes:
             on_bytes(done)
-        with open(partial, "r+b" if have else "wb") as out:
+        # Unbuffered: what the file's length says is on disk is what a resume continues from.
+        with open(partial, "r+b" if have else "wb", buffering=0) as out:
             out.seek(have)
             out.truncate()
             while True:
                 if cancel.is_set():
                     raise Cancelled()
                 try:
-                    chunk = resp.read(CHUNK)
+                    chunk = resp.read1(CHUNK)  # what has arrived: progress and cancel stay prompt
                 except (OSError, urllib.error.URLError) as exc:
                     raise FetchError(_describe(url, exc, stall_s)) from None
                 if not chunk:
                     break
-                out.write(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[out.write(view) :]
                 done += len(chunk)
                 if on_bytes:
                     on_bytes(done)
