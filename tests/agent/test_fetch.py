@@ -10,7 +10,7 @@ import pytest
 
 from agentd import discovery
 from agentd.fetch import sources, store
-from agentd.fetch.fetcher import Fetcher, FetchCancelled, FetchError, FetchSettings
+from agentd.fetch.fetcher import FetchCancelled, Fetcher, FetchError, FetchSettings
 from tests.processes.weights_server import HubRepo, WeightsServer
 
 DATA = os.urandom(300_000)
