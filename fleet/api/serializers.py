@@ -313,6 +313,18 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Extra environment variables.",
     )
+    weights_sha256 = serializers.DictField(
+        child=StrictCharField(
+            trim_whitespace=False,
+            error_messages={"invalid": "weights_sha256 must map file names to sha256 hex digests"},
+        ),
+        error_messages={
+            "not_a_dict": "weights_sha256 must map file names to sha256 hex digests, "
+            "not {input_type}"
+        },
+        required=False,
+        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
+    )
 
     class Meta:
         model = EngineProfile
@@ -331,6 +343,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "args",
             "env",
             "model_path",
+            "weights_sha256",
             "served_model_name",
             "min_memory_gb",
             "node_selector",

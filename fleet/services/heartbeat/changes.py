@@ -48,7 +48,12 @@ def replace_storage(node_ids_and_lists) -> None:
 
 def replace_weights(node: Node, weights: list) -> None:
     node.weights.all().delete()
-    LocalWeights.objects.bulk_create(LocalWeights(node=node, **w.model_dump()) for w in weights)
+    # Only the columns this table has; source and last use are the weights
+    # inventory's (issue 14, the clean-up half), which replaces this function.
+    keep = {"path", "size_bytes", "shared"}
+    LocalWeights.objects.bulk_create(
+        LocalWeights(node=node, **w.model_dump(include=keep)) for w in weights
+    )
 
 
 def memory_changed(node_id: str, before_mb: int | None, now_mb: int | None) -> bool:
