@@ -398,7 +398,14 @@ class Supervisor(EngineLifecycle):
         if self._fetcher is None:
             sh.spec = want
             return await self._fail(sh, f"{source.text} must be fetched; this agent fetches none")
-        local = await asyncio.to_thread(self._fetcher.ready, source)
+        try:
+            local = await asyncio.to_thread(
+                self._fetcher.ready, source, dict(want.profile.weights_sha256)
+            )
+        except FetchError as exc:
+            self._release_fetch(sh)
+            sh.spec = want
+            return await self._fail(sh, str(exc))
         if local is not None:
             self._release_fetch(sh)
             await self._start(sh, want, local)

@@ -73,10 +73,41 @@ class Fetcher:
 
     # ---- what the supervisor uses ------------------------------------------------
 
-    def ready(self, source: Source) -> Path | None:
-        """The local model path when the source is already complete here (cheap: a few stats)."""
+    def ready(self, source: Source, sha256: dict[str, str] | None = None) -> Path | None:
+        """The local model path when the source is already complete here; None if not.
+
+        Blocking (a few stats; with checksums the profile added after the fetch,
+        a hash of those files, once). FetchError when a complete copy does not
+        match a checksum the profile gives.
+        """
         entry = store.find(self.roots, source)
-        return store.local_model_path(entry, source) if entry else None
+        if entry is None:
+            return None
+        if sha256:
+            self._check_entry(entry, source, sha256)
+        return store.local_model_path(entry, source)
+
+    def _check_entry(self, entry: Path, source: Source, sha256: dict[str, str]) -> None:
+        meta = store.read_meta(entry) or {}
+        known = dict(meta.get("sha256") or {})
+        for name, want in sorted(sha256.items()):
+            if known.get(name) == want:
+                continue
+            path = entry / name
+            if not path.is_file():
+                raise FetchError(f"weights_sha256 names {name}, which {entry} does not have")
+            got = http.sha256_of(path)
+            if got != want:
+                raise FetchError(
+                    f"{source.text}: the fetched copy {path} has sha256 {got}, the profile "
+                    f"expects {want}; fix the checksum, or remove the copy to fetch it again"
+                )
+            known[name] = got
+        if known != meta.get("sha256"):
+            try:
+                store.write_meta(entry, {**meta, "sha256": known})
+            except OSError:
+                pass  # checked again next time
 
     def entry(self, source: Source) -> Path | None:
         return store.find(self.roots, source)
@@ -218,7 +249,7 @@ class Fetcher:
             staging = store.staging_dir(root, src)
             staging.mkdir(exist_ok=True)
             job.done = store.partial_bytes(staging)
-            done_before, sizes = 0, {}
+            done_before, sizes, hashes = 0, {}, {}
             for name, url, size, sha256, git_sha1 in files:
                 final = staging / name
                 if final.is_file() and (size is None or final.stat().st_size == size):
@@ -241,13 +272,22 @@ class Fetcher:
                     cancel=job.cancel,
                     on_bytes=moved,
                 )
-                self._verify(job, partial, name, job.sha256.get(name) or sha256, git_sha1)
+                digest = self._verify(job, partial, name, job.sha256.get(name) or sha256, git_sha1)
+                if digest:
+                    hashes[name] = digest
                 os.replace(partial, final)
                 done_before += got_size
                 sizes[name] = got_size
             job.done = done_before
-            meta = {"source": src.text, "kind": src.kind, "files": sizes, **extra,
-                    "fetched_at": round(time.time(), 3), "last_used": None}  # fmt: skip
+            meta = {
+                "source": src.text,
+                "kind": src.kind,
+                "files": sizes,
+                "sha256": hashes,
+                **extra,
+                "fetched_at": round(time.time(), 3),
+                "last_used": None,
+            }
             store.write_meta(staging, meta)
             entry = store.entry_dir(root, src)
             if entry.exists():
@@ -255,7 +295,8 @@ class Fetcher:
             os.rename(staging, entry)
             return store.local_model_path(entry, src)
 
-    def _verify(self, job: _Job, partial: Path, name: str, sha256: str | None, git_sha1) -> None:
+    def _verify(self, job: _Job, partial: Path, name: str, sha256: str | None, git_sha1) -> str:
+        """Check a downloaded file; its sha256 when that was what it was checked against."""
         what, want, got = "", None, None
         if sha256:
             what, want, got = "sha256", sha256, http.sha256_of(partial, job.cancel)
@@ -267,6 +308,7 @@ class Fetcher:
                 f"{job.source.text}: {what} mismatch for {name}: expected {want}, got {got}; "
                 "the file was removed"
             )
+        return got if what == "sha256" else ""
 
     @contextlib.contextmanager
     def _locked(self, job: _Job, root: Path):

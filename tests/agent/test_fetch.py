@@ -272,3 +272,15 @@ def test_http_download_stops_when_cancelled(tmp_path, server):
         http.download(server.url("models/tiny.gguf"), tmp_path / "x.partial", cancel=cancel,
                       on_bytes=on_bytes)  # fmt: skip
     assert (tmp_path / "x.partial").stat().st_size < len(DATA)
+
+
+async def test_a_checksum_added_after_the_fetch_is_checked_against_the_copy(tmp_path, server):
+    f = fetcher(tmp_path)
+    src = sources.parse(server.url("models/tiny.gguf"))
+    path = await f.fetch(src, {}, "a", Progress())
+    good = hashlib.sha256(DATA).hexdigest()
+
+    assert f.ready(src, {"tiny.gguf": good}) == path
+    assert store.read_meta(path.parent)["sha256"] == {"tiny.gguf": good}
+    with pytest.raises(FetchError, match=f"has sha256 {good}, the profile expects {'1' * 64}"):
+        f.ready(src, {"tiny.gguf": "1" * 64})
