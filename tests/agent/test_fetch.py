@@ -284,3 +284,20 @@ async def test_a_checksum_added_after_the_fetch_is_checked_against_the_copy(tmp_
     assert store.read_meta(path.parent)["sha256"] == {"tiny.gguf": good}
     with pytest.raises(FetchError, match=f"has sha256 {good}, the profile expects {'1' * 64}"):
         f.ready(src, {"tiny.gguf": "1" * 64})
+
+
+def test_llamacpp_loads_the_one_gguf_of_a_fetched_repository(tmp_path):
+    from agentd.engines.base import EngineUnavailable
+    from agentd.engines.llamacpp import gguf_in
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "config.json").write_text("{}")
+    (repo / "sub" / "m-00001-of-00002.gguf").write_bytes(b"x")
+    (repo / "sub" / "m-00002-of-00002.gguf").write_bytes(b"x")
+    assert gguf_in(str(repo)) == str(repo / "sub" / "m-00001-of-00002.gguf")
+    assert gguf_in("/models/x.gguf") == "/models/x.gguf"  # a file is left alone
+
+    (repo / "other.gguf").write_bytes(b"x")
+    with pytest.raises(EngineUnavailable, match="holds 2 .gguf files .*name that file"):
+        gguf_in(str(repo))
