@@ -165,6 +165,11 @@ class Supervisor(EngineLifecycle):
             await self._adopt(sh, pid, None)
         await self.probe_engines()
         self._save()
+        for sh in self._shards.values():
+            if sh.before_launch and sh.target == "running":
+                # Continue the fetch now: the control plane's desired set may be one
+                # this agent has already applied, and then it is not applied again.
+                self._spawn(self._converge(sh))
         for sh in died:
             logger.warning("shard %s: its engine died while the agent was down", sh.shard_id)
             await self._emit_status(sh)

@@ -180,7 +180,8 @@ class Fetcher:
             return path
         except (Cancelled, asyncio.CancelledError):
             if not job.released:
-                raise  # the agent is stopping: keep what was fetched
+                # The agent is stopping: what was fetched stays for the next one.
+                raise FetchCancelled(f"fetch of {job.source.text} stopped with the agent") from None
             await asyncio.to_thread(self._discard, job)
             raise FetchCancelled(f"fetch of {job.source.text} cancelled") from None
         except FetchError as exc:
