@@ -301,3 +301,20 @@ def test_llamacpp_loads_the_one_gguf_of_a_fetched_repository(tmp_path):
     (repo / "other.gguf").write_bytes(b"x")
     with pytest.raises(EngineUnavailable, match="holds 2 .gguf files .*name that file"):
         gguf_in(str(repo))
+
+
+async def test_https_with_the_sites_ca_and_not_without_it(tmp_path):
+    from tests.processes.tls import CA
+
+    ca = CA.create(tmp_path / "ca", name="weights mirror CA")
+    with WeightsServer(tls=ca.issue("127.0.0.1", server=True)) as srv:
+        srv.files["tiny.gguf"] = DATA
+        src = sources.parse(srv.url("tiny.gguf"))
+        assert src.url.startswith("https://")
+
+        with pytest.raises(
+            FetchError, match="TLS with 127.0.0.1:.* failed: CERTIFICATE_VERIFY_FAILED"
+        ):
+            await fetcher(tmp_path / "a").fetch(src, {}, "a", Progress())
+        path = await fetcher(tmp_path / "b", ca_file=str(ca.pem)).fetch(src, {}, "a", Progress())
+        assert path.read_bytes() == DATA

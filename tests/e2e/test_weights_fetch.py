@@ -109,7 +109,8 @@ def test_a_wrong_sha256_fails_the_start_with_that_reason(stack, tmp_path, server
 
     model_id = apply_model(stack, server.url(PATH))
     profile = Model.objects.get(pk=model_id).active_profile
-    stack.api("patch", f"engine-profiles/{profile.pk}/", json={"weights_sha256": {"tiny-llama.gguf": wrong}})  # noqa: E501
+    checksums = {"weights_sha256": {"tiny-llama.gguf": wrong}}
+    stack.api("patch", f"engine-profiles/{profile.pk}/", json=checksums)
 
     expected = f"sha256 mismatch for tiny-llama.gguf: expected {wrong}, got {good}"
     replica = stack.wait(
@@ -138,10 +139,12 @@ def test_a_fetch_nobody_wants_is_cancelled_and_its_partial_file_removed(stack, t
 
 
 def test_an_hf_repository_is_fetched_through_the_hub_api(stack, tmp_path, server, tiny_model):
-    repo = HubRepo("llmgw/tiny-llama-GGUF", {"README.md": b"# tiny\n", "tiny-llama.gguf": tiny_model.read_bytes()})  # noqa: E501
+    files = {"README.md": b"# tiny\n", "tiny-llama.gguf": tiny_model.read_bytes()}
+    repo = HubRepo("llmgw/tiny-llama-GGUF", files)
     server.repos[repo.repo] = repo
     weights = tmp_path / "hub-weights"
-    agent = stack.add_agent("cpu-a", weights_dirs=[str(weights)], fetch={"hf_endpoint": server.base})  # noqa: E501
+    hub = {"hf_endpoint": server.base}
+    agent = stack.add_agent("cpu-a", weights_dirs=[str(weights)], fetch=hub)
     stack.wait(lambda: registered("cpu-a"), "the agent to register")
 
     apply_model(stack, f"hf://{repo.repo}@{repo.commit}")
