@@ -121,7 +121,7 @@ class WeightsServer:
             if hub is None or commit not in (hub.commit, "main") or name not in hub.files:
                 return self._plain(
                     h, 404, b"Entry not found\n", head, {"X-Error-Code": "EntryNotFound"}
-                )  # noqa: E501
+                )
             data = hub.files[name]
             info = next(s for s in hub.info()["siblings"] if s["rfilename"] == name)
             extra = {"X-Repo-Commit": hub.commit, "ETag": f'"{info["blobId"]}"'}
