@@ -391,6 +391,16 @@ class EngineProfileSerializer(ValidatedModelSerializer):
 
 
 class ShardSerializer(serializers.ModelSerializer):
+    fetch_percent = serializers.SerializerMethodField(
+        help_text="Share of the weights fetched (0-100); null when no fetch or no known total."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_fetch_percent(self, obj) -> int | None:
+        if obj.fetch_bytes_done is None or not obj.fetch_bytes_total:
+            return None
+        return min(100, obj.fetch_bytes_done * 100 // obj.fetch_bytes_total)
+
     class Meta:
         model = Shard
         fields = (
@@ -409,6 +419,7 @@ class ShardSerializer(serializers.ModelSerializer):
             "fetch_source",
             "fetch_bytes_done",
             "fetch_bytes_total",
+            "fetch_percent",
             "fetch_updated_at",
             "state_changed_at",
             "created_at",
