@@ -5,6 +5,7 @@ and the replica serves through the gateway."""
 
 import pytest
 
+from agentd.fetch import store
 from fleet.models import LocalWeights, Model, Node, Replica, Shard
 from tests.e2e.helpers import apply_model, wait_serving
 from tests.processes.weights_server import HubRepo, WeightsServer
@@ -66,6 +67,9 @@ def test_a_url_is_fetched_with_progress_and_the_replica_serves(stack, tmp_path, 
     cmdline = open(f"/proc/{agent.engines()[shard.pk]}/cmdline").read().split("\0")
     assert str(local) in cmdline
     assert server.sent[PATH] == size
+    # its metadata says where it came from and that an engine used it
+    meta = store.read_meta(local.parent)
+    assert meta["source"] == server.url(PATH) and meta["last_used"] is not None
     # and the node reports the entry in its weights
     stack.wait(
         lambda: LocalWeights.objects.filter(node_id="cpu-a", path=str(local.parent)).exists(),
