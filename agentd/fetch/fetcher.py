@@ -292,7 +292,10 @@ class Fetcher:
             store.write_meta(staging, meta)
             entry = store.entry_dir(root, src)
             if entry.exists():
-                shutil.rmtree(entry)  # an entry without our metadata: not a finished fetch
+                # Not one of ours (it has no metadata): somebody's, and not ours to delete.
+                raise FetchError(
+                    f"{src.text}: {entry} exists and is not a fetched copy of it; move it away"
+                )
             os.rename(staging, entry)
             return store.local_model_path(entry, src)
 
