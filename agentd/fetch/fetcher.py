@@ -263,7 +263,8 @@ class Fetcher:
                 def moved(n: int, base: int = base) -> None:
                     job.done = base + n
 
-                got_size = http.download(
+                want_sha = job.sha256.get(name) or sha256
+                got_size, digest = http.download(
                     url,
                     partial,
                     headers=headers,
@@ -272,8 +273,9 @@ class Fetcher:
                     stall_s=s.stall_s,
                     cancel=job.cancel,
                     on_bytes=moved,
+                    sha256=bool(want_sha),
                 )
-                digest = self._verify(job, partial, name, job.sha256.get(name) or sha256, git_sha1)
+                self._verify(job, partial, name, want_sha, digest, git_sha1)
                 if digest:
                     hashes[name] = digest
                 os.replace(partial, final)
@@ -299,11 +301,14 @@ class Fetcher:
             os.rename(staging, entry)
             return store.local_model_path(entry, src)
 
-    def _verify(self, job: _Job, partial: Path, name: str, sha256: str | None, git_sha1) -> str:
-        """Check a downloaded file; its sha256 when that was what it was checked against."""
+    def _verify(
+        self, job: _Job, partial: Path, name: str, sha256: str | None, got256: str, git_sha1
+    ) -> None:
+        """Check a downloaded file against its sha256 (``got256``: what the download
+        computed), else the git object id a hub gives; remove it if it does not match."""
         what, want, got = "", None, None
         if sha256:
-            what, want, got = "sha256", sha256, http.sha256_of(partial, job.cancel)
+            what, want, got = "sha256", sha256, got256
         elif git_sha1:
             what, want, got = "git object id", git_sha1, http.git_blob_sha1_of(partial, job.cancel)
         if want is not None and got != want:
@@ -312,7 +317,6 @@ class Fetcher:
                 f"{job.source.text}: {what} mismatch for {name}: expected {want}, got {got}; "
                 "the file was removed"
             )
-        return got if what == "sha256" else ""
 
     @contextlib.contextmanager
     def _locked(self, job: _Job, root: Path):

@@ -105,12 +105,15 @@ def download(
     stall_s: float = 60.0,
     cancel: threading.Event | None = None,
     on_bytes: Callable[[int], None] | None = None,
-) -> int:
-    """Download ``url`` into ``partial``, continuing from its length. Returns the size.
+    sha256: bool = False,
+) -> tuple[int, str]:
+    """Download ``url`` into ``partial``, continuing from its length.
 
-    A server that ignores the Range header sends the whole file again, and the
-    partial file is started over. A connection that ends early leaves the
-    partial file for the next try. Raises FetchError or Cancelled.
+    Returns the size and, with ``sha256``, the whole file's sha256 (else ""),
+    hashed as the bytes arrive (the part already on disk first) rather than in
+    a second pass. A server that ignores the Range header sends the whole file
+    again, and the partial file is started over. A connection that ends early
+    leaves the partial file for the next try. Raises FetchError or Cancelled.
     """
     op = op or opener()
     cancel = cancel or threading.Event()
@@ -120,7 +123,7 @@ def download(
         partial.unlink()  # longer than the file: not a prefix of it
         have = 0
     if expected_size is not None and have == expected_size:
-        return have
+        return have, sha256_of(partial, cancel) if sha256 else ""
     req = _request(url, headers or {})
     if have:
         req.add_header("Range", f"bytes={have}-")
@@ -131,7 +134,8 @@ def download(
             # The partial file is not a prefix the server can continue: start over.
             partial.unlink()
             return download(url, partial, headers=headers, expected_size=expected_size, op=op,
-                            stall_s=stall_s, cancel=cancel, on_bytes=on_bytes)  # fmt: skip
+                            stall_s=stall_s, cancel=cancel, on_bytes=on_bytes,
+                            sha256=sha256)  # fmt: skip
         raise FetchError(_describe(url, exc, stall_s)) from None
     except (OSError, urllib.error.URLError) as exc:
         raise FetchError(_describe(url, exc, stall_s)) from None
@@ -144,10 +148,14 @@ def download(
                 f"{url}: the server says the file has {total} bytes, expected {expected_size}"
             )
         done = have
+        digest = hashlib.sha256() if sha256 else None
+        if digest is not None and have:
+            _hash_into(digest, partial, have, cancel)
         if on_bytes:
             on_bytes(done)
-        # Unbuffered: what the file's length says is on disk is what a resume continues from.
-        with open(partial, "r+b" if have else "wb", buffering=0) as out:
+        # Buffered writes land in order, so whatever length the file has after a
+        # kill is a prefix of the file, and a resume continues from it.
+        with open(partial, "r+b" if have else "wb") as out:
             out.seek(have)
             out.truncate()
             while True:
@@ -159,16 +167,30 @@ def download(
                     raise FetchError(_describe(url, exc, stall_s)) from None
                 if not chunk:
                     break
-                view = memoryview(chunk)
-                while view:
-                    view = view[out.write(view) :]
+                out.write(chunk)
+                if digest is not None:
+                    digest.update(chunk)
                 done += len(chunk)
                 if on_bytes:
                     on_bytes(done)
     want = expected_size if expected_size is not None else total
     if want is not None and done != want:
         raise FetchError(f"{url}: the connection ended at {done} of {want} bytes")
-    return done
+    return done, digest.hexdigest() if digest is not None else ""
+
+
+def _hash_into(digest, path: Path, length: int, cancel: threading.Event) -> None:
+    """The first ``length`` bytes of a file into ``digest``."""
+    with open(path, "rb") as fh:
+        left = length
+        while left > 0:
+            if cancel.is_set():
+                raise Cancelled()
+            chunk = fh.read(min(CHUNK, left))
+            if not chunk:
+                raise FetchError(f"{path} became shorter while it was read")
+            digest.update(chunk)
+            left -= len(chunk)
 
 
 def _total(resp, have: int) -> int | None:

@@ -318,3 +318,20 @@ async def test_https_with_the_sites_ca_and_not_without_it(tmp_path):
             await fetcher(tmp_path / "a").fetch(src, {}, "a", Progress())
         path = await fetcher(tmp_path / "b", ca_file=str(ca.pem)).fetch(src, {}, "a", Progress())
         assert path.read_bytes() == DATA
+
+
+async def test_a_resumed_download_is_checked_as_a_whole(tmp_path, server):
+    # the checksum covers the part fetched earlier too: a wrong prefix is caught
+    src = sources.parse(server.url("models/tiny.gguf"))
+    good = hashlib.sha256(DATA).hexdigest()
+    staging = store.staging_dir(tmp_path / "weights", src)
+    staging.mkdir(parents=True)
+    (staging / "tiny.gguf.partial").write_bytes(b"\0" * 1000)
+
+    with pytest.raises(FetchError, match="sha256 mismatch"):
+        await fetcher(tmp_path).fetch(src, {"tiny.gguf": good}, "a", Progress())
+
+    (staging / "tiny.gguf.partial").write_bytes(DATA[:1000])
+    path = await fetcher(tmp_path).fetch(src, {"tiny.gguf": good}, "a", Progress())
+    assert path.read_bytes() == DATA
+    assert store.read_meta(path.parent)["sha256"] == {"tiny.gguf": good}
