@@ -278,6 +278,8 @@ class Agent:
 
     async def on_shard_event(self, msg) -> None:
         """The supervisor's shard_status and fetch_progress, passed on as they come."""
+        if msg.type == "fetch_progress" and msg.bytes_total == msg.bytes_done:
+            self._weights_at = 0.0  # a fetch completed: the next heartbeat reports the entry
         self.send(msg)
 
     async def _reprobe_loop(self) -> None:
