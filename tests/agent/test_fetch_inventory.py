@@ -50,3 +50,27 @@ def test_an_entry_nobody_uses_keeps_its_last_use(tmp_path):
     [w] = agent.heartbeat_message().weights
 
     assert (w.source, w.last_used) == ("hf://org/tiny", 1000.0)
+
+
+async def test_a_completed_fetch_is_reported_in_the_next_heartbeat(tmp_path):
+    from agentd import protocol
+
+    agent = make_agent(tmp_path, shards=UsingShards([]))
+    agent.register_message()  # the last weights sent: none
+    entry = tmp_path / "weights" / "e"
+    entry.mkdir()
+    store.write_meta(entry, {"source": "hf://org/tiny", "last_used": None})
+    assert not agent.heartbeat_message().weights_changed  # the rescan (every 60 s) is not due
+
+    await agent.on_shard_event(
+        protocol.FetchProgress(
+            type="fetch_progress",
+            shard_id="s1",
+            source="hf://org/tiny",
+            bytes_done=5,
+            bytes_total=5,
+        )
+    )
+
+    hb = agent.heartbeat_message()
+    assert hb.weights_changed and [w.source for w in hb.weights] == ["hf://org/tiny"]
