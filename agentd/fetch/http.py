@@ -124,6 +124,11 @@ def download(
         have = 0
     if expected_size is not None and have == expected_size:
         return have, sha256_of(partial, cancel) if sha256 else ""
+    # The part on disk is hashed before asking for the rest: a server may drop a
+    # connection left waiting while a large prefix is read back.
+    prefix = hashlib.sha256() if sha256 else None
+    if prefix is not None and have:
+        _hash_into(prefix, partial, have, cancel)
     req = _request(url, headers or {})
     if have:
         req.add_header("Range", f"bytes={have}-")
@@ -148,9 +153,7 @@ def download(
                 f"{url}: the server says the file has {total} bytes, expected {expected_size}"
             )
         done = have
-        digest = hashlib.sha256() if sha256 else None
-        if digest is not None and have:
-            _hash_into(digest, partial, have, cancel)
+        digest = prefix if have else (hashlib.sha256() if sha256 else None)
         if on_bytes:
             on_bytes(done)
         # Buffered writes land in order, so whatever length the file has after a

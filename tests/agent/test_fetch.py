@@ -335,3 +335,17 @@ async def test_a_resumed_download_is_checked_as_a_whole(tmp_path, server):
     path = await fetcher(tmp_path).fetch(src, {"tiny.gguf": good}, "a", Progress())
     assert path.read_bytes() == DATA
     assert store.read_meta(path.parent)["sha256"] == {"tiny.gguf": good}
+
+
+async def test_a_server_that_ignores_range_gets_the_file_fetched_whole(tmp_path, server):
+    server.ignore_range = True
+    src = sources.parse(server.url("models/tiny.gguf"))
+    staging = store.staging_dir(tmp_path / "weights", src)
+    staging.mkdir(parents=True)
+    (staging / "tiny.gguf.partial").write_bytes(b"\0" * 5000)  # not even a true prefix
+    good = hashlib.sha256(DATA).hexdigest()
+
+    path = await fetcher(tmp_path).fetch(src, {"tiny.gguf": good}, "a", Progress())
+
+    assert path.read_bytes() == DATA
+    assert server.sent["/models/tiny.gguf"] == len(DATA)

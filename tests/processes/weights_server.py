@@ -56,6 +56,7 @@ class WeightsServer:
         self.fail_next: dict[str, int] = {}
         self.corrupt: set[str] = set()  # paths served with a flipped byte
         self.declared: dict[str, int] = {}  # path -> the size a HEAD claims instead
+        self.ignore_range = False  # answer every GET with the whole file, as some CDNs do
         self.active = 0  # bodies being sent now, and the most at once
         self.max_active = 0
         self._lock = threading.Lock()
@@ -161,7 +162,7 @@ class WeightsServer:
         start, end = 0, len(data) - 1
         rng = h.headers.get("Range", "")
         status = 200
-        if rng.startswith("bytes=") and not head:
+        if rng.startswith("bytes=") and not head and not self.ignore_range:
             first, _, last = rng[len("bytes=") :].partition("-")
             start = int(first or 0)
             end = int(last) if last else len(data) - 1
