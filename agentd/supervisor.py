@@ -424,19 +424,23 @@ class Supervisor(EngineLifecycle):
         sh.spec, sh.failed_spec, sh.error, sh.process = want, None, "", None
         sh.engine = want.profile.engine
         logger.info("shard %s: fetching %s before starting it", sh.shard_id, source.text)
-        await self._set(sh, ShardState.STARTING)
-        self._spawn(self._fetch_then_start(sh, want, source))
 
-    async def _fetch_then_start(
-        self, sh: Shard, want: protocol.DesiredShard, source: sources.Source
-    ) -> None:
         async def progress(done: int, total: int | None) -> None:
             if sh.fetching == source.text:
                 await self._emit(sh.progress(done, total, source.text))
 
-        sha256 = dict(want.profile.weights_sha256)
+        # Joined here, under the shard's lock: a release from the next desired set counts.
+        fetched = self._fetcher.want(
+            source, dict(want.profile.weights_sha256), sh.shard_id, progress
+        )
+        await self._set(sh, ShardState.STARTING)
+        self._spawn(self._fetch_then_start(sh, source, fetched))
+
+    async def _fetch_then_start(
+        self, sh: Shard, source: sources.Source, fetched: asyncio.Future
+    ) -> None:
         try:
-            await self._fetcher.fetch(source, sha256, sh.shard_id, progress)
+            await fetched
         except FetchCancelled:
             return
         except FetchError as exc:

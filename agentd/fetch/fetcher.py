@@ -121,24 +121,27 @@ class Fetcher:
     def fetching(self) -> list[str]:
         return sorted(s for s, j in self._jobs.items() if not j.task.done())
 
+    def want(
+        self, source: Source, sha256: dict[str, str], wanter: str, on_progress: OnProgress
+    ) -> asyncio.Future:
+        """Join the fetch of a source (starting one if none runs), at once: a ``release``
+        from now on counts. Await the result for the local model path when complete;
+        it raises FetchError (the reason, for the shard's error) or FetchCancelled."""
+        job = self._jobs.get(source.text)
+        if job is None or job.released or job.task.done():
+            # One being stopped finishes removing its files before the new one starts.
+            previous = job.task if job is not None and job.released else None
+            job = _Job(source=source, sha256=dict(sha256))
+            self._jobs[source.text] = job
+            job.task = asyncio.get_running_loop().create_task(self._run(job, previous))
+        job.wanters[wanter] = on_progress
+        return asyncio.shield(job.task)
+
     async def fetch(
         self, source: Source, sha256: dict[str, str], wanter: str, on_progress: OnProgress
     ) -> Path:
-        """Fetch (or join the fetch of) a source; the local model path when complete.
-
-        Raises FetchError (the reason, for the shard's error) or FetchCancelled.
-        """
-        job = self._jobs.get(source.text)
-        if job is not None and job.released:
-            # Being stopped: let it finish removing its files, then start anew.
-            await asyncio.gather(job.task, return_exceptions=True)
-            job = None
-        if job is None or job.task.done():
-            job = _Job(source=source, sha256=dict(sha256))
-            self._jobs[source.text] = job
-            job.task = asyncio.get_running_loop().create_task(self._run(job))
-        job.wanters[wanter] = on_progress
-        return await asyncio.shield(job.task)
+        """``want`` and wait: the local model path when complete."""
+        return await self.want(source, sha256, wanter, on_progress)
 
     def release(self, source_text: str, wanter: str) -> None:
         """``wanter`` no longer needs the source; the last one out stops the fetch."""
@@ -165,11 +168,13 @@ class Fetcher:
 
     # ---- one job --------------------------------------------------------------------
 
-    async def _run(self, job: _Job) -> Path:
+    async def _run(self, job: _Job, previous: asyncio.Task | None = None) -> Path:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_concurrent)
         reporter = asyncio.get_running_loop().create_task(self._report(job))
         try:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
             async with self._slots:
                 job.moving = True
                 if job.cancel.is_set():
@@ -194,7 +199,7 @@ class Fetcher:
             raise FetchError(f"{job.source.text}: {exc.strerror or exc}") from None
         finally:
             reporter.cancel()
-            if self._jobs.get(job.source.text) is job and not job.released:
+            if self._jobs.get(job.source.text) is job:
                 del self._jobs[job.source.text]
 
     async def _report(self, job: _Job) -> None:
