@@ -209,7 +209,8 @@ class Supervisor(EngineLifecycle):
         return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
     def paths_in_use(self) -> list[str]:
-        """Model paths of every shard held, not only running ones: a starting engine reads them.
+        """Model paths of every shard that runs or is wanted running, not only running ones:
+        a starting engine reads them. One stopped for good, its engine gone, uses nothing.
 
         A fetched source counts twice: as the profile names it, and as its entry
         in a weights dir (blocking: a few stats; call it off the event loop).
@@ -218,6 +219,8 @@ class Supervisor(EngineLifecycle):
         for sh in list(self._shards.values()):
             spec = sh.spec_or_want
             if spec is None or not spec.profile.model_path:
+                continue
+            if not sh.alive() and sh.target in ("stopped", "absent"):
                 continue
             paths.add(spec.profile.model_path)
             source = _source_or_none(spec.profile.model_path)
