@@ -19,6 +19,7 @@ from typing import Protocol
 from agentd import __version__, install, logs, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
+from agentd.fetch import store as fetchstore
 from agentd.load import LoadSampler
 from agentd.nvml import Checks
 from agentd.outbox import Outbox
@@ -49,6 +50,7 @@ class Shards(Protocol):
     def sources(self) -> list[str]: ...
     def tail(self, shard_id: str, lines: int) -> list[str] | None: ...
     def paths_in_use(self) -> list[str]: ...
+    def weights_in_use(self) -> list[str]: ...
     def engine_versions(self) -> dict[str, str]: ...
     def engine_problems(self) -> dict[str, str]: ...
     def use_installed(self, engine: str, binary: str | None) -> None: ...
@@ -87,6 +89,9 @@ class NoShards:
         return None
 
     def paths_in_use(self) -> list[str]:
+        return []
+
+    def weights_in_use(self) -> list[str]:
         return []
 
     def engine_versions(self) -> dict[str, str]:
@@ -138,6 +143,9 @@ class SupervisedShards:
 
     def paths_in_use(self) -> list[str]:
         return self.sup.paths_in_use()
+
+    def weights_in_use(self) -> list[str]:
+        return self.sup.weights_in_use()
 
     def engine_versions(self) -> dict[str, str]:
         return self.sup.engine_versions()
@@ -270,6 +278,8 @@ class Agent:
 
     async def on_shard_event(self, msg) -> None:
         """The supervisor's shard_status and fetch_progress, passed on as they come."""
+        if msg.type == "fetch_progress" and msg.bytes_total == msg.bytes_done:
+            self._weights_at = 0.0  # a fetch completed: the next heartbeat reports the entry
         self.send(msg)
 
     async def _reprobe_loop(self) -> None:
@@ -290,6 +300,7 @@ class Agent:
             "provision": self.provision(),
             "groups": self.shards.process_groups(),
             "running": self.shards.running(),
+            "using": self.shards.weights_in_use(),
         }
 
     def register_message(self, mgmt_addr: str = "", facts: dict | None = None) -> protocol.Register:
@@ -336,6 +347,10 @@ class Agent:
         now = time.monotonic()
         weights = None
         if now - self._weights_at >= self.weights_rescan_s:
+            for path in facts.get("using", []):
+                # What running engines use was used now (at most every TOUCH_EVERY_S).
+                if entry := fetchstore.entry_of(path, m.weights_dirs):
+                    fetchstore.touch(entry, every=fetchstore.TOUCH_EVERY_S)
             weights = m.weights(mounts)
         memory = m.memory_total_mb()
         engines, provision = facts["engines"], facts["provision"]

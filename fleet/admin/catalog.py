@@ -30,7 +30,7 @@ class EngineProfileInline(admin.StackedInline):
         ("name", "engine"),
         ("tp", "pp", "gpus_per_node", "nodes"),
         ("gpu_class", "min_memory_gb", "node_selector"),
-        "model_path",
+        ("model_path", "weights_sha256"),
         "served_model_name",
         ("args", "env"),
         ARGS_ENV_RECORD,

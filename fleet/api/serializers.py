@@ -314,6 +314,18 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Extra environment variables.",
     )
+    weights_sha256 = serializers.DictField(
+        child=StrictCharField(
+            trim_whitespace=False,
+            error_messages={"invalid": "weights_sha256 must map file names to sha256 hex digests"},
+        ),
+        error_messages={
+            "not_a_dict": "weights_sha256 must map file names to sha256 hex digests, "
+            "not {input_type}"
+        },
+        required=False,
+        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
+    )
 
     class Meta:
         model = EngineProfile
@@ -332,6 +344,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "args",
             "env",
             "model_path",
+            "weights_sha256",
             "served_model_name",
             "min_memory_gb",
             "node_selector",
@@ -379,6 +392,16 @@ class EngineProfileSerializer(ValidatedModelSerializer):
 
 
 class ShardSerializer(serializers.ModelSerializer):
+    fetch_percent = serializers.SerializerMethodField(
+        help_text="Share of the weights fetched (0-100); null when no fetch or no known total."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_fetch_percent(self, obj) -> int | None:
+        if obj.fetch_bytes_done is None or not obj.fetch_bytes_total:
+            return None
+        return min(100, obj.fetch_bytes_done * 100 // obj.fetch_bytes_total)
+
     class Meta:
         model = Shard
         fields = (
@@ -397,6 +420,7 @@ class ShardSerializer(serializers.ModelSerializer):
             "fetch_source",
             "fetch_bytes_done",
             "fetch_bytes_total",
+            "fetch_percent",
             "fetch_updated_at",
             "state_changed_at",
             "created_at",

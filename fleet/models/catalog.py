@@ -9,6 +9,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
 
+from agentd.fetch import sources
 from fleet.selectors import parse_selector
 
 from .choices import Engine, PlacementPolicy
@@ -114,7 +115,17 @@ class EngineProfile(models.Model):
     args = models.JSONField(default=list, blank=True, help_text="Extra engine arguments.")
     env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables.")
     model_path = models.CharField(
-        max_length=1024, help_text="Path or hub id of the weights, as the engine takes it."
+        max_length=1024,
+        help_text="Where the weights are: a path on the node (or a hub id the engine "
+        "resolves itself), an https:// URL of one file, or hf://org/name[@revision]; "
+        "the node fetches the last two before starting the engine (docs/weights.md).",
+    )
+    weights_sha256 = models.JSONField(
+        "weights sha256",
+        default=dict,
+        blank=True,
+        help_text='Optional checksums of fetched files: {"file name": "64 hex digits"}. For '
+        "a URL the name is its last path part; for a hub repository, the path in it.",
     )
     served_model_name = models.CharField(
         max_length=255, blank=True, help_text="Name the engine serves. Empty: the model's name."
@@ -183,6 +194,7 @@ class EngineProfile(models.Model):
         "env",
         "model_path",
         "served_model_name",
+        "weights_sha256",
     )
 
     def spec(self) -> dict:
@@ -194,6 +206,10 @@ class EngineProfile(models.Model):
     @property
     def spec_hash(self) -> str:
         spec = {f: getattr(self, f) for f in self.SPEC_FIELDS}
+        if not spec["weights_sha256"]:
+            # Left out when empty: profiles from before it existed keep their hash,
+            # and their running replicas are not rolled by an upgrade.
+            del spec["weights_sha256"]
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
     def clean(self) -> None:
@@ -219,6 +235,26 @@ class EngineProfile(models.Model):
             errors["node_selector"] = str(exc)
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             errors["args"] = "args must be a list of strings"
+        try:
+            source = sources.parse(self.model_path or "")
+        except sources.SourceError as exc:
+            errors["model_path"] = str(exc)
+            source = None
+        if problems := sources.check_sha256(self.weights_sha256):
+            errors["weights_sha256"] = "; ".join(problems)
+        elif "model_path" in errors:
+            pass  # the checksums are judged against a source once it is a valid one
+        elif self.weights_sha256 and source is None:
+            errors["weights_sha256"] = (
+                "checksums are for weights the node fetches: model_path must be an "
+                "https:// URL or hf://org/name[@revision]"
+            )
+        elif source is not None and source.kind == sources.URL and self.weights_sha256:
+            names = set(self.weights_sha256) - {source.file_name}
+            if names:
+                errors["weights_sha256"] = (
+                    f"the URL fetches one file, {source.file_name}; not {', '.join(sorted(names))}"
+                )
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):

@@ -15,9 +15,10 @@ using the same ``clean()`` rules as the admin and the API::
         profiles:
           - name: h100
             engine: vllm
-            model_path: Qwen/Qwen2.5-7B-Instruct
+            model_path: Qwen/Qwen2.5-7B-Instruct   # or https://…/file, hf://org/name[@rev]
             gpus_per_node: 1
             gpu_class: H100
+            # weights_sha256: {model.gguf: 3a7b…}   # optional, for fetched weights
 
     engines:                          # optional: the engines every node installs
       vllm: 0.11.2                    # (docs/engines.md); engines not named are left
@@ -55,6 +56,7 @@ PROFILE_KEYS = {
     "args",
     "env",
     "model_path",
+    "weights_sha256",
     "served_model_name",
     "min_memory_gb",
     "node_selector",

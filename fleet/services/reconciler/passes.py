@@ -237,13 +237,22 @@ class _Pass(Placing):
             self.set_replica(r, ReplicaState.STARTING)
 
     def check_start_timeouts(self, r: Replica, shards: list[Shard]) -> None:
-        """A start that outlives its timeout is failed (a fetch that moves is not hung)."""
+        """A start that outlives its timeout is failed (a fetch that moves is not hung).
+
+        The engine's start is timed from the later of its transition and its last
+        fetch progress: a download of an hour neither fails the start nor eats the
+        engine's own time once it is done. Progress is not a transition, so it
+        never moves ``state_changed_at``; a fetch that stops moving is failed by
+        the node (fetch.stall_timeout_s), or here once the timeout passes.
+        """
         limit = timedelta(seconds=r.profile.startup_timeout_s)
         stall = timedelta(seconds=fleet_settings().fetch_stall_s)
         for s in shards:
             if s.state not in SHARD_STARTING or s.node_id in self.exp.silence:
                 continue
             since = s.state_changed_at or s.created_at
+            if s.fetch_updated_at and s.fetch_updated_at > since:
+                since = s.fetch_updated_at
             if self.now - since < limit:
                 continue
             if s.fetch_updated_at and self.now - s.fetch_updated_at < stall:
