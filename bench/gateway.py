@@ -4,8 +4,16 @@
 
 Same machine, same run, same engine (``agentd.engines.fake``): an instant
 answer (``max_tokens`` 1) and a 20-token stream, each at every concurrency,
-measured with wrk directly against the engine, through llmgw's gateway on
-Daphne (the default deployment) and on uvicorn (``llmgw_site.gateway_asgi``),
+measured with wrk directly against the engine and through llmgw's gateway as
+each server arrangement serves it:
+
+- ``llmgw (serve)``: the whole app on uvicorn, ``python -m llmgw_site.serve``,
+  as `make run` and the production recipe run it (the default);
+- ``llmgw (daphne)``: the whole app on Daphne (supported, the old default);
+- ``llmgw (uvicorn)``: the gateway alone on uvicorn (``llmgw_site.gateway_asgi``);
+- ``llmgw (plain uvicorn)`` with ``--plain-uvicorn``: the whole app on uvicorn's
+  pure-Python asyncio loop and h11 parser, to show what uvloop and httptools add;
+
 and through LiteLLM's proxy (one process, a master key, no database) from its
 own virtualenv (``--litellm-venv``; made with ``pip install 'litellm[proxy]'``).
 Also compares upstream HTTP clients: the gateway's own (``fleet.gateway.upstream``),
@@ -321,7 +329,12 @@ def main() -> int:
     )
     p.add_argument("--litellm-venv", default=str(ROOT / "var" / "bench-litellm-venv"))
     p.add_argument("--no-litellm", action="store_true")
-    p.add_argument("--no-uvicorn", action="store_true")
+    p.add_argument("--no-uvicorn", action="store_true", help="skip the gateway-only uvicorn")
+    p.add_argument(
+        "--plain-uvicorn",
+        action="store_true",
+        help="also the whole app on uvicorn with asyncio and h11 (no uvloop, no httptools)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "gateway.json"))
     p.add_argument("--only", help="comma-separated targets to measure, e.g. direct,litellm")
     p.add_argument("--setup-db", type=int, help=argparse.SUPPRESS)
@@ -371,6 +384,28 @@ def main() -> int:
             sys.exit(f"setting up the bench database failed:\n{out.stderr}")
         key, limited = out.stdout.strip().splitlines()[-2:]
         targets = {"direct": (f"http://127.0.0.1:{engine_port}", key, engine.pid)}
+
+        port = free_port()
+        serve = procs.start(
+            "serve",
+            [PY, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)],
+            env,
+        )
+        wait_http(f"http://127.0.0.1:{port}/metrics", serve)
+        targets["llmgw (serve)"] = (f"http://127.0.0.1:{port}", key, serve.pid)
+        targets["llmgw (serve) limits"] = (f"http://127.0.0.1:{port}", limited, serve.pid)
+        if args.plain_uvicorn:
+            port = free_port()
+            plain = procs.start(
+                "plain-uvicorn",
+                [PY, "-m", "uvicorn", "llmgw_site.asgi:application"]
+                + ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+                + ["--loop", "asyncio", "--http", "h11", "--ws", "websockets-sansio"]
+                + ["--lifespan", "on", "--log-level", "warning"],
+                env,
+            )
+            wait_http(f"http://127.0.0.1:{port}/metrics", plain)
+            targets["llmgw (plain uvicorn)"] = (f"http://127.0.0.1:{port}", key, plain.pid)
 
         port = free_port()
         daphne = procs.start(
@@ -480,6 +515,28 @@ def report(results: dict) -> None:
                 f"  {name:22} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s"
                 + (f"  cpu {min(cpu):.2f} ms/req" if cpu else "")
             )
+    print(
+        "\nissue 15's targets: added at c=1 <= 0.5 ms p50 and <= 5 ms p99; "
+        "at c=64 at least half the engine's direct rate:"
+    )
+    for name, by_payload in t.items():
+        if name == "direct":
+            continue
+        for payload, by_conc in by_payload.items():
+            cells = []
+            if 1 in by_conc:
+                r, d = by_conc[1], direct[payload][1]
+                p50, p99 = r["p50_ms"] - d["p50_ms"], r["p99_ms"] - d["p99_ms"]
+                ok = "met" if p50 <= 0.5 and p99 <= 5 else "MISSED"
+                cells.append(f"c=1 +{p50:.2f}/+{p99:.2f} ms {ok}")
+            if 64 in by_conc:
+                share = by_conc[64]["rps"] / direct[payload][64]["rps"]
+                ok = "met" if share >= 0.5 else "MISSED"
+                cells.append(
+                    f"c=64 {by_conc[64]['rps']:.0f} of {direct[payload][64]['rps']:.0f} req/s "
+                    f"({share:.0%}) {ok}"
+                )
+            print(f"  {name:22} {payload:9} " + "  ".join(cells))
     print("\nlimits on minus off, same gateway process, same run (ms, p50 / p99):")
     for name, by_payload in t.items():
         off = t.get(name.removesuffix(" limits")) if name.endswith(" limits") else None
