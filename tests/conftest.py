@@ -115,6 +115,18 @@ def _fresh_channel_layer():
     channel_layers.backends.clear()
 
 
+@pytest.fixture(params=("uvicorn", "daphne"))
+def web_server(request, transactional_db, tmp_path):
+    """The web process on each server llmgw runs on (``llmgw_site.serve`` on uvicorn, the
+    default; Daphne), on a free loopback port and the test database; ``.kind`` says which."""
+    from tests.processes import start_web
+
+    server = start_web(tmp_path, server=request.param)
+    server.kind = request.param
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def daphne_server(transactional_db, tmp_path):
     """A real Daphne process serving llmgw on a free loopback port, on the test database."""
