@@ -48,7 +48,10 @@ def replace_storage(node_ids_and_lists) -> None:
 
 def replace_weights(node: Node, weights: list) -> None:
     node.weights.all().delete()
-    LocalWeights.objects.bulk_create(LocalWeights(node=node, **w.model_dump()) for w in weights)
+    LocalWeights.objects.bulk_create(
+        LocalWeights(node=node, path=w.path, size_bytes=w.size_bytes, shared=w.shared)
+        for w in weights
+    )
 
 
 def memory_changed(node_id: str, before_mb: int | None, now_mb: int | None) -> bool:
