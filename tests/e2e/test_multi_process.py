@@ -108,6 +108,9 @@ def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, re
         # and an agent naming both web processes, the doomed one first
         direct = _agent(stack, "cpu-direct", doomed.ws_url, other.ws_url)
         _connected(stack, "cpu-direct")
+        # (the agent logs its registration once it has the ack, a moment after the
+        # control plane wrote the node connected)
+        stack.wait(lambda: _registrations(direct), "cpu-direct to log its registration")
         assert _registrations(direct) == [doomed.ws_url]
 
         # when: the model is declared through the other web process (two replicas)
