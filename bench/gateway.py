@@ -11,6 +11,8 @@ each server arrangement serves it:
   as `make run` and the production recipe run it (the default);
 - ``llmgw (daphne)``: the whole app on Daphne (supported, the old default);
 - ``llmgw (uvicorn)``: the gateway alone on uvicorn (``llmgw_site.gateway_asgi``);
+- ``llmgw (serve, N workers)`` with ``--serve-workers N``: the same with N
+  processes sharing the port (``--workers N``);
 - ``llmgw (plain uvicorn)`` with ``--plain-uvicorn``: the whole app on uvicorn's
   pure-Python asyncio loop and h11 parser, to show what uvloop and httptools add;
 
@@ -32,6 +34,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -331,12 +334,27 @@ def main() -> int:
     p.add_argument("--no-litellm", action="store_true")
     p.add_argument("--no-uvicorn", action="store_true", help="skip the gateway-only uvicorn")
     p.add_argument(
+        "--serve-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also llmgw_site.serve with N worker processes",
+    )
+    p.add_argument(
         "--plain-uvicorn",
         action="store_true",
         help="also the whole app on uvicorn with asyncio and h11 (no uvloop, no httptools)",
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "gateway.json"))
-    p.add_argument("--only", help="comma-separated targets to measure, e.g. direct,litellm")
+    p.add_argument(
+        "--only", help="semicolon-separated targets to measure, e.g. 'direct;llmgw (serve)'"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every point this many times, the targets interleaved; report medians",
+    )
     p.add_argument("--setup-db", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.setup_db:
@@ -347,6 +365,8 @@ def main() -> int:
     concs = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
     procs = Procs(work)
+    # A plain kill stops every process the bench started too (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"stopped by SIGTERM; logs: {work}"))
     env = {
         "ALLOWED_HOSTS": "127.0.0.1,localhost",  # llmgw_site.asgi refuses to start without
         **os.environ,
@@ -394,6 +414,17 @@ def main() -> int:
         wait_http(f"http://127.0.0.1:{port}/metrics", serve)
         targets["llmgw (serve)"] = (f"http://127.0.0.1:{port}", key, serve.pid)
         targets["llmgw (serve) limits"] = (f"http://127.0.0.1:{port}", limited, serve.pid)
+        if args.serve_workers:
+            port = free_port()
+            workers = procs.start(
+                "serve-workers",
+                [PY, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)]
+                + ["--workers", str(args.serve_workers)],
+                env,
+            )
+            wait_http(f"http://127.0.0.1:{port}/metrics", workers)
+            name = f"llmgw (serve, {args.serve_workers} workers)"
+            targets[name] = (f"http://127.0.0.1:{port}", key, workers.pid)
         if args.plain_uvicorn:
             port = free_port()
             plain = procs.start(
@@ -457,33 +488,52 @@ def main() -> int:
         for base, k, _ in targets.values():
             check_answer(base + "/v1/chat/completions", k)
         results["clients"] = compare_clients(f"http://127.0.0.1:{engine_port}/v1/chat/completions")
-        for name, (base, k, pgid) in targets.items():
-            if args.only and name not in args.only.split(","):
-                continue
-            for payload in PAYLOADS:
-                for conc in concs:
-                    if engine.poll() is not None:
-                        sys.exit(f"the engine exited with {engine.returncode}; see {work}")
-                    url = base + "/v1/chat/completions"
-                    wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
-                    settle(pgid)
-                    duration = args.litellm_duration if name == "litellm" else args.duration
-                    r = wrk(url, PAYLOADS[payload], k, conc, duration, work, pgid)
-                    settle(pgid)
-                    results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = r
-                    print(
-                        f"{name:22} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
-                        f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s  "
-                        + (
-                            f"cpu {r['cpu_ms_per_request']:6.2f} ms/req  "
-                            if r["cpu_ms_per_request"] is not None
-                            else ""
-                        )
-                        + f"load {r['load1']:.1f}"
-                        + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
-                        + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""),
-                        flush=True,
+        chosen = {
+            name: target
+            for name, target in targets.items()
+            if not args.only or name in args.only.split(";")
+        }
+        if args.rounds == 1:
+            order = [(n, p, c) for n in chosen for p in PAYLOADS for c in concs]
+        else:
+            # Each point measured for every target back to back, in rounds: on a
+            # shared machine, neighbours' load then falls on all targets alike.
+            order = [(n, p, c) for p in PAYLOADS for c in concs for n in chosen]
+        runs: dict = {}
+        for round_no in range(args.rounds):
+            for name, payload, conc in order:
+                base, k, pgid = chosen[name]
+                if engine.poll() is not None:
+                    sys.exit(f"the engine exited with {engine.returncode}; see {work}")
+                url = base + "/v1/chat/completions"
+                wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
+                settle(pgid)
+                duration = args.litellm_duration if name == "litellm" else args.duration
+                r = wrk(url, PAYLOADS[payload], k, conc, duration, work, pgid)
+                settle(pgid)
+                runs.setdefault(name, {}).setdefault(payload, {}).setdefault(conc, []).append(r)
+                print(
+                    (f"[{round_no + 1}/{args.rounds}] " if args.rounds > 1 else "")
+                    + f"{name:22} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
+                    f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s  "
+                    + (
+                        f"cpu {r['cpu_ms_per_request']:6.2f} ms/req  "
+                        if r["cpu_ms_per_request"] is not None
+                        else ""
                     )
+                    + f"load {r['load1']:.1f}"
+                    + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
+                    + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""),
+                    flush=True,
+                )
+        for name, by_payload in runs.items():
+            for payload, by_conc in by_payload.items():
+                for conc, rs in by_conc.items():
+                    results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = _median(
+                        rs
+                    )
+        if args.rounds > 1:
+            results["rounds"] = runs
     finally:
         procs.stop_all()
         if redis is not None:
@@ -493,6 +543,24 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\nfigures: {args.out}; logs: {work}")
     return 0
+
+
+def _median(runs: list[dict]) -> dict:
+    """Each figure's median over the rounds (the load: the highest; errors: all of them)."""
+    out = {}
+    for field in runs[0]:
+        values = [r[field] for r in runs if isinstance(r[field], (int, float))]
+        if field == "load1":
+            out[field] = max(values)
+        elif field == "non_2xx":
+            out[field] = sum(values)
+        elif field == "socket_errors":
+            out[field] = "; ".join(r[field] for r in runs if r[field])
+        elif len(values) == len(runs):
+            out[field] = statistics.median(values)
+        else:
+            out[field] = runs[-1][field]
+    return out
 
 
 def report(results: dict) -> None:

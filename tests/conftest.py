@@ -5,7 +5,7 @@ import pytest
 
 # Fixtures that start real processes: a test using one is `live` whether or not
 # its module says so (tests/processes/ holds what they start).
-PROCESS_FIXTURES = {"daphne_server", "stack", "stack_on_postgres", "postgres"}
+PROCESS_FIXTURES = {"web_server", "daphne_server", "stack", "stack_on_postgres", "postgres"}
 E2E_DIR = Path(__file__).parent / "e2e"
 # The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
 BROWSER_DIR = Path(__file__).parent / "browser"
