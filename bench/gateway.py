@@ -187,6 +187,16 @@ def settle(pgid: int, timeout: float = 90) -> None:
             return
 
 
+def wait_quiet(below: float, limit_s: float = 600) -> None:
+    """Wait until the machine's 1-minute load average is under ``below`` (neighbours quiet)."""
+    deadline, said = time.monotonic() + limit_s, 0.0
+    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        if time.monotonic() - said > 60:
+            print(f"  waiting for load < {below:g} (now {os.getloadavg()[0]:.1f})", flush=True)
+            said = time.monotonic()
+        time.sleep(2)
+
+
 def wrk(
     url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path, pgid=None
 ) -> dict:
@@ -350,6 +360,12 @@ def main() -> int:
         "--only", help="semicolon-separated targets to measure, e.g. 'direct;llmgw (serve)'"
     )
     p.add_argument(
+        "--wait-load",
+        type=float,
+        metavar="L",
+        help="before each point, wait (up to 10 min) until the 1-minute load average is below L",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -506,6 +522,8 @@ def main() -> int:
                 if engine.poll() is not None:
                     sys.exit(f"the engine exited with {engine.returncode}; see {work}")
                 url = base + "/v1/chat/completions"
+                if args.wait_load:
+                    wait_quiet(args.wait_load)
                 wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
                 settle(pgid)
                 duration = args.litellm_duration if name == "litellm" else args.duration

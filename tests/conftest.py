@@ -5,7 +5,7 @@ import pytest
 
 # Fixtures that start real processes: a test using one is `live` whether or not
 # its module says so (tests/processes/ holds what they start).
-PROCESS_FIXTURES = {"web_server", "daphne_server", "stack", "stack_on_postgres", "postgres"}
+PROCESS_FIXTURES = {"web_server", "live_server", "stack", "stack_on_postgres", "postgres"}
 E2E_DIR = Path(__file__).parent / "e2e"
 # The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
 BROWSER_DIR = Path(__file__).parent / "browser"
@@ -128,10 +128,12 @@ def web_server(request, transactional_db, tmp_path):
 
 
 @pytest.fixture
-def daphne_server(transactional_db, tmp_path):
-    """A real Daphne process serving llmgw on a free loopback port, on the test database."""
-    from tests.processes import start_daphne
+def live_server(transactional_db, tmp_path):
+    """The web process as users run it (``llmgw_site.serve``, uvicorn) on a free loopback
+    port and the test database; ``web_server`` runs a test on each supported server."""
+    from tests.processes import start_web
 
-    server = start_daphne(tmp_path)
+    server = start_web(tmp_path)
+    server.kind = "uvicorn"
     yield server
     server.stop()
