@@ -5,7 +5,7 @@ import pytest
 
 # Fixtures that start real processes: a test using one is `live` whether or not
 # its module says so (tests/processes/ holds what they start).
-PROCESS_FIXTURES = {"web_server", "live_server", "stack", "stack_on_postgres", "postgres"}
+PROCESS_FIXTURES = {"web_server", "live_web", "stack", "stack_on_postgres", "postgres"}
 E2E_DIR = Path(__file__).parent / "e2e"
 # The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
 BROWSER_DIR = Path(__file__).parent / "browser"
@@ -128,7 +128,7 @@ def web_server(request, transactional_db, tmp_path):
 
 
 @pytest.fixture
-def live_server(transactional_db, tmp_path):
+def live_web(transactional_db, tmp_path):
     """The web process as users run it (``llmgw_site.serve``, uvicorn) on a free loopback
     port and the test database; ``web_server`` runs a test on each supported server."""
     from tests.processes import start_web

@@ -41,10 +41,10 @@ models:
 
 
 @pytest.fixture
-def cli(live_server, monkeypatch, tmp_path):
+def cli(live_web, monkeypatch, tmp_path):
     """Runs ``llmgw ARGS`` in this process against the live server; (status, out, err)."""
     _, secret = manage_key()
-    monkeypatch.setenv("LLMGW_URL", live_server.url)
+    monkeypatch.setenv("LLMGW_URL", live_web.url)
     monkeypatch.setenv("LLMGW_API_KEY", secret)
     monkeypatch.setattr(ctl, "CONFIG_PATH", tmp_path / "no-such-cli.yaml")
 
@@ -54,7 +54,7 @@ def cli(live_server, monkeypatch, tmp_path):
         return status, out.getvalue(), err.getvalue()
 
     run.secret = secret
-    run.url = live_server.url
+    run.url = live_web.url
     return run
 
 
@@ -274,18 +274,18 @@ def test_the_config_file_must_be_its_owner_s_alone(cli, monkeypatch, tmp_path):
 
 
 async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(
-    live_server, cli
+    live_web, cli
 ):
     from asgiref.sync import sync_to_async
 
     status, _, err = await sync_to_async(cli)("logs", "gpu-01")
     assert status == ctl.EXIT_REFUSED and "not found" in err
 
-    credential = await enrol(live_server, "gpu-01")
+    credential = await enrol(live_web, "gpu-01")
     status, _, err = await asyncio.to_thread(cli, "logs", "gpu-01")
     assert status == ctl.EXIT_REFUSED and "no agent connected" in err
 
-    async with connect(live_server, credential) as ws:
+    async with connect(live_web, credential) as ws:
         await ws.send(json.dumps(register_msg("gpu-01")))
         await recv(ws, "ack")
         await recv(ws, "desired")

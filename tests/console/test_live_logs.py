@@ -28,8 +28,8 @@ def get(url: str, cookie: str) -> tuple[int, str]:
         return resp.status, resp.read().decode()
 
 
-async def test_the_logs_panel_asks_the_agent_on_the_same_web_process(live_server):
-    server = live_server
+async def test_the_logs_panel_asks_the_agent_on_the_same_web_process(live_web):
+    server = live_web
     credential = await enrol(server, "gpu-01")
     cookie = await asyncio.to_thread(run_closing_connections, session_cookie)
     url = f"{server.url}/admin/cluster/nodes/gpu-01/logs/?source=agent&lines=2"
@@ -75,8 +75,8 @@ LOAD = {
 }
 
 
-async def test_a_heartbeats_load_is_a_point_on_the_nodes_charts(live_server):
-    server = live_server
+async def test_a_heartbeats_load_is_a_point_on_the_nodes_charts(live_web):
+    server = live_web
     credential = await enrol(server, "gpu-01")
     cookie = await asyncio.to_thread(run_closing_connections, session_cookie)
 

@@ -2,7 +2,7 @@
 ``llmgw_site.serve``, as `make run` and production run it, or Daphne), a Celery worker
 and beat, and the project's fake engine, each on the test database and Redis.
 
-Use the ``live_server`` or ``web_server`` fixture (registered in conftest.py) with
+Use the ``live_web`` or ``web_server`` fixture (registered in conftest.py) with
 ``pytest.mark.django_db(transaction=True)`` so what the test writes is committed
 where the server can read it.
 """

@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def agent(live_server, tmp_path):
+def agent(live_web, tmp_path):
     _, secret = join_token(name="live reconciler")
     lo, hi = port_block()
     config = write_config(
         tmp_path,
-        live_server.ws_url,
+        live_web.ws_url,
         node_id="cpu-live",
         join_token=secret,
         engine_port_range=[lo, hi],
@@ -36,7 +36,7 @@ def agent(live_server, tmp_path):
         engines={"binaries": {"fake": sys.executable}},
     )
     proc = start_agent(config)
-    logs = [proc.log, live_server.log]
+    logs = [proc.log, live_web.log]
     wait_for(
         lambda: Node.objects.filter(
             pk="cpu-live", connected=True, engine_versions__has_key="fake"
