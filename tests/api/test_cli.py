@@ -273,9 +273,7 @@ def test_the_config_file_must_be_its_owner_s_alone(cli, monkeypatch, tmp_path):
     assert status == ctl.EXIT_USAGE and "no control plane named" in err
 
 
-async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(
-    live_web, cli
-):
+async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(live_web, cli):
     from asgiref.sync import sync_to_async
 
     status, _, err = await sync_to_async(cli)("logs", "gpu-01")
