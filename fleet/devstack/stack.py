@@ -276,7 +276,10 @@ def main() -> int:
     try:
         stack.start(
             "web",
-            [py, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)],
+            [py, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)]
+            # Requests in flight get 5 s at Ctrl-C, so the gateway's usage is
+            # written well inside Stack.stop's 10 s.
+            + ["--graceful-timeout", "5"],
         )
         stack.start(
             "celery-worker",
