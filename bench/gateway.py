@@ -363,7 +363,7 @@ def main() -> int:
         "--wait-load",
         type=float,
         metavar="L",
-        help="before each point, wait (up to 10 min) until the 1-minute load average is below L",
+        help="before each round, wait (up to 10 min) until the 1-minute load average is below L",
     )
     p.add_argument(
         "--rounds",
@@ -517,13 +517,13 @@ def main() -> int:
             order = [(n, p, c) for p in PAYLOADS for c in concs for n in chosen]
         runs: dict = {}
         for round_no in range(args.rounds):
+            if args.wait_load:
+                wait_quiet(args.wait_load)
             for name, payload, conc in order:
                 base, k, pgid = chosen[name]
                 if engine.poll() is not None:
                     sys.exit(f"the engine exited with {engine.returncode}; see {work}")
                 url = base + "/v1/chat/completions"
-                if args.wait_load:
-                    wait_quiet(args.wait_load)
                 wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
                 settle(pgid)
                 duration = args.litellm_duration if name == "litellm" else args.duration
