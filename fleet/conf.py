@@ -147,6 +147,15 @@ class FleetSettings:
     # How often each gateway process writes the usage it counted (per key,
     # model and hour) to the database; a killed process loses at most this.
     gateway_usage_flush_s: float = 10.0
+    # Prefix-aware routing, for models that turn it on (Model.prefix_routing;
+    # docs/gateway.md). Requests whose prompts begin with the same this many
+    # characters (chat: the messages in order, system prompt first) go to one
+    # replica, while its requests in flight stay within LOAD_FACTOR times the
+    # average of the model's replicas and within MARGIN of the least busy one;
+    # past either, to another.
+    gateway_prefix_chars: int = 1024
+    gateway_prefix_load_factor: float = 1.25
+    gateway_prefix_margin: int = 8
 
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":
@@ -178,7 +187,19 @@ def _parse(f: dataclasses.Field, text: str):
     if f.name in ("agent_addr_networks", "client_cert_proxies"):
         networks(text)  # refused at start, not at the first register
         return text
-    return f.type(text)  # float, int or str
+    value = f.type(text)  # float, int or str
+    low = _AT_LEAST.get(f.name)
+    if low is not None and value < low:
+        raise ValueError(f"must be at least {low}")
+    return value
+
+
+# Settings whose smaller values make no sense, refused at start.
+_AT_LEAST = {
+    "gateway_prefix_chars": 1,
+    "gateway_prefix_load_factor": 1.0,
+    "gateway_prefix_margin": 0,
+}
 
 
 def from_environ(environ: Mapping[str, str] = os.environ) -> dict:

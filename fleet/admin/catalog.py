@@ -49,9 +49,10 @@ class ModelAdmin(admin.ModelAdmin):
         "replicas_display",
         "active_profile",
         "placement_policy",
+        "prefix_routing",
         "updated_at",
     )
-    list_filter = ("placement_policy",)
+    list_filter = ("placement_policy", "prefix_routing")
     search_fields = ("name", "description")
     inlines = (EngineProfileInline,)
     readonly_fields = ("created_at", "updated_at")

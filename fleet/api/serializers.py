@@ -233,6 +233,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "description",
             "desired_replicas",
             "placement_policy",
+            "prefix_routing",
             "replace_after_s",
             "active_profile",
             "created_at",

@@ -56,12 +56,29 @@ COOLDOWNS = Counter(
     ["model", "replica"],
     registry=REGISTRY,
 )
+PREFIX_ROUTES = Counter(
+    "llmgw_gateway_prefix_routes",
+    "Requests to models with prefix routing, by how their replica was chosen: affinity (the "
+    "prefix's own), overflow (the next on the ring: the owner was over its bounded load), "
+    "fallback (the least busy: the ring's choice was past the margin).",
+    ["model", "result"],
+    registry=REGISTRY,
+)
 
 
 class RouteMetrics:
     """A model's metric children, looked up once rather than on every request."""
 
-    __slots__ = ("latency", "ttft", "retries", "statuses", "model", "prompt", "completion")
+    __slots__ = (
+        "latency",
+        "ttft",
+        "retries",
+        "statuses",
+        "model",
+        "prompt",
+        "completion",
+        "prefix_routes",
+    )
 
     def __init__(self, model: str):
         self.model = model
@@ -71,6 +88,13 @@ class RouteMetrics:
         self.prompt = TOKENS.labels(model, "prompt")
         self.completion = TOKENS.labels(model, "completion")
         self.statuses: dict[int, object] = {}
+        self.prefix_routes: dict[str, object] = {}
+
+    def prefix_routed(self, result: str) -> None:
+        child = self.prefix_routes.get(result)
+        if child is None:
+            child = self.prefix_routes[result] = PREFIX_ROUTES.labels(self.model, result)
+        child.inc()
 
     def tokens(self, usage: dict | None, events: int = 0) -> tuple[int, int]:
         """Count an answer's tokens: from its ``usage``, else one per streamed event.

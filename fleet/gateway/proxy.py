@@ -12,7 +12,7 @@ import json
 import logging
 import time
 
-from . import metrics, table
+from . import metrics, prefix, table
 from .errors import GatewayError, error_body, sse_error_event
 from .upstream import ConnectFailed, Disconnected, Refused, UpstreamError
 
@@ -159,10 +159,19 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
     limits = gw.limits
     tried: list[table.Upstream] = []
     last = ""
+    # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
+    at = None
+    if route.ring is not None and req.endpoint in _STREAMED:
+        at = prefix.key_of(req.endpoint, req.body, limits.prefix_chars)
     try:
         async with asyncio.timeout(limits.total_timeout_s):
             for attempt in range(limits.max_retries + 1):
-                up = table.pick(route, tried)
+                if at is None:
+                    up = table.pick(route, tried)
+                else:
+                    up, how = table.pick_prefix(route, at, limits.prefix_policy, tried)
+                    if not attempt and how:
+                        route.metrics.prefix_routed(how)
                 if up is None:
                     break
                 if up.outstanding >= limits.max_outstanding:

@@ -25,7 +25,7 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, keys, metrics, ratelimit, table, usage
+from . import engines, keys, metrics, prefix, ratelimit, table, usage
 from .errors import GatewayError
 from .upstream import Client, ReadLimits
 
@@ -48,6 +48,8 @@ class Limits:
     engine_scrape_s: float
     limits_retry_s: float
     usage_flush_s: float
+    prefix_chars: int  # how much of a prompt decides its replica, for prefix routing
+    prefix_policy: prefix.Policy  # when a prefix's replica yields to another
     upstream: ReadLimits  # what the request path accepts from engines
     scrape: ReadLimits  # what a scrape of an engine's /metrics accepts
 
@@ -80,6 +82,12 @@ class Limits:
             engine_scrape_s=c.gateway_engine_scrape_s,
             limits_retry_s=c.gateway_limits_retry_s,
             usage_flush_s=c.gateway_usage_flush_s,
+            prefix_chars=c.gateway_prefix_chars,
+            prefix_policy=prefix.Policy(
+                load_factor=c.gateway_prefix_load_factor,
+                margin=c.gateway_prefix_margin,
+                max_outstanding=c.gateway_max_outstanding_per_replica,
+            ),
             upstream=upstream,
             scrape=dataclasses.replace(upstream, max_body_bytes=c.gateway_engine_scrape_max_bytes),
         )

@@ -37,6 +37,15 @@ class Model(models.Model):
     placement_policy = models.CharField(
         max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.BINPACK
     )
+    prefix_routing = models.BooleanField(
+        "prefix-aware routing",
+        default=False,
+        help_text=(
+            "Send requests whose prompts begin alike (system prompt, first messages) to the "
+            "same replica, which has that prefix cached, while its load allows. Off: the "
+            "least busy replica takes each request."
+        ),
+    )
     replace_after_s = models.PositiveIntegerField(
         "replace after (s)",
         null=True,

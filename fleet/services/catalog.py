@@ -9,6 +9,7 @@ using the same ``clean()`` rules as the admin and the API::
       - name: qwen2.5-7b
         replicas: 2
         placement_policy: spread      # or binpack (default)
+        prefix_routing: true          # optional; default false (docs/gateway.md)
         replace_after_s: 120          # optional; default: the fleet's
         profile: h100                 # the active profile
         profiles:
@@ -40,6 +41,7 @@ MODEL_KEYS = {
     "description": "description",
     "replicas": "desired_replicas",
     "placement_policy": "placement_policy",
+    "prefix_routing": "prefix_routing",
     "replace_after_s": "replace_after_s",
 }
 PROFILE_KEYS = {

@@ -323,3 +323,22 @@ def test_a_node_not_keeping_up_shows_in_the_list_and_on_its_page(admin_client, f
     assert "not keeping up: v3 of v5" in page
     # a node caught up shows its version, nothing alarming
     assert "not keeping up" not in admin_client.get(url(Node, "change", "cpu-01")).content.decode()
+
+
+def test_prefix_routing_is_switched_on_in_the_model_form_and_filtered_in_the_list(admin_client):
+    chat = add_model("chat", **LLAMACPP_CPU)
+    add_model("batch", **LLAMACPP_CPU)
+    page = admin_client.get(url(Model, "change", chat.pk)).content.decode()
+    assert "Prefix-aware routing" in page
+    data = form_data(page)
+    assert "prefix_routing" not in data  # an unticked box: off, the default
+
+    # when: the operator ticks it and saves
+    resp = admin_client.post(url(Model, "change", chat.pk), {**data, "prefix_routing": "on"})
+
+    # then: the model routes by prefix, and the list can show just those that do
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    assert Model.objects.get(pk=chat.pk).prefix_routing is True
+    listing = admin_client.get(url(Model, "changelist") + "?prefix_routing__exact=1")
+    names = re.findall(r'class="field-name"><a [^>]*>([^<]+)<', listing.content.decode())
+    assert names == ["chat"]

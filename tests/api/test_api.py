@@ -268,6 +268,21 @@ def test_profile_update_is_checked_against_the_whole_row(api):
     assert EngineProfile.objects.get(pk=profile.pk).tp == 8
 
 
+def test_prefix_routing_is_off_by_default_and_switched_per_model(api):
+    created = _post(api, "/api/v1/models/", {"name": "chat"})
+    assert created.status_code == 201 and created.json()["prefix_routing"] is False
+    mid = created.json()["id"]
+
+    on = api.patch(f"/api/v1/models/{mid}/", {"prefix_routing": True}, "application/json")
+    assert on.status_code == 200 and on.json()["prefix_routing"] is True
+    assert Model.objects.get(pk=mid).prefix_routing is True
+
+    bad = api.patch(f"/api/v1/models/{mid}/", {"prefix_routing": "sometimes"}, "application/json")
+    assert bad.status_code == 400
+    assert bad.json()["prefix_routing"] == ["Must be a valid boolean."]
+    assert Model.objects.get(pk=mid).prefix_routing is True
+
+
 def test_a_profile_cannot_move_to_another_model(api):
     profile = add_model("qwen-7b", **LLAMACPP_CPU).active_profile
     other = Model.objects.create(name="llama-8b")
