@@ -1,7 +1,8 @@
 """The web process: the whole app (llmgw_site.asgi) on uvicorn, as `make run` and production run it.
 
     python -m llmgw_site.serve [--host 127.0.0.1] [--port 8000] [--workers 1]
-                               [--forwarded-allow-ips ADDRS] [--access-log]
+                               [--forwarded-allow-ips ADDRS] [--graceful-timeout 30]
+                               [--access-log]
 
 One port serves everything: the admin and the console, the API, static files,
 the agents' WebSocket, the gateway (/v1/*) and /metrics. uvicorn on uvloop and
@@ -9,7 +10,7 @@ httptools passes the gateway's requests with a fraction of Daphne's CPU and
 without its tail latency (docs/gateway.md, "Serving"; docs/benchmarks.md).
 Daphne still serves the same app (``daphne llmgw_site.asgi:application``).
 
-What Daphne did that uvicorn does not do by itself, done here:
+What llmgw needs that uvicorn does not do by itself (some of it Daphne did), done here:
 
 - The request head is bounded in time, lines and bytes, and framing is strict
   (``HeadLimitsProtocol``; Daphne's equivalent is ``http_limits.py``).
