@@ -101,6 +101,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.messages = TokenBucket(s.agent_messages_per_s, s.agent_messages_burst, now)
         self.bytes = TokenBucket(s.agent_bytes_per_s, s.agent_bytes_burst, now)
         await self.accept()
+        # Whatever serves the socket (uvicorn, Daphne), its open and its end are in this log.
+        logger.info("agent socket open client=%s", self.client)
         if cert.refusal:
             # Accepted first so the agent hears why (4003, as for a credential for another node).
             await self.refuse(CloseCode.FORBIDDEN, cert.refusal)
@@ -392,6 +394,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.released:
             return
         self.released = True
+        if self.identity is not None:
+            logger.info(
+                "agent socket ended code=%s node=%s client=%s",
+                code,
+                self.node_id or "-",
+                getattr(self, "client", "?"),
+            )
         deadline = getattr(self, "register_deadline", None)
         if deadline is not None:
             deadline.cancel()

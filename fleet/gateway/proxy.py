@@ -368,15 +368,24 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
         _replica_header(up),
     ]
     await reply.start(status, headers)
+    charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": body})
-    if status < 400:
-        await _count(gw, route, key, usage_of(body))
+    await _charge(gw, key, charge)
 
 
-async def _count(gw, route, key, usage, events: int = 0) -> None:
+def _tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
+    """An answer's tokens into the metrics and the key's usage, before its last byte
+    goes: a client that reads /metrics the moment it has its answer finds it counted.
+    What to charge against the key's limits afterwards (``_charge``: Redis, maybe a wait)."""
     prompt, completion = route.metrics.tokens(usage, events)
-    if key is not None:
-        await gw.account(key, route.name, prompt, completion)
+    if key is None:
+        return None
+    return prompt + completion, gw.tally(key, route.name, prompt, completion)
+
+
+async def _charge(gw, key, charge: tuple[int, float] | None) -> None:
+    if charge is not None:
+        await gw.charge(key, *charge)
 
 
 async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool) -> None:
@@ -418,11 +427,13 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
             "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
         )
         resp.close()
+        charge = _tally(gw, route, key, check.usage, check.events)
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
-        await _count(gw, route, key, check.usage, check.events)
+        await _charge(gw, key, charge)
         return
+    charge = _tally(gw, route, key, check.usage, check.events)
     await send({"type": "http.response.body", "body": b""})
-    await _count(gw, route, key, check.usage, check.events)
+    await _charge(gw, key, charge)
 
 
 async def _end_stream_with_error(reply: Reply, message: str, code: str) -> None:

@@ -334,12 +334,16 @@ class Gateway:
         except Exception:  # noqa: BLE001 - a lost last_used is not worth a failed request
             logger.warning("could not record API key use for %d keys", len(ids), exc_info=True)
 
-    async def account(self, key: keys.KeyEntry, model: str, prompt: int, completion: int) -> None:
-        """An answer's tokens: into this hour's usage, and against the key's token limits."""
+    def tally(self, key: keys.KeyEntry, model: str, prompt: int, completion: int) -> float:
+        """An answer's tokens into this hour's usage (no I/O); when, for ``charge``."""
         now = time.time()
         self.usage.add(key.id, model, prompt, completion, now)
+        return now
+
+    async def charge(self, key: keys.KeyEntry, tokens: int, now: float) -> None:
+        """An answer's tokens against the key's token limits (Redis)."""
         if key.limits.tokens_on:
-            await self.limiter.charge(key, prompt + completion, now)
+            await self.limiter.charge(key, tokens, now)
 
     async def write_usage(self) -> None:
         counts = self.usage.take()
