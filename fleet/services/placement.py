@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from agentd.ports import DEFAULT_PORT_RANGE
 
+from . import weight_names
 from .placement_types import (  # noqa: F401 - re-exported: callers import them from here
     BINPACK,
     REASONS_LISTED,
@@ -28,7 +29,7 @@ from .placement_types import (  # noqa: F401 - re-exported: callers import them 
     ShardPlacement,
     Verdict,
 )
-from .units import gb_text
+from .units import gb_text, size_text
 
 
 class Snapshot:
@@ -102,21 +103,16 @@ class Snapshot:
 
 
 def _weights_index(nodes) -> dict[str, set[str]]:
-    """Which nodes hold what, by every name a profile's model_path could use for it.
-
-    A path is known by its every trailing run of components ("org/name" finds
-    /var/lib/llmgw/weights/org/name), and Hugging Face's cache directory
-    models--org--name by "org/name".
-    """
+    """Which nodes hold what, by every name a profile's model_path could use for it
+    (``weight_names``): each trailing run of a path's components, the hub cache's
+    name, and a fetched entry's source."""
     index: dict[str, set[str]] = {}
     for node in nodes:
         for path in node.weights:
-            parts = path.strip("/").split("/")
-            keys = {"/".join(parts[i:]) for i in range(len(parts))}
-            if parts[-1].startswith("models--"):
-                keys.add(parts[-1][len("models--") :].replace("--", "/"))
-            for key in keys:
+            for key in weight_names.names(path):
                 index.setdefault(key, set()).add(node.id)
+        for source in node.weight_sources:
+            index.setdefault(source.strip("/"), set()).add(node.id)
     return index
 
 
@@ -259,6 +255,12 @@ def reason_for(snapshot: Snapshot, node: NodeInfo, req: Request) -> Reason | Non
     failed = req.avoided.get(node.id)
     if reason is None and failed:
         reason = Reason(node.id, "avoid", f"{node.id}: this replica failed here {failed} times")
+    if reason is None and node.removing and req.model_path:
+        wanted = weight_names.Wanted([req.model_path])
+        if any(wanted.serves(path, source) for path, source in node.removing):
+            reason = Reason(
+                node.id, "weights", f"{node.id}: is removing these weights (its reply is awaited)"
+            )
     return reason
 
 
@@ -422,5 +424,17 @@ def explain(snapshot: Snapshot, req: Request) -> tuple[list[Verdict], Placement 
             notes.append("memory not reported")
         if node.id in holders:
             notes.append("holds the weights")
+        elif weight_names.is_fetched(req.model_path):
+            size = fetch_size(snapshot, req.model_path)
+            notes.append(f"would fetch {size_text(size)}" if size else "would fetch the weights")
         verdicts.append(Verdict(node.id, True, f"{node.id}: fits ({', '.join(notes) or 'CPU'})"))
     return verdicts, place(snapshot, req)
+
+
+def fetch_size(snapshot: Snapshot, model_path: str) -> int | None:
+    """The size of ``model_path``'s weights where another node has fetched them, else None."""
+    for node in snapshot.nodes.values():
+        size = node.weight_sizes.get(model_path)
+        if size is not None and model_path in node.weight_sources:
+            return size
+    return None

@@ -6,8 +6,11 @@ with 40,000 GPUs must stay well under a second.
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import connection
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from agentd.ports import parse_port_range
 from fleet.conf import fleet_settings
@@ -129,12 +132,33 @@ def build() -> Snapshot:
     ):
         if nid in nodes:
             nodes[nid].installs[engine] = InstallInfo(state, version, detail, pct)
-    weights: dict[str, set[str]] = {}
-    for nid, path in _rows(f"SELECT node_id, path FROM {t[LocalWeights]}"):
-        weights.setdefault(nid, set()).add(path)
-    for nid, paths in weights.items():
-        if nid in nodes:
-            nodes[nid].weights = frozenset(paths)
+    # An entry whose removal is on the node's socket is not held: it is going
+    # (fleet.services.weights_gc), and no shard that needs it is placed there
+    # until the node has answered, or the answer is overdue.
+    weights: dict[str, tuple[set, set, dict, list]] = {}
+    overdue = timezone.now() - timedelta(seconds=fleet_settings().weights_removal_timeout_s)
+    for nid, path, source, size, removal, removal_at in _rows(
+        f"SELECT node_id, path, source, size_bytes, removal, removal_at FROM {t[LocalWeights]}"
+    ):
+        paths, sources, sizes, removing = weights.setdefault(nid, (set(), set(), {}, []))
+        if removal == LocalWeights.Removal.SENT:
+            if isinstance(removal_at, str):
+                removal_at = parse_datetime(removal_at)
+            if removal_at is None or removal_at > overdue:
+                removing.append((path, source or ""))
+                continue
+        paths.add(path)
+        sizes[path] = size
+        if source:
+            sources.add(source)
+            sizes[source] = size
+    for nid, (paths, sources, sizes, removing) in weights.items():
+        node = nodes.get(nid)
+        if node is not None:
+            node.weights = frozenset(paths)
+            node.weight_sources = frozenset(sources)
+            node.weight_sizes = sizes
+            node.removing = tuple(removing)
     # What a shard holds until its process is gone. One that was stopped before
     # it ever started (still pending) holds nothing.
     held = Shard.objects.filter(node__isnull=False).exclude(state__in=SHARD_FINISHED)

@@ -1,0 +1,267 @@
+"""Which weights go: facts in, proposals and their reasons out. No database, no clock.
+
+An entry is *unused* when no desired or running shard on its node needs it
+(``fleet.services.weight_names``); an entry on a shared filesystem is one
+copy for every node that sees it, unused only when no shard on any node
+needs it. An unused entry goes when it has been unused longer than its
+retention (the fleet's, or its model's), or, on a filesystem past the high
+watermark, least recently used first until the filesystem would be under the
+low one. A pinned entry never goes; one whose removal is already under way,
+or that its node kept a short while ago, is not proposed again yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleet.services.weight_names import Wanted, names
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One weights entry as a pass sees it (times are unix seconds)."""
+
+    id: int
+    node_id: str
+    path: str
+    size_bytes: int
+    source: str = ""
+    shared: bool = False
+    pinned: bool = False
+    last_used: float | None = None  # the node's word: when an engine last used it
+    unused_since: float | None = None  # the control plane's: since when nothing needed it
+    remove_requested: bool = False  # an operator asked for it to go now
+    busy: bool = False  # a removal is under way, or the node kept it a short while ago
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """A filesystem a node watches (a Storage row); shared ones count once."""
+
+    node_id: str
+    path: str
+    free_bytes: int
+    total_bytes: int
+    shared: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return ("", self.path) if self.shared else (self.node_id, self.path)
+
+    @property
+    def used_percent(self) -> float:
+        return 100.0 * (self.total_bytes - self.free_bytes) / self.total_bytes
+
+
+@dataclass(frozen=True)
+class Policy:
+    retention_s: float = 24 * 3600.0
+    high_percent: float = 85.0
+    low_percent: float = 75.0
+    # Models' own retentions: (a model_path of one of their profiles, seconds).
+    overrides: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Proposal:
+    entry: Entry
+    reason: str
+
+
+@dataclass
+class Decision:
+    proposals: list[Proposal] = field(default_factory=list)
+    # Bookkeeping for the pass: entries that stopped or started being needed.
+    became_unused: list[int] = field(default_factory=list)
+    became_used: list[int] = field(default_factory=list)
+    # Operators' requests that cannot be honoured: (entry, why).
+    refused: list[tuple[Entry, str]] = field(default_factory=list)
+
+
+def hours(seconds: float) -> str:
+    if seconds >= 3600:
+        h = seconds / 3600
+        return f"{h:.0f} h" if h >= 10 or h == int(h) else f"{h:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def _last_use(e: Entry) -> float:
+    """The later of the node's last use and the control plane's; never seen: oldest."""
+    return max(e.last_used or 0.0, e.unused_since or 0.0)
+
+
+def _filesystem_of(path: str, filesystems: list[Filesystem]) -> Filesystem | None:
+    best = None
+    for fs in filesystems:
+        root = fs.path.rstrip("/")
+        if (path == root or path.startswith(root + "/")) and (
+            best is None or len(root) > len(best.path.rstrip("/"))
+        ):
+            best = fs
+    return best
+
+
+class _Retention:
+    def __init__(self, policy: Policy):
+        self.default = policy.retention_s
+        self.by_name: dict[str, float] = {}
+        for model_path, seconds in policy.overrides:
+            for key in (model_path, model_path.strip("/")):
+                # Two models naming the same weights: the longer retention wins.
+                self.by_name[key] = max(seconds, self.by_name.get(key, 0.0))
+
+    def of(self, e: Entry) -> float:
+        if not self.by_name:
+            return self.default
+        found = [self.by_name[k] for k in names(e.path) if k in self.by_name]
+        if e.source and e.source in self.by_name:
+            found.append(self.by_name[e.source])
+        return max(found) if found else self.default
+
+
+def select(
+    entries: list[Entry],
+    needed: dict[str, Wanted],
+    filesystems: list[Filesystem],
+    connected: set[str],
+    now: float,
+    policy: Policy,
+) -> Decision:
+    """What goes now, and why.
+
+    ``needed`` maps a node to the model paths of its desired or running shards;
+    ``connected`` names the nodes a proposal can reach now (others wait).
+    Shared entries are judged once per path, proposed to one connected node
+    that sees them.
+    """
+    out = Decision()
+    everywhere = Wanted()
+    for wanted in needed.values():
+        for p in wanted.exact:
+            everywhere.add(p)
+    none = Wanted()
+
+    # One candidate per local entry, one per shared path (all its rows).
+    candidates: list[tuple[Entry, list[Entry]]] = []
+    shared: dict[str, list[Entry]] = {}
+    for e in entries:
+        if e.shared:
+            shared.setdefault(e.path, []).append(e)
+            continue
+        used = needed.get(e.node_id, none).serves(e.path, e.source)
+        _book(out, e, used)
+        if not used:
+            candidates.append((e, [e]))
+    for rows in shared.values():
+        first = rows[0]
+        used = everywhere.serves(first.path, first.source)
+        for e in rows:
+            _book(out, e, used)
+        if used:
+            continue
+        reachable = [e for e in rows if e.node_id in connected] or rows
+        chosen = min(reachable, key=lambda e: e.node_id)
+        merged = Entry(
+            id=chosen.id,
+            node_id=chosen.node_id,
+            path=chosen.path,
+            size_bytes=chosen.size_bytes,
+            source=chosen.source,
+            shared=True,
+            pinned=any(e.pinned for e in rows),
+            last_used=max((e.last_used or 0.0 for e in rows), default=0.0) or None,
+            unused_since=max((e.unused_since or 0.0 for e in rows), default=0.0) or None,
+            remove_requested=any(e.remove_requested for e in rows),
+            busy=any(e.busy for e in rows),
+        )
+        candidates.append((merged, rows))
+
+    retention = _Retention(policy)
+    proposed: set[int] = set()
+    pool: list[Entry] = []  # unused, removable, not yet proposed: watermark candidates
+    for e, _ in candidates:
+        if e.pinned:
+            if e.remove_requested:
+                out.refused.append((e, "pinned"))
+            continue
+        if e.busy:
+            continue
+        if e.node_id not in connected:
+            continue
+        since = e.unused_since if e.unused_since is not None else now
+        if e.remove_requested:
+            out.proposals.append(Proposal(e, "an operator asked to remove it"))
+            proposed.add(e.id)
+            continue
+        keep_s = retention.of(e)
+        idle = now - max(since, e.last_used or 0.0)
+        if idle > keep_s:
+            out.proposals.append(
+                Proposal(e, f"unused for {hours(idle)} (retention {hours(keep_s)})")
+            )
+            proposed.add(e.id)
+        else:
+            pool.append(e)
+    # Operators asked for entries still in use: say why nothing happens.
+    for e in entries:
+        if e.remove_requested and not e.pinned and e.id not in proposed:
+            if needed.get(e.node_id, none).serves(e.path, e.source) or (
+                e.shared and everywhere.serves(e.path, e.source)
+            ):
+                out.refused.append((e, "in use by a shard that is desired or running there"))
+
+    if pool:
+        _watermarks(out, pool, filesystems, proposed, policy)
+    return out
+
+
+def _book(out: Decision, e: Entry, used: bool) -> None:
+    if used and e.unused_since is not None:
+        out.became_used.append(e.id)
+    elif not used and e.unused_since is None:
+        out.became_unused.append(e.id)
+
+
+def _watermarks(
+    out: Decision, pool: list[Entry], filesystems: list[Filesystem], proposed: set, policy: Policy
+) -> None:
+    full: dict[tuple, Filesystem] = {}
+    for fs in filesystems:
+        if fs.total_bytes > 0 and fs.used_percent > policy.high_percent:
+            full.setdefault(fs.key, fs)
+    if not full:
+        return
+    by_node: dict[str, list[Filesystem]] = {}
+    for fs in filesystems:
+        if fs.key in full:
+            by_node.setdefault(fs.node_id, []).append(fs)
+    going: dict[tuple, list[Entry]] = {}
+    freed: dict[tuple, int] = {}
+    for p in out.proposals:  # what retention already removes counts first
+        fs = _filesystem_of(p.entry.path, by_node.get(p.entry.node_id, []))
+        if fs is not None:
+            freed[fs.key] = freed.get(fs.key, 0) + p.entry.size_bytes
+    for e in pool:
+        fs = _filesystem_of(e.path, by_node.get(e.node_id, []))
+        if fs is not None:
+            going.setdefault(fs.key, []).append(e)
+    for key, lst in going.items():
+        fs = full[key]
+        target = fs.total_bytes * policy.low_percent / 100.0
+        used = fs.total_bytes - fs.free_bytes - freed.get(key, 0)
+        lst.sort(key=lambda e: (_last_use(e), -e.size_bytes, e.path))
+        for e in lst:
+            if used < target:
+                break
+            out.proposals.append(
+                Proposal(
+                    e,
+                    f"{fs.path} is {fs.used_percent:.0f}% full (high watermark "
+                    f"{policy.high_percent:g}%): least recently used, until under "
+                    f"{policy.low_percent:g}%",
+                )
+            )
+            proposed.add(e.id)
+            used -= e.size_bytes
