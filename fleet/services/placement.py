@@ -249,18 +249,27 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
     return None
 
 
+def _removing_reason(node: NodeInfo, req: Request) -> Reason | None:
+    """A clean-up removal of these weights is on the node's socket: no shard needing them
+    goes there until the node has answered (fleet.services.weights_gc.delivery)."""
+    if node.removing and req.model_path:
+        wanted = weight_names.Wanted([req.model_path])
+        if any(wanted.serves(path, source) for path, source in node.removing):
+            nid = node.id
+            return Reason(nid, "weights", f"{nid}: is removing these weights (reply awaited)")
+    return None
+
+
 def reason_for(snapshot: Snapshot, node: NodeInfo, req: Request) -> Reason | None:
     """The first thing that keeps this node from taking the request, or None."""
-    reason = snapshot.static_reason(node, req) or _dynamic_reason(node, req, snapshot)
+    reason = (
+        snapshot.static_reason(node, req)
+        or _dynamic_reason(node, req, snapshot)
+        or _removing_reason(node, req)
+    )
     failed = req.avoided.get(node.id)
     if reason is None and failed:
         reason = Reason(node.id, "avoid", f"{node.id}: this replica failed here {failed} times")
-    if reason is None and node.removing and req.model_path:
-        wanted = weight_names.Wanted([req.model_path])
-        if any(wanted.serves(path, source) for path, source in node.removing):
-            reason = Reason(
-                node.id, "weights", f"{node.id}: is removing these weights (its reply is awaited)"
-            )
     return reason
 
 
@@ -283,7 +292,7 @@ def _fits(snapshot: Snapshot, node: NodeInfo, req: Request, avoid: bool) -> bool
         return False
     if avoid and node.id in req.avoided:
         return False
-    return _dynamic_reason(node, req, snapshot) is None
+    return _dynamic_reason(node, req, snapshot) is None and _removing_reason(node, req) is None
 
 
 def _policy_key(snapshot: Snapshot, node: NodeInfo, req: Request):

@@ -5,12 +5,10 @@ with 40,000 GPUs must stay well under a second.
 """
 
 import json
+import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.db import connection
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from agentd.ports import parse_port_range
 from fleet.conf import fleet_settings
@@ -39,6 +37,7 @@ from .placement import (
     explain,
 )
 from .units import MB_PER_GB
+from .weights_gc.facts import ts as unix_seconds
 
 PORTS_LABEL = "llmgw.io/ports"
 
@@ -136,15 +135,14 @@ def build() -> Snapshot:
     # (fleet.services.weights_gc), and no shard that needs it is placed there
     # until the node has answered, or the answer is overdue.
     weights: dict[str, tuple[set, set, dict, list]] = {}
-    overdue = timezone.now() - timedelta(seconds=fleet_settings().weights_removal_timeout_s)
+    overdue = time.time() - fleet_settings().weights_removal_timeout_s
     for nid, path, source, size, removal, removal_at in _rows(
         f"SELECT node_id, path, source, size_bytes, removal, removal_at FROM {t[LocalWeights]}"
     ):
         paths, sources, sizes, removing = weights.setdefault(nid, (set(), set(), {}, []))
         if removal == LocalWeights.Removal.SENT:
-            if isinstance(removal_at, str):
-                removal_at = parse_datetime(removal_at)
-            if removal_at is None or removal_at > overdue:
+            at = unix_seconds(removal_at)
+            if at is None or at > overdue:
                 removing.append((path, source or ""))
                 continue
         paths.add(path)
