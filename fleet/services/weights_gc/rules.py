@@ -205,12 +205,16 @@ def select(
         else:
             pool.append(e)
     # Operators asked for entries still in use: say why nothing happens.
+    said = {e.id for e, _ in out.refused}
     for e in entries:
-        if e.remove_requested and not e.pinned and e.id not in proposed:
-            if needed.get(e.node_id, none).serves(e.path, e.source) or (
-                e.shared and everywhere.serves(e.path, e.source)
-            ):
-                out.refused.append((e, "in use by a shard that is desired or running there"))
+        if not e.remove_requested or e.id in proposed or e.id in said:
+            continue
+        if e.pinned:
+            out.refused.append((e, "pinned"))
+        elif needed.get(e.node_id, none).serves(e.path, e.source) or (
+            e.shared and everywhere.serves(e.path, e.source)
+        ):
+            out.refused.append((e, "in use by a shard that is desired or running there"))
 
     if pool:
         _watermarks(out, pool, filesystems, proposed, policy)
