@@ -194,9 +194,12 @@ class Supervisor(EngineLifecycle):
         return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
     def paths_in_use(self) -> list[str]:
-        """Model paths of every shard held, not only running ones: a starting engine reads them."""
+        """Model paths of every shard that runs or is wanted running, not only running ones:
+        a starting engine reads them. One stopped for good, its engine gone, uses nothing."""
         paths = {
-            sh.spec_or_want.profile.model_path for sh in self._shards.values() if sh.spec_or_want
+            sh.spec_or_want.profile.model_path
+            for sh in self._shards.values()
+            if sh.spec_or_want and (sh.alive() or sh.target not in ("stopped", "absent"))
         }
         return sorted(p for p in paths if p)
 

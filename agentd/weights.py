@@ -110,6 +110,10 @@ def remove(
         if not any(real != r and real.is_relative_to(r) for r in roots):
             out.kept.append((raw, "not inside a weights dir"))
             continue
+        holder = next(((p, pid) for p, pid in opened if p == real or p.is_relative_to(real)), None)
+        if holder is not None:
+            out.kept.append((raw, f"held open by engine process {holder[1]} ({holder[0]})"))
+            continue
         user = next((u for u in used if u.is_relative_to(real) or real.is_relative_to(u)), None)
         if user is not None:
             out.kept.append((raw, f"in use by a shard here ({user})"))
@@ -117,10 +121,6 @@ def remove(
         source = sources.get(raw) or sources.get(given)
         if source and source in wanted_sources:
             out.kept.append((raw, f"in use by a shard here ({source})"))
-            continue
-        holder = next(((p, pid) for p, pid in opened if p == real or p.is_relative_to(real)), None)
-        if holder is not None:
-            out.kept.append((raw, f"held open by engine process {holder[1]} ({holder[0]})"))
             continue
         if not os.path.lexists(real):
             out.removed.append(raw)  # already gone: the wanted outcome
