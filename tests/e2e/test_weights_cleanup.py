@@ -124,7 +124,8 @@ def test_past_the_high_watermark_the_least_recently_used_go_first(stack, tiny_mo
         stack.wait(lambda was=was: unused(was), f"{was} to be seen unused")
     stack.api("patch", f"models/{model_id('m')}/", json={"desired_replicas": 0})
     stack.wait(lambda: unused("c.gguf"), "c.gguf to be seen unused")
-    assert all((w / n).exists() for n in "abcd")  # a day's retention: nothing went yet
+    names = ["a.gguf", "b.gguf", "c.gguf", "d.gguf"]
+    assert all((w / n).exists() for n in names)  # a day's retention: nothing went yet
 
     # when: the filesystem counts as past its high watermark (the watermarks lowered to 0 %)
     _restart_beat(
@@ -135,7 +136,7 @@ def test_past_the_high_watermark_the_least_recently_used_go_first(stack, tiny_mo
     )
 
     # then: the unused entries are proposed least recently used first, and removed
-    stack.wait(lambda: not any((w / n).exists() for n in "abcd"), "the four to be removed")
+    stack.wait(lambda: not any((w / n).exists() for n in names), "the four to be removed")
     order = [os.path.basename(e.path) for e in events("proposed")]
     assert order == ["d.gguf", "a.gguf", "b.gguf", "c.gguf"]
     assert all("high watermark 0%" in e.reason for e in events("proposed"))
