@@ -33,7 +33,8 @@ class Wanted:
 
     def __init__(self, model_paths=()):
         self.exact: set[str] = set()  # as written: a fetched entry's source matches these
-        self.tails: dict[str, set[str]] = {}  # last component -> stripped model paths
+        # Last component -> (stripped model path, "/" + it), for endswith without a concat.
+        self.tails: dict[str, set[tuple[str, str]]] = {}
         for p in model_paths:
             self.add(p)
 
@@ -43,7 +44,9 @@ class Wanted:
         self.exact.add(model_path)
         stripped = model_path.strip("/")
         if stripped:
-            self.tails.setdefault(stripped.rsplit("/", 1)[-1], set()).add(stripped)
+            self.tails.setdefault(stripped.rsplit("/", 1)[-1], set()).add(
+                (stripped, "/" + stripped)
+            )
 
     def __bool__(self) -> bool:
         return bool(self.exact)
@@ -57,14 +60,17 @@ class Wanted:
         """
         if source and source in self.exact:
             return True
-        stripped = path.strip("/")
-        last = stripped.rsplit("/", 1)[-1]
-        for want in self.tails.get(last, ()):
-            if stripped == want or stripped.endswith("/" + want):
-                return True
+        if path.endswith("/"):
+            path = path.rstrip("/")
+        last = path[path.rfind("/") + 1 :]
+        wants = self.tails.get(last)
+        if wants is not None:
+            for want, slashed in wants:
+                if path.endswith(slashed) or path == want:
+                    return True
         if last.startswith(HF_CACHE_PREFIX):
             hub = last[len(HF_CACHE_PREFIX) :].replace("--", "/")
-            for want in self.tails.get(hub.rsplit("/", 1)[-1], ()):
+            for want, _ in self.tails.get(hub.rsplit("/", 1)[-1], ()):
                 if want == hub:
                     return True
         return False

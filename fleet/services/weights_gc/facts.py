@@ -88,51 +88,35 @@ def needed_by_node() -> dict[str, Wanted]:
     return needed
 
 
-def load(now: float) -> Facts:
+def _epoch(column: str) -> str:
+    """SQL for a timestamp column as unix seconds: no per-row datetime in Python."""
+    if connection.vendor == "postgresql":
+        return f"EXTRACT(EPOCH FROM {column})::float8"
+    return f"(julianday({column}) - 2440587.5) * 86400.0"  # stored as UTC text
+
+
+def weights_query(now: float) -> tuple[str, list]:
+    """The one query over every weights row, in ``Entry``'s order of fields."""
     s = fleet_settings()
-    removal_until = now - s.weights_removal_timeout_s
-    kept_until = now - s.weights_kept_retry_s
-    entries = []
-    for (
-        pk,
-        nid,
-        path,
-        size,
-        source,
-        shared,
-        pinned,
-        last_used,
-        unused_since,
-        requested,
-        removal,
-        removal_at,
-        kept_at,
-    ) in _rows(
-        "SELECT id, node_id, path, size_bytes, source, shared, pinned, last_used_at, "
-        "unused_since, remove_requested, removal, removal_at, kept_at "
+    adapt = connection.ops.adapt_datetimefield_value
+    removal_until = adapt(datetime.fromtimestamp(now - s.weights_removal_timeout_s, tz=UTC))
+    kept_until = adapt(datetime.fromtimestamp(now - s.weights_kept_retry_s, tz=UTC))
+    # Busy: a removal under way (not yet overdue), or kept by the node a short while ago.
+    busy = (
+        "CASE WHEN (removal <> '' AND removal_at > %s) "
+        "OR (kept_at > %s AND NOT remove_requested) THEN 1 ELSE 0 END"
+    )
+    sql = (
+        f"SELECT id, node_id, path, size_bytes, source, shared, pinned, "
+        f"{_epoch('last_used_at')}, {_epoch('unused_since')}, remove_requested, {busy} "
         f"FROM {LocalWeights._meta.db_table}"
-    ):
-        busy = False
-        if removal:
-            at = ts(removal_at)
-            busy = at is not None and at > removal_until
-        if not busy and kept_at is not None:
-            busy = ts(kept_at) > kept_until and not requested
-        entries.append(
-            Entry(
-                id=pk,
-                node_id=nid,
-                path=path,
-                size_bytes=size,
-                source=source or "",
-                shared=bool(shared),
-                pinned=bool(pinned),
-                last_used=ts(last_used),
-                unused_since=ts(unused_since),
-                remove_requested=bool(requested),
-                busy=busy,
-            )
-        )
+    )
+    return sql, [removal_until, kept_until]
+
+
+def load(now: float) -> Facts:
+    rows = _rows(*weights_query(now))
+    entries = list(map(Entry._make, rows))
     filesystems = [
         Filesystem(nid, path, free, total, bool(shared))
         for nid, path, free, total, shared in _rows(
