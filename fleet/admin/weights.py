@@ -5,6 +5,8 @@ goes through the clean-up's rules (unused, not pinned) and the node's own
 re-check, so "remove now" cannot take weights a shard needs.
 """
 
+import threading
+
 from django.contrib import admin
 from django.utils import timezone
 
@@ -46,15 +48,27 @@ class LocalWeightsAdmin(ReadOnlyAdmin):
     )
     fields = readonly_fields
 
+    # The admin is one object for every request: the page's computed items are
+    # kept per thread, so two operators' pages never mix.
+    _page = threading.local()
+
     def get_changelist_instance(self, request):
         cl = super().get_changelist_instance(request)
         # What uses each entry is computed from the shards, once for the page.
-        self._used_by = {i.row.pk: i for i in weights_inventory.annotate(cl.result_list)}
+        self._page.items = {i.row.pk: i for i in weights_inventory.annotate(cl.result_list)}
         return cl
 
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        if hasattr(response, "add_post_render_callback"):
+            response.add_post_render_callback(lambda r: self._page.__dict__.clear())
+        else:
+            self._page.__dict__.clear()
+        return response
+
     def _item(self, obj):
-        cached = getattr(self, "_used_by", {}).get(obj.pk)
-        return cached or weights_inventory.annotate([obj])[0]
+        cached = getattr(self._page, "items", {}).get(obj.pk)
+        return cached if cached is not None else weights_inventory.annotate([obj])[0]
 
     def has_manage_permission(self, request, obj=None):
         return request.user.has_perm("fleet.change_localweights")
