@@ -402,8 +402,7 @@ class Agent:
         elif kind == "provision":
             self.on_provision(msg)
         elif kind == "remove_weights":
-            detail, ok = await asyncio.to_thread(self.remove_weights, msg.paths)
-            self.send(protocol.AgentAck(type="ack", of="remove_weights", ok=ok, detail=detail))
+            self.send(await asyncio.to_thread(self.on_remove_weights, msg))
         elif kind == "logs_request":
             self.send(await asyncio.to_thread(self.logs_reply, msg))
         # ServerAck needs nothing: the client reads the register ack itself.
@@ -558,9 +557,50 @@ class Agent:
 
     def remove_weights(self, paths: list[str]) -> tuple[str, bool]:
         """Remove what the control plane proposed, each path checked again here."""
-        detail, ok = weights.remove(paths, self.cfg.weights_dirs, self.shards.paths_in_use())
+        out = weights.remove(paths, self.cfg.weights_dirs, self.shards.paths_in_use())
         self._weights_at = 0.0  # the next heartbeat rescans and reports the change
-        return detail, ok
+        return out.detail(), out.ok
+
+    def on_remove_weights(self, msg: protocol.RemoveWeights) -> protocol.AgentAck:
+        """A clean-up proposal, checked path by path against what this node knows now.
+
+        Proposed against a desired set this node has not applied yet: everything
+        is kept, since a shard of that set may need it. Otherwise a path is
+        kept if a shard held here uses it or a desired one (started or not, a
+        set still being applied included) wants it, an engine process holds it
+        open, it is outside the weights dirs, or it changed since it was reported.
+        """
+        pending = self._pending_desired
+        if msg.desired_version > self.desired_version:
+            why = (
+                f"proposed against desired set v{msg.desired_version}, "
+                f"this node has applied v{self.desired_version}"
+            )
+            out = weights.Outcome(kept=[(p, why) for p in msg.paths])
+        else:
+            in_use = list(self.shards.paths_in_use())
+            if pending is not None:
+                in_use += [s.profile.model_path for s in pending.shards if s.state != "stopped"]
+            with self._lock:
+                reported = list(self._sent_weights or [])
+            out = weights.remove(
+                msg.paths,
+                self.cfg.weights_dirs,
+                in_use,
+                sources={w.path: w.source for w in reported if w.source},
+                reported={w.path: w.size_bytes for w in reported},
+                held_open=weights.open_files(self.shards.process_groups().values()),
+            )
+            self._weights_at = 0.0  # the next heartbeat rescans and reports the change
+        return protocol.AgentAck(
+            type="ack",
+            of="remove_weights",
+            ok=out.ok,
+            detail=out.detail(),
+            request_id=msg.request_id,
+            removed=out.removed,
+            kept=[protocol.KeptWeights(path=p, reason=r[:4096]) for p, r in out.kept],
+        )
 
     # ---- small things -----------------------------------------------------------
 

@@ -10,6 +10,8 @@ class FleetConfig(AppConfig):
         from . import signals  # noqa: F401 - connects the reconciler's receivers
         from .services import fleet_metrics
         from .services.reconciler import metrics as reconciler_metrics
+        from .services.weights_gc import metrics as weights_metrics
 
         reconciler_metrics.register()
         fleet_metrics.register()
+        weights_metrics.register()

@@ -87,6 +87,23 @@ class FleetSettings:
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 
+    # Cleaning up unused weights (fleet.services.weights_gc; docs/weights.md).
+    weights_gc_interval_s: float = 60.0  # beat's interval for the clean-up pass
+    # How long weights nothing on a node needs stay there; a model's
+    # weights_retention_s overrides it, and a pinned entry stays forever.
+    weights_retention_s: float = 24 * 3600.0
+    # A filesystem more used than the high watermark (percent) has its least
+    # recently used unused weights removed until it is under the low one.
+    weights_high_watermark_percent: float = 85.0
+    weights_low_watermark_percent: float = 75.0
+    # How long a removal on a node's socket waits for the node's reply; until
+    # then no shard needing those weights is placed there. Past it the entry
+    # may be proposed again.
+    weights_removal_timeout_s: float = 60.0
+    # An entry the node kept (in use, changed) is not proposed again for this long.
+    weights_kept_retry_s: float = 3600.0
+    weights_events_keep_s: float = 30 * 24 * 3600.0  # how long removal events are kept
+
     # The operator's console (fleet/console/; docs/operations.md, "The console").
     # Prometheus to read node charts from (query_range on the llmgw_* series),
     # e.g. http://prometheus:9090. Empty: charts read the control plane's own

@@ -15,6 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from fleet.models import (
     GPU,
     EngineProfile,
+    LocalWeights,
     Model,
     Node,
     NodeState,
@@ -180,3 +181,23 @@ class ShardFilterSet(FilterSet):
             "state": ["exact"],
             "desired_state": ["exact"],
         }
+
+
+class WeightsFilterSet(FilterSet):
+    node = django_filters.CharFilter(field_name="node_id", label="The node's id.")
+    unused = BooleanFilter(
+        method="filter_unused",
+        label="true: only entries no desired or running shard needs (computed now).",
+    )
+
+    class Meta:
+        model = LocalWeights
+        fields = {"pinned": ["exact"], "shared": ["exact"], "source": ["exact"]}
+
+    def filter_unused(self, queryset, name, value):
+        if value is None:
+            return queryset
+        from fleet.services.weights_gc.inventory import annotate
+
+        ids = [i.row.pk for i in annotate(queryset) if i.unused == value]
+        return queryset.filter(pk__in=ids)

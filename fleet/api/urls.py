@@ -16,5 +16,6 @@ router.register("catalog", views.CatalogViewSet, basename="catalog")
 router.register("join-tokens", views.JoinTokenViewSet, basename="join-token")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("usage", views.UsageViewSet, basename="usage")
+router.register("weights", views.WeightsViewSet)
 
 urlpatterns = router.urls

@@ -24,6 +24,7 @@ from .nodes import (
     WantedEngine,
 )
 from .status import FleetStatus
+from .weights import WeightsEvent
 from .workload import Replica, Shard
 
 __all__ = [
@@ -55,4 +56,5 @@ __all__ = [
     "Storage",
     "VllmBuild",
     "WantedEngine",
+    "WeightsEvent",
 ]

@@ -53,6 +53,13 @@ class Model(models.Model):
         blank=True,
         help_text="Replace replicas on a silent node after this long. Empty: the fleet default.",
     )
+    weights_retention_s = models.PositiveIntegerField(
+        "weights retention (s)",
+        null=True,
+        blank=True,
+        help_text="How long this model's weights stay on a node nothing there needs them "
+        "any more. Empty: the fleet default (LLMGW_WEIGHTS_RETENTION_S).",
+    )
     active_profile = models.ForeignKey(
         "EngineProfile",
         null=True,

@@ -17,12 +17,14 @@ from fleet.models import (
     FleetStatus,
     JoinToken,
     KeyUsage,
+    LocalWeights,
     Model,
     Node,
     NodeCredential,
 )
 from fleet.models.access import hash_secret
 from fleet.services import access, catalog
+from fleet.services.weights_gc import inventory as weights_inventory
 from tests.admin.helpers import form_data
 from tests.factories import (
     LLAMACPP_CPU,
@@ -81,6 +83,10 @@ def fleet():
     )
     FleetStatus.get()
     catalog.apply("engines:\n  llamacpp: 0.3.36\n")
+    # An operator asks for cpu-01's unused weights to go: a proposal and its event.
+    weights_inventory.request_removal(
+        LocalWeights.objects.filter(node_id="cpu-01").values_list("pk", flat=True)
+    )
     return node
 
 

@@ -318,3 +318,32 @@ def test_the_installed_entry_point_runs_and_usage_errors_are_exit_2(cli):
         capture_output=True, text=True, env=env, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == ctl.EXIT_USAGE and "invalid choice: 'frobnicate'" in bad.stderr
+
+
+def test_weights_and_gc_weights(cli):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import LocalWeights
+
+    # given: a node holding weights nothing needs, unused for two days
+    add_node("gpu-01", as_reported=True)
+    LocalWeights.objects.update(unused_since=timezone.now() - timedelta(days=2))
+
+    status, out, _ = cli("weights", "--unused")
+    assert status == 0
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["NODE", "PATH", "SIZE"]
+    assert row.split()[:4] == ["gpu-01", "/models/qwen", "14.0", "GiB"]
+
+    status, out, _ = cli("gc-weights", "--dry-run")
+    assert status == 0
+    assert out.splitlines() == [
+        "gpu-01 /models/qwen (14.0 GiB): unused for 48 h (retention 24 h)",
+        "would propose 1 for removal",
+    ]
+    assert LocalWeights.objects.get().removal == ""
+    status, out, _ = cli("gc-weights")
+    assert status == 0 and out.splitlines()[-1] == "proposed 1 for removal"
+    assert LocalWeights.objects.get().removal == "proposed"
