@@ -45,6 +45,11 @@ class ModelView:
     name: str
     created: int  # unix seconds, as OpenAI's model objects carry it
     desired_replicas: int
+    # Autoscaled (min and max replicas set): a request with no ready replica
+    # waits for one (fleet.gateway.waiting) instead of a 503 at once.
+    autoscaled: bool = False
+    max_waiting: int | None = None  # None: the fleet's setting
+    max_wait_s: int | None = None
 
 
 @dataclass(eq=False)
@@ -92,6 +97,10 @@ class Route:
     unavailable: str = ""  # why no replica is ready, for the 503
     retry_after: int = 5
     metrics: object = None
+    # With no ready replica: wait for one (autoscaled models), within these bounds.
+    waits: bool = False
+    max_waiting: int | None = None
+    max_wait_s: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -187,6 +196,11 @@ def build_routes(
             u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
             upstreams.append(u)
         route = Route(m.id, m.name, m.created, upstreams)
+        route.waits, route.max_waiting, route.max_wait_s = (
+            m.autoscaled,
+            m.max_waiting,
+            m.max_wait_s,
+        )
         if not upstreams:
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
@@ -225,9 +239,26 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
     from fleet.models import Model, Replica, Shard
 
     models = [
-        ModelView(pk, name, int(created.timestamp()), desired)
-        for pk, name, created, desired in Model.objects.values_list(
-            "pk", "name", "created_at", "desired_replicas"
+        ModelView(
+            pk,
+            name,
+            int(created.timestamp()),
+            desired,
+            lo is not None and hi is not None,
+            max_waiting,
+            max_wait_s,
+        )
+        for pk, name, created, desired, lo, hi, max_waiting, max_wait_s in (
+            Model.objects.values_list(
+                "pk",
+                "name",
+                "created_at",
+                "desired_replicas",
+                "min_replicas",
+                "max_replicas",
+                "max_waiting",
+                "max_wait_s",
+            )
         )
     ]
     shards: dict[str, list[ShardView]] = {}

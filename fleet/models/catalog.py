@@ -132,7 +132,6 @@ class Model(models.Model):
         if errors:
             raise ValidationError(errors)
 
-
     @property
     def autoscaled(self) -> bool:
         return self.min_replicas is not None and self.max_replicas is not None
@@ -149,8 +148,7 @@ class Model(models.Model):
             errors["min_replicas"] = f"min_replicas {lo} is above max_replicas {hi}"
         if idle is not None and lo != 0:
             errors["scale_to_zero_after_s"] = (
-                "scale_to_zero_after_s needs min_replicas 0 (got "
-                f"{'none' if lo is None else lo})"
+                f"scale_to_zero_after_s needs min_replicas 0 (got {'none' if lo is None else lo})"
             )
         elif lo == 0 and idle is None:
             errors["scale_to_zero_after_s"] = (

@@ -74,9 +74,7 @@ def decide(policy: Policy, facts: Facts) -> Decision:
         if demand <= 0:
             return Decision(0)
         n = max(1, min(hi, math.ceil(demand / policy.target)))
-        return Decision(
-            n, UP, f"scaled to zero and {_n(demand)} request(s) waiting: starting {n}"
-        )
+        return Decision(n, UP, f"scaled to zero and {_n(demand)} request(s) waiting: starting {n}")
     if (
         lo == 0
         and policy.idle_s is not None

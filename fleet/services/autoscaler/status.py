@@ -2,7 +2,7 @@
 
 
 def scaling_status(model, ready: int | None) -> str:
-    """"scaled to zero", "starting for 3 waiting requests", "autoscaled 1-4: 2 wanted", or ""
+    """ "scaled to zero", "starting for 3 waiting requests", "autoscaled 1-4: 2 wanted", or ""
     for a model without autoscaling. ``ready``: its ready replicas, where known."""
     waiting = model.waiting_requests or 0
     if waiting and not ready:
