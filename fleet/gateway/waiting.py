@@ -94,8 +94,8 @@ async def wait_for_replica(gw, route, req, reply):
             except TimeoutError:
                 if stream and loop.time() < deadline:
                     if not reply.started:
-                        reply.sse_open = True
                         await reply.start(200, list(SSE_HEADERS))
+                        reply.sse_open = True
                     await reply.send(
                         {"type": "http.response.body", "body": COMMENT, "more_body": True}
                     )
