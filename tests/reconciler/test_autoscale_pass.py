@@ -124,14 +124,18 @@ def test_without_autoscaling_a_model_is_left_as_it_is():
     assert not Event.objects.exists()
 
 
+BOUNDS_1_2 = {"min_replicas": 1, "max_replicas": 2}
+BOUNDS_0_0 = {"min_replicas": 0, "max_replicas": 0}
+
+
 @pytest.mark.parametrize(
     "fields, field, message",
     [
         ({"min_replicas": 1}, "max_replicas", "together"),
         ({"min_replicas": 3, "max_replicas": 2}, "min_replicas", "above max_replicas 2"),
         ({"min_replicas": 0, "max_replicas": 2}, "scale_to_zero_after_s", "needs"),
-        ({"min_replicas": 1, "max_replicas": 2, "scale_to_zero_after_s": 60}, "scale_to_zero_after_s", "min_replicas 0"),
-        ({"min_replicas": 0, "max_replicas": 0, "scale_to_zero_after_s": 60}, "max_replicas", "at least 1"),
+        ({**BOUNDS_1_2, "scale_to_zero_after_s": 60}, "scale_to_zero_after_s", "min_replicas 0"),
+        ({**BOUNDS_0_0, "scale_to_zero_after_s": 60}, "max_replicas", "at least 1"),
         ({"target_outstanding": 0}, "target_outstanding", "above 0"),
     ],
 )  # fmt: skip
