@@ -123,11 +123,14 @@ def _figures(gw, sums: dict[str, float], samples: int) -> dict[str, tuple]:
         if not route.waits:
             continue
         seen = gw.last_request.get(route.name)
-        out[route.name] = (
-            round(sums.get(route.name, 0.0) / max(1, samples), 3),
-            gw.waiting.get(route.name, 0),
-            None if seen is None else round(now_wall - (now_pc - seen), 3),
-        )
+        in_flight = sums.get(route.name, 0.0) / max(1, samples)
+        waiting = gw.waiting.get(route.name, 0)
+        # A model is not idle while it answers or someone waits: a long answer
+        # counts until its end, not from its arrival.
+        last = now_wall if in_flight or waiting else None
+        if last is None and seen is not None:
+            last = now_wall - (now_pc - seen)
+        out[route.name] = (round(in_flight, 3), waiting, None if last is None else round(last, 3))
     return out
 
 
