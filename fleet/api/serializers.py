@@ -266,11 +266,12 @@ class ModelSerializer(ValidatedModelSerializer):
                 "error_messages": {"min_value": "replicas cannot be negative"},
             },
             "replace_after_s": {"max_value": INT_MAX},
+            "target_outstanding": {"min_value": 0.001, "max_value": 1e6},
             "min_replicas": {"max_value": INT_MAX},
-            "max_replicas": {"max_value": INT_MAX},
-            "scale_to_zero_after_s": {"max_value": INT_MAX},
+            "max_replicas": {"min_value": 1, "max_value": INT_MAX},
+            "scale_to_zero_after_s": {"min_value": 1, "max_value": INT_MAX},
             "max_waiting": {"max_value": INT_MAX},
-            "max_wait_s": {"max_value": INT_MAX},
+            "max_wait_s": {"min_value": 1, "max_value": INT_MAX},
         }
 
     scaling = serializers.SerializerMethodField(
