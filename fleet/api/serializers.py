@@ -270,7 +270,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "min_replicas": {"max_value": INT_MAX},
             "max_replicas": {"min_value": 1, "max_value": INT_MAX},
             "scale_to_zero_after_s": {"min_value": 1, "max_value": INT_MAX},
-            "max_waiting": {"max_value": INT_MAX},
+            "max_waiting": {"min_value": 1, "max_value": INT_MAX},
             "max_wait_s": {"min_value": 1, "max_value": INT_MAX},
         }
 

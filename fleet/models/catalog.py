@@ -161,6 +161,9 @@ class Model(models.Model):
             errors["target_outstanding"] = (
                 f"target_outstanding must be above 0 (got {self.target_outstanding})"
             )
+        if self.max_waiting is not None and self.max_waiting < 1:
+            # A request that waits is the demand that starts a model at zero.
+            errors["max_waiting"] = "max_waiting must be at least 1"
         if self.max_wait_s is not None and self.max_wait_s < 1:
             errors["max_wait_s"] = "max_wait_s must be at least 1"
         return errors

@@ -6,9 +6,10 @@ engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` (a rule acro
 fields, EngineProfile.clean()), a model's autoscaling bounds that do not fit
 together, a catalog file's YAML inside a string, or a duration ("24h") or time
 the schema only describes in words. The API answers 400 to them, rightly; the
-positive-data check would call that a valid request refused. So a *positive* case (one schemathesis means to be valid) is made valid
-in those ways only, before it is sent: ids point at the fleet the test made, the
-parallelism adds up, the catalog is a real one and durations are durations.
+positive-data check would call that a valid request refused. So a *positive* case
+(one schemathesis means to be valid) is made valid in those ways only, before it
+is sent: ids point at the fleet the test made, the parallelism adds up, the
+bounds fit, the catalog is a real one and durations are durations.
 Negative cases are sent as drawn.
 
 Loaded by the schemathesis command through ``SCHEMATHESIS_HOOKS``; the test

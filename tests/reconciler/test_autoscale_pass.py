@@ -137,6 +137,7 @@ BOUNDS_0_0 = {"min_replicas": 0, "max_replicas": 0}
         ({**BOUNDS_1_2, "scale_to_zero_after_s": 60}, "scale_to_zero_after_s", "min_replicas 0"),
         ({**BOUNDS_0_0, "scale_to_zero_after_s": 60}, "max_replicas", "at least 1"),
         ({"target_outstanding": 0}, "target_outstanding", "above 0"),
+        ({"max_waiting": 0}, "max_waiting", "at least 1"),
     ],
 )  # fmt: skip
 def test_bad_bounds_are_refused_naming_the_field(fields, field, message):

@@ -21,6 +21,7 @@ from .decide import Decision, Facts, Policy, decide
 logger = logging.getLogger(__name__)
 
 _redis_down = False
+EVENTS_KEPT_DAYS = 30
 
 
 def policy_for(model: Model) -> Policy:
@@ -110,6 +111,8 @@ def _record(model: Model, decision: Decision, now: datetime) -> bool:
         return False
     model.desired_replicas = decision.desired
     model.last_scaled_at = now
+    # Kept for a while, not for ever: forgotten as new ones are written.
+    Event.objects.filter(created_at__lt=now - timedelta(days=EVENTS_KEPT_DAYS)).delete()
     Event.objects.create(
         created_at=now,
         kind=EventKind.AUTOSCALE,
