@@ -173,6 +173,32 @@ class FleetSettings:
     gateway_prefix_chars: int = 1024
     gateway_prefix_load_factor: float = 1.25
     gateway_prefix_margin: int = 8
+    # Waiting for a replica (docs/gateway.md, "Waiting for a replica"): a request
+    # for an autoscaled model with no ready replica asks for one and waits, at
+    # most this many per model in each gateway process (more: 503 at once) and
+    # at most this long (then 503 with Retry-After). A model may set its own.
+    gateway_wait_queue: int = 64
+    gateway_wait_timeout_s: float = 120.0
+    # A streamed request that waits gets an SSE comment this often, so proxies
+    # in between see bytes and keep the connection.
+    gateway_wait_comment_s: float = 5.0
+    # How often each gateway process reports its load to Redis: in flight and
+    # waiting per model, and the last request's time (fleet.services.autoscaler.load).
+    # A report older than the TTL is not counted: its process is gone.
+    gateway_load_report_s: float = 1.0
+    gateway_load_ttl_s: float = 10.0
+
+    # The autoscaler (fleet/services/autoscaler; docs/operations.md), for models
+    # with min_replicas and max_replicas. Outstanding requests per ready replica
+    # it aims at, where the model sets no target_outstanding.
+    autoscale_target_outstanding: float = 4.0
+    # Up above target × (1 + this); down only when one replica fewer would be
+    # below target × (1 - this).
+    autoscale_hysteresis: float = 0.2
+    # No step up within this long of the model's last step, and no step down
+    # within this long; waking a model from zero is never held back.
+    autoscale_up_cooldown_s: float = 15.0
+    autoscale_down_cooldown_s: float = 120.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":

@@ -15,6 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from fleet.models import (
     GPU,
     EngineProfile,
+    Event,
     LocalWeights,
     Model,
     Node,
@@ -147,6 +148,14 @@ class ModelFilterSet(FilterSet):
     class Meta:
         model = Model
         fields = {"name": ["exact", "icontains"], "placement_policy": ["exact"]}
+
+
+class EventFilterSet(FilterSet):
+    model = IdFilter(field_name="model_id", label="The model's id.")
+
+    class Meta:
+        model = Event
+        fields = {"kind": ["exact"], "model_name": ["exact"], "direction": ["exact"]}
 
 
 class EngineProfileFilterSet(FilterSet):

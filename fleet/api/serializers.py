@@ -20,11 +20,13 @@ from fleet.models import (
     Engine,
     EngineInstall,
     EngineProfile,
+    Event,
     FabricAttachment,
     Model,
     Node,
     NodeLoad,
     Replica,
+    ReplicaState,
     Shard,
     VllmBuild,
     WantedEngine,
@@ -32,6 +34,7 @@ from fleet.models import (
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
+from fleet.services.autoscaler.status import scaling_status
 
 SMALLINT_MAX = 32767
 INT_MAX = 2**31 - 1
@@ -232,6 +235,16 @@ class ModelSerializer(ValidatedModelSerializer):
             "name",
             "description",
             "desired_replicas",
+            "min_replicas",
+            "max_replicas",
+            "scale_to_zero_after_s",
+            "target_outstanding",
+            "max_waiting",
+            "max_wait_s",
+            "scaling",
+            "waiting_requests",
+            "last_request_at",
+            "last_scaled_at",
             "placement_policy",
             "prefix_routing",
             "replace_after_s",
@@ -240,7 +253,13 @@ class ModelSerializer(ValidatedModelSerializer):
             "created_at",
             "updated_at",
         )
-        read_only_fields = ("created_at", "updated_at")
+        read_only_fields = (
+            "created_at",
+            "updated_at",
+            "waiting_requests",
+            "last_request_at",
+            "last_scaled_at",
+        )
         # Model.clean() refuses a negative count; said here too, the schema says it.
         extra_kwargs = {
             "desired_replicas": {
@@ -249,7 +268,41 @@ class ModelSerializer(ValidatedModelSerializer):
                 "error_messages": {"min_value": "replicas cannot be negative"},
             },
             "replace_after_s": {"max_value": INT_MAX},
+            "target_outstanding": {"min_value": 0.001, "max_value": 1e6},
+            "min_replicas": {"max_value": INT_MAX},
+            "max_replicas": {"min_value": 1, "max_value": INT_MAX},
+            "scale_to_zero_after_s": {"min_value": 1, "max_value": INT_MAX},
+            "max_waiting": {"min_value": 1, "max_value": INT_MAX},
+            "max_wait_s": {"min_value": 1, "max_value": INT_MAX},
         }
+
+    scaling = serializers.SerializerMethodField(
+        help_text='"scaled to zero", "starting for N waiting requests", '
+        '"autoscaled MIN-MAX: N wanted"; empty without autoscaling.'
+    )
+
+    def get_scaling(self, obj) -> str:
+        ready = getattr(obj, "ready_count", None)
+        if ready is None:
+            ready = obj.replicas.filter(state=ReplicaState.READY).count() if obj.pk else 0
+        return scaling_status(obj, ready)
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = (
+            "id",
+            "created_at",
+            "kind",
+            "model",
+            "model_name",
+            "direction",
+            "from_replicas",
+            "to_replicas",
+            "reason",
+        )
+        read_only_fields = fields
 
 
 @extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN, "maxLength": 1024})

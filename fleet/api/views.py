@@ -4,7 +4,7 @@ from dataclasses import asdict
 from datetime import UTC
 
 from django.db import transaction
-from django.db.models import ProtectedError
+from django.db.models import Count, ProtectedError, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -24,11 +24,13 @@ from fleet.models import (
     GPU,
     ApiKey,
     EngineProfile,
+    Event,
     KeyUsage,
     LocalWeights,
     Model,
     Node,
     Replica,
+    ReplicaState,
     Shard,
     WantedEngine,
 )
@@ -325,7 +327,9 @@ EXPLAIN_EXAMPLE = OpenApiExample(
 class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     """Models operators want served, and how many replicas of each."""
 
-    queryset = Model.objects.all()
+    queryset = Model.objects.annotate(
+        ready_count=Count("replicas", filter=Q(replicas__state=ReplicaState.READY))
+    )
     serializer_class = serializers.ModelSerializer
     filterset_class = filters.ModelFilterSet
     search_fields = ("name", "description")
@@ -383,6 +387,15 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = serializers.ReplicaSerializer
     filterset_class = filters.ReplicaFilterSet
     ordering_fields = ("created_at", "state")
+
+
+class EventViewSet(viewsets.ReadOnlyModelViewSet):
+    """What the control plane decided by itself, with its reason: the autoscaler's steps."""
+
+    queryset = Event.objects.all()
+    serializer_class = serializers.EventSerializer
+    filterset_class = filters.EventFilterSet
+    ordering_fields = ("created_at",)
 
 
 class ShardViewSet(viewsets.ReadOnlyModelViewSet):

@@ -156,8 +156,17 @@ class InFlightCollector:
             "inside its engines where they export it.",
             labels=["model"],
         )
+        waiting = GaugeMetricFamily(
+            "llmgw_gateway_waiting_requests",
+            "Requests waiting at this gateway process for a model's first ready replica "
+            "(autoscaled models: scale to zero and back).",
+            labels=["model"],
+        )
         per_model: dict[str, float] = {}
+        waits: dict[str, int] = {}
         for gw in self.gateways():
+            for model, n in list(gw.waiting.items()):
+                waits[model] = waits.get(model, 0) + n
             for model in list(gw.routes):
                 per_model.setdefault(model, 0)
             for model, up in gw.upstreams_in_service():
@@ -169,8 +178,11 @@ class InFlightCollector:
                         per_model[route.name] += up.engine_waiting
         for model, n in sorted(per_model.items()):
             queue.add_metric([model], n)
+        for model, n in sorted(waits.items()):
+            waiting.add_metric([model], n)
         yield in_flight
         yield queue
+        yield waiting
 
 
 def register_in_flight(gateways) -> None:

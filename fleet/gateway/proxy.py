@@ -129,15 +129,20 @@ class SSECheck:
 class Reply:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started", "status", "extra")
+    __slots__ = ("send", "started", "status", "extra", "sse_open")
 
     def __init__(self, send):
         self.send = send
         self.started = False
         self.status = 0
         self.extra = None  # headers every answer carries (the key's x-ratelimit-*)
+        # A streamed request that waited for a replica got its 200 and SSE
+        # comments already (fleet.gateway.waiting): the answer continues that stream.
+        self.sse_open = False
 
     async def start(self, status: int, headers: list) -> None:
+        if self.sse_open:
+            return
         self.started = True
         self.status = status
         if self.extra:
@@ -362,6 +367,9 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
             body = error_body(
                 status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
             )
+    if reply.sse_open:
+        await _whole_as_events(gw, route, key, reply, status, body)
+        return
     headers = [
         (b"content-type", (resp.header(b"content-type") or "application/json").encode()),
         (b"content-length", str(len(body)).encode()),
@@ -370,6 +378,21 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
     await reply.start(status, headers)
     charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": body})
+    await _charge(gw, key, charge)
+
+
+async def _whole_as_events(gw, route, key, reply: Reply, status: int, body: bytes) -> None:
+    """A whole answer on a stream already open (the request waited): as events, then [DONE]."""
+    if status < 400:
+        out = b"data: " + b" ".join(body.split(b"\n")) + b"\n\n"
+    else:
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:300].decode("utf-8", "replace")
+        out = sse_error_event(str(message), "upstream_error")
+    charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
+    await reply.send({"type": "http.response.body", "body": out + b"data: [DONE]\n\n"})
     await _charge(gw, key, charge)
 
 

@@ -25,7 +25,7 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, keys, metrics, prefix, ratelimit, table, usage
+from . import engines, keys, metrics, prefix, ratelimit, table, usage, waiting
 from .errors import GatewayError
 from .upstream import Client, ReadLimits
 
@@ -121,6 +121,13 @@ class Gateway:
         self._miss_reload: asyncio.Future | None = None
         self.retired: list[tuple[str, table.Upstream]] = []
         self._channel: str | None = None
+        # Scale to zero and autoscaling (fleet.gateway.waiting): requests waiting
+        # for a replica per model, each model's last request (time.perf_counter()),
+        # and what wakes the waiting and the load report.
+        self.waiting: dict[str, int] = {}
+        self.last_request: dict[str, float] = {}
+        self.replica_ready: dict[str, asyncio.Event] = {}
+        self.demand_event = asyncio.Event()
 
     # ---- start and stop --------------------------------------------------------
 
@@ -149,6 +156,7 @@ class Gateway:
                 asyncio.ensure_future(self._flush_usage()),
                 asyncio.ensure_future(self._scrape_engines()),
                 asyncio.ensure_future(self._record_history()),
+                asyncio.ensure_future(waiting.report_load(self)),
             ]
             self.started = True
             _close_before_twisted_stops(self)
@@ -195,6 +203,7 @@ class Gateway:
             )
             self.routes = new
             self.routes_loaded_at = time.monotonic()
+            waiting.routes_changed(self)
 
     def upstreams_in_service(self):
         """(model, upstream) for every replica in the table or still finishing requests."""
@@ -251,6 +260,10 @@ class Gateway:
     async def _reload_keys_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
         await self.reload_keys()
+
+    def demand(self) -> None:
+        """A request started waiting for a replica: report it and ask for a pass now."""
+        self.demand_event.set()
 
     # ---- background ------------------------------------------------------------
 

@@ -50,6 +50,11 @@ class ModelView:
     created: int  # unix seconds, as OpenAI's model objects carry it
     desired_replicas: int
     prefix_routing: bool = False  # requests sharing a prompt prefix go to one replica
+    # Autoscaled (min and max replicas set): a request with no ready replica
+    # waits for one (fleet.gateway.waiting) instead of a 503 at once.
+    autoscaled: bool = False
+    max_waiting: int | None = None  # None: the fleet's setting
+    max_wait_s: int | None = None
 
 
 @dataclass(eq=False)
@@ -97,6 +102,10 @@ class Route:
     unavailable: str = ""  # why no replica is ready, for the 503
     retry_after: int = 5
     metrics: object = None
+    # With no ready replica: wait for one (autoscaled models), within these bounds.
+    waits: bool = False
+    max_waiting: int | None = None
+    max_wait_s: int | None = None
     extra: dict = field(default_factory=dict)
     # Set when the model routes by prompt prefix: a ring over ``upstreams``,
     # rebuilt only when they change (``prefix.Ring``).
@@ -203,6 +212,11 @@ def build_routes(
             if ring is None or not ring.same_members(upstreams):
                 ring = prefix.Ring(upstreams)
             route.ring = ring
+        route.waits, route.max_waiting, route.max_wait_s = (
+            m.autoscaled,
+            m.max_waiting,
+            m.max_wait_s,
+        )
         if not upstreams:
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
@@ -264,9 +278,28 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
     from fleet.models import Model, Replica, Shard
 
     models = [
-        ModelView(pk, name, int(created.timestamp()), desired, prefix_routing)
-        for pk, name, created, desired, prefix_routing in Model.objects.values_list(
-            "pk", "name", "created_at", "desired_replicas", "prefix_routing"
+        ModelView(
+            pk,
+            name,
+            int(created.timestamp()),
+            desired,
+            prefix_routing=prefix_routing,
+            autoscaled=lo is not None and hi is not None,
+            max_waiting=max_waiting,
+            max_wait_s=max_wait_s,
+        )
+        for pk, name, created, desired, prefix_routing, lo, hi, max_waiting, max_wait_s in (
+            Model.objects.values_list(
+                "pk",
+                "name",
+                "created_at",
+                "desired_replicas",
+                "prefix_routing",
+                "min_replicas",
+                "max_replicas",
+                "max_waiting",
+                "max_wait_s",
+            )
         )
     ]
     shards: dict[str, list[ShardView]] = {}

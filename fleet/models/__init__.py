@@ -6,6 +6,7 @@ from .choices import (
     ApiKeyScope,
     DesiredState,
     Engine,
+    EventKind,
     NodeState,
     PlacementPolicy,
     ReplicaState,
@@ -23,7 +24,7 @@ from .nodes import (
     Storage,
     WantedEngine,
 )
-from .status import FleetStatus
+from .status import Event, FleetStatus
 from .weights import WeightsEvent
 from .workload import Replica, Shard
 
@@ -37,6 +38,8 @@ __all__ = [
     "Engine",
     "EngineInstall",
     "EngineProfile",
+    "Event",
+    "EventKind",
     "FabricAttachment",
     "FleetStatus",
     "JoinToken",

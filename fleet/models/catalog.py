@@ -34,7 +34,61 @@ class Model(models.Model):
         help_text="The name clients ask for in the OpenAI API.",
     )
     description = models.TextField(blank=True)
-    desired_replicas = models.IntegerField(default=1, help_text="How many replicas should run.")
+    desired_replicas = models.IntegerField(
+        default=1,
+        help_text="How many replicas should run. With autoscaling (min and max replicas set), "
+        "the current target, which the autoscaler moves between them.",
+    )
+    # Autoscaling (fleet.services.autoscaler): on when both bounds are set.
+    min_replicas = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Autoscaling's floor; 0 lets the model scale to zero when idle. "
+        "Empty, with max replicas empty: no autoscaling, desired replicas is fixed.",
+    )
+    max_replicas = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Autoscaling's ceiling. Set with min replicas."
+    )
+    scale_to_zero_after_s = models.PositiveIntegerField(
+        "scale to zero after (s)",
+        null=True,
+        blank=True,
+        help_text="With min replicas 0: no request for this long scales the model to zero "
+        "(its weights stay on the nodes). Empty: never.",
+    )
+    target_outstanding = models.FloatField(
+        "target outstanding per replica",
+        null=True,
+        blank=True,
+        help_text="Requests in flight per ready replica the autoscaler aims at. "
+        "Empty: the fleet default (LLMGW_AUTOSCALE_TARGET_OUTSTANDING).",
+    )
+    max_waiting = models.PositiveIntegerField(
+        "max waiting requests",
+        null=True,
+        blank=True,
+        help_text="Requests each gateway process holds while no replica is ready; more get "
+        "503. Empty: the fleet default (LLMGW_GATEWAY_WAIT_QUEUE).",
+    )
+    max_wait_s = models.PositiveIntegerField(
+        "max wait (s)",
+        null=True,
+        blank=True,
+        help_text="How long a request waits for a replica before 503. "
+        "Empty: the fleet default (LLMGW_GATEWAY_WAIT_TIMEOUT_S).",
+    )
+    # Observed by the reconciler from the gateways' load reports.
+    last_request_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="The last request any gateway saw."
+    )
+    waiting_requests = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="Requests waiting at the gateways for a replica, at the last pass.",
+    )
+    last_scaled_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="The autoscaler's last decision."
+    )
     placement_policy = models.CharField(
         max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.BINPACK
     )
@@ -87,12 +141,49 @@ class Model(models.Model):
             errors["desired_replicas"] = (
                 f"replicas cannot be negative (got {self.desired_replicas})"
             )
+        errors.update(self._autoscale_errors())
         if self.active_profile_id and self.active_profile.model_id != self.pk:
             errors["active_profile"] = (
                 f"profile '{self.active_profile.name}' belongs to another model"
             )
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.min_replicas is not None and self.max_replicas is not None
+
+    def _autoscale_errors(self) -> dict[str, str]:
+        lo, hi, idle = self.min_replicas, self.max_replicas, self.scale_to_zero_after_s
+        if (lo is None) != (hi is None):
+            field = "max_replicas" if hi is None else "min_replicas"
+            return {field: "set min_replicas and max_replicas together (autoscaling), or neither"}
+        errors = {}
+        if hi is not None and hi < 1:
+            errors["max_replicas"] = "max_replicas must be at least 1"
+        elif lo is not None and lo > hi:
+            errors["min_replicas"] = f"min_replicas {lo} is above max_replicas {hi}"
+        if idle is not None and lo != 0:
+            errors["scale_to_zero_after_s"] = (
+                f"scale_to_zero_after_s needs min_replicas 0 (got {'none' if lo is None else lo})"
+            )
+        elif lo == 0 and idle is None:
+            errors["scale_to_zero_after_s"] = (
+                "min_replicas 0 needs scale_to_zero_after_s: how long without a request "
+                "before the model is scaled to zero"
+            )
+        elif idle is not None and idle < 1:
+            errors["scale_to_zero_after_s"] = "scale_to_zero_after_s must be at least 1"
+        if self.target_outstanding is not None and not self.target_outstanding > 0:
+            errors["target_outstanding"] = (
+                f"target_outstanding must be above 0 (got {self.target_outstanding})"
+            )
+        if self.max_waiting is not None and self.max_waiting < 1:
+            # A request that waits is the demand that starts a model at zero.
+            errors["max_waiting"] = "max_waiting must be at least 1"
+        if self.max_wait_s is not None and self.max_wait_s < 1:
+            errors["max_wait_s"] = "max_wait_s must be at least 1"
+        return errors
 
 
 class EngineProfile(models.Model):

@@ -32,6 +32,7 @@ from fleet.models import (
     ShardState,
 )
 
+from ..autoscaler.step import step as autoscale
 from ..desired import bump_desired
 from ..doorbells import ring_gateways
 from ..readiness import replica_ready
@@ -135,9 +136,15 @@ class _Pass(Placing):
             else:
                 self.check_replica(r, lost_candidates)
         self.replace_lost(lost_candidates)
+        self.phase("replicas")
+        # The autoscaler moves desired_replicas; the scaling below acts on it.
+        self.report.scaled = autoscale(self.models.values(), self.by_model, self.now)
+        if self.report.scaled:
+            ring_gateways("routes")
+        self.phase("autoscale")
         for model in self.models.values():
             self.scale(model, self.by_model.get(model.pk, []))
-        self.phase("replicas")
+        self.phase("scaling")
         self.place_all()
         self.phase("placement")
         self.flush()
