@@ -24,6 +24,7 @@ from fleet.models import (
 )
 from fleet.models.access import hash_secret
 from fleet.services import access, catalog
+from fleet.services.autoscaler import step as autoscale_step
 from fleet.services.weights_gc import inventory as weights_inventory
 from tests.admin.helpers import form_data
 from tests.factories import (
@@ -87,6 +88,11 @@ def fleet():
     weights_inventory.request_removal(
         LocalWeights.objects.filter(node_id="cpu-01").values_list("pk", flat=True)
     )
+    # The autoscaler brings a target set above its bounds back inside: a decision
+    # and its event.
+    auto = add_model("auto", replicas=3, engine="llamacpp", gpus_per_node=0)
+    Model.objects.filter(pk=auto.pk).update(min_replicas=1, max_replicas=2)
+    autoscale_step.step(Model.objects.filter(pk=auto.pk), {}, timezone.now())
     return node
 
 
