@@ -149,8 +149,20 @@ async def _serve(cfg) -> int:
 def _shards(cfg, agent):
     """The engine supervisor, its shard events going to the control plane through the agent."""
     from agentd.agent import SupervisedShards
+    from agentd.fetch.fetcher import Fetcher, FetchSettings
     from agentd.supervisor import Supervisor
 
+    fetch = cfg.fetch
+    fetcher = Fetcher(
+        FetchSettings(
+            roots=list(cfg.weights_dirs),
+            max_concurrent=fetch.max_concurrent,
+            stall_s=fetch.stall_timeout_s,
+            ca_file=str(fetch.ca_file) if fetch.ca_file else None,
+            hf_endpoint=fetch.hf_endpoint,
+            hf_token=fetch.hf_token,
+        )
+    )
     return SupervisedShards(
         Supervisor(
             cfg.state_dir,
@@ -159,6 +171,7 @@ def _shards(cfg, agent):
             disabled=list(cfg.engines.disabled),
             allow_env=list(cfg.engines.allow_env),
             on_event=agent.on_shard_event,
+            fetcher=fetcher,
         )
     )
 

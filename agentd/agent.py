@@ -19,6 +19,7 @@ from typing import Protocol
 from agentd import __version__, install, logs, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
+from agentd.fetch import store as fetchstore
 from agentd.load import LoadSampler
 from agentd.nvml import Checks
 from agentd.outbox import Outbox
@@ -49,6 +50,7 @@ class Shards(Protocol):
     def sources(self) -> list[str]: ...
     def tail(self, shard_id: str, lines: int) -> list[str] | None: ...
     def paths_in_use(self) -> list[str]: ...
+    def weights_in_use(self) -> list[str]: ...
     def engine_versions(self) -> dict[str, str]: ...
     def engine_problems(self) -> dict[str, str]: ...
     def use_installed(self, engine: str, binary: str | None) -> None: ...
@@ -87,6 +89,9 @@ class NoShards:
         return None
 
     def paths_in_use(self) -> list[str]:
+        return []
+
+    def weights_in_use(self) -> list[str]:
         return []
 
     def engine_versions(self) -> dict[str, str]:
@@ -138,6 +143,9 @@ class SupervisedShards:
 
     def paths_in_use(self) -> list[str]:
         return self.sup.paths_in_use()
+
+    def weights_in_use(self) -> list[str]:
+        return self.sup.weights_in_use()
 
     def engine_versions(self) -> dict[str, str]:
         return self.sup.engine_versions()
@@ -270,6 +278,8 @@ class Agent:
 
     async def on_shard_event(self, msg) -> None:
         """The supervisor's shard_status and fetch_progress, passed on as they come."""
+        if msg.type == "fetch_progress" and msg.bytes_total == msg.bytes_done:
+            self._weights_at = 0.0  # a fetch completed: the next heartbeat reports the entry
         self.send(msg)
 
     async def _reprobe_loop(self) -> None:
@@ -290,6 +300,7 @@ class Agent:
             "provision": self.provision(),
             "groups": self.shards.process_groups(),
             "running": self.shards.running(),
+            "using": self.shards.weights_in_use(),
         }
 
     def register_message(self, mgmt_addr: str = "", facts: dict | None = None) -> protocol.Register:
@@ -336,6 +347,10 @@ class Agent:
         now = time.monotonic()
         weights = None
         if now - self._weights_at >= self.weights_rescan_s:
+            for path in facts.get("using", []):
+                # What running engines use was used now (at most every TOUCH_EVERY_S).
+                if entry := fetchstore.entry_of(path, m.weights_dirs):
+                    fetchstore.touch(entry, every=fetchstore.TOUCH_EVERY_S)
             weights = m.weights(mounts)
         memory = m.memory_total_mb()
         engines, provision = facts["engines"], facts["provision"]
@@ -387,8 +402,7 @@ class Agent:
         elif kind == "provision":
             self.on_provision(msg)
         elif kind == "remove_weights":
-            detail, ok = await asyncio.to_thread(self.remove_weights, msg.paths)
-            self.send(protocol.AgentAck(type="ack", of="remove_weights", ok=ok, detail=detail))
+            self.send(await asyncio.to_thread(self.on_remove_weights, msg))
         elif kind == "logs_request":
             self.send(await asyncio.to_thread(self.logs_reply, msg))
         # ServerAck needs nothing: the client reads the register ack itself.
@@ -543,9 +557,50 @@ class Agent:
 
     def remove_weights(self, paths: list[str]) -> tuple[str, bool]:
         """Remove what the control plane proposed, each path checked again here."""
-        detail, ok = weights.remove(paths, self.cfg.weights_dirs, self.shards.paths_in_use())
+        out = weights.remove(paths, self.cfg.weights_dirs, self.shards.paths_in_use())
         self._weights_at = 0.0  # the next heartbeat rescans and reports the change
-        return detail, ok
+        return out.detail(), out.ok
+
+    def on_remove_weights(self, msg: protocol.RemoveWeights) -> protocol.AgentAck:
+        """A clean-up proposal, checked path by path against what this node knows now.
+
+        Proposed against a desired set this node has not applied yet: everything
+        is kept, since a shard of that set may need it. Otherwise a path is
+        kept if a shard held here uses it or a desired one (started or not, a
+        set still being applied included) wants it, an engine process holds it
+        open, it is outside the weights dirs, or it changed since it was reported.
+        """
+        pending = self._pending_desired
+        if msg.desired_version > self.desired_version:
+            why = (
+                f"proposed against desired set v{msg.desired_version}, "
+                f"this node has applied v{self.desired_version}"
+            )
+            out = weights.Outcome(kept=[(p, why) for p in msg.paths])
+        else:
+            in_use = list(self.shards.paths_in_use())
+            if pending is not None:
+                in_use += [s.profile.model_path for s in pending.shards if s.state != "stopped"]
+            with self._lock:
+                reported = list(self._sent_weights or [])
+            out = weights.remove(
+                msg.paths,
+                self.cfg.weights_dirs,
+                in_use,
+                sources={w.path: w.source for w in reported if w.source},
+                reported={w.path: w.size_bytes for w in reported},
+                held_open=weights.open_files(self.shards.process_groups().values()),
+            )
+            self._weights_at = 0.0  # the next heartbeat rescans and reports the change
+        return protocol.AgentAck(
+            type="ack",
+            of="remove_weights",
+            ok=out.ok,
+            detail=out.detail(),
+            request_id=msg.request_id,
+            removed=out.removed,
+            kept=[protocol.KeptWeights(path=p, reason=r[:4096]) for p, r in out.kept],
+        )
 
     # ---- small things -----------------------------------------------------------
 

@@ -187,6 +187,39 @@ class GPUChecks(BaseModel):
     max_temperature_c: Annotated[int, Field(gt=0, le=150)] = 87
 
 
+class FetchConfig(BaseModel):
+    """How the agent fetches weights named by URL or hub repository (docs/weights.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Fetches that move at once on this node; more wait their turn.
+    max_concurrent: Annotated[int, Field(ge=1, le=64)] = 2
+    # A download that receives nothing for this long fails (and is resumed on the retry).
+    stall_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    # CA bundle (PEM) for https:// sources and the hub, e.g. a mirror with a private CA.
+    # Default: the system's.
+    ca_file: Path | None = None
+    # The Hugging Face hub, or a mirror of it, for hf:// sources.
+    hf_endpoint: str = "https://huggingface.co"
+    # A token for gated or private repositories. Empty: HF_TOKEN or none.
+    hf_token: str = ""
+
+    @field_validator("hf_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise ValueError(f"must be an http(s):// URL of a hub or mirror (got {value!r})")
+        return value.rstrip("/")
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{value} is not a file")
+        return value
+
+
 def check_control_plane_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("ws", "wss"):
@@ -217,6 +250,7 @@ class Config(BaseModel):
     weights_dirs: list[Path] = []
     engines: EnginesConfig = EnginesConfig()
     install: InstallConfig = InstallConfig()
+    fetch: FetchConfig = FetchConfig()
     engine_port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     tls_ca_file: Path | None = None

@@ -256,12 +256,13 @@ def _models(api: Api, args, out):
     if not models:
         out.write("no models in the catalog: llmgw apply -f catalog.yaml\n")
         return None
-    rows = [["MODEL", "REPLICAS", "PROFILE", "DESCRIPTION"]]
+    rows = [["MODEL", "REPLICAS", "SCALING", "PROFILE", "DESCRIPTION"]]
     for m in models:
         rows.append(
             [
                 m["name"],
                 str(m.get("desired_replicas", "-")),
+                m.get("scaling") or "-",  # an older control plane has no such field
                 str(m.get("active_profile_name") or m.get("active_profile") or "-"),
                 (m.get("description") or "")[:60],
             ]
@@ -282,6 +283,58 @@ def _all_pages(api: Api, path: str) -> list:
         )
         items += page.get("results", [])
     return items
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _weights(api: Api, args, out):
+    query = []
+    if args.node:
+        query.append(f"node={_quote(args.node)}")
+    if args.unused:
+        query.append("unused=true")
+    rows = _all_pages(api, "weights/" + (f"?{'&'.join(query)}" if query else ""))
+    if args.json:
+        return rows
+    if not rows:
+        out.write("no weights" + (" unused" if args.unused else "") + " on record\n")
+        return None
+    table = [["NODE", "PATH", "SIZE", "UNUSED SINCE", "IN USE BY", "PINNED"]]
+    for r in rows:
+        table.append(
+            [
+                r["node"],
+                r["path"],
+                _size(r["size_bytes"]),
+                "in use now" if r["in_use_by"] else (r.get("unused_since") or "-"),
+                ", ".join(r["in_use_by"]) or "-",
+                "yes" if r["pinned"] else "no",
+            ]
+        )
+    _table(table, out)
+    return None
+
+
+def _gc_weights(api: Api, args, out):
+    report = api.call("GET" if args.dry_run else "POST", "weights/cleanup/")
+    if args.json:
+        return report
+    if report.get("skipped"):
+        raise Failure("a reconciler pass held the lock; try again", EXIT_REFUSED)
+    for p in report["proposals"]:
+        out.write(f"{p['node']} {p['path']} ({_size(p['size_bytes'])}): {p['reason']}\n")
+    for p in report["refused"]:
+        out.write(f"{p['node']} {p['path']}: kept although asked for: {p['reason']}\n")
+    verb = "would propose" if args.dry_run else "proposed"
+    out.write(f"{verb} {len(report['proposals'])} for removal\n")
+    return None
 
 
 def _read_file(path: str) -> str:
@@ -514,6 +567,11 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("engine-build", help="Which vLLM build NODE installs (docs/engines.md).")
     b.add_argument("node")
     b.add_argument("build", choices=["auto", "cu13", "cu129", "none"])
+    w = sub.add_parser("weights", help="Weights on nodes: size, last use, what uses them.")
+    w.add_argument("--node", help="Only this node's.")
+    w.add_argument("--unused", action="store_true", help="Only what no shard needs.")
+    gw = sub.add_parser("gc-weights", help="Run the weights clean-up now (docs/weights.md).")
+    gw.add_argument("--dry-run", action="store_true", help="Print what would go, and why.")
     g = sub.add_parser("logs", help="The last lines of NODE's agent log, or of a shard's.")
     g.add_argument("node")
     g.add_argument("--shard", help="A shard's id (llmgw node NODE --json lists them).")
@@ -535,6 +593,8 @@ COMMANDS = {
     "engine-build": _engine_build,
     "rotate-key": _rotate,
     "usage": _usage,
+    "weights": _weights,
+    "gc-weights": _gc_weights,
     "join-token": _secret("join-tokens/", lambda a: {"name": a.name, "ttl": a.ttl, "uses": a.uses}),
     "api-key": _secret(
         "api-keys/",

@@ -19,6 +19,7 @@ from stat import S_ISDIR
 import psutil
 
 from agentd import __version__, protocol
+from agentd.fetch import store
 from agentd.nvml import NVML, Checks
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def tree_size(path: Path) -> int:
 
 def weights(dirs: list[Path], mounts: list[tuple[str, str]]) -> list[protocol.Weights]:
     """Each top-level entry of each weights dir, with its size. Hidden entries (a
-    download's lock files, partial files) are not weights."""
+    download's lock files, partial files, a fetch's staging dir) are not weights."""
     out = []
     for d in dirs:
         shared = is_shared(d, mounts)
@@ -161,12 +162,27 @@ def weights(dirs: list[Path], mounts: list[tuple[str, str]]) -> list[protocol.We
         for entry in entries:
             if entry.name.startswith("."):
                 continue
+            # A fetched entry says where it came from and when it was last used
+            # (agentd.fetch.store); its metadata file is read, never trusted for size.
+            meta = store.read_meta(Path(entry.path)) if entry.is_dir() else None
+            source = meta.get("source") if meta else ""
+            last_used = meta.get("last_used") if meta else None
             out.append(
                 protocol.Weights(
-                    path=entry.path, size_bytes=tree_size(Path(entry.path)), shared=shared
+                    path=entry.path,
+                    size_bytes=tree_size(Path(entry.path)),
+                    shared=shared,
+                    source=source if isinstance(source, str) else "",
+                    last_used=_when(last_used),
                 )
             )
     return out
+
+
+def _when(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return None
+    return float(value)
 
 
 def _read(path: Path) -> str:

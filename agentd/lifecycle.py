@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import time
+from pathlib import Path
 
 from agentd import state
 from agentd.config import refused_env
@@ -40,7 +41,9 @@ class EngineLifecycle:
 
     # ---- starting and adopting -------------------------------------------------
 
-    async def _start(self, sh: Shard, spec: DesiredShard) -> None:
+    async def _start(self, sh: Shard, spec: DesiredShard, model_path: Path | None = None) -> None:
+        """Launch the engine; ``model_path``, when given, is the fetched local copy of the
+        profile's source, and the engine gets it instead of the URL."""
         sh.spec, sh.failed_spec, sh.error = spec, None, ""
         sh.engine = name = spec.profile.engine
         engine = self._engines.get(name)
@@ -61,7 +64,10 @@ class EngineLifecycle:
             # internal ports from --port, so every shard gets a free one.
             port = spec.port or self._free_port(sh.shard_id)
             self._check_port(sh.shard_id, port)
-            launch = engine.build(spec.profile, spec, host=self.host, port=port)
+            profile = spec.profile
+            if model_path is not None:
+                profile = profile.model_copy(update={"model_path": str(model_path)})
+            launch = engine.build(profile, spec, host=self.host, port=port)
         except EngineUnavailable as exc:
             return await self._fail(sh, str(exc))
         env = {

@@ -59,6 +59,7 @@ class Shard:
         self.fetch_path: Path | None = None
         self.fetch_bytes = -1
         self.fetch_checked = 0.0
+        self.fetching: str | None = None  # the source whose fetch this shard waits for
         self.lock = asyncio.Lock()  # one change at a time: start, stop, drain
         self.log = ShardLog(log_path)
 
@@ -72,6 +73,11 @@ class Shard:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
+
+    @property
+    def before_launch(self) -> bool:
+        """Starting, with no engine process yet: its weights are being fetched."""
+        return self.state == ShardState.STARTING and self.process is None
 
     def status(self, exit_code: int | None = None) -> protocol.ShardStatus:
         spec = self.spec_or_want

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from agentd import protocol, state
 from agentd.engines import Engine, EngineUnavailable, engine_classes, make_engines
+from agentd.fetch import sources
+from agentd.fetch.fetcher import FetchCancelled, Fetcher, FetchError
 
 # Re-exported: the timings kept their old address when the lifecycle moved out.
 from agentd.lifecycle import DRAIN_POLL_S as DRAIN_POLL_S
@@ -65,7 +67,9 @@ class Supervisor(EngineLifecycle):
     ``on_event`` receives every ShardStatus and FetchProgress. ``startup_timeout_s``,
     when set, replaces each shard's own. Stop is SIGTERM to the process group,
     SIGKILL after ``stop_grace_s``; drain waits up to ``drain_timeout_s`` for
-    requests in flight. Engines listen on ``host``.
+    requests in flight. Engines listen on ``host``. ``fetcher`` fetches weights
+    that profiles name by URL or hub repository (``agentd.fetch``); without
+    one, such a shard fails saying so.
 
     Call ``start()`` once before anything else, and ``close()`` at the end.
     """
@@ -83,6 +87,7 @@ class Supervisor(EngineLifecycle):
         stop_grace_s: float = 30,
         drain_timeout_s: float = 300,
         host: str = "0.0.0.0",
+        fetcher: Fetcher | None = None,
     ):
         lo, hi = port_range
         if not (1 <= lo <= hi <= 65535):
@@ -100,6 +105,7 @@ class Supervisor(EngineLifecycle):
         self._disabled = set(disabled or [])
         self._allow_env = frozenset(allow_env or [])
         self._on_event = on_event
+        self._fetcher = fetcher
         self._shards: dict[str, Shard] = {}
         self._version = 0
         self._versions: dict[str, str] = {}
@@ -139,6 +145,10 @@ class Supervisor(EngineLifecycle):
                 await self._adopt(sh, rec.pid, recorded)
             elif found is not None:
                 await self._adopt(sh, found[0], recorded)  # another PID carries the mark
+            elif recorded == ShardState.STARTING and not rec.pid:
+                # It was fetching its weights: the desired set continues the fetch
+                # from the partial files, which is not a failure.
+                sh.state, sh.process = ShardState.STARTING, None
             elif rec.state in LIVE:
                 sh.state, sh.process = ShardState.FAILED, None
                 sh.error = exit_reason(None)
@@ -155,6 +165,11 @@ class Supervisor(EngineLifecycle):
             await self._adopt(sh, pid, None)
         await self.probe_engines()
         self._save()
+        for sh in self._shards.values():
+            if sh.before_launch and sh.target == "running":
+                # Continue the fetch now: the control plane's desired set may be one
+                # this agent has already applied, and then it is not applied again.
+                self._spawn(self._converge(sh))
         for sh in died:
             logger.warning("shard %s: its engine died while the agent was down", sh.shard_id)
             await self._emit_status(sh)
@@ -194,11 +209,39 @@ class Supervisor(EngineLifecycle):
         return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
     def paths_in_use(self) -> list[str]:
-        """Model paths of every shard held, not only running ones: a starting engine reads them."""
-        paths = {
-            sh.spec_or_want.profile.model_path for sh in self._shards.values() if sh.spec_or_want
-        }
-        return sorted(p for p in paths if p)
+        """Model paths of every shard that runs or is wanted running, not only running ones:
+        a starting engine reads them. One stopped for good, its engine gone, uses nothing.
+
+        A fetched source counts twice: as the profile names it, and as its entry
+        in a weights dir (blocking: a few stats; call it off the event loop).
+        """
+        paths = set()
+        for sh in list(self._shards.values()):
+            spec = sh.spec_or_want
+            if spec is None or not spec.profile.model_path:
+                continue
+            if not sh.alive() and sh.target in ("stopped", "absent"):
+                continue
+            paths.add(spec.profile.model_path)
+            source = _source_or_none(spec.profile.model_path)
+            if source is not None and self._fetcher is not None:
+                entry = self._fetcher.entry(source)
+                if entry is not None:
+                    paths.add(str(entry))
+        return sorted(paths)
+
+    def weights_in_use(self) -> list[str]:
+        """Local model paths of the engines running now (for their weights' last use)."""
+        out = []
+        for sh in list(self._shards.values()):
+            if sh.spec is None or not sh.alive():
+                continue
+            source = _source_or_none(sh.spec.profile.model_path)
+            if source is not None and self._fetcher is not None:
+                out += [str(r / source.slug) for r in self._fetcher.roots]
+            elif sh.spec.profile.model_path:
+                out.append(sh.spec.profile.model_path)
+        return out
 
     def engine_versions(self) -> dict[str, str]:
         """Probed versions of the engines that can run here (not disabled, installed)."""
@@ -281,6 +324,8 @@ class Supervisor(EngineLifecycle):
     async def close(self) -> None:
         """Stop watching. The engines keep running; the next agent adopts them."""
         self._closed = True
+        if self._fetcher is not None:
+            await self._fetcher.close()  # partial files stay: the next agent continues them
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -304,18 +349,20 @@ class Supervisor(EngineLifecycle):
             if self._closed:
                 return
             alive = sh.alive()
+            if sh.target != "running":
+                self._release_fetch(sh)
             if sh.target == "running":
                 await self._converge_running(sh, alive)
             elif sh.target == "draining":
                 if alive:
                     await self._drain(sh)
-                elif sh.state in (ShardState.PENDING, ShardState.FAILED):
+                elif sh.state in (ShardState.PENDING, ShardState.FAILED) or sh.before_launch:
                     sh.failed_spec = None
                     await self._set(sh, ShardState.STOPPED)
             else:
                 if alive:
                     await self._stop(sh, ShardState.STOPPED)
-                elif sh.state in (ShardState.PENDING, ShardState.FAILED):
+                elif sh.state in (ShardState.PENDING, ShardState.FAILED) or sh.before_launch:
                     sh.failed_spec = None
                     await self._set(sh, ShardState.STOPPED)
                 if sh.target == "absent" and not sh.alive():
@@ -332,16 +379,91 @@ class Supervisor(EngineLifecycle):
             elif identity(want) != identity(sh.spec):
                 logger.info("shard %s: spec changed, restarting its engine", sh.shard_id)
                 await self._stop(sh, None)
-                await self._start(sh, want)
+                await self._launch(sh, want)
             else:
                 sh.spec = want
             return
-        if sh.state in LIVE:
+        if sh.state in LIVE and not sh.before_launch:
             return  # it just died: the monitor reports it, and nothing restarts it here
         if sh.state == ShardState.FAILED and sh.failed_spec is not None:
             if identity(want) == identity(sh.failed_spec):
                 return
-        await self._start(sh, want)
+        await self._launch(sh, want)
+
+    # ---- fetching before the start -------------------------------------------------
+
+    async def _launch(self, sh: Shard, want: protocol.DesiredShard) -> None:
+        """Start the engine, once its weights are here: a source not fetched yet is fetched
+        first, the shard ``starting`` meanwhile (progress is not a transition)."""
+        try:
+            source = sources.parse(want.profile.model_path)
+        except sources.SourceError as exc:
+            sh.spec = want
+            return await self._fail(sh, f"model_path: {exc}")
+        if source is None:
+            self._release_fetch(sh)
+            return await self._start(sh, want)
+        if self._fetcher is None:
+            sh.spec = want
+            return await self._fail(sh, f"{source.text} must be fetched; this agent fetches none")
+        try:
+            local = await asyncio.to_thread(
+                self._fetcher.ready, source, dict(want.profile.weights_sha256)
+            )
+        except FetchError as exc:
+            self._release_fetch(sh)
+            sh.spec = want
+            return await self._fail(sh, str(exc))
+        if local is not None:
+            self._release_fetch(sh)
+            await self._start(sh, want, local)
+            if sh.alive():
+                await asyncio.to_thread(self._fetcher.touch, source)
+            return
+        if sh.fetching == source.text:
+            return  # under way already
+        self._release_fetch(sh)
+        sh.fetching = source.text
+        sh.spec, sh.failed_spec, sh.error, sh.process = want, None, "", None
+        sh.engine = want.profile.engine
+        logger.info("shard %s: fetching %s before starting it", sh.shard_id, source.text)
+
+        async def progress(done: int, total: int | None) -> None:
+            if sh.fetching == source.text:
+                await self._emit(sh.progress(done, total, source.text))
+
+        # Joined here, under the shard's lock: a release from the next desired set counts.
+        fetched = self._fetcher.want(
+            source, dict(want.profile.weights_sha256), sh.shard_id, progress
+        )
+        await self._set(sh, ShardState.STARTING)
+        self._spawn(self._fetch_then_start(sh, source, fetched))
+
+    async def _fetch_then_start(
+        self, sh: Shard, source: sources.Source, fetched: asyncio.Future
+    ) -> None:
+        try:
+            await fetched
+        except FetchCancelled:
+            return
+        except FetchError as exc:
+            async with sh.lock:
+                if sh.fetching != source.text:
+                    return
+                sh.fetching = None
+                sh.process = None
+                await self._fail(sh, f"fetching weights failed: {exc}")
+            return
+        async with sh.lock:
+            if sh.fetching != source.text:
+                return
+            sh.fetching = None
+        await self._converge(sh)
+
+    def _release_fetch(self, sh: Shard) -> None:
+        if sh.fetching and self._fetcher is not None:
+            self._fetcher.release(sh.fetching, sh.shard_id)
+        sh.fetching = None
 
     # ---- reporting ---------------------------------------------------------------
 
@@ -383,3 +505,10 @@ class Supervisor(EngineLifecycle):
             state.save(self.state_dir, self._version, records)
         except OSError:
             logger.exception("could not write the state file in %s", self.state_dir)
+
+
+def _source_or_none(model_path: str) -> sources.Source | None:
+    try:
+        return sources.parse(model_path)
+    except sources.SourceError:
+        return None

@@ -114,7 +114,6 @@ def seed_fleet(n: int) -> None:
     )
     from fleet.models.access import hash_secret, make_secret
     from fleet.services import inventory
-    from fleet.services.heartbeat import changes
 
     now = timezone.now()
     regs = [protocol.parse_agent_message(_json.dumps(register_msg(i))) for i in range(n)]
@@ -148,7 +147,10 @@ def seed_fleet(n: int) -> None:
         (
             LocalWeights,
             lambda r: [
-                LocalWeights(node_id=r.node_id, **changes.weights_row(w)) for w in r.weights
+                LocalWeights(
+                    node_id=r.node_id, path=w.path, size_bytes=w.size_bytes, shared=w.shared
+                )
+                for w in r.weights
             ],
         ),
         (

@@ -4,8 +4,18 @@
 
 Same machine, same run, same engine (``agentd.engines.fake``): an instant
 answer (``max_tokens`` 1) and a 20-token stream, each at every concurrency,
-measured with wrk directly against the engine, through llmgw's gateway on
-Daphne (the default deployment) and on uvicorn (``llmgw_site.gateway_asgi``),
+measured with wrk directly against the engine and through llmgw's gateway as
+each server arrangement serves it:
+
+- ``llmgw (serve)``: the whole app on uvicorn, ``python -m llmgw_site.serve``,
+  as `make run` and the production recipe run it (the default);
+- ``llmgw (daphne)``: the whole app on Daphne (supported, the old default);
+- ``llmgw (uvicorn)``: the gateway alone on uvicorn (``llmgw_site.gateway_asgi``);
+- ``llmgw (serve, N workers)`` with ``--serve-workers N``: the same with N
+  processes sharing the port (``--workers N``);
+- ``llmgw (plain uvicorn)`` with ``--plain-uvicorn``: the whole app on uvicorn's
+  pure-Python asyncio loop and h11 parser, to show what uvloop and httptools add;
+
 and through LiteLLM's proxy (one process, a master key, no database) from its
 own virtualenv (``--litellm-venv``; made with ``pip install 'litellm[proxy]'``).
 Also compares upstream HTTP clients: the gateway's own (``fleet.gateway.upstream``),
@@ -24,6 +34,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,6 +187,16 @@ def settle(pgid: int, timeout: float = 90) -> None:
             return
 
 
+def wait_quiet(below: float, limit_s: float = 600) -> None:
+    """Wait until the machine's 1-minute load average is under ``below`` (neighbours quiet)."""
+    deadline, said = time.monotonic() + limit_s, 0.0
+    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        if time.monotonic() - said > 60:
+            print(f"  waiting for load < {below:g} (now {os.getloadavg()[0]:.1f})", flush=True)
+            said = time.monotonic()
+        time.sleep(2)
+
+
 def wrk(
     url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path, pgid=None
 ) -> dict:
@@ -321,9 +342,35 @@ def main() -> int:
     )
     p.add_argument("--litellm-venv", default=str(ROOT / "var" / "bench-litellm-venv"))
     p.add_argument("--no-litellm", action="store_true")
-    p.add_argument("--no-uvicorn", action="store_true")
+    p.add_argument("--no-uvicorn", action="store_true", help="skip the gateway-only uvicorn")
+    p.add_argument(
+        "--serve-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also llmgw_site.serve with N worker processes",
+    )
+    p.add_argument(
+        "--plain-uvicorn",
+        action="store_true",
+        help="also the whole app on uvicorn with asyncio and h11 (no uvloop, no httptools)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "gateway.json"))
-    p.add_argument("--only", help="comma-separated targets to measure, e.g. direct,litellm")
+    p.add_argument(
+        "--only", help="semicolon-separated targets to measure, e.g. 'direct;llmgw (serve)'"
+    )
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        metavar="L",
+        help="before each round, wait (up to 10 min) until the 1-minute load average is below L",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every point this many times, the targets interleaved; report medians",
+    )
     p.add_argument("--setup-db", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.setup_db:
@@ -334,6 +381,8 @@ def main() -> int:
     concs = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
     procs = Procs(work)
+    # A plain kill stops every process the bench started too (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"stopped by SIGTERM; logs: {work}"))
     env = {
         "ALLOWED_HOSTS": "127.0.0.1,localhost",  # llmgw_site.asgi refuses to start without
         **os.environ,
@@ -371,6 +420,39 @@ def main() -> int:
             sys.exit(f"setting up the bench database failed:\n{out.stderr}")
         key, limited = out.stdout.strip().splitlines()[-2:]
         targets = {"direct": (f"http://127.0.0.1:{engine_port}", key, engine.pid)}
+
+        port = free_port()
+        serve = procs.start(
+            "serve",
+            [PY, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)],
+            env,
+        )
+        wait_http(f"http://127.0.0.1:{port}/metrics", serve)
+        targets["llmgw (serve)"] = (f"http://127.0.0.1:{port}", key, serve.pid)
+        targets["llmgw (serve) limits"] = (f"http://127.0.0.1:{port}", limited, serve.pid)
+        if args.serve_workers:
+            port = free_port()
+            workers = procs.start(
+                "serve-workers",
+                [PY, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)]
+                + ["--workers", str(args.serve_workers)],
+                env,
+            )
+            wait_http(f"http://127.0.0.1:{port}/metrics", workers)
+            name = f"llmgw (serve, {args.serve_workers} workers)"
+            targets[name] = (f"http://127.0.0.1:{port}", key, workers.pid)
+        if args.plain_uvicorn:
+            port = free_port()
+            plain = procs.start(
+                "plain-uvicorn",
+                [PY, "-m", "uvicorn", "llmgw_site.asgi:application"]
+                + ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+                + ["--loop", "asyncio", "--http", "h11", "--ws", "websockets-sansio"]
+                + ["--lifespan", "on", "--log-level", "warning"],
+                env,
+            )
+            wait_http(f"http://127.0.0.1:{port}/metrics", plain)
+            targets["llmgw (plain uvicorn)"] = (f"http://127.0.0.1:{port}", key, plain.pid)
 
         port = free_port()
         daphne = procs.start(
@@ -422,33 +504,54 @@ def main() -> int:
         for base, k, _ in targets.values():
             check_answer(base + "/v1/chat/completions", k)
         results["clients"] = compare_clients(f"http://127.0.0.1:{engine_port}/v1/chat/completions")
-        for name, (base, k, pgid) in targets.items():
-            if args.only and name not in args.only.split(","):
-                continue
-            for payload in PAYLOADS:
-                for conc in concs:
-                    if engine.poll() is not None:
-                        sys.exit(f"the engine exited with {engine.returncode}; see {work}")
-                    url = base + "/v1/chat/completions"
-                    wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
-                    settle(pgid)
-                    duration = args.litellm_duration if name == "litellm" else args.duration
-                    r = wrk(url, PAYLOADS[payload], k, conc, duration, work, pgid)
-                    settle(pgid)
-                    results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = r
-                    print(
-                        f"{name:22} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
-                        f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s  "
-                        + (
-                            f"cpu {r['cpu_ms_per_request']:6.2f} ms/req  "
-                            if r["cpu_ms_per_request"] is not None
-                            else ""
-                        )
-                        + f"load {r['load1']:.1f}"
-                        + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
-                        + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""),
-                        flush=True,
+        chosen = {
+            name: target
+            for name, target in targets.items()
+            if not args.only or name in args.only.split(";")
+        }
+        if args.rounds == 1:
+            order = [(n, p, c) for n in chosen for p in PAYLOADS for c in concs]
+        else:
+            # Each point measured for every target back to back, in rounds: on a
+            # shared machine, neighbours' load then falls on all targets alike.
+            order = [(n, p, c) for p in PAYLOADS for c in concs for n in chosen]
+        runs: dict = {}
+        for round_no in range(args.rounds):
+            if args.wait_load:
+                wait_quiet(args.wait_load)
+            for name, payload, conc in order:
+                base, k, pgid = chosen[name]
+                if engine.poll() is not None:
+                    sys.exit(f"the engine exited with {engine.returncode}; see {work}")
+                url = base + "/v1/chat/completions"
+                wrk(url, PAYLOADS[payload], k, conc, 1, work)  # warm-up
+                settle(pgid)
+                duration = args.litellm_duration if name == "litellm" else args.duration
+                r = wrk(url, PAYLOADS[payload], k, conc, duration, work, pgid)
+                settle(pgid)
+                runs.setdefault(name, {}).setdefault(payload, {}).setdefault(conc, []).append(r)
+                print(
+                    (f"[{round_no + 1}/{args.rounds}] " if args.rounds > 1 else "")
+                    + f"{name:22} {payload:9} c={conc:<3} p50 {r['p50_ms']:7.2f} ms  "
+                    f"p99 {r['p99_ms']:7.2f} ms  {r['rps']:8.0f} req/s  "
+                    + (
+                        f"cpu {r['cpu_ms_per_request']:6.2f} ms/req  "
+                        if r["cpu_ms_per_request"] is not None
+                        else ""
                     )
+                    + f"load {r['load1']:.1f}"
+                    + (f"  non-2xx {r['non_2xx']}" if r["non_2xx"] else "")
+                    + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""),
+                    flush=True,
+                )
+        for name, by_payload in runs.items():
+            for payload, by_conc in by_payload.items():
+                for conc, rs in by_conc.items():
+                    results["targets"].setdefault(name, {}).setdefault(payload, {})[conc] = _median(
+                        rs
+                    )
+        if args.rounds > 1:
+            results["rounds"] = runs
     finally:
         procs.stop_all()
         if redis is not None:
@@ -458,6 +561,24 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\nfigures: {args.out}; logs: {work}")
     return 0
+
+
+def _median(runs: list[dict]) -> dict:
+    """Each figure's median over the rounds (the load: the highest; errors: all of them)."""
+    out = {}
+    for field in runs[0]:
+        values = [r[field] for r in runs if isinstance(r[field], (int, float))]
+        if field == "load1":
+            out[field] = max(values)
+        elif field == "non_2xx":
+            out[field] = sum(values)
+        elif field == "socket_errors":
+            out[field] = "; ".join(r[field] for r in runs if r[field])
+        elif len(values) == len(runs):
+            out[field] = statistics.median(values)
+        else:
+            out[field] = runs[-1][field]
+    return out
 
 
 def report(results: dict) -> None:
@@ -480,6 +601,28 @@ def report(results: dict) -> None:
                 f"  {name:22} {payload:9} {'  '.join(cells)}  max {best:.0f} req/s"
                 + (f"  cpu {min(cpu):.2f} ms/req" if cpu else "")
             )
+    print(
+        "\nissue 15's targets: added at c=1 <= 0.5 ms p50 and <= 5 ms p99; "
+        "at c=64 at least half the engine's direct rate:"
+    )
+    for name, by_payload in t.items():
+        if name == "direct":
+            continue
+        for payload, by_conc in by_payload.items():
+            cells = []
+            if 1 in by_conc:
+                r, d = by_conc[1], direct[payload][1]
+                p50, p99 = r["p50_ms"] - d["p50_ms"], r["p99_ms"] - d["p99_ms"]
+                ok = "met" if p50 <= 0.5 and p99 <= 5 else "MISSED"
+                cells.append(f"c=1 +{p50:.2f}/+{p99:.2f} ms {ok}")
+            if 64 in by_conc:
+                share = by_conc[64]["rps"] / direct[payload][64]["rps"]
+                ok = "met" if share >= 0.5 else "MISSED"
+                cells.append(
+                    f"c=64 {by_conc[64]['rps']:.0f} of {direct[payload][64]['rps']:.0f} req/s "
+                    f"({share:.0%}) {ok}"
+                )
+            print(f"  {name:22} {payload:9} " + "  ".join(cells))
     print("\nlimits on minus off, same gateway process, same run (ms, p50 / p99):")
     for name, by_payload in t.items():
         off = t.get(name.removesuffix(" limits")) if name.endswith(" limits") else None

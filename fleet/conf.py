@@ -92,6 +92,23 @@ class FleetSettings:
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 
+    # Cleaning up unused weights (fleet.services.weights_gc; docs/weights.md).
+    weights_gc_interval_s: float = 60.0  # beat's interval for the clean-up pass
+    # How long weights nothing on a node needs stay there; a model's
+    # weights_retention_s overrides it, and a pinned entry stays forever.
+    weights_retention_s: float = 24 * 3600.0
+    # A filesystem more used than the high watermark (percent) has its least
+    # recently used unused weights removed until it is under the low one.
+    weights_high_watermark_percent: float = 85.0
+    weights_low_watermark_percent: float = 75.0
+    # How long a removal on a node's socket waits for the node's reply; until
+    # then no shard needing those weights is placed there. Past it the entry
+    # may be proposed again.
+    weights_removal_timeout_s: float = 60.0
+    # An entry the node kept (in use, changed) is not proposed again for this long.
+    weights_kept_retry_s: float = 3600.0
+    weights_events_keep_s: float = 30 * 24 * 3600.0  # how long removal events are kept
+
     # The operator's console (fleet/console/; docs/operations.md, "The console").
     # Prometheus to read node charts from (query_range on the llmgw_* series),
     # e.g. http://prometheus:9090. Empty: charts read the control plane's own
@@ -152,6 +169,41 @@ class FleetSettings:
     # How often each gateway process writes the usage it counted (per key,
     # model and hour) to the database; a killed process loses at most this.
     gateway_usage_flush_s: float = 10.0
+    # Prefix-aware routing, for models that turn it on (Model.prefix_routing;
+    # docs/gateway.md). Requests whose prompts begin with the same this many
+    # characters (chat: the messages in order, system prompt first) go to one
+    # replica, while its requests in flight stay within LOAD_FACTOR times the
+    # average of the model's replicas and within MARGIN of the least busy one;
+    # past either, to another.
+    gateway_prefix_chars: int = 1024
+    gateway_prefix_load_factor: float = 1.25
+    gateway_prefix_margin: int = 8
+    # Waiting for a replica (docs/gateway.md, "Waiting for a replica"): a request
+    # for an autoscaled model with no ready replica asks for one and waits, at
+    # most this many per model in each gateway process (more: 503 at once) and
+    # at most this long (then 503 with Retry-After). A model may set its own.
+    gateway_wait_queue: int = 64
+    gateway_wait_timeout_s: float = 120.0
+    # A streamed request that waits gets an SSE comment this often, so proxies
+    # in between see bytes and keep the connection.
+    gateway_wait_comment_s: float = 5.0
+    # How often each gateway process reports its load to Redis: in flight and
+    # waiting per model, and the last request's time (fleet.services.autoscaler.load).
+    # A report older than the TTL is not counted: its process is gone.
+    gateway_load_report_s: float = 1.0
+    gateway_load_ttl_s: float = 10.0
+
+    # The autoscaler (fleet/services/autoscaler; docs/operations.md), for models
+    # with min_replicas and max_replicas. Outstanding requests per ready replica
+    # it aims at, where the model sets no target_outstanding.
+    autoscale_target_outstanding: float = 4.0
+    # Up above target × (1 + this); down only when one replica fewer would be
+    # below target × (1 - this).
+    autoscale_hysteresis: float = 0.2
+    # No step up within this long of the model's last step, and no step down
+    # within this long; waking a model from zero is never held back.
+    autoscale_up_cooldown_s: float = 15.0
+    autoscale_down_cooldown_s: float = 120.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":
@@ -183,7 +235,19 @@ def _parse(f: dataclasses.Field, text: str):
     if f.name in ("agent_addr_networks", "client_cert_proxies"):
         networks(text)  # refused at start, not at the first register
         return text
-    return f.type(text)  # float, int or str
+    value = f.type(text)  # float, int or str
+    low = _AT_LEAST.get(f.name)
+    if low is not None and value < low:
+        raise ValueError(f"must be at least {low}")
+    return value
+
+
+# Settings whose smaller values make no sense, refused at start.
+_AT_LEAST = {
+    "gateway_prefix_chars": 1,
+    "gateway_prefix_load_factor": 1.0,
+    "gateway_prefix_margin": 0,
+}
 
 
 def from_environ(environ: Mapping[str, str] = os.environ) -> dict:

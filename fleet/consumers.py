@@ -6,6 +6,7 @@ import logging
 import time
 
 from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.utils import timezone
@@ -18,6 +19,7 @@ from fleet.models.access import bearer_secret
 from fleet.services import access, desired, doorbells, engines, heartbeat, inventory, socket_db
 from fleet.services.heartbeat import ReportMemo, batcher
 from fleet.services.reconciler import expiry
+from fleet.services.weights_gc import delivery
 from llmgw_site.peer import connection_peer
 
 logger = logging.getLogger(__name__)
@@ -27,6 +29,8 @@ REGISTER_TIMEOUT_S = 10
 # (agentd/client.py): work for a socket queued longer than this is not done.
 HANDSHAKE_DEADLINE_S = 9
 REGISTER_DEADLINE_S = 13
+# How long a clean-up proposal waits for a reconciler pass to release the lock.
+REMOVAL_LOCK_WAIT_S = 30
 
 
 def _header_values(scope, name: str) -> list[str]:
@@ -134,6 +138,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.messages = TokenBucket(s.agent_messages_per_s, s.agent_messages_burst, now)
         self.bytes = TokenBucket(s.agent_bytes_per_s, s.agent_bytes_burst, now)
         await self.accept()
+        # Whatever serves the socket (uvicorn, Daphne), its open and its end are in this log.
+        logger.info("agent socket open client=%s", self.client)
         if cert.refusal:
             # Accepted first so the agent hears why (4003, as for a credential for another node).
             await self.refuse(CloseCode.FORBIDDEN, cert.refusal)
@@ -382,6 +388,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_ack(self, msg: protocol.AgentAck):
         if msg.of == "desired":
             await self.write(inventory.apply_desired_ack, self.node_id, msg.version)
+        elif msg.of == "remove_weights":
+            await self.write(delivery.record_reply, self.node_id, msg)
 
     async def on_goodbye(self, msg: protocol.Goodbye):
         logger.info("agent said goodbye node=%s reason=%s", self.node_id, msg.reason)
@@ -405,6 +413,39 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def node_provision(self, event):
         if not self.closing:
             await self.send_msg(await socket_db.call(engines.provision_for, self.node_id))
+
+    async def node_remove_weights(self, event):
+        """A clean-up proposal for this node: sent while still current (``delivery.deliver``).
+
+        In a task of its own: waiting for a reconciler pass to release its lock
+        must not hold up this socket's heartbeats.
+        """
+        if not self.closing:
+            task = asyncio.ensure_future(self._deliver_removal(event))
+            self._removals = getattr(self, "_removals", set())
+            self._removals.add(task)
+            task.add_done_callback(self._removals.discard)
+
+    async def _deliver_removal(self, event):
+        loop = asyncio.get_running_loop()
+
+        def send(msg):
+            # On the database thread, under the lock: the message is on the
+            # socket before the lock goes, and so before any later placement's set.
+            asyncio.run_coroutine_threadsafe(self.send_msg(msg), loop).result(timeout=10)
+
+        deadline = loop.time() + REMOVAL_LOCK_WAIT_S
+        while not self.closing:
+            try:
+                result = await database_sync_to_async(delivery.deliver)(
+                    self.node_id, event["request_id"], int(event["desired_version"]), send
+                )
+            except Exception:  # noqa: BLE001 - the entries time out and a later pass retries
+                logger.warning("weights removal not delivered node=%s", self.node_id, exc_info=True)
+                return
+            if result != delivery.BUSY or loop.time() > deadline:
+                return
+            await asyncio.sleep(0.2)
 
     async def node_supersede(self, event):
         if event.get("channel") != self.channel_name:
@@ -460,6 +501,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.released:
             return
         self.released = True
+        if self.identity is not None:
+            logger.info(
+                "agent socket ended code=%s node=%s client=%s",
+                code,
+                self.node_id or "-",
+                getattr(self, "client", "?"),
+            )
         deadline = getattr(self, "register_deadline", None)
         if deadline is not None:
             deadline.cancel()

@@ -9,3 +9,11 @@ from fleet.services.reconciler import runner
 def reconcile() -> None:
     """One reconciler pass, unless another is running (beat every 5 s, and after changes)."""
     runner.run_locked()
+
+
+@shared_task(ignore_result=True)
+def gc_weights() -> None:
+    """One weights clean-up pass, unless a reconciler pass holds the lock (beat every 60 s)."""
+    from fleet.services.weights_gc import cleanup
+
+    cleanup.run_locked()

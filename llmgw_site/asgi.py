@@ -1,6 +1,7 @@
 """ASGI entry point: the gateway (/v1/*), /metrics, HTTP (admin, API) and the agents' WebSocket.
 
-Run with ``daphne llmgw_site.asgi:application``.
+Served by uvicorn through ``python -m llmgw_site.serve`` (the default: `make run`,
+production), or by ``daphne llmgw_site.asgi:application``.
 """
 
 import os
@@ -29,6 +30,8 @@ from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
 from llmgw_site import http_limits, peer  # noqa: E402
 
+# The three below patch Daphne's classes (Twisted's parser, its request, its
+# server) and are inert under uvicorn, where llmgw_site/serve.py does the same.
 # Daphne's HTTP parser, bounded in time and strict about framing (http_limits.py).
 http_limits.install(
     fleet_settings().http_head_timeout_s, max_headers=fleet_settings().http_max_headers
@@ -54,6 +57,9 @@ async def http_app(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         "http": http_app,
+        # uvicorn's start and stop (Daphne sends none): the gateway's usage
+        # counts are written on a clean stop.
+        "lifespan": gateway_app,
         # No origin check: agents are not browsers, and each one authenticates
         # with its own bearer credential before the socket is accepted.
         "websocket": URLRouter(websocket_urlpatterns),

@@ -1,8 +1,8 @@
 """A gateway-only ASGI entry point: /v1/* and /metrics, without Django's HTTP stack.
 
-For running the gateway on uvicorn, which serves it faster than Daphne
-(docs/benchmarks.md, Gateway), beside the Daphne that serves the admin, the
-API and the agents' sockets::
+For a site that wants gateway processes apart from the web processes
+(``python -m llmgw_site.serve``, which serves the whole app, the gateway
+included, on the same server and as fast: docs/gateway.md, "Serving")::
 
     uvicorn llmgw_site.gateway_asgi:application --loop uvloop --http httptools
 

@@ -221,6 +221,12 @@ CELERY_BEAT_SCHEDULE: dict = {
         "schedule": _RECONCILE_EVERY_S,
         "options": {"expires": _RECONCILE_EVERY_S},
     },
+    # Unused weights (fleet.services.weights_gc), under the reconciler's lock.
+    "gc-weights": {
+        "task": "fleet.tasks.gc_weights",
+        "schedule": LLMGW["WEIGHTS_GC_INTERVAL_S"],
+        "options": {"expires": LLMGW["WEIGHTS_GC_INTERVAL_S"]},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [

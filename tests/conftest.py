@@ -5,7 +5,7 @@ import pytest
 
 # Fixtures that start real processes: a test using one is `live` whether or not
 # its module says so (tests/processes/ holds what they start).
-PROCESS_FIXTURES = {"daphne_server", "stack", "stack_on_postgres", "postgres"}
+PROCESS_FIXTURES = {"web_server", "live_web", "stack", "stack_on_postgres", "postgres"}
 E2E_DIR = Path(__file__).parent / "e2e"
 # The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
 BROWSER_DIR = Path(__file__).parent / "browser"
@@ -115,11 +115,25 @@ def _fresh_channel_layer():
     channel_layers.backends.clear()
 
 
-@pytest.fixture
-def daphne_server(transactional_db, tmp_path):
-    """A real Daphne process serving llmgw on a free loopback port, on the test database."""
-    from tests.processes import start_daphne
+@pytest.fixture(params=("uvicorn", "daphne"))
+def web_server(request, transactional_db, tmp_path):
+    """The web process on each server llmgw runs on (``llmgw_site.serve`` on uvicorn, the
+    default; Daphne), on a free loopback port and the test database; ``.kind`` says which."""
+    from tests.processes import start_web
 
-    server = start_daphne(tmp_path)
+    server = start_web(tmp_path, server=request.param)
+    server.kind = request.param
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def live_web(transactional_db, tmp_path):
+    """The web process as users run it (``llmgw_site.serve``, uvicorn) on a free loopback
+    port and the test database; ``web_server`` runs a test on each supported server."""
+    from tests.processes import start_web
+
+    server = start_web(tmp_path)
+    server.kind = "uvicorn"
     yield server
     server.stop()

@@ -100,9 +100,42 @@ class LlamaCpp(Engine):
 
     def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
         flavour, _ = self.flavour()
-        model, name = model_of(profile, shard), served_name(profile, shard)
+        model, name = gguf_in(model_of(profile, shard)), served_name(profile, shard)
         if flavour == "python":
             # llama_cpp.server takes its settings' field names as flags, underscores and all.
             return ["--model", model, "--host", host, "--port", str(port), "--model_alias", name]
         # --metrics turns on /metrics, which drain reads for requests in flight.
         return ["-m", model, "--host", host, "--port", str(port), "--alias", name, "--metrics"]
+
+
+_PART = re.compile(r"-(\d+)-of-\d+\.gguf$")
+
+
+def _first_part(name: str) -> bool:
+    m = _PART.search(name)
+    return m is None or int(m.group(1)) == 1
+
+
+def gguf_in(model: str) -> str:
+    """llama.cpp loads one file: a directory (a fetched hub repository) must hold one .gguf.
+
+    A multi-part GGUF names its first part (``-00001-of-``), from which llama.cpp
+    finds the rest.
+    """
+    if not os.path.isdir(model):
+        return model
+    found = sorted(
+        os.path.relpath(os.path.join(d, f), model)
+        for d, _dirs, files in os.walk(model)
+        for f in files
+        if f.endswith(".gguf") and _first_part(f)
+    )
+    if len(found) == 1:
+        return os.path.join(model, found[0])
+    if not found:
+        raise EngineUnavailable(f"{model} holds no .gguf file for llama.cpp to load")
+    raise EngineUnavailable(
+        f"{model} holds {len(found)} .gguf files ({', '.join(found[:5])}); llama.cpp loads "
+        "one: name that file as the profile's model_path (a hub file has a URL: "
+        "https://<hub>/<org>/<name>/resolve/<revision>/<file>)"
+    )

@@ -3,8 +3,9 @@
 from django.contrib import admin
 from django.db.models import Count, Q
 
-from fleet.models import EngineProfile, Model, ReplicaState
+from fleet.models import EngineProfile, Event, Model, ReplicaState
 from fleet.services import profiles
+from fleet.services.autoscaler.status import scaling_status
 
 ARGS_ENV = ("args", "env")
 ARGS_ENV_RECORD = ("args_env_changed_by", "args_env_changed_at")
@@ -30,7 +31,7 @@ class EngineProfileInline(admin.StackedInline):
         ("name", "engine"),
         ("tp", "pp", "gpus_per_node", "nodes"),
         ("gpu_class", "min_memory_gb", "node_selector"),
-        "model_path",
+        ("model_path", "weights_sha256"),
         "served_model_name",
         ("args", "env"),
         ARGS_ENV_RECORD,
@@ -47,14 +48,44 @@ class ModelAdmin(admin.ModelAdmin):
         "name",
         "desired_replicas",
         "replicas_display",
+        "scaling_display",
         "active_profile",
         "placement_policy",
+        "prefix_routing",
         "updated_at",
     )
-    list_filter = ("placement_policy",)
+    list_filter = ("placement_policy", "prefix_routing")
     search_fields = ("name", "description")
     inlines = (EngineProfileInline,)
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = (
+        "scaling_display",
+        "waiting_requests",
+        "last_request_at",
+        "last_scaled_at",
+        "created_at",
+        "updated_at",
+    )
+    fieldsets = (
+        (None, {"fields": ("name", "description", "active_profile", "placement_policy")}),
+        ("Replicas", {"fields": ("desired_replicas", "replace_after_s")}),
+        ("Routing and weights", {"fields": ("prefix_routing", "weights_retention_s")}),
+        (
+            "Autoscaling and scale to zero",
+            {
+                "description": "Set min and max replicas to let the autoscaler move desired "
+                "replicas between them (docs/operations.md).",
+                "fields": (
+                    ("min_replicas", "max_replicas"),
+                    "scale_to_zero_after_s",
+                    "target_outstanding",
+                    ("max_waiting", "max_wait_s"),
+                    "scaling_display",
+                    ("waiting_requests", "last_request_at", "last_scaled_at"),
+                ),
+            },
+        ),
+        (None, {"fields": ("created_at", "updated_at")}),
+    )
 
     def get_queryset(self, request):
         return (
@@ -73,6 +104,13 @@ class ModelAdmin(admin.ModelAdmin):
     @admin.display(description="replicas (ready/all)")
     def replicas_display(self, obj):
         return f"{obj.ready_count}/{obj.replica_count}"
+
+    @admin.display(description="scaling")
+    def scaling_display(self, obj):
+        ready = getattr(obj, "ready_count", None)
+        if ready is None and obj.pk:
+            ready = obj.replicas.filter(state=ReplicaState.READY).count()
+        return scaling_status(obj, ready) or "-"
 
     def save_formset(self, request, form, formset, change):
         if formset.model is EngineProfile:
@@ -119,3 +157,27 @@ class EngineProfileAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         stamp_if_args_env_changed(request, form)
         super().save_model(request, obj, form, change)
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    """The control plane's own decisions, with their reasons: read-only."""
+
+    list_display = (
+        "created_at",
+        "kind",
+        "model_name",
+        "direction",
+        "from_replicas",
+        "to_replicas",
+        "reason",
+    )
+    list_filter = ("kind", "direction", "model_name")
+    search_fields = ("model_name", "reason")
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

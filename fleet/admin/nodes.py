@@ -82,7 +82,7 @@ class StorageInline(ReadOnlyTabularInline):
 
 class WeightsInline(ReadOnlyTabularInline):
     model = LocalWeights
-    fields = ("path", "size", "shared")
+    fields = ("path", "size", "source", "last_used_at", "unused_since", "pinned", "removal")
     readonly_fields = fields
 
     @admin.display(description="size")
@@ -414,17 +414,6 @@ class StorageAdmin(ReadOnlyAdmin):
     @admin.display(description="total", ordering="total_bytes")
     def total(self, obj):
         return human_bytes(obj.total_bytes)
-
-
-@admin.register(LocalWeights)
-class LocalWeightsAdmin(ReadOnlyAdmin):
-    list_display = ("node", "path", "size", "shared")
-    list_filter = ("shared",)
-    search_fields = ("node__id", "path")
-
-    @admin.display(description="size", ordering="size_bytes")
-    def size(self, obj):
-        return human_bytes(obj.size_bytes)
 
 
 @admin.register(EngineInstall)

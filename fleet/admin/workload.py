@@ -3,19 +3,14 @@
 from django.contrib import admin
 
 from fleet.models import FleetStatus, Replica, Shard
+from fleet.services.console.lines import fetch_progress_text
 
-from .common import ReadOnlyAdmin, ReadOnlyTabularInline, human_bytes
+from .common import ReadOnlyAdmin, ReadOnlyTabularInline
 
 
 def fetch_progress(shard: Shard) -> str:
-    """'3.0 GB of 15.0 GB (20%)', '3.0 GB' when the total is unknown, '-' before any."""
-    if shard.fetch_bytes_done is None:
-        return "-"
-    done = human_bytes(shard.fetch_bytes_done)
-    if not shard.fetch_bytes_total:
-        return done
-    pct = 100 * shard.fetch_bytes_done / shard.fetch_bytes_total
-    return f"{done} of {human_bytes(shard.fetch_bytes_total)} ({pct:.0f}%)"
+    """'3.0 GiB of 15.0 GiB (20%)', '3.0 GiB' when the total is unknown, '-' before any."""
+    return fetch_progress_text(shard.fetch_bytes_done, shard.fetch_bytes_total)
 
 
 class ReplicaShardInline(ReadOnlyTabularInline):

@@ -15,6 +15,8 @@ from drf_spectacular.utils import extend_schema_field
 from fleet.models import (
     GPU,
     EngineProfile,
+    Event,
+    LocalWeights,
     Model,
     Node,
     NodeState,
@@ -148,6 +150,14 @@ class ModelFilterSet(FilterSet):
         fields = {"name": ["exact", "icontains"], "placement_policy": ["exact"]}
 
 
+class EventFilterSet(FilterSet):
+    model = IdFilter(field_name="model_id", label="The model's id.")
+
+    class Meta:
+        model = Event
+        fields = {"kind": ["exact"], "model_name": ["exact"], "direction": ["exact"]}
+
+
 class EngineProfileFilterSet(FilterSet):
     model = IdFilter(field_name="model_id", label="The model's id.")
     model_name = django_filters.CharFilter(field_name="model__name")
@@ -180,3 +190,23 @@ class ShardFilterSet(FilterSet):
             "state": ["exact"],
             "desired_state": ["exact"],
         }
+
+
+class WeightsFilterSet(FilterSet):
+    node = django_filters.CharFilter(field_name="node_id", label="The node's id.")
+    unused = BooleanFilter(
+        method="filter_unused",
+        label="true: only entries no desired or running shard needs (computed now).",
+    )
+
+    class Meta:
+        model = LocalWeights
+        fields = {"pinned": ["exact"], "shared": ["exact"], "source": ["exact"]}
+
+    def filter_unused(self, queryset, name, value):
+        if value is None:
+            return queryset
+        from fleet.services.weights_gc.inventory import annotate
+
+        ids = [i.row.pk for i in annotate(queryset) if i.unused == value]
+        return queryset.filter(pk__in=ids)

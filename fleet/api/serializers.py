@@ -20,11 +20,13 @@ from fleet.models import (
     Engine,
     EngineInstall,
     EngineProfile,
+    Event,
     FabricAttachment,
     Model,
     Node,
     NodeLoad,
     Replica,
+    ReplicaState,
     Shard,
     VllmBuild,
     WantedEngine,
@@ -32,6 +34,7 @@ from fleet.models import (
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
+from fleet.services.autoscaler.status import scaling_status
 
 SMALLINT_MAX = 32767
 INT_MAX = 2**31 - 1
@@ -232,13 +235,31 @@ class ModelSerializer(ValidatedModelSerializer):
             "name",
             "description",
             "desired_replicas",
+            "min_replicas",
+            "max_replicas",
+            "scale_to_zero_after_s",
+            "target_outstanding",
+            "max_waiting",
+            "max_wait_s",
+            "scaling",
+            "waiting_requests",
+            "last_request_at",
+            "last_scaled_at",
             "placement_policy",
+            "prefix_routing",
             "replace_after_s",
+            "weights_retention_s",
             "active_profile",
             "created_at",
             "updated_at",
         )
-        read_only_fields = ("created_at", "updated_at")
+        read_only_fields = (
+            "created_at",
+            "updated_at",
+            "waiting_requests",
+            "last_request_at",
+            "last_scaled_at",
+        )
         # Model.clean() refuses a negative count; said here too, the schema says it.
         extra_kwargs = {
             "desired_replicas": {
@@ -247,7 +268,41 @@ class ModelSerializer(ValidatedModelSerializer):
                 "error_messages": {"min_value": "replicas cannot be negative"},
             },
             "replace_after_s": {"max_value": INT_MAX},
+            "target_outstanding": {"min_value": 0.001, "max_value": 1e6},
+            "min_replicas": {"max_value": INT_MAX},
+            "max_replicas": {"min_value": 1, "max_value": INT_MAX},
+            "scale_to_zero_after_s": {"min_value": 1, "max_value": INT_MAX},
+            "max_waiting": {"min_value": 1, "max_value": INT_MAX},
+            "max_wait_s": {"min_value": 1, "max_value": INT_MAX},
         }
+
+    scaling = serializers.SerializerMethodField(
+        help_text='"scaled to zero", "starting for N waiting requests", '
+        '"autoscaled MIN-MAX: N wanted"; empty without autoscaling.'
+    )
+
+    def get_scaling(self, obj) -> str:
+        ready = getattr(obj, "ready_count", None)
+        if ready is None:
+            ready = obj.replicas.filter(state=ReplicaState.READY).count() if obj.pk else 0
+        return scaling_status(obj, ready)
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = (
+            "id",
+            "created_at",
+            "kind",
+            "model",
+            "model_name",
+            "direction",
+            "from_replicas",
+            "to_replicas",
+            "reason",
+        )
+        read_only_fields = fields
 
 
 @extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN, "maxLength": 1024})
@@ -313,6 +368,18 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Extra environment variables.",
     )
+    weights_sha256 = serializers.DictField(
+        child=StrictCharField(
+            trim_whitespace=False,
+            error_messages={"invalid": "weights_sha256 must map file names to sha256 hex digests"},
+        ),
+        error_messages={
+            "not_a_dict": "weights_sha256 must map file names to sha256 hex digests, "
+            "not {input_type}"
+        },
+        required=False,
+        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
+    )
 
     class Meta:
         model = EngineProfile
@@ -331,6 +398,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "args",
             "env",
             "model_path",
+            "weights_sha256",
             "served_model_name",
             "min_memory_gb",
             "node_selector",
@@ -378,6 +446,16 @@ class EngineProfileSerializer(ValidatedModelSerializer):
 
 
 class ShardSerializer(serializers.ModelSerializer):
+    fetch_percent = serializers.SerializerMethodField(
+        help_text="Share of the weights fetched (0-100); null when no fetch or no known total."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_fetch_percent(self, obj) -> int | None:
+        if obj.fetch_bytes_done is None or not obj.fetch_bytes_total:
+            return None
+        return min(100, obj.fetch_bytes_done * 100 // obj.fetch_bytes_total)
+
     class Meta:
         model = Shard
         fields = (
@@ -396,6 +474,7 @@ class ShardSerializer(serializers.ModelSerializer):
             "fetch_source",
             "fetch_bytes_done",
             "fetch_bytes_total",
+            "fetch_percent",
             "fetch_updated_at",
             "state_changed_at",
             "created_at",
@@ -555,3 +634,66 @@ class SecretSerializer(serializers.Serializer):
     prefix = serializers.CharField()
     secret = serializers.CharField(help_text="Shown in this answer only; kept hashed.")
     expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class WeightsSerializer(serializers.Serializer):
+    """A weights entry on a node, with what uses it now (``weights_gc.inventory.Item``)."""
+
+    id = serializers.IntegerField(read_only=True)
+    node = serializers.CharField(read_only=True)
+    path = serializers.CharField(read_only=True)
+    source = serializers.CharField(
+        read_only=True, help_text="The model_path it was fetched from; empty: found on disk."
+    )
+    size_bytes = serializers.IntegerField(read_only=True)
+    shared = serializers.BooleanField(read_only=True)
+    pinned = serializers.BooleanField(read_only=True, help_text="Never removed by the clean-up.")
+    last_used_at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="When an engine last used it, by the node."
+    )
+    unused_since = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="Since when nothing on the node needs it, as the clean-up saw; null: in use.",
+    )
+    in_use_by = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Shards that need it now, as 'model (shard id)'.",
+    )
+    removal = serializers.ChoiceField(
+        choices=["", "proposed", "sent"], read_only=True, help_text="A removal under way."
+    )
+    kept_reason = serializers.CharField(
+        read_only=True, help_text="Why the node kept it the last time it was proposed."
+    )
+
+    def to_representation(self, instance):
+        return instance.as_dict()
+
+
+class WeightsProposalSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    path = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
+class WeightsCleanupSerializer(serializers.Serializer):
+    """What a clean-up pass proposes (or, for GET, would propose) and what it refused."""
+
+    proposals = WeightsProposalSerializer(many=True)
+    refused = WeightsProposalSerializer(many=True, help_text="Asked for, and kept: why.")
+    skipped = serializers.BooleanField(
+        help_text="A reconciler pass held the lock: nothing was done; try again."
+    )
+
+    def to_representation(self, report):
+        def one(e, reason):
+            return {"node": e.node_id, "path": e.path, "size_bytes": e.size_bytes, "reason": reason}
+
+        return {
+            "proposals": [one(p.entry, p.reason) for p in report.proposals],
+            "refused": [one(e, why) for e, why in report.refused],
+            "skipped": report.skipped,
+        }

@@ -12,9 +12,11 @@ router.register("engine-profiles", views.EngineProfileViewSet)
 router.register("engines", views.WantedEngineViewSet)
 router.register("replicas", views.ReplicaViewSet)
 router.register("shards", views.ShardViewSet)
+router.register("events", views.EventViewSet)
 router.register("catalog", views.CatalogViewSet, basename="catalog")
 router.register("join-tokens", views.JoinTokenViewSet, basename="join-token")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("usage", views.UsageViewSet, basename="usage")
+router.register("weights", views.WeightsViewSet)
 
 urlpatterns = router.urls

@@ -1,6 +1,7 @@
 """The dev stack `make run` starts: the whole of llmgw on one machine, without hardware.
 
-- ``stack``: the orchestrator, ``python -m fleet.devstack`` (Redis, Daphne, Celery, an agent);
+- ``stack``: the orchestrator, ``python -m fleet.devstack`` (Redis, the web process on
+  uvicorn, Celery, an agent);
 - ``node``: the local agent's config, the demo model and how to call it;
 - ``redis``: the embedded default's private Redis, ``python -m fleet.devstack.redis exec -- CMD``;
 - ``tinymodel``: a tiny llama GGUF real llama.cpp serves on a CPU.

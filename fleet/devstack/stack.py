@@ -1,7 +1,9 @@
 """`make run`: the whole stack on one machine, in the foreground.
 
 Starts the private Redis (unless REDIS_URL names one), collects the static
-files, then starts Daphne, a Celery worker and beat, and a local agentd enrolled
+files, then starts the web process (the whole app on uvicorn, ``python -m
+llmgw_site.serve``: admin, API, agents' socket and gateway on one port), a Celery
+worker and beat, and a local agentd enrolled
 with a join token (its credential kept for later runs); creates an admin login
 and an API key once, keeping them in the state dir; applies a demo model served
 by llama.cpp on the CPU (the generated tiny model, or the GGUF file
@@ -144,7 +146,7 @@ def _wait_listening(stack: Stack, port: int, timeout: float = 60) -> None:
         if dead := stack.dead():
             raise StackDied(", ".join(dead))
         if time.monotonic() > deadline:
-            raise StackDied(f"daphne (nothing listened on port {port} within {timeout:g} s)")
+            raise StackDied(f"web (nothing listened on port {port} within {timeout:g} s)")
         time.sleep(0.1)
 
 
@@ -248,13 +250,13 @@ def main() -> int:
         env["REDIS_URL"] = redis.url
     os.environ["REDIS_URL"] = env["REDIS_URL"]
     env["PYTHONUNBUFFERED"] = "1"
-    # Daphne refuses to start without it unless DEBUG is on; it serves on loopback here.
+    # The app refuses to start without it unless DEBUG is on; it serves on loopback here.
     env.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
     _setup_django()
     from django.core.management import call_command
     from django.utils import timezone
 
-    # The admin's and the API's CSS and JavaScript, which Daphne serves itself
+    # The admin's and the API's CSS and JavaScript, which the web process serves itself
     # (WhiteNoise) from what this collects, as a deployment does.
     call_command("collectstatic", interactive=False, verbosity=0)
 
@@ -273,8 +275,11 @@ def main() -> int:
     code, applied = 0, False
     try:
         stack.start(
-            "daphne",
-            [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
+            "web",
+            [py, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)]
+            # Requests in flight get 5 s at Ctrl-C, so the gateway's usage is
+            # written well inside Stack.stop's 10 s.
+            + ["--graceful-timeout", "5"],
         )
         stack.start(
             "celery-worker",

@@ -73,8 +73,22 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def write_tiny_model(path: Path | str, seed: int = 0) -> Path:
-    """Write the model to ``path`` and return it."""
+def write_tiny_model(
+    path: Path | str,
+    seed: int = 0,
+    *,
+    layers: int = N_LAYER,
+    embd: int = N_EMBD,
+    ff: int = N_FF,
+    ctx: int = N_CTX,
+) -> Path:
+    """Write the model to ``path`` and return it.
+
+    The sizes default to the tiny model the tests use; larger ones (bench/prefix.py
+    takes 8 layers of 256) make prompt processing cost enough to measure.
+    """
+    if embd % N_HEAD:
+        raise ValueError(f"the embedding length must be a multiple of {N_HEAD}, not {embd}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -86,13 +100,13 @@ def write_tiny_model(path: Path | str, seed: int = 0) -> Path:
 
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("llmgw tiny llama")
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
+    w.add_context_length(ctx)
+    w.add_embedding_length(embd)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_rope_dimension_count(embd // N_HEAD)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -107,20 +121,20 @@ def write_tiny_model(path: Path | str, seed: int = 0) -> Path:
     w.add_add_eos_token(False)
 
     # numpy shapes are (rows, columns) = (out, in); GGUF stores them reversed.
-    w.add_tensor("token_embd.weight", weight(VOCAB_SIZE, N_EMBD))
-    w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    w.add_tensor("output.weight", weight(VOCAB_SIZE, N_EMBD))
-    kv = N_EMBD // N_HEAD * N_HEAD_KV
-    for i in range(N_LAYER):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", weight(N_EMBD, N_EMBD))
-        w.add_tensor(f"blk.{i}.attn_k.weight", weight(kv, N_EMBD))
-        w.add_tensor(f"blk.{i}.attn_v.weight", weight(kv, N_EMBD))
-        w.add_tensor(f"blk.{i}.attn_output.weight", weight(N_EMBD, N_EMBD))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(N_FF, N_EMBD))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(N_FF, N_EMBD))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(N_EMBD, N_FF))
+    w.add_tensor("token_embd.weight", weight(VOCAB_SIZE, embd))
+    w.add_tensor("output_norm.weight", np.ones(embd, dtype=np.float32))
+    w.add_tensor("output.weight", weight(VOCAB_SIZE, embd))
+    kv = embd // N_HEAD * N_HEAD_KV
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", weight(embd, embd))
+        w.add_tensor(f"blk.{i}.attn_k.weight", weight(kv, embd))
+        w.add_tensor(f"blk.{i}.attn_v.weight", weight(kv, embd))
+        w.add_tensor(f"blk.{i}.attn_output.weight", weight(embd, embd))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ff, embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(ff, embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(embd, ff))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -133,8 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleet.devstack.tinymodel", description=__doc__)
     parser.add_argument("out", type=Path, help="where to write the .gguf file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=N_LAYER, help="transformer blocks")
+    parser.add_argument("--embd", type=int, default=N_EMBD, help="embedding length")
+    parser.add_argument("--ff", type=int, default=N_FF, help="feed-forward length")
+    parser.add_argument("--ctx", type=int, default=N_CTX, help="context length")
     args = parser.parse_args(argv)
-    path = write_tiny_model(args.out, args.seed)
+    path = write_tiny_model(
+        args.out, args.seed, layers=args.layers, embd=args.embd, ff=args.ff, ctx=args.ctx
+    )
     print(f"{path} ({path.stat().st_size} bytes)")
     return 0
 

@@ -11,8 +11,8 @@ import json
 import logging
 import time
 
-from . import metrics, proxy, validate
-from .errors import GatewayError, error_body
+from . import metrics, proxy, validate, waiting
+from .errors import GatewayError, error_body, sse_error_event
 from .state import gateway
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ async def application(scope, receive, send) -> None:
             raw = await _read_body(scope, receive, gw.limits.max_body_bytes[endpoint])
             req = validate.parse(endpoint, raw)
             route = _route_for(gw, key, req.model)
+            gw.last_request[route.name] = t0
             if key.limits.on:
                 # One Redis round trip; raises the 429 when the key is over a limit.
                 reply.extra = await gw.limiter.check(key)
@@ -66,6 +67,15 @@ async def application(scope, receive, send) -> None:
                 code="unknown_url",
             )
     except GatewayError as exc:
+        if reply.sse_open:
+            # A streamed request that waited for a replica has its 200 already.
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": sse_error_event(exc.message, exc.code or "error") + b"data: [DONE]\n\n",
+                }
+            )
+            return
         if reply.started:
             # Only a bug gets here; the client has a status line already.
             logger.error("gateway error after the reply started: %s", exc.message)
@@ -114,7 +124,7 @@ def _route_for(gw, key, model: str):
             param="model",
             code="model_not_found",
         )
-    if not route.upstreams:
+    if not route.upstreams and not route.waits:
         raise GatewayError(
             503, route.unavailable, code="no_ready_replica", retry_after=route.retry_after
         )
@@ -173,6 +183,8 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
     # Most answers take less than this; they pay for a timer, not for a task.
     timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, watch)
     try:
+        if not route.upstreams:
+            route = await waiting.wait_for_replica(gw, route, req, reply)
         await proxy.forward(gw, route, req, reply, t0, key)
     except asyncio.CancelledError:
         if not state["gone"]:

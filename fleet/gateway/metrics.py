@@ -56,12 +56,29 @@ COOLDOWNS = Counter(
     ["model", "replica"],
     registry=REGISTRY,
 )
+PREFIX_ROUTES = Counter(
+    "llmgw_gateway_prefix_routes",
+    "Requests to models with prefix routing, by how their replica was chosen: affinity (the "
+    "prefix's own), overflow (the next on the ring: the owner was over its bounded load), "
+    "fallback (the least busy: the ring's choice was past the margin).",
+    ["model", "result"],
+    registry=REGISTRY,
+)
 
 
 class RouteMetrics:
     """A model's metric children, looked up once rather than on every request."""
 
-    __slots__ = ("latency", "ttft", "retries", "statuses", "model", "prompt", "completion")
+    __slots__ = (
+        "latency",
+        "ttft",
+        "retries",
+        "statuses",
+        "model",
+        "prompt",
+        "completion",
+        "prefix_routes",
+    )
 
     def __init__(self, model: str):
         self.model = model
@@ -71,6 +88,13 @@ class RouteMetrics:
         self.prompt = TOKENS.labels(model, "prompt")
         self.completion = TOKENS.labels(model, "completion")
         self.statuses: dict[int, object] = {}
+        self.prefix_routes: dict[str, object] = {}
+
+    def prefix_routed(self, result: str) -> None:
+        child = self.prefix_routes.get(result)
+        if child is None:
+            child = self.prefix_routes[result] = PREFIX_ROUTES.labels(self.model, result)
+        child.inc()
 
     def tokens(self, usage: dict | None, events: int = 0) -> tuple[int, int]:
         """Count an answer's tokens: from its ``usage``, else one per streamed event.
@@ -132,8 +156,17 @@ class InFlightCollector:
             "inside its engines where they export it.",
             labels=["model"],
         )
+        waiting = GaugeMetricFamily(
+            "llmgw_gateway_waiting_requests",
+            "Requests waiting at this gateway process for a model's first ready replica "
+            "(autoscaled models: scale to zero and back).",
+            labels=["model"],
+        )
         per_model: dict[str, float] = {}
+        waits: dict[str, int] = {}
         for gw in self.gateways():
+            for model, n in list(gw.waiting.items()):
+                waits[model] = waits.get(model, 0) + n
             for model in list(gw.routes):
                 per_model.setdefault(model, 0)
             for model, up in gw.upstreams_in_service():
@@ -145,8 +178,11 @@ class InFlightCollector:
                         per_model[route.name] += up.engine_waiting
         for model, n in sorted(per_model.items()):
             queue.add_metric([model], n)
+        for model, n in sorted(waits.items()):
+            waiting.add_metric([model], n)
         yield in_flight
         yield queue
+        yield waiting
 
 
 def register_in_flight(gateways) -> None:

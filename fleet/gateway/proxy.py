@@ -12,7 +12,7 @@ import json
 import logging
 import time
 
-from . import metrics, table
+from . import metrics, prefix, table
 from .errors import GatewayError, error_body, sse_error_event
 from .upstream import ConnectFailed, Disconnected, Refused, UpstreamError
 
@@ -129,15 +129,20 @@ class SSECheck:
 class Reply:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started", "status", "extra")
+    __slots__ = ("send", "started", "status", "extra", "sse_open")
 
     def __init__(self, send):
         self.send = send
         self.started = False
         self.status = 0
         self.extra = None  # headers every answer carries (the key's x-ratelimit-*)
+        # A streamed request that waited for a replica got its 200 and SSE
+        # comments already (fleet.gateway.waiting): the answer continues that stream.
+        self.sse_open = False
 
     async def start(self, status: int, headers: list) -> None:
+        if self.sse_open:
+            return
         self.started = True
         self.status = status
         if self.extra:
@@ -159,10 +164,19 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
     limits = gw.limits
     tried: list[table.Upstream] = []
     last = ""
+    # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
+    at = None
+    if route.ring is not None and req.endpoint in _STREAMED:
+        at = prefix.key_of(req.endpoint, req.body, limits.prefix_chars)
     try:
         async with asyncio.timeout(limits.total_timeout_s):
             for attempt in range(limits.max_retries + 1):
-                up = table.pick(route, tried)
+                if at is None:
+                    up = table.pick(route, tried)
+                else:
+                    up, how = table.pick_prefix(route, at, limits.prefix_policy, tried)
+                    if not attempt and how:
+                        route.metrics.prefix_routed(how)
                 if up is None:
                     break
                 if up.outstanding >= limits.max_outstanding:
@@ -353,21 +367,48 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
             body = error_body(
                 status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
             )
+    if reply.sse_open:
+        await _whole_as_events(gw, route, key, reply, status, body)
+        return
     headers = [
         (b"content-type", (resp.header(b"content-type") or "application/json").encode()),
         (b"content-length", str(len(body)).encode()),
         _replica_header(up),
     ]
     await reply.start(status, headers)
+    charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": body})
+    await _charge(gw, key, charge)
+
+
+async def _whole_as_events(gw, route, key, reply: Reply, status: int, body: bytes) -> None:
+    """A whole answer on a stream already open (the request waited): as events, then [DONE]."""
     if status < 400:
-        await _count(gw, route, key, usage_of(body))
+        out = b"data: " + b" ".join(body.split(b"\n")) + b"\n\n"
+    else:
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:300].decode("utf-8", "replace")
+        out = sse_error_event(str(message), "upstream_error")
+    charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
+    await reply.send({"type": "http.response.body", "body": out + b"data: [DONE]\n\n"})
+    await _charge(gw, key, charge)
 
 
-async def _count(gw, route, key, usage, events: int = 0) -> None:
+def _tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
+    """An answer's tokens into the metrics and the key's usage, before its last byte
+    goes: a client that reads /metrics the moment it has its answer finds it counted.
+    What to charge against the key's limits afterwards (``_charge``: Redis, maybe a wait)."""
     prompt, completion = route.metrics.tokens(usage, events)
-    if key is not None:
-        await gw.account(key, route.name, prompt, completion)
+    if key is None:
+        return None
+    return prompt + completion, gw.tally(key, route.name, prompt, completion)
+
+
+async def _charge(gw, key, charge: tuple[int, float] | None) -> None:
+    if charge is not None:
+        await gw.charge(key, *charge)
 
 
 async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool) -> None:
@@ -409,11 +450,13 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
             "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
         )
         resp.close()
+        charge = _tally(gw, route, key, check.usage, check.events)
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
-        await _count(gw, route, key, check.usage, check.events)
+        await _charge(gw, key, charge)
         return
+    charge = _tally(gw, route, key, check.usage, check.events)
     await send({"type": "http.response.body", "body": b""})
-    await _count(gw, route, key, check.usage, check.events)
+    await _charge(gw, key, charge)
 
 
 async def _end_stream_with_error(reply: Reply, message: str, code: str) -> None:

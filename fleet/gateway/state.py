@@ -25,7 +25,7 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, keys, metrics, ratelimit, table, usage
+from . import engines, keys, metrics, prefix, ratelimit, table, usage, waiting
 from .errors import GatewayError
 from .upstream import Client, ReadLimits
 
@@ -48,6 +48,8 @@ class Limits:
     engine_scrape_s: float
     limits_retry_s: float
     usage_flush_s: float
+    prefix_chars: int  # how much of a prompt decides its replica, for prefix routing
+    prefix_policy: prefix.Policy  # when a prefix's replica yields to another
     upstream: ReadLimits  # what the request path accepts from engines
     scrape: ReadLimits  # what a scrape of an engine's /metrics accepts
 
@@ -80,6 +82,12 @@ class Limits:
             engine_scrape_s=c.gateway_engine_scrape_s,
             limits_retry_s=c.gateway_limits_retry_s,
             usage_flush_s=c.gateway_usage_flush_s,
+            prefix_chars=c.gateway_prefix_chars,
+            prefix_policy=prefix.Policy(
+                load_factor=c.gateway_prefix_load_factor,
+                margin=c.gateway_prefix_margin,
+                max_outstanding=c.gateway_max_outstanding_per_replica,
+            ),
             upstream=upstream,
             scrape=dataclasses.replace(upstream, max_body_bytes=c.gateway_engine_scrape_max_bytes),
         )
@@ -113,6 +121,13 @@ class Gateway:
         self._miss_reload: asyncio.Future | None = None
         self.retired: list[tuple[str, table.Upstream]] = []
         self._channel: str | None = None
+        # Scale to zero and autoscaling (fleet.gateway.waiting): requests waiting
+        # for a replica per model, each model's last request (time.perf_counter()),
+        # and what wakes the waiting and the load report.
+        self.waiting: dict[str, int] = {}
+        self.last_request: dict[str, float] = {}
+        self.replica_ready: dict[str, asyncio.Event] = {}
+        self.demand_event = asyncio.Event()
 
     # ---- start and stop --------------------------------------------------------
 
@@ -141,6 +156,7 @@ class Gateway:
                 asyncio.ensure_future(self._flush_usage()),
                 asyncio.ensure_future(self._scrape_engines()),
                 asyncio.ensure_future(self._record_history()),
+                asyncio.ensure_future(waiting.report_load(self)),
             ]
             self.started = True
             _close_before_twisted_stops(self)
@@ -187,6 +203,7 @@ class Gateway:
             )
             self.routes = new
             self.routes_loaded_at = time.monotonic()
+            waiting.routes_changed(self)
 
     def upstreams_in_service(self):
         """(model, upstream) for every replica in the table or still finishing requests."""
@@ -243,6 +260,10 @@ class Gateway:
     async def _reload_keys_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
         await self.reload_keys()
+
+    def demand(self) -> None:
+        """A request started waiting for a replica: report it and ask for a pass now."""
+        self.demand_event.set()
 
     # ---- background ------------------------------------------------------------
 
@@ -326,12 +347,16 @@ class Gateway:
         except Exception:  # noqa: BLE001 - a lost last_used is not worth a failed request
             logger.warning("could not record API key use for %d keys", len(ids), exc_info=True)
 
-    async def account(self, key: keys.KeyEntry, model: str, prompt: int, completion: int) -> None:
-        """An answer's tokens: into this hour's usage, and against the key's token limits."""
+    def tally(self, key: keys.KeyEntry, model: str, prompt: int, completion: int) -> float:
+        """An answer's tokens into this hour's usage (no I/O); when, for ``charge``."""
         now = time.time()
         self.usage.add(key.id, model, prompt, completion, now)
+        return now
+
+    async def charge(self, key: keys.KeyEntry, tokens: int, now: float) -> None:
+        """An answer's tokens against the key's token limits (Redis)."""
         if key.limits.tokens_on:
-            await self.limiter.charge(key, prompt + completion, now)
+            await self.limiter.charge(key, tokens, now)
 
     async def write_usage(self) -> None:
         counts = self.usage.take()

@@ -7,6 +7,8 @@ gateway keeps the result in memory and picks from it per request
 (``pick``) without touching the database. A replica with a shard on a suspect
 node (silent past the grace period: frozen, cut off) stays in the table but is
 picked only as a last resort, when no other replica can take the request.
+A model with prefix routing on picks by its prompt's prefix first
+(``pick_prefix``, ``fleet.gateway.prefix``).
 """
 
 import random
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 
 from fleet.models import DesiredState, NodeState, ReplicaState, ShardState
 from fleet.services.readiness import replica_ready, serving_shards
+
+from . import prefix
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,12 @@ class ModelView:
     name: str
     created: int  # unix seconds, as OpenAI's model objects carry it
     desired_replicas: int
+    prefix_routing: bool = False  # requests sharing a prompt prefix go to one replica
+    # Autoscaled (min and max replicas set): a request with no ready replica
+    # waits for one (fleet.gateway.waiting) instead of a 503 at once.
+    autoscaled: bool = False
+    max_waiting: int | None = None  # None: the fleet's setting
+    max_wait_s: int | None = None
 
 
 @dataclass(eq=False)
@@ -92,7 +102,14 @@ class Route:
     unavailable: str = ""  # why no replica is ready, for the 503
     retry_after: int = 5
     metrics: object = None
+    # With no ready replica: wait for one (autoscaled models), within these bounds.
+    waits: bool = False
+    max_waiting: int | None = None
+    max_wait_s: int | None = None
     extra: dict = field(default_factory=dict)
+    # Set when the model routes by prompt prefix: a ring over ``upstreams``,
+    # rebuilt only when they change (``prefix.Ring``).
+    ring: prefix.Ring | None = None
 
 
 # The order in which a model's unready replicas are described: what will be
@@ -187,6 +204,19 @@ def build_routes(
             u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
             upstreams.append(u)
         route = Route(m.id, m.name, m.created, upstreams)
+        if m.prefix_routing and upstreams:
+            # Rebuilt only when the ready set changed: a refresh that found the
+            # same replicas keeps the ring it had.
+            before = (old or {}).get(m.name)
+            ring = before.ring if before is not None else None
+            if ring is None or not ring.same_members(upstreams):
+                ring = prefix.Ring(upstreams)
+            route.ring = ring
+        route.waits, route.max_waiting, route.max_wait_s = (
+            m.autoscaled,
+            m.max_waiting,
+            m.max_wait_s,
+        )
         if not upstreams:
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
@@ -220,14 +250,56 @@ def pick(route: Route, exclude=(), now: float | None = None) -> Upstream | None:
     return best
 
 
+def pick_prefix(
+    route: Route, key: int, policy: prefix.Policy, exclude=(), now: float | None = None
+) -> tuple[Upstream | None, str]:
+    """(upstream, how it was chosen) for a request whose prompt prefix hashes to ``key``.
+
+    The same replicas are candidates as for ``pick`` (none tried already, none
+    cooling down, suspect ones last); among them the prefix's replica on the
+    ring while its load allows (``prefix.choose``), else the least busy.
+    """
+    now = time.monotonic() if now is None else now
+    free, healthy = [], []
+    for u in route.upstreams:
+        if u.cooldown_until <= now and u not in exclude:
+            free.append(u)
+            if not u.suspect:
+                healthy.append(u)
+    available = healthy or free
+    up, result = prefix.choose(route.ring, key, available, policy)
+    if up is None and result:
+        up = pick(route, exclude, now)
+    return up, result
+
+
 def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
     """Read what the table is built from: three queries, whatever the fleet's size."""
     from fleet.models import Model, Replica, Shard
 
     models = [
-        ModelView(pk, name, int(created.timestamp()), desired)
-        for pk, name, created, desired in Model.objects.values_list(
-            "pk", "name", "created_at", "desired_replicas"
+        ModelView(
+            pk,
+            name,
+            int(created.timestamp()),
+            desired,
+            prefix_routing=prefix_routing,
+            autoscaled=lo is not None and hi is not None,
+            max_waiting=max_waiting,
+            max_wait_s=max_wait_s,
+        )
+        for pk, name, created, desired, prefix_routing, lo, hi, max_waiting, max_wait_s in (
+            Model.objects.values_list(
+                "pk",
+                "name",
+                "created_at",
+                "desired_replicas",
+                "prefix_routing",
+                "min_replicas",
+                "max_replicas",
+                "max_waiting",
+                "max_wait_s",
+            )
         )
     ]
     shards: dict[str, list[ShardView]] = {}

@@ -6,6 +6,7 @@ from .choices import (
     ApiKeyScope,
     DesiredState,
     Engine,
+    EventKind,
     NodeState,
     PlacementPolicy,
     ReplicaState,
@@ -23,7 +24,8 @@ from .nodes import (
     Storage,
     WantedEngine,
 )
-from .status import FleetStatus
+from .status import Event, FleetStatus
+from .weights import WeightsEvent
 from .workload import Replica, Shard
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "Engine",
     "EngineInstall",
     "EngineProfile",
+    "Event",
+    "EventKind",
     "FabricAttachment",
     "FleetStatus",
     "JoinToken",
@@ -55,4 +59,5 @@ __all__ = [
     "Storage",
     "VllmBuild",
     "WantedEngine",
+    "WeightsEvent",
 ]

@@ -9,6 +9,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
 
+from agentd.fetch import sources
 from fleet.selectors import parse_selector
 
 from .choices import Engine, PlacementPolicy
@@ -33,15 +34,85 @@ class Model(models.Model):
         help_text="The name clients ask for in the OpenAI API.",
     )
     description = models.TextField(blank=True)
-    desired_replicas = models.IntegerField(default=1, help_text="How many replicas should run.")
+    desired_replicas = models.IntegerField(
+        default=1,
+        help_text="How many replicas should run. With autoscaling (min and max replicas set), "
+        "the current target, which the autoscaler moves between them.",
+    )
+    # Autoscaling (fleet.services.autoscaler): on when both bounds are set.
+    min_replicas = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Autoscaling's floor; 0 lets the model scale to zero when idle. "
+        "Empty, with max replicas empty: no autoscaling, desired replicas is fixed.",
+    )
+    max_replicas = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Autoscaling's ceiling. Set with min replicas."
+    )
+    scale_to_zero_after_s = models.PositiveIntegerField(
+        "scale to zero after (s)",
+        null=True,
+        blank=True,
+        help_text="With min replicas 0: no request for this long scales the model to zero "
+        "(its weights stay on the nodes). Empty: never.",
+    )
+    target_outstanding = models.FloatField(
+        "target outstanding per replica",
+        null=True,
+        blank=True,
+        help_text="Requests in flight per ready replica the autoscaler aims at. "
+        "Empty: the fleet default (LLMGW_AUTOSCALE_TARGET_OUTSTANDING).",
+    )
+    max_waiting = models.PositiveIntegerField(
+        "max waiting requests",
+        null=True,
+        blank=True,
+        help_text="Requests each gateway process holds while no replica is ready; more get "
+        "503. Empty: the fleet default (LLMGW_GATEWAY_WAIT_QUEUE).",
+    )
+    max_wait_s = models.PositiveIntegerField(
+        "max wait (s)",
+        null=True,
+        blank=True,
+        help_text="How long a request waits for a replica before 503. "
+        "Empty: the fleet default (LLMGW_GATEWAY_WAIT_TIMEOUT_S).",
+    )
+    # Observed by the reconciler from the gateways' load reports.
+    last_request_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="The last request any gateway saw."
+    )
+    waiting_requests = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="Requests waiting at the gateways for a replica, at the last pass.",
+    )
+    last_scaled_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="The autoscaler's last decision."
+    )
     placement_policy = models.CharField(
         max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.BINPACK
+    )
+    prefix_routing = models.BooleanField(
+        "prefix-aware routing",
+        default=False,
+        help_text=(
+            "Send requests whose prompts begin alike (system prompt, first messages) to the "
+            "same replica, which has that prefix cached, while its load allows. Off: the "
+            "least busy replica takes each request."
+        ),
     )
     replace_after_s = models.PositiveIntegerField(
         "replace after (s)",
         null=True,
         blank=True,
         help_text="Replace replicas on a silent node after this long. Empty: the fleet default.",
+    )
+    weights_retention_s = models.PositiveIntegerField(
+        "weights retention (s)",
+        null=True,
+        blank=True,
+        help_text="How long this model's weights stay on a node nothing there needs them "
+        "any more. Empty: the fleet default (LLMGW_WEIGHTS_RETENTION_S).",
     )
     active_profile = models.ForeignKey(
         "EngineProfile",
@@ -70,12 +141,49 @@ class Model(models.Model):
             errors["desired_replicas"] = (
                 f"replicas cannot be negative (got {self.desired_replicas})"
             )
+        errors.update(self._autoscale_errors())
         if self.active_profile_id and self.active_profile.model_id != self.pk:
             errors["active_profile"] = (
                 f"profile '{self.active_profile.name}' belongs to another model"
             )
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.min_replicas is not None and self.max_replicas is not None
+
+    def _autoscale_errors(self) -> dict[str, str]:
+        lo, hi, idle = self.min_replicas, self.max_replicas, self.scale_to_zero_after_s
+        if (lo is None) != (hi is None):
+            field = "max_replicas" if hi is None else "min_replicas"
+            return {field: "set min_replicas and max_replicas together (autoscaling), or neither"}
+        errors = {}
+        if hi is not None and hi < 1:
+            errors["max_replicas"] = "max_replicas must be at least 1"
+        elif lo is not None and lo > hi:
+            errors["min_replicas"] = f"min_replicas {lo} is above max_replicas {hi}"
+        if idle is not None and lo != 0:
+            errors["scale_to_zero_after_s"] = (
+                f"scale_to_zero_after_s needs min_replicas 0 (got {'none' if lo is None else lo})"
+            )
+        elif lo == 0 and idle is None:
+            errors["scale_to_zero_after_s"] = (
+                "min_replicas 0 needs scale_to_zero_after_s: how long without a request "
+                "before the model is scaled to zero"
+            )
+        elif idle is not None and idle < 1:
+            errors["scale_to_zero_after_s"] = "scale_to_zero_after_s must be at least 1"
+        if self.target_outstanding is not None and not self.target_outstanding > 0:
+            errors["target_outstanding"] = (
+                f"target_outstanding must be above 0 (got {self.target_outstanding})"
+            )
+        if self.max_waiting is not None and self.max_waiting < 1:
+            # A request that waits is the demand that starts a model at zero.
+            errors["max_waiting"] = "max_waiting must be at least 1"
+        if self.max_wait_s is not None and self.max_wait_s < 1:
+            errors["max_wait_s"] = "max_wait_s must be at least 1"
+        return errors
 
 
 class EngineProfile(models.Model):
@@ -105,7 +213,17 @@ class EngineProfile(models.Model):
     args = models.JSONField(default=list, blank=True, help_text="Extra engine arguments.")
     env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables.")
     model_path = models.CharField(
-        max_length=1024, help_text="Path or hub id of the weights, as the engine takes it."
+        max_length=1024,
+        help_text="Where the weights are: a path on the node (or a hub id the engine "
+        "resolves itself), an https:// URL of one file, or hf://org/name[@revision]; "
+        "the node fetches the last two before starting the engine (docs/weights.md).",
+    )
+    weights_sha256 = models.JSONField(
+        "weights sha256",
+        default=dict,
+        blank=True,
+        help_text='Optional checksums of fetched files: {"file name": "64 hex digits"}. For '
+        "a URL the name is its last path part; for a hub repository, the path in it.",
     )
     served_model_name = models.CharField(
         max_length=255, blank=True, help_text="Name the engine serves. Empty: the model's name."
@@ -174,6 +292,7 @@ class EngineProfile(models.Model):
         "env",
         "model_path",
         "served_model_name",
+        "weights_sha256",
     )
 
     def spec(self) -> dict:
@@ -185,6 +304,10 @@ class EngineProfile(models.Model):
     @property
     def spec_hash(self) -> str:
         spec = {f: getattr(self, f) for f in self.SPEC_FIELDS}
+        if not spec["weights_sha256"]:
+            # Left out when empty: profiles from before it existed keep their hash,
+            # and their running replicas are not rolled by an upgrade.
+            del spec["weights_sha256"]
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
     def clean(self) -> None:
@@ -210,6 +333,26 @@ class EngineProfile(models.Model):
             errors["node_selector"] = str(exc)
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             errors["args"] = "args must be a list of strings"
+        try:
+            source = sources.parse(self.model_path or "")
+        except sources.SourceError as exc:
+            errors["model_path"] = str(exc)
+            source = None
+        if problems := sources.check_sha256(self.weights_sha256):
+            errors["weights_sha256"] = "; ".join(problems)
+        elif "model_path" in errors:
+            pass  # the checksums are judged against a source once it is a valid one
+        elif self.weights_sha256 and source is None:
+            errors["weights_sha256"] = (
+                "checksums are for weights the node fetches: model_path must be an "
+                "https:// URL or hf://org/name[@revision]"
+            )
+        elif source is not None and source.kind == sources.URL and self.weights_sha256:
+            names = set(self.weights_sha256) - {source.file_name}
+            if names:
+                errors["weights_sha256"] = (
+                    f"the URL fetches one file, {source.file_name}; not {', '.join(sorted(names))}"
+                )
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):

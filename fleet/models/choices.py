@@ -65,3 +65,7 @@ class VllmBuild(models.TextChoices):
 class ApiKeyScope(models.TextChoices):
     INFERENCE = "inference", "inference"  # the gateway's /v1/*
     MANAGE = "manage", "manage"  # the management API /api/v1/ (needs a staff user)
+
+
+class EventKind(models.TextChoices):
+    AUTOSCALE = "autoscale"  # the autoscaler changed a model's desired replicas

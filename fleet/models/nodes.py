@@ -3,6 +3,7 @@
 from django.core.validators import RegexValidator
 from django.db import models
 from django.urls import reverse
+from django.utils import timezone
 
 from agentd.protocol import NODE_ID_PATTERN
 from fleet.selectors import effective_labels
@@ -65,7 +66,7 @@ class Node(models.Model):
         max_length=64,
         blank=True,
         editable=False,
-        help_text="SHA-256 of the GPUs, fabrics, weights and engine installs the last "
+        help_text="SHA-256 of the GPUs, fabrics and engine installs the last "
         "registration wrote; empty once a heartbeat changed any of them. A registration "
         "with the same digest leaves those rows as they are.",
     )
@@ -89,6 +90,12 @@ class Node(models.Model):
         blank=True,
         help_text="Since when the acknowledged version has been behind the desired one "
         "without progress. Empty: caught up.",
+    )
+    weights_reclaimed_bytes = models.PositiveBigIntegerField(
+        "weights reclaimed (bytes)",
+        default=0,
+        editable=False,
+        help_text="Bytes of weights the node removed when the clean-up asked, all told.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -184,16 +191,63 @@ class Storage(models.Model):
 
 
 class LocalWeights(models.Model):
-    """Model weights present on a node."""
+    """Model weights present on a node: one top-level entry of one of its weights dirs.
+
+    The agent reports what is on its disk (path, size, source, last use); the
+    rows are updated in place by (node, path), so what the control plane keeps
+    about an entry (the pin, since when nothing needs it, a removal under way)
+    survives each new report. ``fleet.services.weights_gc`` decides what goes.
+    """
+
+    class Removal(models.TextChoices):
+        NONE = "", "-"  # no removal under way
+        PROPOSED = "proposed", "proposed"  # chosen by a pass; not yet on the node's socket
+        SENT = "sent", "sent"  # on the node's socket; its reply is awaited
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="weights")
     path = models.CharField(max_length=1024)
-    size_bytes = models.PositiveBigIntegerField()
-    shared = models.BooleanField(default=False)
+    size_bytes = models.PositiveBigIntegerField("size (bytes)")
+    shared = models.BooleanField(default=False, help_text="On a filesystem other nodes share.")
+    source = models.CharField(
+        max_length=1024,
+        blank=True,
+        help_text="The profile model_path it was fetched from (https:// or hf://). "
+        "Empty: it was on the disk already.",
+    )
+    last_used_at = models.DateTimeField(
+        "last used (node)",
+        null=True,
+        blank=True,
+        help_text="When an engine on the node last used it, by the agent. Empty: never seen.",
+    )
+    first_seen_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Control-plane state: kept across reports.
+    pinned = models.BooleanField(default=False, help_text="Never removed by the clean-up.")
+    unused_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Since when no desired or running shard here needs it, as the clean-up "
+        "saw. Empty: in use (or not looked at yet).",
+    )
+    remove_requested = models.BooleanField(
+        default=False, help_text="An operator asked to remove it now (still only if unused)."
+    )
+    removal = models.CharField(max_length=8, choices=Removal.choices, default="", blank=True)
+    removal_request_id = models.CharField(max_length=64, blank=True)
+    removal_desired_version = models.PositiveBigIntegerField(default=0)
+    removal_at = models.DateTimeField(null=True, blank=True)
+    removal_reason = models.CharField(max_length=255, blank=True)
+    kept_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the node last kept it although proposed."
+    )
+    kept_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["node", "path"]
         verbose_name_plural = "local weights"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "path"], name="weights_unique_node_path"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.node_id}:{self.path}"

@@ -1,6 +1,8 @@
-"""What the reconciler knows about the fleet as a whole (one row)."""
+"""What the reconciler knows about the fleet as a whole (one row), and what it decided (events)."""
 
 from django.db import models
+
+from .choices import EventKind
 
 
 class FleetStatus(models.Model):
@@ -41,3 +43,29 @@ class FleetStatus(models.Model):
     @classmethod
     def get(cls) -> "FleetStatus":
         return cls.objects.get_or_create(pk=1)[0]
+
+
+class Event(models.Model):
+    """Something the control plane decided by itself, with its reason: an operator's log.
+
+    Today the autoscaler's decisions (``kind`` "autoscale", ``direction`` up or
+    down, replicas from and to). The model's name is kept as well as the link,
+    so an event outlives a deleted model.
+    """
+
+    created_at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=32, choices=EventKind.choices)
+    model = models.ForeignKey(
+        "Model", null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    model_name = models.CharField(max_length=128)
+    direction = models.CharField(max_length=8, blank=True, help_text="up or down.")
+    from_replicas = models.PositiveIntegerField(null=True, blank=True)
+    to_replicas = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.TextField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.model_name}: {self.from_replicas} → {self.to_replicas} ({self.reason})"

@@ -9,14 +9,19 @@ using the same ``clean()`` rules as the admin and the API::
       - name: qwen2.5-7b
         replicas: 2
         placement_policy: spread      # or binpack (default)
+        prefix_routing: true          # optional; default false (docs/gateway.md)
         replace_after_s: 120          # optional; default: the fleet's
+        min_replicas: 0               # optional, with max_replicas: autoscaling
+        max_replicas: 4               # (replicas is then its starting point,
+        scale_to_zero_after_s: 600    # kept on a re-apply that leaves it out)
         profile: h100                 # the active profile
         profiles:
           - name: h100
             engine: vllm
-            model_path: Qwen/Qwen2.5-7B-Instruct
+            model_path: Qwen/Qwen2.5-7B-Instruct   # or https://…/file, hf://org/name[@rev]
             gpus_per_node: 1
             gpu_class: H100
+            # weights_sha256: {model.gguf: 3a7b…}   # optional, for fetched weights
 
     engines:                          # optional: the engines every node installs
       vllm: 0.11.2                    # (docs/engines.md); engines not named are left
@@ -40,7 +45,14 @@ MODEL_KEYS = {
     "description": "description",
     "replicas": "desired_replicas",
     "placement_policy": "placement_policy",
+    "prefix_routing": "prefix_routing",
     "replace_after_s": "replace_after_s",
+    "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas",
+    "scale_to_zero_after_s": "scale_to_zero_after_s",
+    "target_outstanding": "target_outstanding",
+    "max_waiting": "max_waiting",
+    "max_wait_s": "max_wait_s",
 }
 PROFILE_KEYS = {
     "name",
@@ -53,6 +65,7 @@ PROFILE_KEYS = {
     "args",
     "env",
     "model_path",
+    "weights_sha256",
     "served_model_name",
     "min_memory_gb",
     "node_selector",
@@ -226,6 +239,10 @@ def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:
     created = model is None
     model = model or Model(name=name)
     values = {MODEL_KEYS[k]: v for k, v in entry.items() if k in MODEL_KEYS}
+    if not created and "replicas" not in entry and "max_replicas" in entry:
+        # Autoscaled: desired replicas is the autoscaler's to move; a file that
+        # does not name it leaves it where it is (the bounds still apply).
+        values["desired_replicas"] = model.desired_replicas
     diffs = _assign(model, values, model_defaults)
     errors = _validate(model, where, exclude=["active_profile"])
     if errors:

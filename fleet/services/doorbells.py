@@ -32,6 +32,7 @@ NODE_SUPERSEDE = "node.supersede"  # the same node connected again elsewhere
 NODE_REVOKED = "node.revoked"  # its credential may have been revoked: check
 NODE_LOGS_REQUEST = "node.logs_request"  # pass a logs request on to the agent
 NODE_PROVISION = "node.provision"  # the wanted engines or the node's vLLM build changed
+NODE_REMOVE_WEIGHTS = "node.remove_weights"  # a clean-up proposal waits: check and send it
 
 
 async def process_channel(layer) -> str:

@@ -32,11 +32,12 @@ GPU_TELEMETRY = ("memory_used_mb", "ecc_errors", "temperature_c")
 
 def inventory_digest(reg: protocol.Register) -> str:
     """SHA-256 of what a registration writes as rows of their own (GPUs but their telemetry,
-    fabrics, weights, engine installs): equal digests, equal rows."""
+    fabrics, engine installs): equal digests, equal rows. Weights are not in it: they are
+    updated in place by path every time (``changes.replace_weights``), since their last
+    use moves while the node runs."""
     facts = {
         "gpus": [g.model_dump(exclude=set(GPU_TELEMETRY)) for g in reg.gpus],
         "fabrics": [f.model_dump() for f in reg.fabrics],
-        "weights": [changes.weights_row(w) for w in reg.weights],
         "installs": [e.model_dump() for e in reg.provision],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
@@ -46,9 +47,9 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
     """Take a registration: the node's whole inventory is replaced by what it reports.
 
     Operator intent (cordon, drain, operator labels) is never touched. A node
-    that registers again with the same GPUs, fabrics, weights and installs as
-    its last registration wrote (``Node.inventory_digest``; a heartbeat that
-    changes any of them clears it) has only its GPU telemetry, disks and node
+    that registers again with the same GPUs, fabrics and installs as its last
+    registration wrote (``Node.inventory_digest``; a heartbeat that changes
+    any of them clears it) has only its GPU telemetry, weights, disks and node
     row written: after a control-plane restart the whole fleet registers at
     once, and rewriting nine tables per node was most of that wave's cost.
     """
@@ -105,8 +106,8 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
             FabricAttachment.objects.bulk_create(
                 FabricAttachment(node=node, **f.model_dump()) for f in reg.fabrics
             )
-            changes.replace_weights(node, reg.weights)
             changes.replace_installs(node, reg.provision)
+        changes.replace_weights(node, reg.weights)
         changes.replace_storage([(node.pk, reg.storage)])
         _apply_running_shards(node, reg.running_shards, now)
     if was != NodeState.READY and not created:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from agentd.ports import DEFAULT_PORT_RANGE
 
+from . import weight_names
 from .placement_types import (  # noqa: F401 - re-exported: callers import them from here
     BINPACK,
     REASONS_LISTED,
@@ -28,7 +29,7 @@ from .placement_types import (  # noqa: F401 - re-exported: callers import them 
     ShardPlacement,
     Verdict,
 )
-from .units import gb_text
+from .units import gb_text, size_text
 
 
 class Snapshot:
@@ -102,21 +103,16 @@ class Snapshot:
 
 
 def _weights_index(nodes) -> dict[str, set[str]]:
-    """Which nodes hold what, by every name a profile's model_path could use for it.
-
-    A path is known by its every trailing run of components ("org/name" finds
-    /var/lib/llmgw/weights/org/name), and Hugging Face's cache directory
-    models--org--name by "org/name".
-    """
+    """Which nodes hold what, by every name a profile's model_path could use for it
+    (``weight_names``): each trailing run of a path's components, the hub cache's
+    name, and a fetched entry's source."""
     index: dict[str, set[str]] = {}
     for node in nodes:
         for path in node.weights:
-            parts = path.strip("/").split("/")
-            keys = {"/".join(parts[i:]) for i in range(len(parts))}
-            if parts[-1].startswith("models--"):
-                keys.add(parts[-1][len("models--") :].replace("--", "/"))
-            for key in keys:
+            for key in weight_names.names(path):
                 index.setdefault(key, set()).add(node.id)
+        for source in node.weight_sources:
+            index.setdefault(source.strip("/"), set()).add(node.id)
     return index
 
 
@@ -253,9 +249,24 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
     return None
 
 
+def _removing_reason(node: NodeInfo, req: Request) -> Reason | None:
+    """A clean-up removal of these weights is on the node's socket: no shard needing them
+    goes there until the node has answered (fleet.services.weights_gc.delivery)."""
+    if node.removing and req.model_path:
+        wanted = weight_names.Wanted([req.model_path])
+        if any(wanted.serves(path, source) for path, source in node.removing):
+            nid = node.id
+            return Reason(nid, "weights", f"{nid}: is removing these weights (reply awaited)")
+    return None
+
+
 def reason_for(snapshot: Snapshot, node: NodeInfo, req: Request) -> Reason | None:
     """The first thing that keeps this node from taking the request, or None."""
-    reason = snapshot.static_reason(node, req) or _dynamic_reason(node, req, snapshot)
+    reason = (
+        snapshot.static_reason(node, req)
+        or _dynamic_reason(node, req, snapshot)
+        or _removing_reason(node, req)
+    )
     failed = req.avoided.get(node.id)
     if reason is None and failed:
         reason = Reason(node.id, "avoid", f"{node.id}: this replica failed here {failed} times")
@@ -281,7 +292,7 @@ def _fits(snapshot: Snapshot, node: NodeInfo, req: Request, avoid: bool) -> bool
         return False
     if avoid and node.id in req.avoided:
         return False
-    return _dynamic_reason(node, req, snapshot) is None
+    return _dynamic_reason(node, req, snapshot) is None and _removing_reason(node, req) is None
 
 
 def _policy_key(snapshot: Snapshot, node: NodeInfo, req: Request):
@@ -422,5 +433,17 @@ def explain(snapshot: Snapshot, req: Request) -> tuple[list[Verdict], Placement 
             notes.append("memory not reported")
         if node.id in holders:
             notes.append("holds the weights")
+        elif weight_names.is_fetched(req.model_path):
+            size = fetch_size(snapshot, req.model_path)
+            notes.append(f"would fetch {size_text(size)}" if size else "would fetch the weights")
         verdicts.append(Verdict(node.id, True, f"{node.id}: fits ({', '.join(notes) or 'CPU'})"))
     return verdicts, place(snapshot, req)
+
+
+def fetch_size(snapshot: Snapshot, model_path: str) -> int | None:
+    """The size of ``model_path``'s weights where another node has fetched them, else None."""
+    for node in snapshot.nodes.values():
+        size = node.weight_sizes.get(model_path)
+        if size is not None and model_path in node.weight_sources:
+            return size
+    return None

@@ -56,6 +56,12 @@ class NodeInfo:
     gpus: list[GpuInfo] = field(default_factory=list)
     fabrics: dict[str, list[str]] = field(default_factory=dict)  # fabric -> HCAs
     weights: frozenset[str] = frozenset()
+    # Fetched entries' sources (https://…, hf://…) and sizes by path and by source.
+    weight_sources: frozenset[str] = frozenset()
+    weight_sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    # (path, source) of entries the node is removing now (a clean-up proposal on its
+    # socket, reply awaited): a shard needing them is not placed here meanwhile.
+    removing: tuple[tuple[str, str], ...] = ()
     port_range: tuple[int, int] | None = None  # None: the snapshot's default
     used_gpus: set[str] = field(default_factory=set)
     used_ports: set[int] = field(default_factory=set)

@@ -5,6 +5,7 @@ with 40,000 GPUs must stay well under a second.
 """
 
 import json
+import time
 from dataclasses import dataclass
 
 from django.db import connection
@@ -36,6 +37,7 @@ from .placement import (
     explain,
 )
 from .units import MB_PER_GB
+from .weights_gc.facts import ts as unix_seconds
 
 PORTS_LABEL = "llmgw.io/ports"
 
@@ -129,12 +131,32 @@ def build() -> Snapshot:
     ):
         if nid in nodes:
             nodes[nid].installs[engine] = InstallInfo(state, version, detail, pct)
-    weights: dict[str, set[str]] = {}
-    for nid, path in _rows(f"SELECT node_id, path FROM {t[LocalWeights]}"):
-        weights.setdefault(nid, set()).add(path)
-    for nid, paths in weights.items():
-        if nid in nodes:
-            nodes[nid].weights = frozenset(paths)
+    # An entry whose removal is on the node's socket is not held: it is going
+    # (fleet.services.weights_gc), and no shard that needs it is placed there
+    # until the node has answered, or the answer is overdue.
+    weights: dict[str, tuple[set, set, dict, list]] = {}
+    overdue = time.time() - fleet_settings().weights_removal_timeout_s
+    for nid, path, source, size, removal, removal_at in _rows(
+        f"SELECT node_id, path, source, size_bytes, removal, removal_at FROM {t[LocalWeights]}"
+    ):
+        paths, sources, sizes, removing = weights.setdefault(nid, (set(), set(), {}, []))
+        if removal == LocalWeights.Removal.SENT:
+            at = unix_seconds(removal_at)
+            if at is None or at > overdue:
+                removing.append((path, source or ""))
+                continue
+        paths.add(path)
+        sizes[path] = size
+        if source:
+            sources.add(source)
+            sizes[source] = size
+    for nid, (paths, sources, sizes, removing) in weights.items():
+        node = nodes.get(nid)
+        if node is not None:
+            node.weights = frozenset(paths)
+            node.weight_sources = frozenset(sources)
+            node.weight_sizes = sizes
+            node.removing = tuple(removing)
     # What a shard holds until its process is gone. One that was stopped before
     # it ever started (still pending) holds nothing.
     held = Shard.objects.filter(node__isnull=False).exclude(state__in=SHARD_FINISHED)

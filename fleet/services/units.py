@@ -36,3 +36,12 @@ def bytes_text(n: float | None) -> str:
         n /= 1024
         step += 1
     return f"{n:.0f} B" if step == 0 else f"{n:.1f} {BINARY_UNITS[step]}"
+
+
+def size_text(n: int) -> str:
+    """A download's size in decimal units, as disks and hubs state them: "14.2 GB", "312 MB"."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{n} B"

@@ -17,12 +17,15 @@ from fleet.models import (
     FleetStatus,
     JoinToken,
     KeyUsage,
+    LocalWeights,
     Model,
     Node,
     NodeCredential,
 )
 from fleet.models.access import hash_secret
 from fleet.services import access, catalog
+from fleet.services.autoscaler import step as autoscale_step
+from fleet.services.weights_gc import inventory as weights_inventory
 from tests.admin.helpers import form_data
 from tests.factories import (
     LLAMACPP_CPU,
@@ -81,6 +84,15 @@ def fleet():
     )
     FleetStatus.get()
     catalog.apply("engines:\n  llamacpp: 0.3.36\n")
+    # An operator asks for cpu-01's unused weights to go: a proposal and its event.
+    weights_inventory.request_removal(
+        LocalWeights.objects.filter(node_id="cpu-01").values_list("pk", flat=True)
+    )
+    # The autoscaler brings a target set above its bounds back inside: a decision
+    # and its event.
+    auto = add_model("auto", replicas=3, engine="llamacpp", gpus_per_node=0)
+    Model.objects.filter(pk=auto.pk).update(min_replicas=1, max_replicas=2)
+    autoscale_step.step(Model.objects.filter(pk=auto.pk), {}, timezone.now())
     return node
 
 
@@ -323,3 +335,22 @@ def test_a_node_not_keeping_up_shows_in_the_list_and_on_its_page(admin_client, f
     assert "not keeping up: v3 of v5" in page
     # a node caught up shows its version, nothing alarming
     assert "not keeping up" not in admin_client.get(url(Node, "change", "cpu-01")).content.decode()
+
+
+def test_prefix_routing_is_switched_on_in_the_model_form_and_filtered_in_the_list(admin_client):
+    chat = add_model("chat", **LLAMACPP_CPU)
+    add_model("batch", **LLAMACPP_CPU)
+    page = admin_client.get(url(Model, "change", chat.pk)).content.decode()
+    assert "Prefix-aware routing" in page
+    data = form_data(page)
+    assert "prefix_routing" not in data  # an unticked box: off, the default
+
+    # when: the operator ticks it and saves
+    resp = admin_client.post(url(Model, "change", chat.pk), {**data, "prefix_routing": "on"})
+
+    # then: the model routes by prefix, and the list can show just those that do
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    assert Model.objects.get(pk=chat.pk).prefix_routing is True
+    listing = admin_client.get(url(Model, "changelist") + "?prefix_routing__exact=1")
+    names = re.findall(r'class="field-name"><a [^>]*>([^<]+)<', listing.content.decode())
+    assert names == ["chat"]

@@ -159,6 +159,10 @@ async def test_a_desired_set_is_acknowledged_over_the_socket(tmp_path):
                     "version": 7,
                     "ok": True,
                     "detail": "",
+                    # remove_weights' reply fields, empty on any other ack
+                    "request_id": "",
+                    "removed": [],
+                    "kept": [],
                 }
                 sent.set()
 

@@ -284,6 +284,6 @@ def test_remove_weights_checks_every_path_again(tmp_path):
     assert not os.path.lexists(w / "link-to-elsewhere")
     assert w.is_dir()
     assert detail.startswith("removed 4; kept ")
-    assert f"{w / 'serving'}: in use by a running shard" in detail
+    assert f"{w / 'serving'}: in use by a shard here" in detail
     assert f"{outside}: not inside a weights dir" in detail
     assert f"{w}: not inside a weights dir" in detail

@@ -3,12 +3,13 @@
 A request body can follow the schema and still be refused, for reasons no JSON
 Schema states: an id that names nothing in this database (``"model": 72``), an
 engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` (a rule across
-fields, EngineProfile.clean()), a catalog file's YAML inside a string, or a
-duration ("24h") or time the schema only describes in words. The API answers
-400 to them, rightly; the positive-data check would call that a valid request
-refused. So a *positive* case (one schemathesis means to be valid) is made valid
-in those ways only, before it is sent: ids point at the fleet the test made, the
-parallelism adds up, the catalog is a real one and durations are durations.
+fields, EngineProfile.clean()), a model's autoscaling bounds that do not fit
+together, a catalog file's YAML inside a string, or a duration ("24h") or time
+the schema only describes in words. The API answers 400 to them, rightly; the
+positive-data check would call that a valid request refused. So a *positive* case
+(one schemathesis means to be valid) is made valid in those ways only, before it
+is sent: ids point at the fleet the test made, the parallelism adds up, the
+bounds fit, the catalog is a real one and durations are durations.
 Negative cases are sent as drawn.
 
 Loaded by the schemathesis command through ``SCHEMATHESIS_HOOKS``; the test
@@ -46,6 +47,20 @@ def _consistent_profile(body: dict) -> None:
     body.update(engine=engine, gpus_per_node=gpus, nodes=1, tp=max(gpus, 1), pp=1)
 
 
+def _consistent_bounds(body: dict) -> None:
+    """Autoscaling's bounds made to fit together (Model.clean()): both or neither, min at
+    most max, and an idle time exactly when min is 0. All three are sent together."""
+    keys = ("min_replicas", "max_replicas", "scale_to_zero_after_s")
+    if not any(k in body for k in keys):
+        return
+    lo, hi = body.get("min_replicas"), body.get("max_replicas")
+    if lo is None or hi is None:
+        body.update(dict.fromkeys(keys))
+        return
+    idle = (body.get("scale_to_zero_after_s") or 60) if lo == 0 else None
+    body.update(min_replicas=lo, max_replicas=max(hi, lo, 1), scale_to_zero_after_s=idle)
+
+
 @schemathesis.hook
 def map_case(context, case):
     meta = case.meta
@@ -76,6 +91,7 @@ def _made_valid(case):
         # A model's active profile must be one of its own; none is always one of them.
         if case.body.get("active_profile") is not None:
             case.body["active_profile"] = None
+        _consistent_bounds(case.body)
     elif path in ("/api/v1/catalog/apply/", "/api/v1/catalog/explain/"):
         if "catalog" in case.body or path.endswith("apply/"):
             case.body["catalog"] = CATALOG

@@ -268,6 +268,21 @@ def test_profile_update_is_checked_against_the_whole_row(api):
     assert EngineProfile.objects.get(pk=profile.pk).tp == 8
 
 
+def test_prefix_routing_is_off_by_default_and_switched_per_model(api):
+    created = _post(api, "/api/v1/models/", {"name": "chat"})
+    assert created.status_code == 201 and created.json()["prefix_routing"] is False
+    mid = created.json()["id"]
+
+    on = api.patch(f"/api/v1/models/{mid}/", {"prefix_routing": True}, "application/json")
+    assert on.status_code == 200 and on.json()["prefix_routing"] is True
+    assert Model.objects.get(pk=mid).prefix_routing is True
+
+    bad = api.patch(f"/api/v1/models/{mid}/", {"prefix_routing": "sometimes"}, "application/json")
+    assert bad.status_code == 400
+    assert bad.json()["prefix_routing"] == ["Must be a valid boolean."]
+    assert Model.objects.get(pk=mid).prefix_routing is True
+
+
 def test_a_profile_cannot_move_to_another_model(api):
     profile = add_model("qwen-7b", **LLAMACPP_CPU).active_profile
     other = Model.objects.create(name="llama-8b")
@@ -385,12 +400,12 @@ def test_schema_generates_without_warnings(tmp_path):
     assert "/api/v1/nodes/{id}/uncordon/" in (tmp_path / "schema.yaml").read_text()
 
 
-# --- end to end: a real Daphne, a real agent socket ------------------------------
+# --- end to end: a real web process, a real agent socket ---------------------------
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.live
-def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server):
+def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(live_web):
     import json
     import subprocess
     import sys
@@ -408,11 +423,11 @@ def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server)
     _, token = join_token()
     _, key = manage_key()
     root = staff_user("root", is_superuser=True)
-    # Daphne runs with the real hashers, which do not know this module's fast one.
+    # The web process runs with the real hashers, which do not know this module's fast one.
     root.password = PBKDF2PasswordHasher().encode("pw-for-tests", "salt4tests", iterations=1000)
     root.save()
     headers = {"Authorization": f"Bearer {token}"}
-    with connect(daphne_server.ws_url, additional_headers=headers, open_timeout=10) as ws:
+    with connect(live_web.ws_url, additional_headers=headers, open_timeout=10) as ws:
         ws.send(json.dumps(register_msg("gpu-07")))
         ack = json.loads(ws.recv(timeout=10))
         assert ack["of"] == "register" and ack["credential"].startswith("lgn_")
@@ -433,7 +448,7 @@ def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server)
 
         # and the API answers with its GPUs and memory
         req = urllib.request.Request(
-            daphne_server.url + "/api/v1/nodes/gpu-07/",
+            live_web.url + "/api/v1/nodes/gpu-07/",
             headers={"Authorization": f"Bearer {key}"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -443,7 +458,7 @@ def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server)
 
         # and so does the admin, to a superuser who logs in
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
-        login = daphne_server.url + "/admin/login/"
+        login = live_web.url + "/admin/login/"
         page = opener.open(login, timeout=10).read().decode()
         csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
         form = {"username": "root", "password": "pw-for-tests", "csrfmiddlewaretoken": csrf}
@@ -456,7 +471,7 @@ def test_an_enrolled_agent_appears_in_nodes_the_api_and_the_admin(daphne_server)
             timeout=10,
         )
         admin_page = (
-            opener.open(daphne_server.url + "/admin/fleet/node/gpu-07/change/", timeout=10)
+            opener.open(live_web.url + "/admin/fleet/node/gpu-07/change/", timeout=10)
             .read()
             .decode()
         )

@@ -16,7 +16,7 @@ import pytest
 from agentd import ctl
 from fleet.models import ApiKey, JoinToken, Model, Node
 from fleet.services import api_keys
-from tests.consumer.test_daphne_agent import connect, enrol, recv
+from tests.consumer.test_live_agent_socket import connect, enrol, recv
 from tests.factories import (
     add_node,
     enrol_node,
@@ -41,10 +41,10 @@ models:
 
 
 @pytest.fixture
-def cli(daphne_server, monkeypatch, tmp_path):
+def cli(live_web, monkeypatch, tmp_path):
     """Runs ``llmgw ARGS`` in this process against the live server; (status, out, err)."""
     _, secret = manage_key()
-    monkeypatch.setenv("LLMGW_URL", daphne_server.url)
+    monkeypatch.setenv("LLMGW_URL", live_web.url)
     monkeypatch.setenv("LLMGW_API_KEY", secret)
     monkeypatch.setattr(ctl, "CONFIG_PATH", tmp_path / "no-such-cli.yaml")
 
@@ -54,7 +54,7 @@ def cli(daphne_server, monkeypatch, tmp_path):
         return status, out.getvalue(), err.getvalue()
 
     run.secret = secret
-    run.url = daphne_server.url
+    run.url = live_web.url
     return run
 
 
@@ -273,19 +273,17 @@ def test_the_config_file_must_be_its_owner_s_alone(cli, monkeypatch, tmp_path):
     assert status == ctl.EXIT_USAGE and "no control plane named" in err
 
 
-async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(
-    daphne_server, cli
-):
+async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(live_web, cli):
     from asgiref.sync import sync_to_async
 
     status, _, err = await sync_to_async(cli)("logs", "gpu-01")
     assert status == ctl.EXIT_REFUSED and "not found" in err
 
-    credential = await enrol(daphne_server, "gpu-01")
+    credential = await enrol(live_web, "gpu-01")
     status, _, err = await asyncio.to_thread(cli, "logs", "gpu-01")
     assert status == ctl.EXIT_REFUSED and "no agent connected" in err
 
-    async with connect(daphne_server, credential) as ws:
+    async with connect(live_web, credential) as ws:
         await ws.send(json.dumps(register_msg("gpu-01")))
         await recv(ws, "ack")
         await recv(ws, "desired")
@@ -320,3 +318,32 @@ def test_the_installed_entry_point_runs_and_usage_errors_are_exit_2(cli):
         capture_output=True, text=True, env=env, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == ctl.EXIT_USAGE and "invalid choice: 'frobnicate'" in bad.stderr
+
+
+def test_weights_and_gc_weights(cli):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import LocalWeights
+
+    # given: a node holding weights nothing needs, unused for two days
+    add_node("gpu-01", as_reported=True)
+    LocalWeights.objects.update(unused_since=timezone.now() - timedelta(days=2))
+
+    status, out, _ = cli("weights", "--unused")
+    assert status == 0
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["NODE", "PATH", "SIZE"]
+    assert row.split()[:4] == ["gpu-01", "/models/qwen", "14.0", "GiB"]
+
+    status, out, _ = cli("gc-weights", "--dry-run")
+    assert status == 0
+    assert out.splitlines() == [
+        "gpu-01 /models/qwen (14.0 GiB): unused for 48 h (retention 24 h)",
+        "would propose 1 for removal",
+    ]
+    assert LocalWeights.objects.get().removal == ""
+    status, out, _ = cli("gc-weights")
+    assert status == 0 and out.splitlines()[-1] == "proposed 1 for removal"
+    assert LocalWeights.objects.get().removal == "proposed"

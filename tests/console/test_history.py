@@ -63,6 +63,7 @@ class _Route:
 
 class _Gateway:
     routes = {"bench-model": _Route()}
+    waiting = {}  # requests waiting for a replica, per model
 
     def upstreams_in_service(self):
         yield "bench-model", _Route.upstreams[0]

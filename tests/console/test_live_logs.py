@@ -1,6 +1,6 @@
-"""The node page through a real Daphne: the logs panel's request reaches the agent's
+"""The node page through a real web process: the logs panel's request reaches the agent's
 socket in the same process and the answer comes back escaped; a heartbeat's load,
-applied by Daphne's heartbeat writer, is a point on the charts."""
+applied by its heartbeat writer, is a point on the charts."""
 
 import asyncio
 import json
@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from tests.consumer.helpers import run_closing_connections
-from tests.consumer.test_daphne_agent import connect, enrol, recv
+from tests.consumer.test_live_agent_socket import connect, enrol, recv
 from tests.factories import heartbeat_msg, operator, register_msg
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
@@ -28,8 +28,8 @@ def get(url: str, cookie: str) -> tuple[int, str]:
         return resp.status, resp.read().decode()
 
 
-async def test_the_logs_panel_asks_the_agent_on_the_same_daphne(daphne_server):
-    server = daphne_server
+async def test_the_logs_panel_asks_the_agent_on_the_same_web_process(live_web):
+    server = live_web
     credential = await enrol(server, "gpu-01")
     cookie = await asyncio.to_thread(run_closing_connections, session_cookie)
     url = f"{server.url}/admin/cluster/nodes/gpu-01/logs/?source=agent&lines=2"
@@ -75,8 +75,8 @@ LOAD = {
 }
 
 
-async def test_a_heartbeats_load_is_a_point_on_the_nodes_charts(daphne_server):
-    server = daphne_server
+async def test_a_heartbeats_load_is_a_point_on_the_nodes_charts(live_web):
+    server = live_web
     credential = await enrol(server, "gpu-01")
     cookie = await asyncio.to_thread(run_closing_connections, session_cookie)
 

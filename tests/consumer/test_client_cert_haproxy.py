@@ -1,11 +1,13 @@
-"""Node identity by client certificate, end to end: the real HAProxy, Daphne and agents.
+"""Node identity by client certificate, end to end: the real HAProxy, web process and agents.
 
 HAProxy runs the configuration docs/security.md documents (its own paths and
 ports swapped in) and verifies agents' certificates against a CA this test
-makes; Daphne runs with ``--proxy-headers`` as in production, trusting the
-certificate header only from HAProxy's address (127.0.0.2: HAProxy's
-connections to Daphne leave from there, so the test's own, from 127.0.0.1,
-are "not the proxy").
+makes. The web process, on each server (``llmgw_site.serve`` on uvicorn, and
+Daphne), trusts ``X-Forwarded-For`` from anyone (uvicorn: ``--forwarded-allow-ips
+'*'``; Daphne: ``--proxy-headers``, which has no narrower form), the loosest a
+deployment could be, and the certificate header only from HAProxy's address
+(127.0.0.2: HAProxy's connections leave from there, so the test's own, from
+127.0.0.1, are "not the proxy").
 """
 
 import asyncio
@@ -20,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from agentd.protocol import CloseCode
 from fleet.models import JoinToken, Node
 from tests.factories import join_token
-from tests.processes import start_agent, start_daphne, wait_until, write_config
+from tests.processes import SERVERS, start_agent, start_web, wait_until, write_config
 from tests.processes.tls import CA, HAPROXY_MISSING, haproxy_binary, start_haproxy
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
@@ -29,10 +31,10 @@ PROXY_SOURCE = "127.0.0.2"
 
 
 class Site:
-    """A site's PKI in front of the control plane: the CA, HAProxy and Daphne behind it."""
+    """A site's PKI in front of the control plane: the CA, HAProxy and the web process behind it."""
 
-    def __init__(self, tmp_path, daphne, haproxy, nodes_ca: CA, proxy_ca: CA):
-        self.tmp_path, self.daphne, self.haproxy = tmp_path, daphne, haproxy
+    def __init__(self, tmp_path, web, haproxy, nodes_ca: CA, proxy_ca: CA):
+        self.tmp_path, self.web, self.haproxy = tmp_path, web, haproxy
         self.nodes_ca, self.proxy_ca = nodes_ca, proxy_ca
 
     def agent_config(self, name: str, node_id: str, cert_cn: str | None = None, **fields):
@@ -52,13 +54,16 @@ class Site:
 
     def logs(self) -> str:
         return (
-            f"\n--- daphne\n{self.daphne.output()[-3000:]}"
-            f"\n--- haproxy\n{self.haproxy.output()[-3000:]}"
+            f"\n--- web\n{self.web.output()[-3000:]}\n--- haproxy\n{self.haproxy.output()[-3000:]}"
         )
 
 
-@pytest.fixture
-def site(transactional_db, tmp_path):
+# What trusts X-Forwarded-For from any address, on each server.
+TRUST_ANY_PROXY = {"uvicorn": ["--forwarded-allow-ips", "*"], "daphne": ["--proxy-headers"]}
+
+
+@pytest.fixture(params=SERVERS)
+def site(request, transactional_db, tmp_path):
     binary = haproxy_binary()
     if binary is None:
         pytest.fail(HAPROXY_MISSING)
@@ -67,9 +72,10 @@ def site(transactional_db, tmp_path):
     cert, key = proxy_ca.issue("localhost", server=True)
     server_pem = tmp_path / "proxy.pem"  # HAProxy's crt: the certificate, then its key
     server_pem.write_bytes(cert.read_bytes() + key.read_bytes())
-    daphne = start_daphne(
+    web = start_web(
         tmp_path,
-        args=["--proxy-headers"],
+        server=request.param,
+        args=TRUST_ANY_PROXY[request.param],
         LLMGW_CLIENT_CERT_PROXIES=PROXY_SOURCE,
         LLMGW_HEARTBEAT_INTERVAL_S="0.5",
     )
@@ -79,15 +85,15 @@ def site(transactional_db, tmp_path):
             tmp_path,
             server_pem=server_pem,
             client_ca=nodes_ca.pem,
-            backend_port=daphne.port,
+            backend_port=web.port,
             source=PROXY_SOURCE,
         )
     except Exception:
-        daphne.stop()
+        web.stop()
         raise
-    yield Site(tmp_path, daphne, haproxy, nodes_ca, proxy_ca)
+    yield Site(tmp_path, web, haproxy, nodes_ca, proxy_ca)
     haproxy.stop()
-    daphne.stop()
+    web.stop()
 
 
 def _registered(node_id) -> bool:
@@ -113,11 +119,11 @@ def test_a_node_with_its_own_certificate_registers_and_nothing_gets_around_the_p
     credential = (config.parent / "state" / "credential").read_text().strip()
     assert credential
 
-    # (d) when that node's credential and CN are sent straight to Daphne, with a
+    # (d) when that node's credential and CN are sent straight to the web process, with a
     # forged X-Forwarded-For naming the proxy: refused, and the header is not trusted
     code, reason = asyncio.run(
         _direct(
-            site.daphne.port,
+            site.web.port,
             {
                 "Authorization": f"Bearer {credential}",
                 "X-LLMGW-Client-CN": "gpu-cert-01",
@@ -128,11 +134,11 @@ def test_a_node_with_its_own_certificate_registers_and_nothing_gets_around_the_p
     assert code == CloseCode.FORBIDDEN, site.logs()
     assert reason.startswith("this control plane identifies nodes by client certificate")
     assert "not from 127.0.0.1" in reason  # the connection's address, not the forged one
-    assert "X-LLMGW-Client-CN header from 127.0.0.1 ignored" in site.daphne.output()
+    assert "X-LLMGW-Client-CN header from 127.0.0.1 ignored" in site.web.output()
 
 
 async def _direct(port: int, headers: dict) -> tuple[int, str]:
-    """Connect to Daphne itself; the close code and the reason given, before any register."""
+    """Straight to the web process; the close code and the reason given, before any register."""
     url = f"ws://127.0.0.1:{port}/ws/agent/"
     closing = {}
     async with websockets.connect(url, additional_headers=headers, open_timeout=10) as ws:
@@ -160,7 +166,7 @@ def test_a_certificate_for_another_node_is_refused_as_a_credential_for_another_i
     assert code == 3, agent.output() + site.logs()
     assert "closed the socket with 4003" in agent.output()
     assert refusal in agent.output()  # the reason reaches the node's own log
-    assert f"agent socket closed code=4003 reason={refusal}" in site.daphne.output()
+    assert f"agent socket closed code=4003 reason={refusal}" in site.web.output()
     # and nothing was written, the token's use included
     assert not Node.objects.exists()
     assert JoinToken.objects.get(pk=token.pk).uses == 0
@@ -196,7 +202,7 @@ def test_without_a_certificate_the_proxy_refuses_the_tls_handshake(site):
 
     # nothing reached the control plane
     assert not Node.objects.exists()
-    assert "/ws/agent/" not in site.daphne.output()
+    assert "/ws/agent/" not in site.web.output()
 
 
 def _handshake(site, cert) -> str:

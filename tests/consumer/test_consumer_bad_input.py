@@ -2,7 +2,7 @@
 is logged once, and writes nothing.
 
 (A frame over Daphne's 1 MiB limit is refused by Daphne itself, before the
-consumer sees it: tests/consumer/test_daphne_agent.py covers it on a real server.)
+consumer sees it: tests/consumer/test_live_agent_socket.py covers it on a real server.)
 """
 
 import json

@@ -40,6 +40,8 @@ def test_variables_are_read_with_their_types():
         ("LLMGW_GATEWAY_MAX_RETRIES", "two", "LLMGW_GATEWAY_MAX_RETRIES='two'"),
         ("LLMGW_SUSPECT_AFTER_S", "50s", "LLMGW_SUSPECT_AFTER_S='50s'"),
         ("LLMGW_ENGINES", "vllm", "'vllm' is not ENGINE=VERSION"),
+        ("LLMGW_GATEWAY_PREFIX_LOAD_FACTOR", "0.8", "PREFIX_LOAD_FACTOR='0.8': must be at least 1"),
+        ("LLMGW_GATEWAY_PREFIX_CHARS", "0", "PREFIX_CHARS='0': must be at least 1"),
     ],
 )
 def test_a_value_that_does_not_parse_names_the_variable(name, value, message):

@@ -41,7 +41,8 @@ def clock() -> dict[str, str]:
 
 @pytest.fixture
 def stack(transactional_db, tmp_path, clock):
-    """A private Redis, Daphne, a Celery worker and beat; agents are added by the test.
+    """A private Redis, the web process (uvicorn, as users run it), a Celery worker and
+    beat; agents are added by the test.
 
     Everything it started is stopped afterwards, engines included (they outlive
     their agent by design), before the test database is flushed.

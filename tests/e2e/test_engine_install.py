@@ -41,7 +41,7 @@ def test_the_agent_installs_the_wanted_llamacpp_verifies_it_serves_and_repairs_i
     version = pinned_llama_cpp_python()
     # given: a CPU node whose agent.yaml names no llama.cpp: it has only what it installs
     _, secret = join_token(name="e2e cpu-i", uses=1)
-    agent = Agent(tmp_path / "cpu-i", "cpu-i", stack.daphne.ws_url, secret, engines={})
+    agent = Agent(tmp_path / "cpu-i", "cpu-i", stack.web.ws_url, secret, engines={})
     clock = tmp_path / "agent-clock"
     agent.proc = start_agent(agent.config, **{CLOCK_FILE_ENV: str(clock)})
     stack.agents.append(agent)
@@ -124,7 +124,7 @@ def test_an_operators_build_change_reaches_a_gpu_node_which_acts_on_it(stack, tm
     agent = Agent(
         tmp_path / "gpu-i",
         "gpu-i",
-        stack.daphne.ws_url,
+        stack.web.ws_url,
         secret,
         engines={},
         # no network here: a cu129 wheel that is not there fails pip at once

@@ -117,7 +117,7 @@ def test_make_run_prints_a_curl_and_a_client_line_that_work_and_ctrl_c_stops_eve
         (engine_pid,) = [pid for pid, _ in state.find_marked(agent_state).values()]
         out = run.output()
         assert "login admin / " in out and "redis     unix://" in out
-        # and the printed admin comes with its stylesheet, collected and served by Daphne
+        # and the printed admin comes with its stylesheet, collected and served by the web process
         login = urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/").read().decode()
         css = re.search(r'href="(/static/admin/css/base\.[0-9a-f]{12}\.css)"', login)[1]
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}{css}").status == 200

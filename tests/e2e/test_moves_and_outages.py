@@ -118,7 +118,7 @@ def test_redis_stopped_for_10_s_then_started_everything_recovers_and_nothing_is_
     assert (n.state, n.connected) == ("ready", True)
 
 
-def test_daphne_and_celery_restarted_adopt_the_running_shard_without_a_second_engine(
+def test_web_and_celery_restarted_adopt_the_running_shard_without_a_second_engine(
     stack, tiny_model
 ):
     agent = stack.add_agent("cpu-a")

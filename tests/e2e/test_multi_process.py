@@ -1,6 +1,8 @@
-"""More than one of every process (issue 15): two web processes (Daphne) and two Celery
-workers on one database and one Redis, HAProxy in front with docs/scaling.md's
-configuration; one agent behind the balancer, one naming both web processes.
+"""More than one of every process (issue 15): two web processes and two Celery workers
+on one database and one Redis, HAProxy in front with docs/scaling.md's configuration;
+one agent behind the balancer, one naming both web processes. The web processes are
+one of each supported server, the default (``llmgw_site.serve``, uvicorn) and Daphne,
+so Daphne stays covered and a fleet mid-way between the two is shown to work.
 
 - a change made through one web process reaches agents connected to the other (their
   doorbells cross processes through the channel layer);
@@ -22,7 +24,7 @@ from fleet.models import Node, Replica
 from tests.e2e.helpers import apply_model, engine_processes, live_shards, wait_serving
 from tests.factories import join_token
 from tests.processes import Load, free_port
-from tests.processes.servers import LiveServer, start_celery, start_daphne
+from tests.processes.servers import LiveServer, start_celery, start_web
 from tests.processes.stack import CELERY_WORKER, Agent
 from tests.processes.tls import (
     HAPROXY_MISSING,
@@ -79,10 +81,11 @@ def _registrations(agent: Agent) -> list[str]:
 
 
 def _balanced_sockets(web: LiveServer) -> int:
-    """Agent sockets the balancer opened to ``web`` and that are still open."""
+    """Agent sockets the balancer opened to ``web`` and that are still open (the consumer's log)."""
     text = web.output()
-    opened = len(re.findall(rf"{re.escape(PROXY_SOURCE)}:\d+ .*\"WSCONNECT /ws/agent/", text))
-    closed = len(re.findall(rf"{re.escape(PROXY_SOURCE)}:\d+ .*\"WSDISCONNECT /ws/agent/", text))
+    source = re.escape(PROXY_SOURCE)
+    opened = len(re.findall(rf"agent socket open client={source}:\d+", text))
+    closed = len(re.findall(rf"agent socket ended .* client={source}:\d+", text))
     return opened - closed
 
 
@@ -93,7 +96,7 @@ def _connected(stack, node_id: str) -> None:
 def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, record):
     # given: a second web process and a second worker beside the stack's own, and
     # HAProxy in front of both
-    webs = [stack.daphne, start_daphne(stack.tmp, **stack.env)]
+    webs = [stack.web, start_web(stack.tmp, server="daphne", **stack.env)]
     stack.celery.append(start_celery(stack.tmp, "worker-b", CELERY_WORKER, **stack.env))
     proxy = _balancer(stack.tmp, webs)
     try:
@@ -105,10 +108,13 @@ def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, re
         # and an agent naming both web processes, the doomed one first
         direct = _agent(stack, "cpu-direct", doomed.ws_url, other.ws_url)
         _connected(stack, "cpu-direct")
+        # (the agent logs its registration once it has the ack, a moment after the
+        # control plane wrote the node connected)
+        stack.wait(lambda: _registrations(direct), "cpu-direct to log its registration")
         assert _registrations(direct) == [doomed.ws_url]
 
         # when: the model is declared through the other web process (two replicas)
-        stack.daphne = other
+        stack.web = other
         model_id = apply_model(stack, tiny_model, replicas=0)
         stack.api("patch", f"models/{model_id}/", json={"placement_policy": "spread"})
         stack.api("patch", f"models/{model_id}/", json={"desired_replicas": 2})

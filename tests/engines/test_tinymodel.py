@@ -35,3 +35,22 @@ def test_same_seed_same_bytes(tmp_path):
     c = write_tiny_model(tmp_path / "c.gguf", seed=8).read_bytes()
     assert a == b
     assert a != c
+
+
+def test_a_bigger_one_for_benchmarks_has_the_layers_and_context_asked_for(tmp_path):
+    out = tmp_path / "bigger.gguf"
+    argv = ["--layers", "3", "--embd", "128", "--ff", "256", "--ctx", "4096"]
+    subprocess.run(
+        [sys.executable, "-m", "fleet.devstack.tinymodel", str(out), *argv], cwd=ROOT, check=True
+    )
+    reader = gguf.GGUFReader(out)
+
+    def value(name):
+        field = reader.fields[name]
+        return int(field.parts[field.data[0]][0])
+
+    assert value("llama.block_count") == 3
+    assert value("llama.embedding_length") == 128
+    assert value("llama.context_length") == 4096
+    assert "blk.2.ffn_down.weight" in {t.name for t in reader.tensors}
+    assert out.stat().st_size > write_tiny_model(tmp_path / "tiny.gguf").stat().st_size

@@ -1,4 +1,5 @@
-"""Limits and usage through real Daphne gateways sharing one Redis, with the openai client."""
+"""Limits and usage through real gateways (Daphne; uvicorn where the server matters)
+sharing one Redis, with the openai client."""
 
 import json
 import time
@@ -13,7 +14,7 @@ from tests.factories import inference_key, ready_model
 from tests.gateway.helpers import Upstream
 from tests.gateway.test_gateway_live import client, wait_until
 from tests.gateway.test_limits import OPENAI_HEADERS
-from tests.processes import start_daphne
+from tests.processes import SERVERS, start_daphne, start_web
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -158,13 +159,16 @@ def test_over_a_token_budget_the_openai_client_sees_a_rate_limit_error(
     assert upstream.served == 2
 
 
+@pytest.mark.parametrize("server_kind", SERVERS)
 def test_a_gateway_stopped_cleanly_writes_the_usage_it_had_not_flushed_yet(
-    transactional_db, tmp_path, upstream
+    transactional_db, tmp_path, upstream, server_kind
 ):
     from fleet.models import KeyUsage
 
-    # given a gateway that would write usage only once a minute
-    server = start_daphne(tmp_path, **{**FAST, "LLMGW_GATEWAY_USAGE_FLUSH_S": "60"})
+    # given a gateway that would write usage only once a minute (uvicorn: through
+    # the ASGI lifespan's shutdown; Daphne: through Twisted's shutdown trigger)
+    env = {**FAST, "LLMGW_GATEWAY_USAGE_FLUSH_S": "60"}
+    server = start_web(tmp_path, server=server_kind, **env)
     try:
         ready_model("tiny", [upstream])
         key, secret = inference_key("team-a")

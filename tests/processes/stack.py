@@ -1,5 +1,6 @@
-"""The whole stack as real processes, for tests/e2e/: a private Redis, Daphne, a Celery
-worker and beat, agentd processes and the llama.cpp engines they start.
+"""The whole stack as real processes, for tests/e2e/: a private Redis, the web process
+(``llmgw_site.serve`` on uvicorn, as `make run` and production run it; or Daphne), a
+Celery worker and beat, agentd processes and the llama.cpp engines they start.
 
 Every control-plane process shares the test database (``subprocess_env``) and a
 redis-server of the test's own (so a test may stop it), with short intervals so a
@@ -21,7 +22,7 @@ from agentd import state
 from fleet.devstack.redis import PrivateRedis
 from tests.processes.agents import AgentProcess, start_agent, write_config
 from tests.processes.base import port_block, wait_for
-from tests.processes.servers import LiveServer, start_celery, start_daphne
+from tests.processes.servers import SERVERS, LiveServer, start_celery, start_web
 
 # Short intervals for the scenarios; replacement stays far off so nothing in a
 # test is replaced by accident while a process is being restarted.
@@ -138,12 +139,18 @@ class Stack:
     ``database_url``: the control plane's database, when not the test database
     (a ``PrivatePostgres`` the test stops; the test process's ORM must be on it too).
     ``clock``: LLMGW_* settings over FAST for every control-plane process (``TENTH``).
+    ``server``: what serves the web process: uvicorn (the default users run) or daphne.
     """
 
-    def __init__(self, tmp: Path, database_url: str | None = None, **clock: str):
+    def __init__(
+        self, tmp: Path, database_url: str | None = None, server: str = "uvicorn", **clock: str
+    ):
         bad = sorted(k for k in clock if not k.startswith("LLMGW_"))
         if bad:
             raise ValueError(f"clock settings are LLMGW_* variables, not {', '.join(bad)}")
+        if server not in SERVERS:
+            raise ValueError(f"server is one of {', '.join(SERVERS)}, not {server!r}")
+        self.server = server
         self.tmp = tmp
         (tmp / "redis").mkdir(parents=True, exist_ok=True)
         self.redis = PrivateRedis(tmp / "redis").start()
@@ -151,7 +158,7 @@ class Stack:
         if database_url:
             self.env["DATABASE_URL"] = database_url
         self.port: int | None = None
-        self.daphne: LiveServer | None = None
+        self.web: LiveServer | None = None
         self.celery: list[tuple[subprocess.Popen, Path]] = []
         self.agents: list[Agent] = []
         self.manage_key = ""
@@ -159,9 +166,9 @@ class Stack:
 
     # ---- control plane ---------------------------------------------------------------
 
-    def start_daphne(self) -> None:
-        self.daphne = start_daphne(self.tmp, port=self.port, **self.env)
-        self.port = self.daphne.port
+    def start_web(self) -> None:
+        self.web = start_web(self.tmp, port=self.port, server=self.server, **self.env)
+        self.port = self.web.port
 
     def start_celery(self) -> None:
         n = len(self.celery)
@@ -173,12 +180,12 @@ class Stack:
             self.celery.append(start_celery(self.tmp, name, argv, **self.env))
 
     def stop_control_plane(self) -> None:
-        """Daphne, the worker and beat go away together (a deploy, a crash of the host)."""
+        """The web process, the worker and beat go away together (a deploy, a crash of the host)."""
         for proc, _ in self.celery:
             if proc.poll() is None:
                 proc.terminate()
-        if self.daphne is not None:
-            self.daphne.stop()
+        if self.web is not None:
+            self.web.stop()
         for proc, _ in self.celery:
             try:
                 proc.wait(20)
@@ -187,12 +194,12 @@ class Stack:
                 proc.wait()
 
     def start_control_plane(self) -> None:
-        self.start_daphne()
+        self.start_web()
         self.start_celery()
 
     @property
     def url(self) -> str:
-        return self.daphne.url
+        return self.web.url
 
     # ---- agents ------------------------------------------------------------------------
 
@@ -202,7 +209,7 @@ class Stack:
         from tests.factories import join_token
 
         _, secret = join_token(name=f"e2e {node_id}", uses=1)
-        agent = Agent(self.tmp / node_id, node_id, self.daphne.ws_url, secret, **config)
+        agent = Agent(self.tmp / node_id, node_id, self.web.ws_url, secret, **config)
         agent.start()
         self.agents.append(agent)
         return agent
@@ -240,8 +247,8 @@ class Stack:
 
     def logs(self) -> list[Path]:
         paths = [log for _, log in self.celery]
-        if self.daphne is not None:
-            paths += sorted(self.tmp.glob("daphne-*.log"))
+        if self.web is not None:
+            paths += sorted(self.tmp.glob("web-*.log")) + sorted(self.tmp.glob("daphne-*.log"))
         for agent in self.agents:
             paths += agent.logs()
         return paths
@@ -257,8 +264,8 @@ class Stack:
             agent.thaw()  # a stopped process would hold its SIGTERM until the wait ran out
         procs = [a.proc.proc for a in self.agents if a.proc is not None]
         procs += [proc for proc, _ in self.celery]
-        if self.daphne is not None:
-            procs.append(self.daphne.proc)
+        if self.web is not None:
+            procs.append(self.web.proc)
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()

@@ -184,10 +184,10 @@ def start_haproxy(
     backend_port: int,
     source: str,
 ) -> HAProxy:
-    """HAProxy with the documented configuration, in front of Daphne on ``backend_port``.
+    """HAProxy with the documented configuration, in front of the web process on ``backend_port``.
 
-    Its connections to Daphne leave from ``source`` (a loopback address of its
-    own), so Daphne can tell them from a client connecting to it directly.
+    Its connections to it leave from ``source`` (a loopback address of its
+    own), so the web process can tell them from a client connecting to it directly.
     """
     port = free_port()
     config = documented_config()
@@ -196,8 +196,8 @@ def start_haproxy(
     config = swap(config, "/etc/haproxy/llmgw/nodes-ca.pem", str(client_ca))
     config = swap(
         config,
-        "server daphne1 10.0.0.10:8000",
-        f"server daphne1 127.0.0.1:{backend_port} source {source}",
+        "server web1 10.0.0.10:8000",
+        f"server web1 127.0.0.1:{backend_port} source {source}",
     )
     return run_haproxy(binary, directory, config, port)
 

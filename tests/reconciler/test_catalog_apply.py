@@ -87,6 +87,19 @@ def test_an_edit_reports_each_changed_field(tmp_path):
     assert Model.objects.get(name="qwen2.5-7b").active_profile.name == "cpu"
 
 
+def test_prefix_routing_is_turned_on_in_the_file_and_off_by_leaving_it_out(tmp_path):
+    on = CATALOG.replace("    replicas: 2\n", "    replicas: 2\n    prefix_routing: true\n")
+
+    out = run_apply(tmp_path, on)
+
+    assert Model.objects.get(name="qwen2.5-7b").prefix_routing is True
+    assert Model.objects.get(name="tiny").prefix_routing is False  # the default
+    assert "model qwen2.5-7b created" in out
+    out = run_apply(tmp_path, CATALOG)
+    assert out.splitlines()[0] == "model qwen2.5-7b: prefix_routing True → False"
+    assert Model.objects.get(name="qwen2.5-7b").prefix_routing is False
+
+
 def test_dry_run_changes_nothing(tmp_path):
     out = run_apply(tmp_path, CATALOG, "--dry-run")
 
@@ -156,6 +169,10 @@ def test_bad_input_names_every_field_and_changes_nothing(tmp_path):
         (
             "models:\n  - name: a\n    replicas: lots\n",
             "model a.desired_replicas: “lots” value must be an integer.",
+        ),
+        (
+            "models:\n  - name: a\n    prefix_routing: sometimes\n",
+            "model a.prefix_routing: “sometimes” value must be either True or False.",
         ),
     ],
 )

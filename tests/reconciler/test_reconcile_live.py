@@ -1,4 +1,4 @@
-"""The reconciler over real processes: a real Daphne, a real agentd, the fake engine.
+"""The reconciler over real processes: a real web process, a real agentd, the fake engine.
 
 Passes are called here rather than by a worker, so the test decides when time
 moves (the restart backoff is skipped by passing a later `now`, not by sleeping).
@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def agent(daphne_server, tmp_path):
+def agent(live_web, tmp_path):
     _, secret = join_token(name="live reconciler")
     lo, hi = port_block()
     config = write_config(
         tmp_path,
-        daphne_server.ws_url,
+        live_web.ws_url,
         node_id="cpu-live",
         join_token=secret,
         engine_port_range=[lo, hi],
@@ -36,7 +36,7 @@ def agent(daphne_server, tmp_path):
         engines={"binaries": {"fake": sys.executable}},
     )
     proc = start_agent(config)
-    logs = [proc.log, daphne_server.log]
+    logs = [proc.log, live_web.log]
     wait_for(
         lambda: Node.objects.filter(
             pk="cpu-live", connected=True, engine_versions__has_key="fake"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Prefetch, Q, Sum
 from django.utils import timezone
 
 from fleet.models import (
@@ -26,7 +26,7 @@ from fleet.models import (
 )
 
 from ..reconciler.expiry import fleet_warnings
-from .lines import NodeLine, node_line
+from .lines import FETCHING, NodeLine, node_line
 
 PAGE_SIZE = 100
 # Pending replicas listed on the cluster page; the total is always given.
@@ -113,6 +113,9 @@ def _node_filter(q: str, state: str) -> Q:
     return where
 
 
+_FETCHING = Q(shards__state__in=FETCHING, shards__fetch_bytes_done__isnull=False)
+
+
 def node_queryset(where: Q | None = None):
     """Nodes with everything a node line shows, in three queries for any number of them."""
     return (
@@ -125,6 +128,13 @@ def node_queryset(where: Q | None = None):
         .annotate(
             shard_count=Count("shards", filter=~Q(shards__state__in=SHARD_FINISHED), distinct=True),
             ready_count=Count("shards", filter=Q(shards__state=ShardState.READY), distinct=True),
+            # Shards fetching weights there, summed: no query of its own (node lines).
+            fetch_count=Count("shards", filter=_FETCHING, distinct=True),
+            fetch_unknown=Count(
+                "shards", filter=_FETCHING & Q(shards__fetch_bytes_total__isnull=True)
+            ),
+            fetch_done=Sum("shards__fetch_bytes_done", filter=_FETCHING),
+            fetch_total=Sum("shards__fetch_bytes_total", filter=_FETCHING),
         )
         .order_by("id")
     )

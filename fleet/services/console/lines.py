@@ -75,6 +75,30 @@ class EngineLine:
     detail: str = ""
 
 
+FETCHING = ("pending", "starting")
+
+
+def fetch_progress_text(done: int | None, total: int | None) -> str:
+    """'3.0 GiB of 15.0 GiB (20%)', '3.0 GiB' when the total is unknown, '-' before any."""
+    if done is None:
+        return "-"
+    if not total:
+        return human_bytes(done)
+    return f"{human_bytes(done)} of {human_bytes(total)} ({100 * done / total:.0f}%)"
+
+
+def fetch_text(shard) -> str:
+    """What a shard fetching its weights shows: source and progress; '' when not fetching.
+
+    Progress is kept after the fetch (the admin shows it); the pages show it only
+    while the shard has not started loading, which is when it means something.
+    """
+    if shard.state not in FETCHING or shard.fetch_bytes_done is None:
+        return ""
+    progress = fetch_progress_text(shard.fetch_bytes_done, shard.fetch_bytes_total)
+    return f"{shard.fetch_source}: {progress}" if shard.fetch_source else progress
+
+
 @dataclass
 class NodeLine:
     id: str
@@ -92,6 +116,7 @@ class NodeLine:
     shards_all: int
     last_seen: datetime | None
     agent_version: str
+    fetch: str = ""  # the shards fetching weights there, summed
 
 
 def _engines(node: Node) -> list[EngineLine]:
@@ -125,7 +150,18 @@ def node_line(node: Node, now: datetime) -> NodeLine:
         shards_all=getattr(node, "shard_count", 0),
         last_seen=node.last_seen,
         agent_version=node.agent_version,
+        fetch=_node_fetch(node),
     )
+
+
+def _node_fetch(node: Node) -> str:
+    """'2 shards: 3.0 GiB of 12.0 GiB (25%)' from node_queryset's sums; '' when none fetch."""
+    count = getattr(node, "fetch_count", 0)
+    if not count:
+        return ""
+    total = None if getattr(node, "fetch_unknown", 0) else node.fetch_total
+    progress = fetch_progress_text(node.fetch_done, total)
+    return f"{count} shard{'s' if count != 1 else ''}: {progress}"
 
 
 @dataclass

@@ -11,7 +11,7 @@ from fleet.models import SHARD_FINISHED, Node, Shard, ShardLoad
 from .. import nodes
 from ..units import bytes_text as human_bytes
 from .cluster import node_queryset
-from .lines import DiskLine, NodeLine, disk_line, node_line
+from .lines import DiskLine, NodeLine, disk_line, fetch_text, node_line
 
 
 @dataclass
@@ -29,6 +29,7 @@ class ShardLine:
     cores: str
     memory: str
     error: str
+    fetch: str = ""  # source and progress while its weights are fetched
 
 
 @dataclass
@@ -79,6 +80,7 @@ def node_detail(node_id: str, now: datetime | None = None) -> NodeDetail:
                 cores=f"{sl.cpu_cores:.2f}" if sl else "-",
                 memory=human_bytes(sl.rss_bytes) if sl else "-",
                 error=s.error,
+                fetch=fetch_text(s),
             )
         )
     live = [s for s in lines if s.state not in SHARD_FINISHED]

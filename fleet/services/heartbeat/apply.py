@@ -150,7 +150,7 @@ def _apply_rare(
         for g in GPU.objects.filter(node_id__in=gpus_needed).order_by("index"):
             gpus.setdefault(g.node_id, []).append(g)
     dirty_gpus: dict[int, GPU] = {}
-    # Nodes whose GPUs' problems, weights or installs this batch changes: the rows
+    # Nodes whose GPUs' problems or installs this batch changes: the rows
     # no longer are what their last registration wrote (inventory.register_node).
     changed_inventory: set[str] = set()
     for node_id, _cred, hb, _arrived in batch:
@@ -179,7 +179,6 @@ def _apply_rare(
         # Only when flagged: an empty list without the flag is silence.
         if hb.weights_changed:
             changes.replace_weights(node, hb.weights)
-            changed_inventory.add(node_id)
         if hb.memory_total_mb is not None and changes.memory_changed(
             node_id, node.memory_total_mb, hb.memory_total_mb
         ):

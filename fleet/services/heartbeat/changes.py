@@ -6,6 +6,7 @@ wording for each change in the log, one way to replace each kind of row.
 """
 
 import logging
+from datetime import UTC, datetime
 
 from fleet.models import EngineInstall, LocalWeights, Node, Storage
 
@@ -46,14 +47,47 @@ def replace_storage(node_ids_and_lists) -> None:
     )
 
 
-def weights_row(w) -> dict:
-    """The columns a reported weights entry is kept as."""
-    return {"path": w.path, "size_bytes": w.size_bytes, "shared": w.shared}
+_REPORTED = ("size_bytes", "shared", "source", "last_used_at")
 
 
 def replace_weights(node: Node, weights: list) -> None:
-    node.weights.all().delete()
-    LocalWeights.objects.bulk_create(LocalWeights(node=node, **weights_row(w)) for w in weights)
+    """The node's weights as it reports them, updated in place by path.
+
+    What the control plane keeps about an entry (a pin, since when it is
+    unused, a removal under way) lives on the same row, so it survives the
+    report; an entry no longer reported is gone from the disk, and its row with it.
+    """
+    reported: dict[str, dict] = {}
+    for w in weights:  # the last of a path reported twice wins
+        last_used = w.last_used
+        reported[w.path] = {
+            "size_bytes": w.size_bytes,
+            "shared": w.shared,
+            "source": w.source,
+            "last_used_at": (
+                None if last_used is None else datetime.fromtimestamp(last_used, tz=UTC)
+            ),
+        }
+    existing = {row.path: row for row in node.weights.all()}
+    gone = [row.pk for path, row in existing.items() if path not in reported]
+    if gone:
+        LocalWeights.objects.filter(pk__in=gone).delete()
+    changed = []
+    for path, facts in reported.items():
+        row = existing.get(path)
+        if row is None:
+            continue
+        if any(getattr(row, f) != facts[f] for f in _REPORTED):
+            for f in _REPORTED:
+                setattr(row, f, facts[f])
+            changed.append(row)
+    if changed:
+        LocalWeights.objects.bulk_update(changed, _REPORTED)
+    LocalWeights.objects.bulk_create(
+        LocalWeights(node=node, path=path, **facts)
+        for path, facts in reported.items()
+        if path not in existing
+    )
 
 
 def memory_changed(node_id: str, before_mb: int | None, now_mb: int | None) -> bool:

@@ -32,6 +32,7 @@ from fleet.models import (
     ShardState,
 )
 
+from ..autoscaler.step import step as autoscale
 from ..desired import bump_desired
 from ..doorbells import ring_gateways
 from ..readiness import replica_ready
@@ -135,9 +136,15 @@ class _Pass(Placing):
             else:
                 self.check_replica(r, lost_candidates)
         self.replace_lost(lost_candidates)
+        self.phase("replicas")
+        # The autoscaler moves desired_replicas; the scaling below acts on it.
+        self.report.scaled = autoscale(self.models.values(), self.by_model, self.now)
+        if self.report.scaled:
+            ring_gateways("routes")
+        self.phase("autoscale")
         for model in self.models.values():
             self.scale(model, self.by_model.get(model.pk, []))
-        self.phase("replicas")
+        self.phase("scaling")
         self.place_all()
         self.phase("placement")
         self.flush()
@@ -237,13 +244,22 @@ class _Pass(Placing):
             self.set_replica(r, ReplicaState.STARTING)
 
     def check_start_timeouts(self, r: Replica, shards: list[Shard]) -> None:
-        """A start that outlives its timeout is failed (a fetch that moves is not hung)."""
+        """A start that outlives its timeout is failed (a fetch that moves is not hung).
+
+        The engine's start is timed from the later of its transition and its last
+        fetch progress: a download of an hour neither fails the start nor eats the
+        engine's own time once it is done. Progress is not a transition, so it
+        never moves ``state_changed_at``; a fetch that stops moving is failed by
+        the node (fetch.stall_timeout_s), or here once the timeout passes.
+        """
         limit = timedelta(seconds=r.profile.startup_timeout_s)
         stall = timedelta(seconds=fleet_settings().fetch_stall_s)
         for s in shards:
             if s.state not in SHARD_STARTING or s.node_id in self.exp.silence:
                 continue
             since = s.state_changed_at or s.created_at
+            if s.fetch_updated_at and s.fetch_updated_at > since:
+                since = s.fetch_updated_at
             if self.now - since < limit:
                 continue
             if s.fetch_updated_at and self.now - s.fetch_updated_at < stall:

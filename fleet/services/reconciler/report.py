@@ -19,6 +19,7 @@ class PassReport:
     unclaimed: int = 0
     drains_finished: int = 0
     deleted: int = 0
+    scaled: int = 0  # autoscaler decisions
     paused: bool = False
     nodes_notified: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
@@ -38,6 +39,7 @@ class PassReport:
                 self.stopped,
                 self.unclaimed,
                 self.drains_finished,
+                self.scaled,
             )
         )
 
@@ -50,6 +52,7 @@ class PassReport:
             "timed_out",
             "replaced",
             "retired",
+            "scaled",
         )
         parts = [f"{f}={getattr(self, f)}" for f in fields if getattr(self, f)]
         parts += [f"nodes_notified={len(self.nodes_notified)}", f"ms={self.duration_ms:.1f}"]

@@ -1,0 +1,266 @@
+"""The web process: the whole app (llmgw_site.asgi) on uvicorn, as `make run` and production run it.
+
+    python -m llmgw_site.serve [--host 127.0.0.1] [--port 8000] [--workers 1]
+                               [--forwarded-allow-ips ADDRS] [--graceful-timeout 30]
+                               [--access-log]
+
+One port serves everything: the admin and the console, the API, static files,
+the agents' WebSocket, the gateway (/v1/*) and /metrics. uvicorn on uvloop and
+httptools passes the gateway's requests with a fraction of Daphne's CPU and
+without its tail latency (docs/gateway.md, "Serving"; docs/benchmarks.md).
+Daphne still serves the same app (``daphne llmgw_site.asgi:application``).
+
+What llmgw needs that uvicorn does not do by itself (some of it Daphne did), done here:
+
+- The request head is bounded in time, lines and bytes, and framing is strict
+  (``HeadLimitsProtocol``; Daphne's equivalent is ``http_limits.py``).
+- Proxy headers are trusted only from the addresses ``--forwarded-allow-ips``
+  names (``LLMGW_FORWARDED_ALLOW_IPS``), and the connection's own address is
+  kept for the client-certificate check (``peer.py``), as under Daphne.
+- WebSocket messages are at most 1 MiB, pinged every 20 s, not compressed.
+- SIGTERM: in-flight requests are given ``--graceful-timeout`` seconds, agent
+  sockets are closed (1012, "service restart": agents reconnect), then the
+  ASGI lifespan's shutdown writes the gateway's usage counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+logger = logging.getLogger(__name__)
+
+# The headers' total size; a head over it is 431. Twisted (Daphne) bounds each
+# line to 16 KiB; nginx's default buffers hold 32 KiB.
+MAX_HEAD_BYTES = 64 << 10
+# WebSocket limits, as Daphne's defaults were (docs/protocol.md).
+WS_MAX_SIZE = 1 << 20
+WS_PING_INTERVAL_S = 20.0
+WS_PING_TIMEOUT_S = 20.0
+# Longer than a load balancer keeps an idle connection to a backend (HAProxy's
+# `timeout server` in docs/scaling.md is 60 s), so the balancer, not this
+# process, closes idle connections: otherwise a request can cross a close.
+KEEP_ALIVE_S = 65
+ENV_TRUSTED = "LLMGW_FORWARDED_ALLOW_IPS"
+# After refusing a head, how long the rest of what the client sends is drained.
+LINGER_S = 2.0
+
+
+_limits: tuple[float, int] | None = None
+
+
+def _head_limits() -> tuple[float, int]:
+    global _limits
+    if _limits is None:
+        from fleet.conf import fleet_settings
+
+        s = fleet_settings()
+        _limits = (s.http_head_timeout_s, s.http_max_headers)
+    return _limits
+
+
+class HeadLimitsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request head bounded and framing strict.
+
+    - the whole head (first byte to blank line) within ``LLMGW_HTTP_HEAD_TIMEOUT_S``:
+      past it 408 and the connection closed; uvicorn's own timer covers only
+      the idle wait between requests, so a client sending a header line every
+      few seconds would otherwise hold a connection for ever;
+    - at most ``LLMGW_HTTP_MAX_HEADERS`` header lines (400) and ``MAX_HEAD_BYTES``
+      (431): httptools accumulates a head without bound;
+    - exactly one ``Transfer-Encoding`` line, ``chunked`` (400 otherwise);
+      llhttp already refuses one beside ``Content-Length``.
+    """
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_open = False
+    _head_bytes = 0
+    _header_lines = 0
+    _te_seen = False
+    _refused = False
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        # An error raised by a callback below comes out of httptools as a parser
+        # error, which uvicorn answers 400 and closes.
+        super().data_received(data)
+        if self._head_open and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(431, "Request Header Fields Too Large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        timeout, _ = _head_limits()
+        self._head_open = True
+        self._head_bytes = self._header_lines = 0
+        self._te_seen = False
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(timeout, self._head_too_slow)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_lines += 1
+        if self._header_lines > _head_limits()[1]:
+            raise ValueError(f"more than {_head_limits()[1]} header lines")
+        if name.lower() == b"transfer-encoding":
+            if self._te_seen or value.strip().lower() != b"chunked":
+                raise ValueError("Transfer-Encoding other than one 'chunked'")
+            self._te_seen = True
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if not self._head_open or self.transport.is_closing():
+            return
+        client = self.client or ("?", "?")
+        logger.warning(
+            "request head not complete in time; closing client=%s:%s", client[0], client[1]
+        )
+        self._refuse(408, "Request Timeout")
+
+    def _refuse(self, status: int, reason: str) -> None:
+        self._refused = True
+        self._head_open = False
+        self._cancel_head_timer()
+        if self.transport.is_closing():
+            return
+        self.transport.write(
+            f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".encode()
+        )
+        # A lingering close: the answer, then our end of the stream; what the client
+        # still sends is read and dropped for a moment. Closing at once would have
+        # the kernel reset a connection with bytes in flight, and the client could
+        # lose the answer before reading it.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+
+# ---- the application, with the connection's own address kept --------------------
+
+
+def _with_peer(app, trusted: str):
+    """``app`` behind uvicorn's proxy-header handling for ``trusted``; the socket's own
+    address kept in WebSocket scopes first (``peer.PEER_KEY``), as Daphne's does."""
+    from llmgw_site.peer import PEER_KEY
+
+    inner = app
+    if trusted:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        inner = ProxyHeadersMiddleware(app, trusted_hosts=trusted)
+
+    async def application(scope, receive, send):
+        if scope["type"] == "websocket" and (client := scope.get("client")):
+            scope["extensions"] = {**(scope.get("extensions") or {}), PEER_KEY: client[0]}
+        return await inner(scope, receive, send)
+
+    return application
+
+
+def _load_application():
+    from llmgw_site.asgi import application as app
+
+    return _with_peer(app, os.environ.get(ENV_TRUSTED, "").strip())
+
+
+application = _load_application() if __name__ != "__main__" else None
+
+
+# ---- the command ------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m llmgw_site.serve",
+        description="Serve llmgw (admin, API, agents' sockets, gateway) on uvicorn.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes sharing the port (default 1; or one process per core behind a balancer)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        default=os.environ.get(ENV_TRUSTED, ""),
+        metavar="ADDRS",
+        help="comma-separated addresses or networks of the proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto are trusted ('*': any); default none: the headers are ignored",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, how long requests in flight may finish (default 30)",
+    )
+    p.add_argument("--access-log", action="store_true", help="log every request (off: as Daphne)")
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error(f"--workers must be 1 or more, not {args.workers}")
+    if not 0 < args.port < 65536:
+        p.error(f"--port must be 1-65535, not {args.port}")
+    if args.graceful_timeout <= 0:
+        p.error(f"--graceful-timeout must be positive, not {args.graceful_timeout:g}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import uvicorn
+
+    # Read by every worker as it imports this module (they are spawned, not forked).
+    os.environ[ENV_TRUSTED] = args.forwarded_allow_ips.strip()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    uvicorn.run(
+        "llmgw_site.serve:application",
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="llmgw_site.serve:HeadLimitsProtocol",
+        ws="websockets-sansio",
+        ws_max_size=WS_MAX_SIZE,
+        ws_ping_interval=WS_PING_INTERVAL_S,
+        ws_ping_timeout=WS_PING_TIMEOUT_S,
+        # Agents send small JSON; per-connection zlib state costs memory and CPU
+        # for thousands of sockets, and Daphne did not compress either.
+        ws_per_message_deflate=False,
+        lifespan="on",
+        proxy_headers=False,  # done by the app, after keeping the socket's own address
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=args.graceful_timeout,
+        access_log=args.access_log,
+        log_config=None,  # Django's LOGGING (llmgw_site/settings.py) governs every logger
+        server_header=False,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

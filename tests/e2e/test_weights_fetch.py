@@ -1,0 +1,164 @@
+"""Weights named by URL or hub repository, fetched by the node over real processes: a local
+server the test runs serves the tiny GGUF (with Range and a throttle), the agent fetches it
+with progress, resumes after a SIGKILL, refuses a wrong checksum, drops a fetch nobody wants,
+and the replica serves through the gateway."""
+
+import pytest
+
+from agentd.fetch import store
+from fleet.models import LocalWeights, Model, Node, Replica, Shard
+from tests.e2e.helpers import apply_model, wait_serving
+from tests.processes.weights_server import HubRepo, WeightsServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PATH = "/models/tiny-llama.gguf"
+
+
+@pytest.fixture
+def server(tiny_model):
+    with WeightsServer() as srv:
+        srv.files[PATH.lstrip("/")] = tiny_model.read_bytes()
+        yield srv
+
+
+def registered(node_id):
+    return Node.objects.filter(pk=node_id, connected=True, registered_at__isnull=False).first()
+
+
+def fetching_shard(lo: int, hi: int):
+    """The model's shard while it is starting with between lo and hi bytes fetched."""
+    return Shard.objects.filter(
+        replica__model__name="tiny-llama",
+        state="starting",
+        fetch_bytes_done__gte=lo,
+        fetch_bytes_done__lt=hi,
+    ).first()
+
+
+def node_with_weights(stack, tmp_path, node_id="cpu-a"):
+    weights = tmp_path / f"{node_id}-weights"
+    agent = stack.add_agent(node_id, weights_dirs=[str(weights)])
+    stack.wait(lambda: registered(node_id), "the agent to register")
+    return agent, weights
+
+
+def test_a_url_is_fetched_with_progress_and_the_replica_serves(stack, tmp_path, server):
+    size = len(server.files[PATH.lstrip("/")])
+    server.rate = size // 4  # about four seconds
+    agent, weights = node_with_weights(stack, tmp_path)
+
+    apply_model(stack, server.url(PATH))
+
+    # progress arrives while the shard is starting, and is stored on it
+    mid = stack.wait(lambda: fetching_shard(1, size), "fetch progress part way")
+    assert (mid.fetch_source, mid.fetch_bytes_total) == (server.url(PATH), size)
+    [listed] = stack.api("get", "shards/", params={"node": "cpu-a"})["results"]
+    assert listed["fetch_source"] == server.url(PATH)
+    assert 0 < listed["fetch_bytes_done"] < size and listed["fetch_bytes_total"] == size
+
+    (shard,) = wait_serving(stack)
+    # the same shard, never failed on the way: a fetch is not a transition
+    assert shard.pk == mid.pk
+    done = Shard.objects.get(pk=shard.pk)
+    assert (done.fetch_bytes_done, done.fetch_bytes_total) == (size, size)
+    # the engine was given the local copy, fetched once
+    [local] = weights.glob("*/tiny-llama.gguf")
+    cmdline = open(f"/proc/{agent.engines()[shard.pk]}/cmdline").read().split("\0")
+    assert str(local) in cmdline
+    assert server.sent[PATH] == size
+    # its metadata says where it came from and that an engine used it
+    meta = store.read_meta(local.parent)
+    assert meta["source"] == server.url(PATH) and meta["last_used"] is not None
+    # and the node reports the entry in its weights
+    stack.wait(
+        lambda: LocalWeights.objects.filter(node_id="cpu-a", path=str(local.parent)).exists(),
+        "the fetched entry in the node's weights",
+    )
+
+
+def test_an_agent_killed_half_way_resumes_the_download(stack, tmp_path, server):
+    size = len(server.files[PATH.lstrip("/")])
+    server.rate = size // 8  # about eight seconds
+    agent, weights = node_with_weights(stack, tmp_path)
+    apply_model(stack, server.url(PATH))
+    stack.wait(lambda: server.sent[PATH] >= size // 2, "half the file to be sent")
+
+    # when: the agent dies mid-download, and comes back
+    agent.kill_9()
+    [partial] = weights.glob(".fetch-*/tiny-llama.gguf.partial")
+    have = partial.stat().st_size
+    assert 0 < have < size
+    before = len(server.requests)
+    agent.start()
+
+    # then: it asks for the rest only, and the replica serves
+    (shard,) = wait_serving(stack)
+    again = [r for r in server.requests[before:] if r[0] == "GET" and r[1] == PATH]
+    assert again == [("GET", PATH, f"bytes={have}-")]
+    [local] = weights.glob("*/tiny-llama.gguf")
+    assert local.stat().st_size == size
+    # the shard that was fetching is the one that serves: nothing failed or restarted
+    assert not Shard.objects.filter(state="failed").exists()
+    assert Replica.objects.get().restarts == 0
+    assert shard.fetch_bytes_total == size
+
+
+def test_a_wrong_sha256_fails_the_start_with_that_reason(stack, tmp_path, server, tiny_model):
+    import hashlib
+
+    _, weights = node_with_weights(stack, tmp_path)
+    wrong = "0" * 64
+    good = hashlib.sha256(tiny_model.read_bytes()).hexdigest()
+
+    model_id = apply_model(stack, server.url(PATH))
+    profile = Model.objects.get(pk=model_id).active_profile
+    checksums = {"weights_sha256": {"tiny-llama.gguf": wrong}}
+    stack.api("patch", f"engine-profiles/{profile.pk}/", json=checksums)
+
+    expected = f"sha256 mismatch for tiny-llama.gguf: expected {wrong}, got {good}"
+    replica = stack.wait(
+        lambda: Replica.objects.filter(reason__contains=expected).first(),
+        "the replica to fail with the checksum mismatch",
+    )
+    assert "fetching weights failed" in replica.reason
+    assert not list(weights.glob("*/tiny-llama.gguf"))  # never became weights
+    assert not list(weights.glob(".fetch-*/*.gguf*"))  # and the bad file is gone
+
+
+def test_a_fetch_nobody_wants_is_cancelled_and_its_partial_file_removed(stack, tmp_path, server):
+    size = len(server.files[PATH.lstrip("/")])
+    server.rate = size // 30  # far longer than the test
+    _, weights = node_with_weights(stack, tmp_path)
+    model_id = apply_model(stack, server.url(PATH))
+    stack.wait(lambda: list(weights.glob(".fetch-*/*.partial")), "the partial file")
+
+    # when: the model is scaled to zero
+    stack.api("patch", f"models/{model_id}/", json={"desired_replicas": 0})
+
+    # then: the fetch stops and leaves nothing behind
+    stack.wait(lambda: not list(weights.glob(".fetch-*")), "the staging dir to go")
+    assert list(weights.iterdir()) == []
+    assert server.sent[PATH] < size
+
+
+def test_an_hf_repository_is_fetched_through_the_hub_api(stack, tmp_path, server, tiny_model):
+    files = {"README.md": b"# tiny\n", "tiny-llama.gguf": tiny_model.read_bytes()}
+    repo = HubRepo("llmgw/tiny-llama-GGUF", files)
+    server.repos[repo.repo] = repo
+    weights = tmp_path / "hub-weights"
+    hub = {"hf_endpoint": server.base}
+    agent = stack.add_agent("cpu-a", weights_dirs=[str(weights)], fetch=hub)
+    stack.wait(lambda: registered("cpu-a"), "the agent to register")
+
+    apply_model(stack, f"hf://{repo.repo}@{repo.commit}")
+
+    (shard,) = wait_serving(stack)
+    [entry] = weights.glob("hf--llmgw--tiny-llama-GGUF--*")
+    assert (entry / "README.md").read_bytes() == b"# tiny\n"
+    cmdline = open(f"/proc/{agent.engines()[shard.pk]}/cmdline").read().split("\0")
+    assert str(entry / "tiny-llama.gguf") in cmdline
+    # the files came from the hub's resolve endpoint at the pinned commit
+    gets = {r[1] for r in server.requests if r[0] == "GET"}
+    assert f"/{repo.repo}/resolve/{repo.commit}/tiny-llama.gguf" in gets
+    assert f"/api/models/{repo.repo}/revision/{repo.commit}" in gets
