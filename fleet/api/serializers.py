@@ -305,6 +305,18 @@ class EventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": 4096,
+        "propertyNames": {"minLength": 1, "maxLength": 1024},
+        "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    }
+)
+class Sha256MapField(serializers.DictField):
+    """File name -> sha256, as the schema says it: 64 lowercase hex digits each."""
+
+
 @extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN, "maxLength": 1024})
 class SelectorField(serializers.Field):
     """A label selector, checked as given (by EngineProfile.clean()): never trimmed into one.
@@ -368,7 +380,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Extra environment variables.",
     )
-    weights_sha256 = serializers.DictField(
+    weights_sha256 = Sha256MapField(
         child=StrictCharField(
             trim_whitespace=False,
             error_messages={"invalid": "weights_sha256 must map file names to sha256 hex digests"},

@@ -2,8 +2,9 @@
 
 A request body can follow the schema and still be refused, for reasons no JSON
 Schema states: an id that names nothing in this database (``"model": 72``), an
-engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` (a rule across
-fields, EngineProfile.clean()), a model's autoscaling bounds that do not fit
+engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` or whose
+checksums name files its model_path does not fetch (rules across fields,
+EngineProfile.clean()), a model's autoscaling bounds that do not fit
 together, a catalog file's YAML inside a string, or a duration ("24h") or time
 the schema only describes in words. The API answers 400 to them, rightly; the
 positive-data check would call that a valid request refused. So a *positive* case
@@ -45,6 +46,13 @@ def _consistent_profile(body: dict) -> None:
         gpus = max(gpus, 1)
     # A PATCH may leave out any of these; sending all five keeps the stored ones out of it.
     body.update(engine=engine, gpus_per_node=gpus, nodes=1, tp=max(gpus, 1), pp=1)
+    # Checksums are for weights the node fetches, named as the URL names its file.
+    sums = body.get("weights_sha256")
+    if isinstance(sums, dict) and sums:
+        body.update(
+            model_path="https://models.example/m.gguf",
+            weights_sha256={"m.gguf": next(iter(sums.values()))},
+        )
 
 
 def _consistent_bounds(body: dict) -> None:
