@@ -59,6 +59,19 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false, as JSON says them.
+
+    DRF's BooleanField also takes 0, 1, "yes", "off" and more; the schema says
+    boolean, and a client sending 0 has a bug worth hearing about.
+    """
+
+    def to_internal_value(self, data):
+        if data is True or data is False:
+            return data
+        self.fail("invalid", input=data)
+
+
 class ValidatedModelSerializer(serializers.ModelSerializer):
     """Validates through the model's full_clean(), after DRF's own field checks."""
 
@@ -66,6 +79,7 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         **serializers.ModelSerializer.serializer_field_mapping,
         models.CharField: StrictCharField,
         models.TextField: StrictCharField,
+        models.BooleanField: StrictBooleanField,
     }
 
     def validate(self, attrs):
@@ -309,7 +323,6 @@ class EventSerializer(serializers.ModelSerializer):
     {
         "type": "object",
         "maxProperties": 4096,
-        "propertyNames": {"minLength": 1, "maxLength": 1024},
         "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     }
 )
@@ -565,7 +578,7 @@ class CatalogApplySerializer(serializers.Serializer):
     catalog = StrictCharField(
         max_length=1 << 20, trim_whitespace=False, help_text="The catalog file's YAML text."
     )
-    dry_run = serializers.BooleanField(default=False, help_text="Say what would change only.")
+    dry_run = StrictBooleanField(default=False, help_text="Say what would change only.")
 
 
 class ApplyResultSerializer(serializers.Serializer):

@@ -48,7 +48,10 @@ def _consistent_profile(body: dict) -> None:
     body.update(engine=engine, gpus_per_node=gpus, nodes=1, tp=max(gpus, 1), pp=1)
     # Checksums are for weights the node fetches, named as the URL names its file.
     sums = body.get("weights_sha256")
-    if isinstance(sums, dict) and sums:
+    if "model_path" in body and "weights_sha256" not in body:
+        # A new model_path with the stored checksums may not fit together: send both.
+        body["weights_sha256"] = {}
+    elif isinstance(sums, dict) and sums:
         body.update(
             model_path="https://models.example/m.gguf",
             weights_sha256={"m.gguf": next(iter(sums.values()))},
