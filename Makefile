@@ -59,8 +59,14 @@ format: $(STAMP)
 migrations-check: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run >/dev/null || (echo "models changed without a migration"; exit 1)
 
+# `make test` runs the suite in TEST_WORKERS processes (pytest-xdist; tests/workers.py
+# gives each its own state dir and Redis database); TEST_WORKERS=0 runs it in one.
+# worksteal: an idle worker takes tests queued on a busy one, so the long e2e
+# scenarios do not pile up at the end of one worker.
+TEST_WORKERS ?= 2
+
 test: lint migrations-check
-	LLMGW_STATE_DIR=$${LLMGW_STATE_DIR:-$(CURDIR)/var/test} $(PY) -m pytest $(PYTEST_ARGS)
+	LLMGW_STATE_DIR=$${LLMGW_STATE_DIR:-$(CURDIR)/var/test} $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Everything but the tests marked live (they start Daphne, agents, Celery, Redis or
 # an engine) and the e2e tier: minutes, for the inner loop. `make test` runs all.

@@ -75,8 +75,10 @@ def stack_on_postgres(postgres, tmp_path):
 def record(request, tmp_path):
     """``record(row, **figures)``: one fault's figures, printed and kept for docs/reliability.md.
 
-    Each call appends a JSON line to ``$LLMGW_STATE_DIR/reliability.jsonl`` (the
-    test's tmp dir when the variable is unset), so a later run can refresh the table
+    Each call appends a JSON line to ``reliability.jsonl`` in the run's state dir
+    (``$LLMGW_RUN_DIR``, which tests/workers.py sets to ``$LLMGW_STATE_DIR`` before
+    giving each parallel worker a dir of its own; the test's tmp dir when neither
+    is set), so every worker's rows land in one file and a later run can refresh the table
     (``python -m tests.e2e.reliability``).
     """
 
@@ -89,7 +91,8 @@ def record(request, tmp_path):
         }
         text = json.dumps(line, sort_keys=False)
         print(f"\nreliability: {text}")
-        directory = Path(os.environ.get("LLMGW_STATE_DIR") or tmp_path)
+        run_dir = os.environ.get("LLMGW_RUN_DIR") or os.environ.get("LLMGW_STATE_DIR")
+        directory = Path(run_dir or tmp_path)
         directory.mkdir(parents=True, exist_ok=True)
         with open(reliability.path(directory), "a") as fh:
             fh.write(text + "\n")

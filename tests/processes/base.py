@@ -1,6 +1,7 @@
 """What every process a test starts needs: the repository root, the test database's
 environment, free ports, and waits that fail naming what they waited for."""
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -42,16 +43,43 @@ def free_port() -> int:
 
 
 _handed_out: set[int] = set()
+# Blocks this process holds: an open file each, under an exclusive lock that other
+# test processes (pytest-xdist's workers, another run on the machine) respect and
+# the kernel drops when this process ends, however it ends.
+_held: list = []
+LOCK_DIR = Path(os.environ.get("TMPDIR") or "/tmp") / "llmgw-test-ports"
+UNIT = 10  # ports per lock file; a block is claimed a unit at a time
+
+
+def _claim(lo: int, size: int) -> bool:
+    """Take the ports from ``lo`` for this process unless another test process holds one."""
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    taken = []
+    for unit in range(lo - lo % UNIT, lo + size, UNIT):
+        fh = open(LOCK_DIR / f"{unit}.lock", "a")  # noqa: SIM115 (held until the process ends)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            for other in taken:
+                other.close()  # closing the file drops its lock
+            return False
+        taken.append(fh)
+    _held.extend(taken)
+    return True
 
 
 def port_block(size: int = 10) -> tuple[int, int]:
     """A range of ports nothing listens on now, apart per process and per call.
 
     Below 32000, out of the kernel's ephemeral range, so no outgoing connection
-    takes one of them between this check and the engine's bind.
+    takes one of them between this check and the engine's bind. A block is
+    claimed under a file lock, so test processes running side by side never hand
+    out the same one, even before anything listens on it.
     """
     base = 20000 + (os.getpid() * 37) % 10000
-    for lo in range(base, 32000, size):
+    base -= (base - 20000) % UNIT
+    for lo in [*range(base, 32000, size), *range(20000, base, size)]:
         ports = range(lo, lo + size)
         if _handed_out.intersection(ports):
             continue
@@ -63,7 +91,7 @@ def port_block(size: int = 10) -> tuple[int, int]:
                 except OSError:
                     free = False
                     break
-        if free:
+        if free and _claim(lo, size):
             _handed_out.update(ports)
             return lo, lo + size - 1
     raise RuntimeError(f"no free block of {size} ports below 32000")
