@@ -112,20 +112,24 @@ def test_the_cluster_page_lists_the_node_with_its_bars(signed_in, live_fleet):
 def test_the_cluster_page_refreshes_in_place_as_the_load_changes(signed_in, live_fleet):
     signed_in.visit("/admin/cluster/")
     row_css = f'tr.node-row[data-node-id="{live_fleet.node_id}"]'
-    before = _bar(signed_in, row_css, "cpu")
+    # The node's CPU and RAM bars: the machine's own figures. Where other work has
+    # the CPU at 100 % already (CI runs two test processes on two cores), the CPU
+    # bar cannot move, so the page is held to whichever of the two moves first.
+    before = {kind: _bar(signed_in, row_css, kind) for kind in ("cpu", "ram")}
     _mark_page(signed_in)
 
-    # when: requests keep the node's CPU busy for a while
+    def moved(d):
+        now = {kind: _bar(signed_in, row_css, kind) for kind in before}
+        return [(kind, bar) for kind, bar in now.items() if bar != before[kind]]
+
+    # when: requests keep the node busy for a while
     with Load(live_fleet.url, live_fleet.stack.inference_key, live_fleet.model, clients=2):
-        # then: the CPU figure changes on the page without the page being loaded again
-        changed = signed_in.wait(
-            lambda d: (now := _bar(signed_in, row_css, "cpu")) != before and now,
-            f"the CPU bar to move from {before}",
-            timeout=60,
-        )
+        # then: its figures change on the page without the page being loaded again
+        changed = signed_in.wait(moved, f"the CPU or RAM bar to move from {before}", timeout=60)
     assert _page_kept(signed_in), "the page was reloaded, not refreshed in place"
     assert signed_in.find("#cluster-body").get_attribute("data-refreshed-at")
-    assert changed["percent"], changed
+    kind, bar = changed[0]
+    assert bar["percent"], changed
 
 
 def test_the_node_page_shows_its_figures_shards_and_an_hour_of_charts(signed_in, live_fleet):
