@@ -76,6 +76,8 @@ def test_the_node_page_lists_each_entry_with_what_uses_it(client, n1):
     assert cell(old, "last-used") == timezone.localtime(OLD_USE).strftime("%Y-%m-%d %H:%M")
     assert cell(old, "pinned") == "yes"
     assert cell(old, "in-use-by") == "-"
+    # pinning and removing are in the admin, a click away
+    assert f"{reverse('admin:fleet_localweights_changelist')}?node__id__exact=n1" in html
     # The same in the part of the page that refreshes itself.
     body = client.get(node_url("node-fragment")).content.decode()
     assert cell(weights_row(body, f"{W}/old"), "source") == "hf://org/old@a1b2c3d"
