@@ -1,9 +1,13 @@
-"""Pieces the benchmarks share: scratch databases, a web process, CPU/RSS sampling.
+"""Pieces the benchmarks share: scratch databases, levels run in child processes,
+a web process, CPU/RSS sampling.
 
 Benchmarks run the real control plane as a subprocess, never in-process, so
-what they measure is what an operator would run. Nothing here imports Django.
+what they measure is what an operator would run. Nothing here imports Django at
+import time; ``django_child`` sets it up inside a benchmark's child process.
 """
 
+import argparse
+import json
 import os
 import platform
 import resource
@@ -11,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +147,91 @@ class ScratchDatabases:
                 (self.workdir / f"{self.template}.sqlite3{suffix}").unlink(missing_ok=True)
         else:
             _pg_admin(self.pg_url, f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+
+
+# ---- levels, each in a database and a process of its own ---------------------
+
+
+def level_args(doc: str, levels: list[str], what: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark run by levels (``--pg``, ``--levels``, ``--json``),
+    with the hidden ``--child LEVEL`` its parent runs each level as."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--pg", help="PostgreSQL server URL without a database name")
+    parser.add_argument("--levels", nargs="+", default=levels, help=f"{what} ...")
+    parser.add_argument("--json", help="Also write the figures to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser
+
+
+class Levels:
+    """A benchmark's levels: each in a fresh database copied from a migrated template,
+    measured by ``script --child LEVEL`` in a process of its own, which prints its
+    figures as JSON on its last line.
+
+    A fresh process per level keeps one level's caches and memory out of the
+    next one's figures. Use as a context manager: the scratch databases go at
+    the end, whether the levels ran or not.
+    """
+
+    def __init__(self, script: str, *, pg: str | None, name: str):
+        self.script = script
+        self.kind = "postgresql" if pg else "sqlite"
+        self.work = Path(tempfile.mkdtemp(prefix=f"{name.replace('_', '-')}-"))
+        self.dbs = ScratchDatabases(self.kind, pg_url=pg or "", name=name, workdir=self.work)
+
+    def __enter__(self) -> "Levels":
+        self.dbs.prepare_template(self.work / "migrate.log")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.dbs.drop_template()
+
+    def run(self, level: str, **env) -> dict:
+        """One level's figures; ``env`` is added to the child's environment. A child
+        that fails ends the benchmark with its exit status, its output shown."""
+        url = self.dbs.fresh(level.replace("x", "_"))
+        child_env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "LLMGW_STATE_DIR": str(self.work),
+            "LOG_LEVEL": "WARNING",
+            **env,
+        }
+        try:
+            out = subprocess.run(
+                [PY, self.script, "--child", level],
+                cwd=ROOT,
+                env=child_env,
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            self.dbs.drop(url)
+        if out.returncode:
+            print(out.stdout, out.stderr, file=sys.stderr)
+            raise SystemExit(out.returncode)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def write_json(path: str | None, results: list[dict]) -> None:
+    """``--json``: the figures, also as a file."""
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2))
+
+
+def django_child() -> None:
+    """Set Django up in a benchmark's child process (the level's database is in its environment)."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    django.setup()
+
+
+def timed(fn) -> tuple[float, float, object]:
+    """(wall ms, CPU ms of this process, what ``fn`` returned)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = fn()
+    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000, value
 
 
 # ---- the control plane under test --------------------------------------------

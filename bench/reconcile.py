@@ -25,13 +25,10 @@ Targets (issue 4): a steady full pass over 5,000 nodes and 2,000 replicas under
 the agent under 1 s at p99.
 """
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,74 +40,51 @@ REPLICAS_PER_MODEL = 50
 
 
 def parent(args) -> int:
-    from bench._common import ScratchDatabases, machine
+    from bench._common import Levels, machine, write_json
 
-    kind = "postgresql" if args.pg else "sqlite"
-    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-reconcile-"))
-    dbs = ScratchDatabases(kind, pg_url=args.pg or "", name="llmgw_bench_rec", workdir=work)
-    log = work / "migrate.log"
-    dbs.prepare_template(log)
     redis = None
     redis_url = os.environ.get("REDIS_URL")
-    if not redis_url:
-        # The doorbells after each pass are part of its cost: a real Redis takes them.
-        from fleet.devstack.redis import PrivateRedis
+    with Levels(__file__, pg=args.pg, name="llmgw_bench_rec") as levels:
+        if not redis_url:
+            # The doorbells after each pass are part of its cost: a real Redis takes them.
+            from fleet.devstack.redis import PrivateRedis
 
-        redis = PrivateRedis(work).start()
-        redis_url = redis.url
-    print(f"# reconciler benchmark on {kind}; {machine()}")
-    header = (
-        f"{'nodes':>6} {'replicas':>8} {'snapshot ms':>11} {'decisions/s':>11} "
-        f"{'first pass ms':>13} {'ready pass ms':>13} {'steady pass ms':>14} "
-        f"{'churn pass ms':>13}"
-    )
-    print(header)
-    results = []
-    for level in args.levels:
-        url = dbs.fresh(level.replace("x", "_"))
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "LLMGW_STATE_DIR": str(work),
-            "LOG_LEVEL": "WARNING",
-            "REDIS_URL": redis_url,
-        }
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", level],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
+            redis = PrivateRedis(levels.work).start()
+            redis_url = redis.url
+        print(f"# reconciler benchmark on {levels.kind}; {machine()}")
+        header = (
+            f"{'nodes':>6} {'replicas':>8} {'snapshot ms':>11} {'decisions/s':>11} "
+            f"{'first pass ms':>13} {'ready pass ms':>13} {'steady pass ms':>14} "
+            f"{'churn pass ms':>13}"
         )
-        dbs.drop(url)
-        if out.returncode:
-            print(out.stdout, out.stderr, file=sys.stderr)
-            return out.returncode
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        results.append(r)
-        print(
-            f"{r['nodes']:>6} {r['replicas']:>8} {r['snapshot_ms']:>11.0f} "
-            f"{r['decisions_per_s']:>11.0f} {r['first_pass_ms']:>13.0f} "
-            f"{r['ready_pass_ms']:>13.0f} {r['steady_pass_ms']:>14.0f} {r['churn_pass_ms']:>13.0f}",
-            flush=True,
-        )
+        print(header)
+        results = []
+        try:
+            for level in args.levels:
+                r = levels.run(level, REDIS_URL=redis_url)
+                results.append(r)
+                print(
+                    f"{r['nodes']:>6} {r['replicas']:>8} {r['snapshot_ms']:>11.0f} "
+                    f"{r['decisions_per_s']:>11.0f} {r['first_pass_ms']:>13.0f} "
+                    f"{r['ready_pass_ms']:>13.0f} {r['steady_pass_ms']:>14.0f} "
+                    f"{r['churn_pass_ms']:>13.0f}",
+                    flush=True,
+                )
+        finally:
+            if redis is not None:
+                redis.stop()
     for r in results:
         for name in ("first", "steady"):
             phases = ", ".join(f"{k} {v:.0f}" for k, v in r[f"{name}_pass_phases_ms"].items())
             print(f"# {r['nodes']}x{r['replicas']} {name} pass, ms: {phases}")
-    dbs.drop_template()
-    if redis is not None:
-        redis.stop()
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     return 0
 
 
 def child(level: str) -> None:
-    import django
+    from bench._common import django_child, timed
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    django.setup()
+    django_child()
     from datetime import timedelta
 
     from django.db import connection
@@ -127,12 +101,7 @@ def child(level: str) -> None:
     def heartbeat():
         Node.objects.update(last_seen=now)
 
-    def timed(fn):
-        started = time.perf_counter()
-        value = fn()
-        return (time.perf_counter() - started) * 1000, value
-
-    snapshot_ms, snap = timed(snapshot.build)
+    snapshot_ms, _, snap = timed(snapshot.build)
     requests = []
     for model in models:
         req = snapshot.request_for(model, model.active_profile)
@@ -148,19 +117,19 @@ def child(level: str) -> None:
         rates.append(len(requests) / (time.perf_counter() - started))
 
     heartbeat()
-    first_ms, first = timed(lambda: reconcile.run_pass(now))
+    first_ms, _, first = timed(lambda: reconcile.run_pass(now))
     assert first.placed == n_replicas, f"placed {first.placed} of {n_replicas}"
 
     now += timedelta(seconds=5)
     heartbeat()
     Shard.objects.update(state=ShardState.READY)
-    ready_ms, _ = timed(lambda: reconcile.run_pass(now))
+    ready_ms, _, _ = timed(lambda: reconcile.run_pass(now))
 
     steady = []
     for _ in range(5):
         now += timedelta(seconds=5)
         heartbeat()
-        ms, report = timed(lambda t=now: reconcile.run_pass(t))
+        ms, _, report = timed(lambda t=now: reconcile.run_pass(t))
         assert not report.changed(), report
         steady.append(ms)
 
@@ -168,7 +137,7 @@ def child(level: str) -> None:
     heartbeat()
     failing = list(Shard.objects.order_by("pk").values_list("pk", flat=True)[::100])
     Shard.objects.filter(pk__in=failing).update(state=ShardState.FAILED, error="bench")
-    churn_ms, churn = timed(lambda: reconcile.run_pass(now))
+    churn_ms, _, churn = timed(lambda: reconcile.run_pass(now))
     assert churn.restarts == len(failing)
 
     print(
@@ -275,17 +244,15 @@ def populate(n_nodes: int, n_replicas: int):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pg", help="PostgreSQL server URL without a database name")
-    parser.add_argument("--levels", nargs="+", default=LEVELS, help="NODESxREPLICAS ...")
-    parser.add_argument("--json", help="Also write the figures to this file")
+    from bench._common import level_args
+
+    parser = level_args(__doc__, LEVELS, "NODESxREPLICAS")
     parser.add_argument(
         "--latency",
         type=int,
         metavar="N",
         help="Instead: N samples of apply → desired set at the agent, over real processes",
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)

@@ -21,13 +21,9 @@ watermark. Then, side by side in the same process, median of 7:
 Target (issue 14): select under 1 s at 5,000 nodes × 20 entries.
 """
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,56 +36,37 @@ RUNS = 7
 
 
 def parent(args) -> int:
-    from bench._common import ScratchDatabases, machine
+    from bench._common import Levels, machine, write_json
 
-    kind = "postgresql" if args.pg else "sqlite"
-    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-weights-"))
-    dbs = ScratchDatabases(kind, pg_url=args.pg or "", name="llmgw_bench_wgc", workdir=work)
-    dbs.prepare_template(work / "migrate.log")
-    print(f"# weights clean-up benchmark on {kind}; {machine()}")
-    print(
-        f"{'nodes':>6} {'entries':>8} {'count ms':>9} {'read ms':>8} {'select ms':>10} "
-        f"{'select/read':>11} {'proposals':>9}   (wall; then CPU of this process)"
-    )
     results = []
-    for level in args.levels:
-        url = dbs.fresh(level.replace("x", "_"))
-        env = {"DATABASE_URL": url, "LLMGW_STATE_DIR": str(work), "LOG_LEVEL": "WARNING"}
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", level],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-        )
-        dbs.drop(url)
-        if out.returncode:
-            print(out.stdout, out.stderr, file=sys.stderr)
-            return out.returncode
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        results.append(r)
+    with Levels(__file__, pg=args.pg, name="llmgw_bench_wgc") as levels:
+        print(f"# weights clean-up benchmark on {levels.kind}; {machine()}")
         print(
-            f"{r['nodes']:>6} {r['entries']:>8} {r['count_ms']:>9.1f} {r['read_ms']:>8.0f} "
-            f"{r['select_ms']:>10.0f} {r['select_ms'] / r['read_ms']:>10.1f}x "
-            f"{r['proposals']:>9}",
-            flush=True,
+            f"{'nodes':>6} {'entries':>8} {'count ms':>9} {'read ms':>8} {'select ms':>10} "
+            f"{'select/read':>11} {'proposals':>9}   (wall; then CPU of this process)"
         )
-        print(
-            f"{'cpu':>6} {'':>8} {r['count_cpu_ms']:>9.1f} {r['read_cpu_ms']:>8.0f} "
-            f"{r['select_cpu_ms']:>10.0f} {r['select_cpu_ms'] / r['read_cpu_ms']:>10.1f}x"
-        )
-        print(f"#   select runs, wall ms: {', '.join(f'{v:.0f}' for v in r['select_runs_ms'])}")
-    dbs.drop_template()
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        for level in args.levels:
+            r = levels.run(level)
+            results.append(r)
+            print(
+                f"{r['nodes']:>6} {r['entries']:>8} {r['count_ms']:>9.1f} {r['read_ms']:>8.0f} "
+                f"{r['select_ms']:>10.0f} {r['select_ms'] / r['read_ms']:>10.1f}x "
+                f"{r['proposals']:>9}",
+                flush=True,
+            )
+            print(
+                f"{'cpu':>6} {'':>8} {r['count_cpu_ms']:>9.1f} {r['read_cpu_ms']:>8.0f} "
+                f"{r['select_cpu_ms']:>10.0f} {r['select_cpu_ms'] / r['read_cpu_ms']:>10.1f}x"
+            )
+            print(f"#   select runs, wall ms: {', '.join(f'{v:.0f}' for v in r['select_runs_ms'])}")
+    write_json(args.json, results)
     return 0
 
 
 def child(level: str) -> None:
-    import django
+    from bench._common import django_child, timed
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    django.setup()
+    django_child()
     from django.db import connection
 
     from fleet.models import LocalWeights
@@ -108,11 +85,6 @@ def child(level: str) -> None:
         with connection.cursor() as cur:
             cur.execute(*facts.weights_query(time.time()))
             return len(cur.fetchall())
-
-    def timed(fn):
-        wall, cpu = time.perf_counter(), time.process_time()
-        value = fn()
-        return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000, value
 
     assert count() == n_nodes * per_node
     runs = {k: [] for k in ("count", "read", "select")}
@@ -218,12 +190,9 @@ def populate(n_nodes: int, per_node: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pg", help="PostgreSQL server URL without a database name")
-    parser.add_argument("--levels", nargs="+", default=LEVELS, help="NODESxENTRIES ...")
-    parser.add_argument("--json", help="Also write the figures to this file")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    from bench._common import level_args
+
+    args = level_args(__doc__, LEVELS, "NODESxENTRIES").parse_args()
     if args.child:
         child(args.child)
         return 0

@@ -8,7 +8,6 @@ re-check, so "remove now" cannot take weights a shard needs.
 import threading
 
 from django.contrib import admin
-from django.utils import timezone
 
 from fleet.models import LocalWeights, WeightsEvent
 from fleet.services.weights_gc import inventory as weights_inventory
@@ -79,11 +78,7 @@ class LocalWeightsAdmin(ReadOnlyAdmin):
 
     @admin.display(description="last used")
     def last_used(self, obj):
-        item = self._item(obj)
-        if not item.unused:
-            return "in use now"
-        at = item.last_used
-        return timezone.localtime(at).strftime("%Y-%m-%d %H:%M") if at else "-"
+        return self._item(obj).last_used_text
 
     @admin.display(description="in use by")
     def in_use_by(self, obj):

@@ -19,13 +19,17 @@ Stable hooks for browser tests (ids and classes the pages keep):
   ``.bar.cpu``, ``.bar.ram`` and ``.bar.gpu[data-gpu-index]`` (``data-percent``:
   the bar's width, empty when unknown; ``.label`` its text), ``.engines .engine``,
   ``.node-shards``, ``.node-last-seen``; ``#cluster-pages``, ``#cluster-models``
-  (``tr.model-row[data-model]``), ``#cluster-pending`` (``tr.pending-row``,
+  (``tr.model-row[data-model]``, ``.model-scaling``), ``#cluster-pending`` (``tr.pending-row``,
   ``.reason``), ``#cluster-updated``; ``#nav-cluster`` in every admin header,
   ``#cluster-link`` on the admin index.
 - node: ``#node[data-node-id]``, ``#node-actions`` (``#action-cordon``,
   ``#action-uncordon``, ``#action-drain``, ``#action-revoke``), ``#node-body``
   (refreshed) with ``#node-summary``, ``#node-state``, ``#node-load``,
-  ``#node-disks``, ``#node-gpus``, ``#node-engines``, ``#node-shards``
+  ``#node-disks``, ``#node-weights`` (``tr.weights-row[data-path]`` with
+  ``.weights-size``, ``.weights-source``, ``.weights-last-used``,
+  ``.weights-pinned``, ``.weights-in-use-by``, ``.weights-removal``; a ``p``
+  saying the permission it needs instead of the table for staff without
+  ``fleet.view_localweights``), ``#node-gpus``, ``#node-engines``, ``#node-shards``
   (``tr.shard-row[data-shard-id]``, ``.shard-cores``, ``.shard-memory``);
   ``#node-charts`` (refreshed; ``.charts[data-source=history|prometheus]``,
   ``figure.chart#chart-cpu|memory|load|model-cores|model-memory|queue`` with
@@ -35,6 +39,9 @@ Stable hooks for browser tests (ids and classes the pages keep):
   disconnected|timeout]``, ``#node-logs-lines``, ``#node-logs-error``).
 - confirmation: ``#node-confirm[data-action]``, ``#confirm-<action>`` (submit).
 - model: ``#model[data-model]``, ``#model-body`` (refreshed), ``#model-summary``,
+  ``#model-scaling`` (``autoscaler.status.scaling_status``, "not autoscaled"
+  without), ``#model-bounds``, ``#model-waiting``, ``#model-idle``,
+  ``#model-last-decision`` (``.reason``),
   ``#model-rps``, ``#model-latency``, ``#model-queue``, ``#model-replicas``
   (``tr.replica-row[data-replica-id]``, ``.replica-state``, ``.reason``).
 """

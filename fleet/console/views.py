@@ -35,6 +35,8 @@ LOG_LINES = (50, 200, 1000)
 
 NODES = "fleet.view_node"  # the cluster and node pages, charts and logs: the nodes' facts
 MODELS = "fleet.view_model"  # a model's page
+# A node's weights, on its page: the permission the admin's Local weights and the API ask.
+WEIGHTS = "fleet.view_localweights"
 
 REFUSED = "staff with the permission {perm} only: log in to the admin as such\n"
 
@@ -138,9 +140,9 @@ def cluster_fragment(request):
 # ---- a node -----------------------------------------------------------------------------
 
 
-def _detail(node_id: str) -> console.NodeDetail:
+def _detail(request, node_id: str) -> console.NodeDetail:
     try:
-        return console.node_detail(node_id)
+        return console.node_detail(node_id, weights=request.user.has_perm(WEIGHTS))
     except node_service.NodeNotFound as exc:
         raise Http404(str(exc)) from None
 
@@ -155,7 +157,7 @@ def _can(user) -> dict:
 @page(NODES)
 @require_GET
 def node(request, node_id: str):
-    detail = _detail(node_id)
+    detail = _detail(request, node_id)
     return render(
         request,
         "console/node.html",
@@ -168,6 +170,7 @@ def node(request, node_id: str):
             charts_refresh_s=CHARTS_REFRESH_S,
             log_lines=LOG_LINES,
             actions=ACTIONS,
+            weights_perm=WEIGHTS,
         ),
     )
 
@@ -175,7 +178,8 @@ def node(request, node_id: str):
 @fragment(NODES)
 @require_GET
 def node_fragment(request, node_id: str):
-    return render(request, "console/_node_body.html", {"d": _detail(node_id)})
+    context = {"d": _detail(request, node_id), "weights_perm": WEIGHTS}
+    return render(request, "console/_node_body.html", context)
 
 
 def _charts_context(node_id: str) -> dict:

@@ -50,7 +50,9 @@ class Event(models.Model):
 
     Today the autoscaler's decisions (``kind`` "autoscale", ``direction`` up or
     down, replicas from and to). The model's name is kept as well as the link,
-    so an event outlives a deleted model.
+    so an event outlives a deleted model. What the weights clean-up did to a
+    node's weights is ``WeightsEvent`` instead (docs/operations.md, "Two kinds
+    of events").
     """
 
     created_at = models.DateTimeField(db_index=True)

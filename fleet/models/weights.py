@@ -10,7 +10,9 @@ class WeightsEvent(models.Model):
     """One weights entry's fate in a removal: proposed, removed, kept (and why), or dropped.
 
     Written by ``fleet.services.weights_gc`` when it proposes and when the node
-    replies; trimmed after ``LLMGW_WEIGHTS_EVENTS_KEEP_S``.
+    replies; trimmed after ``LLMGW_WEIGHTS_EVENTS_KEEP_S``. The control plane's
+    decisions about models (the autoscaler's) are ``Event`` instead
+    (docs/operations.md, "Two kinds of events").
     """
 
     class Action(models.TextChoices):

@@ -1,48 +1,14 @@
 """The gateway on a real Daphne, driven by the official openai client."""
 
-import time
 import urllib.request
 
 import openai
 import pytest
 
 from tests.factories import inference_key, ready_model
-from tests.gateway.helpers import Upstream
-from tests.processes import start_daphne
+from tests.gateway.live import client, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
-
-FAST_REFRESH = {
-    "LLMGW_GATEWAY_KEYS_REFRESH_S": "0.5",
-    "LLMGW_GATEWAY_REFRESH_S": "0.5",
-    "LLMGW_GATEWAY_LAST_USED_FLUSH_S": "0.5",
-    "LLMGW_GATEWAY_ENGINE_SCRAPE_S": "0.3",
-}
-
-
-@pytest.fixture
-def gateway_server(transactional_db, tmp_path):
-    server = start_daphne(tmp_path, **FAST_REFRESH)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def upstreams():
-    made = []
-
-    def make(*args, **kwargs):
-        up = Upstream(*args, **kwargs)
-        made.append(up)
-        return up
-
-    yield make
-    for up in made:
-        up.stop()
-
-
-def client(server, secret, **kw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=secret, max_retries=0, **kw)
 
 
 def test_openai_client_chat_completions_embeddings_and_models(gateway_server, upstreams):
@@ -74,18 +40,6 @@ def test_openai_client_chat_completions_embeddings_and_models(gateway_server, up
     assert [m.id for m in models.data] == ["tiny"]
     assert c.models.retrieve("tiny").id == "tiny"
     assert up.served == 5
-
-
-def wait_until(check, timeout=10.0, what="condition"):
-    """Poll a condition a user would wait for; bounded, never a timed assertion."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)
 
 
 def chat(c, model="tiny", **kw):
@@ -127,31 +81,28 @@ def test_a_revoked_key_is_refused_within_seconds_without_a_doorbell(gateway_serv
 
 
 def test_a_revocation_doorbell_reaches_the_gateway_before_its_safety_refresh(
-    transactional_db, tmp_path, upstreams
+    start_gateway, upstreams
 ):
     from fleet.services.api_keys import revoke_api_key
 
     # given a gateway whose safety refresh is a minute away
-    server = start_daphne(tmp_path, LLMGW_GATEWAY_KEYS_REFRESH_S="60", LLMGW_GATEWAY_REFRESH_S="60")
-    try:
-        ready_model("tiny", [upstreams("a")])
-        key, secret = inference_key()
-        c = client(server, secret)
-        assert chat(c).status_code == 200
-        # when an operator revokes the key (the service rings the gateways)
-        assert revoke_api_key(key)
+    server = start_gateway(LLMGW_GATEWAY_KEYS_REFRESH_S="60", LLMGW_GATEWAY_REFRESH_S="60")
+    ready_model("tiny", [upstreams("a")])
+    key, secret = inference_key()
+    c = client(server, secret)
+    assert chat(c).status_code == 200
+    # when an operator revokes the key (the service rings the gateways)
+    assert revoke_api_key(key)
 
-        # then it is refused well before the minute is up
-        def refused():
-            try:
-                chat(c)
-            except openai.AuthenticationError:
-                return True
-            return False
+    # then it is refused well before the minute is up
+    def refused():
+        try:
+            chat(c)
+        except openai.AuthenticationError:
+            return True
+        return False
 
-        wait_until(refused, timeout=10, what="the revocation through the doorbell")
-    finally:
-        server.stop()
+    wait_until(refused, timeout=10, what="the revocation through the doorbell")
 
 
 def test_load_goes_to_the_replica_with_fewer_outstanding_requests(gateway_server, upstreams):
@@ -266,35 +217,28 @@ def test_queue_depth_adds_what_the_engines_hold_waiting(gateway_server, upstream
     wait_until(depth, what="the engines' queues in the queue depth")
 
 
-def test_without_redis_the_gateway_serves_and_still_hears_revocations(
-    transactional_db, tmp_path, upstreams
-):
+def test_without_redis_the_gateway_serves_and_still_hears_revocations(start_gateway, upstreams):
     from django.utils import timezone
 
     from fleet.models import ApiKey
 
     # given a gateway whose channel layer points at nothing
-    server = start_daphne(
-        tmp_path, REDIS_URL="redis://127.0.0.1:9/0", LLMGW_GATEWAY_KEYS_REFRESH_S="0.5"
-    )
-    try:
-        ready_model("tiny", [upstreams("a")])
-        key, secret = inference_key()
-        c = client(server, secret)
-        # then requests are served from the database's table all the same
-        assert chat(c).status_code == 200
-        # and a revocation still arrives, through the periodic refresh
-        ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
+    server = start_gateway(REDIS_URL="redis://127.0.0.1:9/0", LLMGW_GATEWAY_KEYS_REFRESH_S="0.5")
+    ready_model("tiny", [upstreams("a")])
+    key, secret = inference_key()
+    c = client(server, secret)
+    # then requests are served from the database's table all the same
+    assert chat(c).status_code == 200
+    # and a revocation still arrives, through the periodic refresh
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
 
-        def refused():
-            try:
-                chat(c)
-            except openai.AuthenticationError:
-                return True
-            return False
+    def refused():
+        try:
+            chat(c)
+        except openai.AuthenticationError:
+            return True
+        return False
 
-        wait_until(refused, what="the revocation without Redis")
-        # and the operator is told once, not on every retry
-        assert server.output().count("gateway cannot hear the channel layer") == 1
-    finally:
-        server.stop()
+    wait_until(refused, what="the revocation without Redis")
+    # and the operator is told once, not on every retry
+    assert server.output().count("gateway cannot hear the channel layer") == 1

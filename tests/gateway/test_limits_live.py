@@ -12,7 +12,7 @@ import pytest
 
 from tests.factories import inference_key, ready_model
 from tests.gateway.helpers import Upstream
-from tests.gateway.test_gateway_live import client, wait_until
+from tests.gateway.live import client, wait_until
 from tests.gateway.test_limits import OPENAI_HEADERS
 from tests.processes import SERVERS, start_daphne, start_web
 

@@ -8,31 +8,9 @@ import pytest
 from fleet.gateway import prefix, table
 from fleet.models import Model
 from tests.factories import inference_key, ready_model
-from tests.gateway.helpers import Upstream
-from tests.gateway.test_gateway_live import FAST_REFRESH, client, wait_until
-from tests.processes import start_daphne
+from tests.gateway.live import client, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def gateway_server(transactional_db, tmp_path):
-    server = start_daphne(tmp_path, **FAST_REFRESH)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def upstreams():
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(Upstream(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for up in made:
-        up.stop()
 
 
 def system_prompt(n: int) -> str:

@@ -1,18 +1,10 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
 from fleet.models import Node
 from fleet.services.units import bytes_text
 from fleet.services.weights_gc import inventory
 
 HEADERS = ("NODE", "PATH", "SIZE", "LAST USED", "IN USE BY", "PINNED", "SOURCE")
-
-
-def _when(item) -> str:
-    if not item.unused:
-        return "in use now"
-    at = item.last_used
-    return timezone.localtime(at).strftime("%Y-%m-%d %H:%M") if at else "-"
 
 
 class Command(BaseCommand):
@@ -36,7 +28,7 @@ class Command(BaseCommand):
                 i.row.node_id,
                 i.row.path,
                 bytes_text(i.row.size_bytes),
-                _when(i),
+                i.last_used_text,
                 ", ".join(i.used_by) or "-",
                 "yes" if i.row.pinned else "no",
                 i.row.source or "-",

@@ -25,6 +25,7 @@ from fleet.models import (
     ShardState,
 )
 
+from ..autoscaler.status import scaling_status
 from ..reconciler.expiry import fleet_warnings
 from .lines import FETCHING, NodeLine, node_line
 
@@ -66,6 +67,7 @@ class ModelLine:
     ready: int
     pending: int
     failed: int
+    scaling: str = ""  # autoscaler.status.scaling_status: "" without autoscaling
 
 
 # Models listed on the cluster page, by name; a catalog larger than this is in the admin.
@@ -73,13 +75,24 @@ MODELS_SHOWN = 200
 
 
 def model_lines() -> list[ModelLine]:
-    """Each model with its replicas ready, pending and failed: one query."""
+    """Each model with its replicas ready, pending and failed, and its scaling: one query."""
     rows = Model.objects.annotate(
         ready=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
         pending=Count("replicas", filter=Q(replicas__state=ReplicaState.PENDING)),
         failed=Count("replicas", filter=Q(replicas__state=ReplicaState.FAILED)),
     ).order_by("name")[:MODELS_SHOWN]
-    return [ModelLine(m.pk, m.name, m.desired_replicas, m.ready, m.pending, m.failed) for m in rows]
+    return [
+        ModelLine(
+            m.pk,
+            m.name,
+            m.desired_replicas,
+            m.ready,
+            m.pending,
+            m.failed,
+            scaling=scaling_status(m, m.ready),
+        )
+        for m in rows
+    ]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""One model's page: its replicas, where they run, why any wait, and the gateway's figures."""
+"""One model's page: its replicas, where they run, why any wait, its scaling, and the
+gateway's figures."""
 
 from dataclasses import dataclass
 from datetime import datetime
@@ -8,9 +9,10 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from fleet.conf import fleet_settings
-from fleet.models import Model, Replica, ReplicaState, Shard
+from fleet.models import Event, Model, Replica, ReplicaState, Shard
 
 from .. import history, prometheus
+from ..autoscaler.status import last_decision, scaling_status
 
 
 @dataclass
@@ -41,6 +43,10 @@ class ModelDetail:
     replicas: list[ReplicaLine]
     by_state: dict[str, int]
     gateway: GatewayFigures
+    # As the admin, the API and `llmgw models` say it (autoscaler.status): "scaled to
+    # zero", "starting for 3 waiting requests", "autoscaled 1-4: 2 wanted", or "".
+    scaling: str = ""
+    last_decision: Event | None = None  # the autoscaler's, with its reason
 
 
 # The window the model page's rates are taken over.
@@ -104,4 +110,11 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
     by_state = {s: 0 for s in ReplicaState.values}
     for r in lines:
         by_state[r.state] = by_state.get(r.state, 0) + 1
-    return ModelDetail(model, lines, by_state, gateway_figures(model.name, now.timestamp()))
+    return ModelDetail(
+        model,
+        lines,
+        by_state,
+        gateway_figures(model.name, now.timestamp()),
+        scaling=scaling_status(model, by_state[ReplicaState.READY]),
+        last_decision=last_decision(model),
+    )

@@ -1,4 +1,4 @@
-"""One node's page: its figures now, its disks, GPUs, engines and shards."""
+"""One node's page: its figures now, its disks, weights, GPUs, engines and shards."""
 
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,6 +10,7 @@ from fleet.models import SHARD_FINISHED, Node, Shard, ShardLoad
 
 from .. import nodes
 from ..units import bytes_text as human_bytes
+from ..weights_gc import inventory as weights_inventory
 from .cluster import node_queryset
 from .lines import DiskLine, NodeLine, disk_line, fetch_text, node_line
 
@@ -33,6 +34,40 @@ class ShardLine:
 
 
 @dataclass
+class WeightsLine:
+    """One weights entry on the node, as the admin's Local weights and ``manage.py weights``
+    show it (``weights_gc.inventory``: what uses it is computed from the shards)."""
+
+    path: str
+    size: str
+    source: str
+    last_used: str  # "in use now", a local time, or "-"
+    pinned: bool
+    in_use_by: list[str]  # "model (shard id)"
+    shared: bool
+    removal: str  # "proposed", "sent" or "" (none under way)
+    kept_reason: str
+
+
+def weights_lines(node_id: str) -> list[WeightsLine]:
+    """The node's weights entries by path, with what uses each: two queries."""
+    return [
+        WeightsLine(
+            path=i.row.path,
+            size=human_bytes(i.row.size_bytes),
+            source=i.row.source,
+            last_used=i.last_used_text,
+            pinned=i.row.pinned,
+            in_use_by=list(i.used_by),
+            shared=i.row.shared,
+            removal=i.row.removal,
+            kept_reason=i.row.kept_reason,
+        )
+        for i in weights_inventory.listing(node_id)
+    ]
+
+
+@dataclass
 class NodeDetail:
     node: Node
     line: NodeLine
@@ -44,10 +79,12 @@ class NodeDetail:
     models: list[str]
     desired: str
     log_sources: list[tuple[str, str]]  # (source, what it is)
+    weights: list[WeightsLine] | None = None  # None: not asked for (no permission to see them)
 
 
-def node_detail(node_id: str, now: datetime | None = None) -> NodeDetail:
-    """Everything the node page shows but its charts and logs. Raises nodes.NodeNotFound."""
+def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = False) -> NodeDetail:
+    """Everything the node page shows but its charts and logs, and with ``weights`` its
+    weights entries (for those who may view them). Raises nodes.NodeNotFound."""
     now = now or timezone.now()
     node = node_queryset(Q(pk=node_id)).prefetch_related("storage").first()
     if node is None:
@@ -95,6 +132,7 @@ def node_detail(node_id: str, now: datetime | None = None) -> NodeDetail:
         models=sorted({s.model for s in live}),
         desired=nodes.desired_sync(node, now),
         log_sources=[("agent", "the agent")] + [(s.id, f"{s.model} (shard {s.id})") for s in live],
+        weights=weights_lines(node.pk) if weights else None,
     )
 
 

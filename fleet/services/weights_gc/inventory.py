@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
+from django.utils import timezone
 
 from fleet.models import SHARD_FINISHED, DesiredState, LocalWeights, Shard
 from fleet.services.weight_names import Wanted
@@ -35,6 +36,15 @@ class Item:
         r = self.row
         times = [t for t in (r.last_used_at, r.unused_since) if t is not None]
         return max(times) if times else None
+
+    @property
+    def last_used_text(self) -> str:
+        """ "in use now", the time it was last used (local), or "-": as the admin, the
+        console's node page and ``manage.py weights`` show it."""
+        if not self.unused:
+            return "in use now"
+        at = self.last_used
+        return timezone.localtime(at).strftime("%Y-%m-%d %H:%M") if at else "-"
 
     def as_dict(self) -> dict:
         r = self.row
