@@ -357,10 +357,10 @@ class Procs:
         self.logdir = logdir
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], env: dict, cwd: Path = ROOT) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.procs.append(proc)
         return proc
@@ -450,13 +450,24 @@ GATEWAY_SERVERS = {
 
 
 def start_gateway(
-    procs: Procs, env: dict, server: str = "serve", extra: tuple = (), timeout: float = 120
+    procs: Procs,
+    env: dict,
+    server: str = "serve",
+    extra: tuple = (),
+    timeout: float = 120,
+    tree: Path | None = None,
 ) -> tuple[int, subprocess.Popen]:
-    """llmgw as ``server`` (a GATEWAY_SERVERS name) on a free port; (its port, its process)."""
+    """llmgw as ``server`` (a GATEWAY_SERVERS name) on a free port; (its port, its process).
+
+    ``tree``: another checkout of llmgw (an earlier commit, say) to run instead of
+    this one, on the same database, to compare the two in one run."""
     port = free_port()
     argv = GATEWAY_SERVERS[server]
     port_args = ["-p", str(port)] if server == "daphne" else ["--port", str(port)]
-    proc = procs.start(f"{server}-{port}", [PY, *argv, *port_args, *extra], env)
+    cwd = ROOT
+    if tree is not None:
+        cwd, env = tree, {**env, "PYTHONPATH": str(tree)}
+    proc = procs.start(f"{server}-{port}", [PY, *argv, *port_args, *extra], env, cwd)
     wait_http(f"http://127.0.0.1:{port}/metrics", proc, timeout)
     return port, proc
 

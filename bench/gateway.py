@@ -13,6 +13,8 @@ each server arrangement serves it:
 - ``llmgw (uvicorn)``: the gateway alone on uvicorn (``llmgw_site.gateway_asgi``);
 - ``llmgw (serve, N workers)`` with ``--serve-workers N``: the same with N
   processes sharing the port (``--workers N``);
+- ``llmgw (serve, compared)`` with ``--compare-tree DIR``: ``llmgw_site.serve`` from
+  another checkout, for a before and after in one run;
 - ``llmgw (plain uvicorn)`` with ``--plain-uvicorn``: the whole app on uvicorn's
   pure-Python asyncio loop and h11 parser, to show what uvloop and httptools add;
 
@@ -274,6 +276,12 @@ def main() -> int:
         default=1,
         help="measure every point this many times, the targets interleaved; report medians",
     )
+    p.add_argument(
+        "--compare-tree",
+        metavar="DIR",
+        help="also llmgw_site.serve from another checkout (e.g. the commit before a change, "
+        "from git worktree add or git archive): 'llmgw (serve, compared)', same database",
+    )
     p.add_argument("--setup-db", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.setup_db:
@@ -295,15 +303,17 @@ def main() -> int:
 
         only = args.only.split(";") if args.only else None
 
-        def add(name: str, server: str, extra=(), limits: bool = False) -> None:
+        def add(name: str, server: str, extra=(), limits: bool = False, tree=None) -> None:
             if only and name not in only and f"{name} limits" not in only:
                 return  # not measured: not started, so not a neighbour either
-            port, proc = start_gateway(procs, env, server, extra)
+            port, proc = start_gateway(procs, env, server, extra, tree=tree)
             targets[name] = (f"http://127.0.0.1:{port}", key, proc.pid)
             if limits:
                 targets[f"{name} limits"] = (f"http://127.0.0.1:{port}", limited, proc.pid)
 
         add("llmgw (serve)", "serve", limits=True)
+        if args.compare_tree:
+            add("llmgw (serve, compared)", "serve", tree=Path(args.compare_tree).resolve())
         if args.serve_workers:
             workers = args.serve_workers
             add(f"llmgw (serve, {workers} workers)", "serve", ("--workers", str(workers)))
