@@ -217,7 +217,7 @@ async def _sweep(gw) -> None:
 async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
     """Proxy, and cancel the upstream request if the client goes away meanwhile."""
     loop = asyncio.get_running_loop()
-    w = _Watch(receive, asyncio.current_task(), loop.time())
+    w = _Watch(receive, asyncio.current_task(loop), loop.time())
     gw.watched[w] = None
     if gw.sweeper is None:
         gw.sweeper = loop.create_task(_sweep(gw))

@@ -458,15 +458,16 @@ class Client:
     async def _send(
         self, host: str, port: int, request: bytes, first_byte_s: float = 0.0
     ) -> Response:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + first_byte_s
+        # time.monotonic, not the loop's clock: asking for the running loop costs a
+        # getpid() system call (CPython checks for a fork), and this is per request.
+        deadline = time.monotonic() + first_byte_s if first_byte_s else 0.0
         pool = self._pools.get((host, port))
         if pool is None:
             pool = self._pools[(host, port)] = _Pool(host, port)
         conn = pool.take()
         reused = conn is not None
         if conn is None:
-            conn = await self._connect(pool, deadline if first_byte_s else 0.0)
+            conn = await self._connect(pool, deadline)
         while True:
             resp = conn.resp = Response(conn)
             conn.transport.write(request)
@@ -474,8 +475,8 @@ class Client:
                 while not resp.status:
                     if resp._error is not None:
                         raise resp._error
-                    if first_byte_s:
-                        left = deadline - loop.time()
+                    if deadline:
+                        left = deadline - time.monotonic()
                         if left <= 0:
                             raise NoAnswer(f"no answer within {first_byte_s:g} s")
                         await resp._wait(left, resp._no_answer)
@@ -489,7 +490,7 @@ class Client:
                 # request went out: nothing was answered, so send it once more on
                 # a new connection rather than fail a request the engine never saw.
                 reused = False
-                conn = await self._connect(pool, deadline if first_byte_s else 0.0)
+                conn = await self._connect(pool, deadline)
                 continue
             except BaseException:
                 conn.done(reuse=False)
@@ -503,7 +504,7 @@ class Client:
         timeout_s = self.connect_timeout_s
         clipped = False
         if deadline:
-            left = deadline - loop.time()
+            left = deadline - time.monotonic()
             if left < timeout_s:
                 if left <= 0:
                     raise NoAnswer("no time left to connect")
