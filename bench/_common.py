@@ -1,17 +1,21 @@
 """Pieces the benchmarks share: scratch databases, levels run in child processes,
-a web process, CPU/RSS sampling.
+a web process, CPU/RSS sampling, and the gateway benchmarks' processes,
+environment and wrk runs.
 
 Benchmarks run the real control plane as a subprocess, never in-process, so
 what they measure is what an operator would run. Nothing here imports Django at
-import time; ``django_child`` sets it up inside a benchmark's child process.
+import time; ``django_child`` and ``setup_django`` set it up inside a
+benchmark's child process.
 """
 
 import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -411,3 +415,202 @@ class DbProbe:
 
     def close(self) -> None:
         self.conn.close()
+
+
+# ---- the gateway benchmarks (bench/gateway.py, bench/prefix.py) -------------------
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Return once ``url`` answers anything (a 401 or 404 is an answer)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
+
+
+class Procs:
+    """Processes a benchmark started, each in its own session with its log in ``logdir``."""
+
+    def __init__(self, logdir: Path):
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, args: list[str], env: dict, cwd: Path = ROOT) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def gateway_env(work: Path, tag: str) -> tuple[dict, object]:
+    """The environment of a gateway benchmark's processes, and its private Redis (None
+    when REDIS_URL names one): state in ``work``, its own SQLite and channel prefix."""
+    env = {
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",  # llmgw_site.asgi refuses to start without
+        **os.environ,
+        "LLMGW_STATE_DIR": str(work / "state"),
+        "LLMGW_CHANNEL_PREFIX": f"bench-{os.getpid()}-{tag}",
+        "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("DATABASE_URL", None)  # its own SQLite: the request path never reads it
+    redis = None
+    if not env.get("REDIS_URL"):
+        from fleet.devstack.redis import PrivateRedis
+
+        (work / "redis").mkdir(exist_ok=True)
+        redis = PrivateRedis(work / "redis").start()
+        env["REDIS_URL"] = redis.url
+    return env, redis
+
+
+def setup_django() -> None:
+    """In a benchmark's database-filling subprocess: Django set up, the database migrated."""
+    django_child()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def run_setup(script: str, arg: str, env: dict) -> list[str]:
+    """``script --setup-db arg`` in a subprocess with ``env``; the lines it printed."""
+    done = subprocess.run(
+        [PY, script, "--setup-db", arg], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    if done.returncode:
+        sys.exit(f"setting up the bench database failed:\n{done.stderr}")
+    return done.stdout.strip().splitlines()
+
+
+def start_engine(procs: Procs, env: dict, name: str, model: str) -> tuple[int, subprocess.Popen]:
+    """A fake engine (``agentd.engines.fake``) serving ``model``; (its port, its process)."""
+    port = free_port()
+    proc = procs.start(
+        name,
+        [PY, "-m", "agentd.engines.fake", "--port", str(port), "--served-model-name", model],
+        env,
+    )
+    wait_http(f"http://127.0.0.1:{port}/health", proc)
+    return port, proc
+
+
+# How each server arrangement serves llmgw's gateway, as an operator starts it.
+GATEWAY_SERVERS = {
+    # The whole app on uvicorn (uvloop, httptools): `make run` and production.
+    "serve": ["-m", "llmgw_site.serve", "--host", "127.0.0.1"],
+    # The whole app on Daphne (supported, the old default).
+    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "llmgw_site.asgi:application"],
+    # The gateway alone on uvicorn.
+    "gateway-only": ["-m", "uvicorn", "llmgw_site.gateway_asgi:application"]
+    + ["--host", "127.0.0.1", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
+    + ["--log-level", "warning"],
+    # The whole app on uvicorn's pure-Python loop and parser.
+    "plain-uvicorn": ["-m", "uvicorn", "llmgw_site.asgi:application"]
+    + ["--host", "127.0.0.1", "--no-access-log", "--loop", "asyncio", "--http", "h11"]
+    + ["--ws", "websockets-sansio", "--lifespan", "on", "--log-level", "warning"],
+}
+
+
+def start_gateway(
+    procs: Procs,
+    env: dict,
+    server: str = "serve",
+    extra: tuple = (),
+    timeout: float = 120,
+    tree: Path | None = None,
+) -> tuple[int, subprocess.Popen]:
+    """llmgw as ``server`` (a GATEWAY_SERVERS name) on a free port; (its port, its process).
+
+    ``tree``: another checkout of llmgw (an earlier commit, say) to run instead of
+    this one, on the same database, to compare the two in one run."""
+    port = free_port()
+    argv = GATEWAY_SERVERS[server]
+    port_args = ["-p", str(port)] if server == "daphne" else ["--port", str(port)]
+    cwd = ROOT
+    if tree is not None:
+        cwd, env = tree, {**env, "PYTHONPATH": str(tree)}
+    proc = procs.start(f"{server}-{port}", [PY, *argv, *port_args, *extra], env, cwd)
+    wait_http(f"http://127.0.0.1:{port}/metrics", proc, timeout)
+    return port, proc
+
+
+def cpu_seconds(pgid: int) -> float:
+    """User and system CPU of every process in a process group, from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def wrk(
+    url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path, pgid=None
+) -> dict:
+    """POST ``payload`` with wrk (one thread, ``conc`` connections) for ``duration`` s.
+
+    p50/p99 in ms, req/s, and with ``pgid`` the CPU ms per request of that process
+    group (from /proc); the 1-minute load average when it ended."""
+    script = workdir / "post.lua"
+    script.write_text(
+        "wrk.method = 'POST'\n"
+        f"wrk.body = {json.dumps(json.dumps(payload))}\n"
+        "wrk.headers['Content-Type'] = 'application/json'\n"
+        f"wrk.headers['Authorization'] = 'Bearer {key}'\n"
+    )
+    cpu0 = cpu_seconds(pgid) if pgid else 0.0
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{conc}", f"-d{duration:g}s", "--timeout", "30s", "--latency"]
+        + ["-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pct = {
+        m.group(1): float(m.group(2)) * _UNIT[m.group(3)]
+        for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    }
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    done = int(re.search(r"(\d+) requests in", out).group(1))
+    cpu_ms = (cpu_seconds(pgid) - cpu0) * 1000 / done if pgid and done else None
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "load1": os.getloadavg()[0],
+        "p50_ms": pct["50"],
+        "p99_ms": pct["99"],
+        "rps": rps,
+        "cpu_ms_per_request": cpu_ms,
+        "non_2xx": int(bad.group(1)) if bad else 0,
+        "socket_errors": errors.group(1) if errors else "",
+    }

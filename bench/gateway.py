@@ -13,6 +13,8 @@ each server arrangement serves it:
 - ``llmgw (uvicorn)``: the gateway alone on uvicorn (``llmgw_site.gateway_asgi``);
 - ``llmgw (serve, N workers)`` with ``--serve-workers N``: the same with N
   processes sharing the port (``--workers N``);
+- ``llmgw (serve, compared)`` with ``--compare-tree DIR``: ``llmgw_site.serve`` from
+  another checkout, for a before and after in one run;
 - ``llmgw (plain uvicorn)`` with ``--plain-uvicorn``: the whole app on uvicorn's
   pure-Python asyncio loop and h11 parser, to show what uvloop and httptools add;
 
@@ -30,20 +32,31 @@ import asyncio
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-PY = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import (  # noqa: E402
+    ROOT,
+    Procs,
+    cpu_seconds,
+    free_port,
+    gateway_env,
+    run_setup,
+    setup_django,
+    start_engine,
+    start_gateway,
+    wait_http,
+    wrk,
+)
+
 MODEL = "tiny"
 PAYLOADS = {
     "instant": {
@@ -60,65 +73,12 @@ PAYLOADS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except urllib.error.HTTPError:
-            return  # it answers; a 401 or 404 is an answer
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
-
-
-class Procs:
-    def __init__(self, logdir: Path):
-        self.logdir = logdir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 # ---- llmgw's side: a database with one ready replica, and a key ---------------
 
 
 def setup_db(engine_port: int) -> None:
     """Run in a subprocess with the bench's environment: migrate, then the fleet rows."""
-    import django
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    django.setup()
-    from django.core.management import call_command
-
+    setup_django()
     from fleet.models import (
         ApiKey,
         Engine,
@@ -131,7 +91,6 @@ def setup_db(engine_port: int) -> None:
         ShardState,
     )
 
-    call_command("migrate", verbosity=0)
     model = Model.objects.create(name=MODEL, desired_replicas=1)
     profile = EngineProfile.objects.create(
         model=model, name="bench", engine=Engine.FAKE, model_path="/none"
@@ -157,22 +116,6 @@ def setup_db(engine_port: int) -> None:
 # ---- load ----------------------------------------------------------------------
 
 
-def cpu_seconds(pgid: int) -> float:
-    """User and system CPU of every process in a process group, from /proc."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
-
-
 def settle(pgid: int, timeout: float = 90) -> None:
     """Wait until a proxy has finished what the last run left it.
 
@@ -195,44 +138,6 @@ def wait_quiet(below: float, limit_s: float = 600) -> None:
             print(f"  waiting for load < {below:g} (now {os.getloadavg()[0]:.1f})", flush=True)
             said = time.monotonic()
         time.sleep(2)
-
-
-def wrk(
-    url: str, payload: dict, key: str, conc: int, duration: float, workdir: Path, pgid=None
-) -> dict:
-    script = workdir / "post.lua"
-    script.write_text(
-        "wrk.method = 'POST'\n"
-        f"wrk.body = {json.dumps(json.dumps(payload))}\n"
-        "wrk.headers['Content-Type'] = 'application/json'\n"
-        f"wrk.headers['Authorization'] = 'Bearer {key}'\n"
-    )
-    cpu0 = cpu_seconds(pgid) if pgid else 0.0
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{conc}", f"-d{duration:g}s", "--timeout", "30s", "--latency"]
-        + ["-s", str(script), url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    pct = {
-        m.group(1): float(m.group(2)) * _UNIT[m.group(3)]
-        for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
-    }
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    done = int(re.search(r"(\d+) requests in", out).group(1))
-    cpu_ms = (cpu_seconds(pgid) - cpu0) * 1000 / done if pgid and done else None
-    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    errors = re.search(r"Socket errors: (.*)", out)
-    return {
-        "load1": os.getloadavg()[0],
-        "p50_ms": pct["50"],
-        "p99_ms": pct["99"],
-        "rps": rps,
-        "cpu_ms_per_request": cpu_ms,
-        "non_2xx": int(bad.group(1)) if bad else 0,
-        "socket_errors": errors.group(1) if errors else "",
-    }
 
 
 def check_answer(url: str, key: str) -> None:
@@ -371,6 +276,12 @@ def main() -> int:
         default=1,
         help="measure every point this many times, the targets interleaved; report medians",
     )
+    p.add_argument(
+        "--compare-tree",
+        metavar="DIR",
+        help="also llmgw_site.serve from another checkout (e.g. the commit before a change, "
+        "from git worktree add or git archive): 'llmgw (serve, compared)', same database",
+    )
     p.add_argument("--setup-db", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.setup_db:
@@ -383,98 +294,34 @@ def main() -> int:
     procs = Procs(work)
     # A plain kill stops every process the bench started too (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"stopped by SIGTERM; logs: {work}"))
-    env = {
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",  # llmgw_site.asgi refuses to start without
-        **os.environ,
-        "LLMGW_STATE_DIR": str(work / "state"),
-        "LLMGW_CHANNEL_PREFIX": f"bench-{os.getpid()}",
-        "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
-    }
-    env.pop("DATABASE_URL", None)  # its own SQLite: the request path never reads it anyway
-    redis = None
-    if not env.get("REDIS_URL"):
-        from fleet.devstack.redis import PrivateRedis
-
-        (work / "redis").mkdir()
-        redis = PrivateRedis(work / "redis").start()
-        env["REDIS_URL"] = redis.url
+    env, redis = gateway_env(work, "gw")
     results: dict = {"targets": {}, "machine": {"cpus": os.cpu_count()}}
     try:
-        engine_port = free_port()
-        engine = procs.start(
-            "engine",
-            [PY, "-m", "agentd.engines.fake", "--port", str(engine_port)]
-            + ["--served-model-name", MODEL],
-            env,
-        )
-        wait_http(f"http://127.0.0.1:{engine_port}/health", engine)
-        out = subprocess.run(
-            [PY, __file__, "--setup-db", str(engine_port)],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode:
-            sys.exit(f"setting up the bench database failed:\n{out.stderr}")
-        key, limited = out.stdout.strip().splitlines()[-2:]
+        engine_port, engine = start_engine(procs, env, "engine", MODEL)
+        key, limited = run_setup(__file__, str(engine_port), env)[-2:]
         targets = {"direct": (f"http://127.0.0.1:{engine_port}", key, engine.pid)}
 
-        port = free_port()
-        serve = procs.start(
-            "serve",
-            [PY, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)],
-            env,
-        )
-        wait_http(f"http://127.0.0.1:{port}/metrics", serve)
-        targets["llmgw (serve)"] = (f"http://127.0.0.1:{port}", key, serve.pid)
-        targets["llmgw (serve) limits"] = (f"http://127.0.0.1:{port}", limited, serve.pid)
-        if args.serve_workers:
-            port = free_port()
-            workers = procs.start(
-                "serve-workers",
-                [PY, "-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)]
-                + ["--workers", str(args.serve_workers)],
-                env,
-            )
-            wait_http(f"http://127.0.0.1:{port}/metrics", workers)
-            name = f"llmgw (serve, {args.serve_workers} workers)"
-            targets[name] = (f"http://127.0.0.1:{port}", key, workers.pid)
-        if args.plain_uvicorn:
-            port = free_port()
-            plain = procs.start(
-                "plain-uvicorn",
-                [PY, "-m", "uvicorn", "llmgw_site.asgi:application"]
-                + ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
-                + ["--loop", "asyncio", "--http", "h11", "--ws", "websockets-sansio"]
-                + ["--lifespan", "on", "--log-level", "warning"],
-                env,
-            )
-            wait_http(f"http://127.0.0.1:{port}/metrics", plain)
-            targets["llmgw (plain uvicorn)"] = (f"http://127.0.0.1:{port}", key, plain.pid)
+        only = args.only.split(";") if args.only else None
 
-        port = free_port()
-        daphne = procs.start(
-            "daphne",
-            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
-            env,
-        )
-        wait_http(f"http://127.0.0.1:{port}/metrics", daphne)
-        targets["llmgw (daphne)"] = (f"http://127.0.0.1:{port}", key, daphne.pid)
-        targets["llmgw (daphne) limits"] = (f"http://127.0.0.1:{port}", limited, daphne.pid)
+        def add(name: str, server: str, extra=(), limits: bool = False, tree=None) -> None:
+            if only and name not in only and f"{name} limits" not in only:
+                return  # not measured: not started, so not a neighbour either
+            port, proc = start_gateway(procs, env, server, extra, tree=tree)
+            targets[name] = (f"http://127.0.0.1:{port}", key, proc.pid)
+            if limits:
+                targets[f"{name} limits"] = (f"http://127.0.0.1:{port}", limited, proc.pid)
+
+        add("llmgw (serve)", "serve", limits=True)
+        if args.compare_tree:
+            add("llmgw (serve, compared)", "serve", tree=Path(args.compare_tree).resolve())
+        if args.serve_workers:
+            workers = args.serve_workers
+            add(f"llmgw (serve, {workers} workers)", "serve", ("--workers", str(workers)))
+        if args.plain_uvicorn:
+            add("llmgw (plain uvicorn)", "plain-uvicorn")
+        add("llmgw (daphne)", "daphne", limits=True)
         if not args.no_uvicorn:
-            port = free_port()
-            uv = procs.start(
-                "uvicorn",
-                [PY, "-m", "uvicorn", "llmgw_site.gateway_asgi:application"]
-                + ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
-                + ["--loop", "uvloop", "--http", "httptools", "--log-level", "warning"],
-                env,
-            )
-            wait_http(f"http://127.0.0.1:{port}/metrics", uv)
-            targets["llmgw (uvicorn)"] = (f"http://127.0.0.1:{port}", key, uv.pid)
-            targets["llmgw (uvicorn) limits"] = (f"http://127.0.0.1:{port}", limited, uv.pid)
+            add("llmgw (uvicorn)", "gateway-only", limits=True)
         if not args.no_litellm:
             litellm = Path(args.litellm_venv) / "bin" / "litellm"
             if not litellm.exists():

@@ -20,7 +20,11 @@ Three measurements, each side by side with least-outstanding in the same run:
    prompt and a 16 KB completion prompt, alternating in blocks.
 3. The gateway end to end on a fake engine (instant answers), with wrk: a
    model with prefix routing against one without, the same two engines behind
-   both, alternating runs.
+   both, alternating runs, through llmgw as `make run` serves it
+   (``python -m llmgw_site.serve``; Daphne before 2026-12-01).
+
+The processes, their environment and wrk are bench/_common.py's, shared with
+bench/gateway.py.
 """
 
 import argparse
@@ -38,11 +42,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import ROOT, machine, percentile  # noqa: E402
-from gateway import Procs, free_port, wrk  # noqa: E402
-from gateway import wait_http as _wait_http  # noqa: E402
+from _common import (  # noqa: E402
+    PY,
+    ROOT,
+    Procs,
+    free_port,
+    gateway_env,
+    machine,
+    percentile,
+    run_setup,
+    setup_django,
+    start_engine,
+    start_gateway,
+    wrk,
+)
+from _common import wait_http as _wait_http  # noqa: E402
 
-PY = sys.executable
 ARMS = ("on", "off")  # the model with prefix routing, and the one without
 EMBD, FF, CTX = 256, 768, 4096
 # Saved states each engine's cache holds. llama-cpp-python's LRU keeps the state a
@@ -60,12 +75,7 @@ def wait_http(url, proc, timeout=180):
 
 def setup_db(spec: str) -> None:
     """Run in a subprocess: migrate, then the models. ``spec``: JSON {model: [port, ...]}."""
-    import django
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    django.setup()
-    from django.core.management import call_command
-
+    setup_django()
     from fleet.models import (
         ApiKey,
         DesiredState,
@@ -79,7 +89,6 @@ def setup_db(spec: str) -> None:
         ShardState,
     )
 
-    call_command("migrate", verbosity=0)
     for name, ports in json.loads(spec).items():
         model = Model.objects.create(
             name=name, desired_replicas=len(ports), prefix_routing=name.endswith("-on")
@@ -191,8 +200,8 @@ def ttft_run(args, work: Path, procs: Procs, env: dict) -> dict:
         for port, proc, _ in engines[arm]:
             wait_http(f"http://127.0.0.1:{port}/v1/models", proc)
     spec = {f"pfx-{arm}": [p for p, _, _ in engines[arm]] for arm in ARMS}
-    key = setup(env, spec)
-    gw_port = start_gateway(procs, env)
+    key = run_setup(__file__, json.dumps(spec), env)[-1]
+    gw_port, _ = start_gateway(procs, env)
 
     rng = random.Random(7)
     rows = []
@@ -327,18 +336,9 @@ def micro(out_path: str) -> None:
 
 
 def overhead_run(args, work: Path, procs: Procs, env: dict) -> dict:
-    ports = []
-    for i in range(2):
-        port = free_port()
-        proc = procs.start(
-            f"fake-{i}",
-            [PY, "-m", "agentd.engines.fake", "--port", str(port), "--served-model-name", "x"],
-            env,
-        )
-        wait_http(f"http://127.0.0.1:{port}/health", proc)
-        ports.append(port)
-    key = setup(env, {"fake-on": ports, "fake-off": ports})
-    gw_port = start_gateway(procs, env)
+    ports = [start_engine(procs, env, f"fake-{i}", "x")[0] for i in range(2)]
+    key = run_setup(__file__, json.dumps({"fake-on": ports, "fake-off": ports}), env)[-1]
+    gw_port, _ = start_gateway(procs, env)
     system = system_prompts(1, 700)[0][:4096]
     out = {}
     for conc in (1, 16):
@@ -375,52 +375,7 @@ def overhead_run(args, work: Path, procs: Procs, env: dict) -> dict:
     return out
 
 
-# ---- plumbing ----------------------------------------------------------------------
-
-
-def setup(env: dict, spec: dict) -> str:
-    done = subprocess.run(
-        [PY, __file__, "--setup-db", json.dumps(spec)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        sys.exit(f"setting up the bench database failed:\n{done.stderr}")
-    return done.stdout.strip().splitlines()[-1]
-
-
-def start_gateway(procs: Procs, env: dict) -> int:
-    port = free_port()
-    daphne = procs.start(
-        f"daphne-{port}",
-        [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"],
-        env,
-    )
-    wait_http(f"http://127.0.0.1:{port}/metrics", daphne)
-    return port
-
-
-def bench_env(work: Path) -> tuple[dict, object]:
-    env = {
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
-        **os.environ,
-        "LLMGW_STATE_DIR": str(work / "state"),
-        "LLMGW_CHANNEL_PREFIX": f"bench-{os.getpid()}-{work.name}",
-        "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
-        "PYTHONPATH": str(ROOT),
-    }
-    env.pop("DATABASE_URL", None)  # its own SQLite: the request path never reads it
-    redis = None
-    if not env.get("REDIS_URL"):
-        from fleet.devstack.redis import PrivateRedis
-
-        (work / "redis").mkdir(exist_ok=True)
-        redis = PrivateRedis(work / "redis").start()
-        env["REDIS_URL"] = redis.url
-    return env, redis
+# ---- the run ---------------------------------------------------------------------
 
 
 def main() -> int:
@@ -450,7 +405,7 @@ def main() -> int:
             continue
         work = Path(tempfile.mkdtemp(prefix=f"llmgw-bench-prefix-{part}-"))
         procs = Procs(work)
-        env, redis = bench_env(work)
+        env, redis = gateway_env(work, work.name)
         try:
             if part == "ttft":
                 results["ttft"] = ttft_run(args, work, procs, env)

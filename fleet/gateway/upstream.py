@@ -61,6 +61,11 @@ class Incomplete(UpstreamError):
     pass
 
 
+class NoAnswer(TimeoutError):
+    """No status line within the time ``post`` was given: the engine took the request and
+    said nothing (its process frozen, its node cut off)."""
+
+
 class Refused(UpstreamError):
     """The answer broke a bound or is not HTTP the gateway speaks; ``code`` says which."""
 
@@ -128,16 +133,19 @@ class Response:
 
     # ---- reading -----------------------------------------------------------------
 
-    async def _wait(self, idle_s: float = 0.0) -> None:
+    async def _wait(self, idle_s: float = 0.0, late=None) -> None:
         loop = self._conn.loop
         self._waiter = loop.create_future()
-        timer = loop.call_later(idle_s, self._stalled, idle_s) if idle_s else None
+        timer = loop.call_later(idle_s, late or self._stalled, idle_s) if idle_s else None
         try:
             await self._waiter
         finally:
             self._waiter = None
             if timer is not None:
                 timer.cancel()
+
+    def _no_answer(self, wait_s: float) -> None:
+        self._fail(NoAnswer(f"no answer within {wait_s:g} s"))
 
     def _stalled(self, idle_s: float) -> None:
         self._fail(Refused(f"the engine sent nothing for {idle_s:g} s", "upstream_timeout"))
@@ -428,24 +436,38 @@ class Client:
         self.limits = limits or ReadLimits()
         self._pools: dict[tuple[str, int], _Pool] = {}
 
-    async def post(self, host: str, port: int, head: bytes, body: bytes) -> Response:
+    async def post(
+        self, host: str, port: int, head: bytes, body: bytes, first_byte_s: float = 0.0
+    ) -> Response:
         """Send ``head`` (request line and headers up to Content-Length's name) and ``body``;
-        return once the status line and headers are in."""
-        return await self._send(host, port, b"%s%d\r\n\r\n%s" % (head, len(body), body))
+        return once the status line and headers are in.
+
+        ``first_byte_s`` (0: none): ``NoAnswer`` if they are not in by then, counted
+        from now. A clock of the client's own rather than ``asyncio.timeout``
+        around the call: the wait has a timer anyway, and the request path pays
+        for one timer instead of two.
+        """
+        request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        return await self._send(host, port, request, first_byte_s)
 
     async def get(self, host: str, port: int, path: str) -> Response:
         name = f"[{host}]" if ":" in host else host
         request = f"GET {path} HTTP/1.1\r\nHost: {name}:{port}\r\nAccept: */*\r\n\r\n"
         return await self._send(host, port, request.encode())
 
-    async def _send(self, host: str, port: int, request: bytes) -> Response:
+    async def _send(
+        self, host: str, port: int, request: bytes, first_byte_s: float = 0.0
+    ) -> Response:
+        # time.monotonic, not the loop's clock: asking for the running loop costs a
+        # getpid() system call (CPython checks for a fork), and this is per request.
+        deadline = time.monotonic() + first_byte_s if first_byte_s else 0.0
         pool = self._pools.get((host, port))
         if pool is None:
             pool = self._pools[(host, port)] = _Pool(host, port)
         conn = pool.take()
         reused = conn is not None
         if conn is None:
-            conn = await self._connect(pool)
+            conn = await self._connect(pool, deadline)
         while True:
             resp = conn.resp = Response(conn)
             conn.transport.write(request)
@@ -453,7 +475,13 @@ class Client:
                 while not resp.status:
                     if resp._error is not None:
                         raise resp._error
-                    await resp._wait()
+                    if deadline:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise NoAnswer(f"no answer within {first_byte_s:g} s")
+                        await resp._wait(left, resp._no_answer)
+                    else:
+                        await resp._wait()
             except Disconnected:
                 conn.done(reuse=False)
                 if not reused:
@@ -462,21 +490,33 @@ class Client:
                 # request went out: nothing was answered, so send it once more on
                 # a new connection rather than fail a request the engine never saw.
                 reused = False
-                conn = await self._connect(pool)
+                conn = await self._connect(pool, deadline)
                 continue
             except BaseException:
                 conn.done(reuse=False)
                 raise
             return resp
 
-    async def _connect(self, pool: _Pool) -> _Conn:
+    async def _connect(self, pool: _Pool, deadline: float = 0.0) -> _Conn:
+        """A new connection within the connect timeout (and before ``deadline``, if any:
+        the time ``post`` was given for its answer)."""
         loop = asyncio.get_running_loop()
+        timeout_s = self.connect_timeout_s
+        clipped = False
+        if deadline:
+            left = deadline - time.monotonic()
+            if left < timeout_s:
+                if left <= 0:
+                    raise NoAnswer("no time left to connect")
+                timeout_s, clipped = left, True
         try:
-            async with asyncio.timeout(self.connect_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(
                     lambda: _Conn(pool, loop, self.limits), pool.host, pool.port
                 )
         except TimeoutError:
+            if clipped:
+                raise NoAnswer("the time for an answer ran out while connecting") from None
             raise ConnectFailed(f"no connection within {self.connect_timeout_s:g} s") from None
         except OSError as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from None

@@ -42,6 +42,10 @@ def _depth_over(value, limit: int) -> bool:
     return False
 
 
+# One decoder for every request: json.loads with hooks builds a new one (and its
+# scanner) per call. It decodes the bytes as json.loads does: UTF-8, -16 or -32.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
 # The fields every endpoint shares, and their types; None is always allowed
 # for an optional field, as OpenAI allows it.
 _COMMON = {
@@ -113,7 +117,7 @@ def parse(endpoint: str, raw: bytes) -> ParsedRequest:
         raise GatewayError(400, "the request body is empty; send a JSON object")
     try:
         # NaN and Infinity are Python's, not JSON's: an engine may choke on them.
-        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except UnicodeDecodeError:
         raise GatewayError(400, "the request body is not UTF-8 encoded JSON") from None
     except RecursionError:
