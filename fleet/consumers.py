@@ -107,6 +107,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     identity: access.AgentIdentity | None = None
     node_id: str | None = None
+    acked_version = 0  # the node's acknowledged version as this socket's registration wrote it
     closing = False
     released = False
     foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
@@ -327,6 +328,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.refuse(CloseCode.TRY_AGAIN, "too busy to register in time; try again")
             return
         provision, desired_set = sent.provision, sent.desired
+        self.acked_version = sent.acked_version
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
         await self.send_msg(
@@ -393,6 +395,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_ack(self, msg: protocol.AgentAck):
         if msg.of == "desired":
+            if msg.version <= self.acked_version:
+                # Acked no further than the registration wrote: the write would change
+                # nothing (acks only move forward). After a restart every agent acks the
+                # set it was sent with its register's ack: a thousand writes saved.
+                return
             await self.write(inventory.apply_desired_ack, self.node_id, msg.version)
         elif msg.of == "remove_weights":
             await self.write(delivery.record_reply, self.node_id, msg)

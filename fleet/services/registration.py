@@ -69,6 +69,9 @@ class Registered:
 
     provision: protocol.Provision
     desired: protocol.Desired
+    # The node's acknowledged version as the registration wrote it: an agent's ack of
+    # the set it is sent next moves nothing when it is no newer (the restart wave's case).
+    acked_version: int = 0
 
 
 def register_many(regs: list[Registration]) -> dict[str, Registered | Exception]:
@@ -101,12 +104,14 @@ def register_many(regs: list[Registration]) -> dict[str, Registered | Exception]
     results.update({k: v for k, v in written.items() if isinstance(v, Exception)})
     nodes = [v for v in written.values() if isinstance(v, Node)]
     if nodes:
+        access.note_used(r.credential_id for r in live if isinstance(written[r.node_id], Node))
         wanted = engines.wanted()
         sets = desired.desired_sets({n.pk: n.desired_version for n in nodes})
         for n in nodes:
             results[n.pk] = Registered(
                 provision=engines.provision_for(n.pk, wanted, build=n.vllm_build),
                 desired=sets[n.pk],
+                acked_version=n.acked_version,
             )
     return results
 

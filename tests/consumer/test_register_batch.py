@@ -192,3 +192,21 @@ async def test_registrations_arriving_during_a_write_go_in_the_next_batch_one_pe
     # together, but for gpu-01's second registration, which waits for the batch
     # holding its first: a node's writes stay in order
     assert batches == [["gpu-01", "gpu-02", "gpu-03"], ["gpu-01"]]
+
+
+def test_a_credentials_last_use_is_written_with_its_registration_not_its_handshake(path):
+    creds = {n: enrolled(n) for n in ("gpu-01", "gpu-02")}
+    secret = NodeCredential.issue(node=Node.objects.get(pk="gpu-01"))[1]
+    NodeCredential.objects.update(last_used_at=None)
+
+    # the handshake only reads
+    assert access.identify(secret).node_id == "gpu-01"
+    assert set(NodeCredential.objects.values_list("last_used_at", flat=True)) == {None}
+
+    results = registration.register_many(
+        [registration.Registration(creds[n], reg(n), "ch") for n in creds]
+    )
+
+    assert all(isinstance(r, registration.Registered) for r in results.values())
+    used = dict(NodeCredential.objects.values_list("pk", "last_used_at"))
+    assert all(used[c] is not None for c in creds.values())
