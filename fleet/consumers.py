@@ -85,9 +85,12 @@ _rejoin = expiry.Rejoin()
 def _register_batch(regs: list[registration.Registration]) -> dict:
     """A batch of registrations (``registration.register_many``); each one written moves
     the grace period while the fleet is coming back."""
+    # Taken before the write, so the batch's own rows count as registered since the
+    # wave began when the first batch starts it.
+    now = timezone.now()
     results = registration.register_many(regs)
     if any(isinstance(r, registration.Registered) for r in results.values()):
-        _rejoin.registered(timezone.now())
+        _rejoin.registered(now)
     return results
 
 
