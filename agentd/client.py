@@ -46,7 +46,12 @@ class Backoff:
     so a thousand agents do not all knock again on the same second.
     """
 
-    def __init__(self, first: float = 1.0, cap: float = 30.0, rng: random.Random | None = None):
+    def __init__(
+        self,
+        first: float = 1.0,
+        cap: float = protocol.RECONNECT_BACKOFF_CAP_S,
+        rng: random.Random | None = None,
+    ):
         self.first, self.cap = first, cap
         self.rng = rng or random.Random()
         self.attempt = 0

@@ -26,6 +26,11 @@ from agentd.wire import decode
 
 # A node id names a channel-layer group and appears in URLs, so it keeps to
 # characters that are safe in both.
+# The longest an agent waits between two tries to reach its control plane
+# (agentd.client.Backoff): the control plane counts on every live agent having
+# knocked again within this (fleet.services.reconciler.expiry.Rejoin).
+RECONNECT_BACKOFF_CAP_S = 30.0
+
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 

@@ -689,6 +689,11 @@ def main(argv=None) -> int:
     p.add_argument("--log-level", default="INFO", help="the control plane's LOG_LEVEL")
     p.add_argument("--keep", action="store_true", help="keep each level's database")
     p.add_argument(
+        "--db-name",
+        default="llmgw_bench",
+        help="prefix of the scratch databases (one's own on a shared server)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="sample the web process with py-spy while agents enrol and while they heartbeat",
@@ -717,7 +722,7 @@ def main(argv=None) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     workdir = OUT / f"agents-{stamp}"
     (workdir / "state").mkdir(parents=True, exist_ok=True)
-    dbs = ScratchDatabases(args.db, pg_url=args.pg_url, name="llmgw_bench", workdir=workdir)
+    dbs = ScratchDatabases(args.db, pg_url=args.pg_url, name=args.db_name, workdir=workdir)
     print(f"machine: {machine()}; open-file limit {nofile}; output in {workdir}", flush=True)
     dbs.prepare_template(workdir / "migrate.log")
     rows = []

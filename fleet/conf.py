@@ -38,8 +38,11 @@ class FleetSettings:
     heartbeat_interval_s: float = 10.0  # how often agents are told to send a heartbeat
     # Heartbeats that arrive while a write runs go together in the next one
     # (fleet/services/heartbeat/batching.py); this is an extra wait before each
-    # write, for bigger batches at the price of latency. 0: none.
-    heartbeat_flush_s: float = 0.0
+    # write, for bigger batches at the price of latency. 0: none. 50 ms took
+    # the web process's CPU per heartbeat from 2.1 to 1.2 ms at 1,000 agents
+    # (fewer trips to the writer thread and statements per heartbeat; the ack
+    # comes ~40 ms later: docs/benchmarks.md, Agent sockets).
+    heartbeat_flush_s: float = 0.05
     # Threads (each with its own database connection) a web process runs its
     # agent sockets' database calls on (fleet/services/socket_db.py): that many
     # registrations overlap their round trips. SQLite takes one writer at a

@@ -16,7 +16,16 @@ from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
 from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
-from fleet.services import access, desired, doorbells, engines, heartbeat, inventory, socket_db
+from fleet.services import (
+    access,
+    desired,
+    doorbells,
+    engines,
+    heartbeat,
+    inventory,
+    registration,
+    socket_db,
+)
 from fleet.services.heartbeat import ReportMemo, batcher
 from fleet.services.reconciler import expiry
 from fleet.services.weights_gc import delivery
@@ -68,23 +77,21 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + amount)
 
 
-_listening = False  # whether this process has taken an agent's registration yet
+# This process's view of its fleet coming back after it started: while the wave
+# lasts, the grace period moves with it (expiry.Rejoin).
+_rejoin = expiry.Rejoin()
 
 
-def _register(credential_id: int, node_id: str, msg: protocol.Register, channel_name: str):
-    """A registration's write (as the node, while its credential holds), then the
-    provision and desired set the agent is sent after its ack."""
-    global _listening
-    if not _listening:
-        # The first registration this process takes: it (re)started, and the
-        # nodes whose agents are on their way back get a full grace period.
-        _listening = True
-        if expiry.grace_from_now(timezone.now()):
-            logger.info(
-                "agents reconnecting to a new web process: every node gets a full grace period"
-            )
-    access.as_node(credential_id, node_id, inventory.register_node, msg, channel_name=channel_name)
-    return engines.provision_for(node_id), desired.desired_set(node_id)
+def _register_batch(regs: list[registration.Registration]) -> dict:
+    """A batch of registrations (``registration.register_many``); each one written moves
+    the grace period while the fleet is coming back."""
+    # Taken before the write, so the batch's own rows count as registered since the
+    # wave began when the first batch starts it.
+    now = timezone.now()
+    results = registration.register_many(regs)
+    if any(isinstance(r, registration.Registered) for r in results.values()):
+        _rejoin.registered(now)
+    return results
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -103,6 +110,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     identity: access.AgentIdentity | None = None
     node_id: str | None = None
+    acked_version = 0  # the node's acknowledged version as this socket's registration wrote it
     closing = False
     released = False
     foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
@@ -307,20 +315,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await doorbells.aring_node(
                 self.node_id, doorbells.NODE_SUPERSEDE, channel=self.channel_name
             )
-        # The write, and what the agent is sent next, in one trip to the database thread.
+        # The write, and what the agent is sent next, in one batch with the other
+        # registrations arriving meanwhile (fleet.services.registration).
         # Once a credential is issued it must reach the agent: no deadline then.
         try:
-            provision, desired_set = await socket_db.call_by(
-                None if secret else self.received_at + REGISTER_DEADLINE_S,
-                _register,
-                self.identity.credential_id,
-                self.node_id,
-                msg,
-                self.channel_name,
+            sent = await registration.batcher(_register_batch).submit(
+                registration.Registration(
+                    credential_id=self.identity.credential_id,
+                    msg=msg,
+                    channel_name=self.channel_name,
+                    deadline=None if secret else self.received_at + REGISTER_DEADLINE_S,
+                )
             )
         except socket_db.TooLate:
             await self.refuse(CloseCode.TRY_AGAIN, "too busy to register in time; try again")
             return
+        provision, desired_set = sent.provision, sent.desired
+        self.acked_version = sent.acked_version
         # A register rewrites the GPU and storage rows: whatever was written before is no guide.
         self.memo = ReportMemo()
         await self.send_msg(
@@ -387,6 +398,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_ack(self, msg: protocol.AgentAck):
         if msg.of == "desired":
+            if msg.version <= self.acked_version:
+                # Acked no further than the registration wrote: the write would change
+                # nothing (acks only move forward). After a restart every agent acks the
+                # set it was sent with its register's ack: a thousand writes saved.
+                return
             await self.write(inventory.apply_desired_ack, self.node_id, msg.version)
         elif msg.of == "remove_weights":
             await self.write(delivery.record_reply, self.node_id, msg)

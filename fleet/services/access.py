@@ -3,10 +3,10 @@
 import ipaddress
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from fleet.conf import fleet_settings, networks
@@ -167,19 +167,35 @@ LAST_USED_EVERY = timedelta(minutes=1)
 
 
 def identify(bearer: str) -> AgentIdentity | None:
-    """The identity a bearer secret proves, or None. Revoked, expired and used-up are None."""
+    """The identity a bearer secret proves, or None. Revoked, expired and used-up are None.
+
+    Reads only: a node credential's last use is written when its registration is
+    (``note_used``, a batch at a time), not on the handshake, where a whole
+    fleet coming back spent a write and a commit per agent on it.
+    """
     if not bearer:
         return None
     cred = NodeCredential.find(bearer, NodeCredential.objects.filter(revoked_at__isnull=True))
     if cred is not None:
-        now = timezone.now()
-        if cred.last_used_at is None or now - cred.last_used_at >= LAST_USED_EVERY:
-            NodeCredential.objects.filter(pk=cred.pk).update(last_used_at=now)
         return AgentIdentity(credential_id=cred.pk, node_id=cred.node_id)
     token = JoinToken.find(bearer)
     if token is not None and token.usable() is None:
         return AgentIdentity(join_token_id=token.pk)
     return None
+
+
+def note_used(credential_ids, now: datetime | None = None) -> int:
+    """These node credentials were used now (their agents registered): one UPDATE for
+    those whose last use is older than ``LAST_USED_EVERY``. Returns how many changed."""
+    ids = list(credential_ids)
+    if not ids:
+        return 0
+    now = now or timezone.now()
+    return (
+        NodeCredential.objects.filter(pk__in=ids)
+        .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY))
+        .update(last_used_at=now)
+    )
 
 
 def credential_revoked(credential_id: int) -> bool:

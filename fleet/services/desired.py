@@ -92,26 +92,33 @@ def bump_desired(node_ids) -> None:
     transaction.on_commit(lambda: async_to_sync(ring_all)())
 
 
-def desired_set(node_id: str) -> protocol.Desired:
-    """The full desired set of a node, as the agent receives it."""
+def desired_set(node_id: str, version: int | None = None) -> protocol.Desired:
+    """The full desired set of a node, as the agent receives it. ``version``, the node's
+    desired version, when the caller holds the row it just wrote (a registration)."""
+    if version is None:
+        version = Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
+    return desired_sets({node_id: version or 0})[node_id]
 
-    version = Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
+
+def desired_sets(versions: dict[str, int]) -> dict[str, protocol.Desired]:
+    """The full desired sets of these nodes (node id -> its desired version), in one read:
+    a batch of registrations sends every node its set."""
     shards = (
-        Shard.objects.filter(node_id=node_id)
+        Shard.objects.filter(node_id__in=list(versions))
         .exclude(
             desired_state=DesiredState.STOPPED,
             state__in=[ShardState.STOPPED, ShardState.FAILED],
         )
         .select_related("replica__model", "replica__profile")
     )
-    out = []
+    out: dict[str, list] = {node_id: [] for node_id in versions}
     for s in shards:
         p = s.replica.profile
         # What the shard was placed with (the reconciler keeps it on the row):
         # the agent restarts an engine whose spec changes, so an edit to the
         # profile must reach running shards as a rolling replacement, not here.
         spec = s.spec or p.spec()
-        out.append(
+        out[s.node_id].append(
             protocol.DesiredShard(
                 shard_id=s.id,
                 replica_id=s.replica_id,
@@ -132,4 +139,9 @@ def desired_set(node_id: str) -> protocol.Desired:
                 profile=protocol.ProfileSpec(**spec["profile"]),
             )
         )
-    return protocol.Desired(type="desired", version=version or 0, shards=out)
+    return {
+        node_id: protocol.Desired(
+            type="desired", version=versions[node_id] or 0, shards=out[node_id]
+        )
+        for node_id in versions
+    }

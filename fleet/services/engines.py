@@ -24,10 +24,14 @@ def wanted() -> dict[str, str]:
     return rows or dict(fleet_settings().engines)
 
 
-def provision_for(node_id: str, engines: dict[str, str] | None = None) -> protocol.Provision:
-    """The provision message for one node."""
+def provision_for(
+    node_id: str, engines: dict[str, str] | None = None, build: str | None = None
+) -> protocol.Provision:
+    """The provision message for one node; ``build``, its vLLM build, when the caller
+    has just read or written the node's row (a registration), saves a query."""
     engines = wanted() if engines is None else engines
-    build = Node.objects.filter(pk=node_id).values_list("vllm_build", flat=True).first()
+    if build is None:
+        build = Node.objects.filter(pk=node_id).values_list("vllm_build", flat=True).first()
     return protocol.Provision(
         type="provision",
         engines=[

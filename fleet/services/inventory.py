@@ -52,6 +52,7 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
     any of them clears it) has only its GPU telemetry, weights, disks and node
     row written: after a control-plane restart the whole fleet registers at
     once, and rewriting nine tables per node was most of that wave's cost.
+    ``fleet.services.registration`` writes many such registrations together.
     """
     now = timezone.now()
     digest = inventory_digest(reg)
@@ -59,42 +60,8 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
     with transaction.atomic(savepoint=False):
         node, created = Node.objects.select_for_update().get_or_create(pk=reg.node_id)
         was = node.state
-        if not created:
-            changes.memory_changed(node.pk, node.memory_total_mb, reg.memory_total_mb)
-            changes.engines_changed(node.pk, node.engine_versions, reg.engine_versions)
-        node.hostname = reg.hostname
-        node.mgmt_addr = reg.mgmt_addr
-        node.mgmt_interface = reg.mgmt_interface
-        node.agent_labels = reg.labels
-        node.agent_version = reg.agent_version
-        node.engine_versions = reg.engine_versions
-        node.memory_total_mb = reg.memory_total_mb
-        node.running_shards = [s.model_dump() for s in reg.running_shards]
-        if reg.desired_version > node.desired_version:
-            # The agent has seen newer versions than this database knows: it was
-            # restored from a backup, or rebuilt. The agent ignores versions older
-            # than its newest (fencing), so continue numbering above its count.
-            logger.warning(
-                "node reports a newer desired version than the database node=%s reported=%d "
-                "known=%d; continuing from the node's",
-                node.pk,
-                reg.desired_version,
-                node.desired_version,
-            )
-            node.desired_version = reg.desired_version + 1
-        node.acked_version = min(reg.desired_version, node.desired_version)
-        # A new session: the whole set goes out now, so a node still behind is
-        # timed from here, not from before it went away.
-        behind = node.acked_version < node.desired_version
-        node.desired_lag_since = now if behind else None
-        node.state = NodeState.READY
-        node.connected = True
-        node.last_seen = now
-        node.registered_at = now
-        if channel_name:
-            node.channel_name = channel_name
         same = not created and node.inventory_digest == digest
-        node.inventory_digest = digest
+        take_registration(node, reg, now, channel_name, digest, created=created)
         node.save()
 
         if same:
@@ -109,7 +76,61 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
             changes.replace_installs(node, reg.provision)
         changes.replace_weights(node, reg.weights)
         changes.replace_storage([(node.pk, reg.storage)])
-        _apply_running_shards(node, reg.running_shards, now)
+        apply_running_shards([(node, reg.running_shards)], now)
+    registered(node, reg, was, created)
+    return node
+
+
+def take_registration(
+    node: Node,
+    reg: protocol.Register,
+    now: datetime,
+    channel_name: str,
+    digest: str,
+    *,
+    created: bool = False,
+) -> None:
+    """Set the node row's fields from a registration (not saved): everything the agent
+    reports, and a new session's desired-set bookkeeping."""
+    if not created:
+        changes.memory_changed(node.pk, node.memory_total_mb, reg.memory_total_mb)
+        changes.engines_changed(node.pk, node.engine_versions, reg.engine_versions)
+    node.hostname = reg.hostname
+    node.mgmt_addr = reg.mgmt_addr
+    node.mgmt_interface = reg.mgmt_interface
+    node.agent_labels = reg.labels
+    node.agent_version = reg.agent_version
+    node.engine_versions = reg.engine_versions
+    node.memory_total_mb = reg.memory_total_mb
+    node.running_shards = [s.model_dump() for s in reg.running_shards]
+    if reg.desired_version > node.desired_version:
+        # The agent has seen newer versions than this database knows: it was
+        # restored from a backup, or rebuilt. The agent ignores versions older
+        # than its newest (fencing), so continue numbering above its count.
+        logger.warning(
+            "node reports a newer desired version than the database node=%s reported=%d "
+            "known=%d; continuing from the node's",
+            node.pk,
+            reg.desired_version,
+            node.desired_version,
+        )
+        node.desired_version = reg.desired_version + 1
+    node.acked_version = min(reg.desired_version, node.desired_version)
+    # A new session: the whole set goes out now, so a node still behind is
+    # timed from here, not from before it went away.
+    behind = node.acked_version < node.desired_version
+    node.desired_lag_since = now if behind else None
+    node.state = NodeState.READY
+    node.connected = True
+    node.last_seen = now
+    node.registered_at = now
+    if channel_name:
+        node.channel_name = channel_name
+    node.inventory_digest = digest
+
+
+def registered(node: Node, reg: protocol.Register, was: str, created: bool) -> None:
+    """What a registration is worth in the log (and to the gateways), once committed."""
     if was != NodeState.READY and not created:
         logger.info("node back node=%s was=%s", node.pk, was)
         doorbells.ring_gateways("routes")  # no longer only a last resort
@@ -121,7 +142,6 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
         len(reg.running_shards),
         reg.agent_version,
     )
-    return node
 
 
 def _write_gpu_telemetry(node: Node, gpus) -> None:
@@ -146,11 +166,19 @@ def _write_gpu_telemetry(node: Node, gpus) -> None:
         )
 
 
-def _apply_running_shards(node: Node, running, now: datetime) -> None:
-    """What the agent runs is the truth about the shards it holds for this node."""
-    by_id = {s.shard_id: s for s in running}
-    for shard in Shard.objects.filter(node=node, pk__in=list(by_id)):
-        state = protocol.shard_state_from_wire(by_id[shard.pk].state)
+def apply_running_shards(nodes_and_running, now: datetime) -> None:
+    """What each agent runs is the truth about the shards it holds for its node: one read
+    for all the nodes given, as (node, running shards) pairs."""
+    wanted = {(node.pk, s.shard_id): s for node, running in nodes_and_running for s in running}
+    if not wanted:
+        return  # nothing to read: most nodes of a fleet coming back run nothing yet
+    node_ids = {node_id for node_id, _ in wanted}
+    shard_ids = {shard_id for _, shard_id in wanted}
+    for shard in Shard.objects.filter(node_id__in=node_ids, pk__in=shard_ids):
+        said = wanted.get((shard.node_id, shard.pk))
+        if said is None:
+            continue  # another node's shard of the same id: not this agent's to say
+        state = protocol.shard_state_from_wire(said.state)
         if shard.state != state:
             shard.state = state
             shard.state_changed_at = now

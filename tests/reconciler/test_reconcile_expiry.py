@@ -252,3 +252,90 @@ def test_a_web_process_taking_agents_again_gives_every_node_a_full_grace_period(
     assert node_state("gpu-01") == NodeState.SUSPECT
     # and an earlier moment never shortens a grace period already given
     assert not expiry.grace_from_now(clock.now - timedelta(minutes=5))
+
+
+def _restart(clock, nodes, down_s=20):
+    """Three nodes heard from, then the whole control plane away for ``down_s``."""
+    for n in nodes:
+        add_node(n)
+    clock.pass_()
+    clock.advance(down_s, step=5)  # the passes' own gap is shorter than an outage
+
+
+def test_a_fleet_coming_back_slowly_after_a_restart_has_no_node_suspect():
+    # given: the control plane restarted; its fleet comes back over 85 s (backoffs,
+    # then a queue of registrations), longer than the 50 s grace from the first one
+    nodes = ("gpu-01", "gpu-02", "gpu-03")
+    clock = Clock()
+    _restart(clock, nodes)
+    rejoin = expiry.Rejoin()
+
+    back = []
+    for node_id in nodes:
+        # then: no node on its way back is suspect, however late after the first
+        assert node_state(node_id) == NodeState.READY
+        reregister(node_id, clock.now)
+        rejoin.registered(clock.now)
+        back.append(node_id)
+        if len(back) < len(nodes):
+            # the queue: other agents of the fleet register every 10 s meanwhile
+            for _ in range(4):
+                clock.advance(10, alive=back, step=5)
+                rejoin.registered(clock.now)
+    clock.advance(60, alive=back, step=5)
+
+    assert {node_state(n) for n in nodes} == {NodeState.READY}
+    assert rejoin.over  # every node is back: the wave is over
+    assert not FleetStatus.objects.get().replacement_paused
+
+
+def test_a_node_failing_once_the_fleet_is_back_is_suspect_on_time():
+    # given: the fleet came back after a restart, every node registered
+    nodes = ("gpu-01", "gpu-02", "gpu-03")
+    clock = Clock()
+    _restart(clock, nodes)
+    rejoin = expiry.Rejoin()
+    for node_id in nodes:
+        reregister(node_id, clock.now)
+        rejoin.registered(clock.now)
+        clock.advance(2, alive=nodes, step=2)
+    assert rejoin.over
+    failed_at = clock.now
+
+    # when: gpu-03 fails, while another node reconnects now and then
+    for _ in range(4):
+        clock.advance(10, alive=["gpu-01", "gpu-02"], step=5)
+        reregister("gpu-01", clock.now)
+        assert not rejoin.registered(clock.now)  # the grace period stays where it was
+
+    # then: it is suspect 50 s after its last heartbeat, as without a restart
+    clock.advance(45 - (clock.now - failed_at).total_seconds(), alive=["gpu-01", "gpu-02"])
+    assert node_state("gpu-03") == NodeState.READY
+    clock.advance(5, alive=["gpu-01", "gpu-02"])
+    assert node_state("gpu-03") == NodeState.SUSPECT
+
+
+def test_a_node_that_never_comes_back_ends_the_wave_after_a_backoff_of_quiet():
+    # given: a restart after which two of three nodes come back; gpu-03 died meanwhile
+    nodes = ("gpu-01", "gpu-02", "gpu-03")
+    clock = Clock()
+    _restart(clock, nodes)
+    rejoin = expiry.Rejoin()
+    for node_id in ("gpu-01", "gpu-02"):
+        reregister(node_id, clock.now)
+        rejoin.registered(clock.now)
+        clock.advance(5, alive=["gpu-01", "gpu-02"])
+    last = clock.now - timedelta(seconds=5)
+    assert not rejoin.over  # gpu-03 may still be in its backoff
+
+    # when: no registration for longer than agentd's backoff cap, then one (a flap)
+    clock.advance(expiry.REJOIN_QUIET_S + 5, alive=["gpu-01", "gpu-02"])
+    reregister("gpu-01", clock.now)
+    assert not rejoin.registered(clock.now)
+    assert rejoin.over
+
+    # then: gpu-03 is suspect 50 s after the wave's last registration, not later
+    clock.advance(45 - (clock.now - last).total_seconds(), alive=["gpu-01", "gpu-02"])
+    assert node_state("gpu-03") == NodeState.READY
+    clock.advance(5, alive=["gpu-01", "gpu-02"])
+    assert node_state("gpu-03") == NodeState.SUSPECT

@@ -1,10 +1,13 @@
 """Coalescing heartbeat writes: group commit on a writer thread of their own.
 
 Each consumer hands its heartbeat to the batcher of its event loop and waits.
-When the writer is idle a heartbeat is written at once; heartbeats that arrive
-while a write is running are written together by the next one. So a lone
-heartbeat waits for nothing, and under load a batch grows with the time a
-write takes: a thousand agents cost a few queries a write, not a few thousand.
+A write starts ``heartbeat_flush_s`` (50 ms) after the first heartbeat that
+finds the writer idle; heartbeats that arrive meanwhile, or while a write is
+running, are written together. So under load a batch grows with the time a
+write takes: a thousand agents cost a few queries a write, not a few thousand;
+and the 50 ms keep a quiet fleet's heartbeats from each costing a trip to the
+writer thread and a statement of their own (about 40 % of the web process's
+CPU per heartbeat at 1,000 agents).
 GPUStack reached 200 workers only after batching its heartbeat writes; this is
 the same idea from the start.
 

@@ -57,37 +57,46 @@ def replace_weights(node: Node, weights: list) -> None:
     unused, a removal under way) lives on the same row, so it survives the
     report; an entry no longer reported is gone from the disk, and its row with it.
     """
-    reported: dict[str, dict] = {}
-    for w in weights:  # the last of a path reported twice wins
-        last_used = w.last_used
-        reported[w.path] = {
-            "size_bytes": w.size_bytes,
-            "shared": w.shared,
-            "source": w.source,
-            "last_used_at": (
-                None if last_used is None else datetime.fromtimestamp(last_used, tz=UTC)
-            ),
-        }
-    existing = {row.path: row for row in node.weights.all()}
-    gone = [row.pk for path, row in existing.items() if path not in reported]
+    replace_weights_of([(node.pk, weights)])
+
+
+def replace_weights_of(node_ids_and_lists) -> None:
+    """``replace_weights`` for many nodes at once, as (node id, weights) pairs: one read,
+    and at most one delete, update and insert for them all."""
+    reported: dict[str, dict[str, dict]] = {}
+    for node_id, weights in node_ids_and_lists:
+        mine = reported.setdefault(node_id, {})
+        for w in weights:  # the last of a path reported twice wins
+            last_used = w.last_used
+            mine[w.path] = {
+                "size_bytes": w.size_bytes,
+                "shared": w.shared,
+                "source": w.source,
+                "last_used_at": (
+                    None if last_used is None else datetime.fromtimestamp(last_used, tz=UTC)
+                ),
+            }
+    existing: dict[str, dict[str, LocalWeights]] = {}
+    for row in LocalWeights.objects.filter(node_id__in=list(reported)):
+        existing.setdefault(row.node_id, {})[row.path] = row
+    gone, changed, new = [], [], []
+    for node_id, mine in reported.items():
+        rows = existing.get(node_id, {})
+        gone += [row.pk for path, row in rows.items() if path not in mine]
+        for path, facts in mine.items():
+            row = rows.get(path)
+            if row is None:
+                new.append(LocalWeights(node_id=node_id, path=path, **facts))
+            elif any(getattr(row, f) != facts[f] for f in _REPORTED):
+                for f in _REPORTED:
+                    setattr(row, f, facts[f])
+                changed.append(row)
     if gone:
         LocalWeights.objects.filter(pk__in=gone).delete()
-    changed = []
-    for path, facts in reported.items():
-        row = existing.get(path)
-        if row is None:
-            continue
-        if any(getattr(row, f) != facts[f] for f in _REPORTED):
-            for f in _REPORTED:
-                setattr(row, f, facts[f])
-            changed.append(row)
     if changed:
         LocalWeights.objects.bulk_update(changed, _REPORTED)
-    LocalWeights.objects.bulk_create(
-        LocalWeights(node=node, path=path, **facts)
-        for path, facts in reported.items()
-        if path not in existing
-    )
+    if new:
+        LocalWeights.objects.bulk_create(new)
 
 
 def memory_changed(node_id: str, before_mb: int | None, now_mb: int | None) -> bool:

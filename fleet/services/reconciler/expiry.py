@@ -13,12 +13,14 @@ are not replaced in the pass before their heartbeat.
 """
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db.models import F, Q
 from django.utils import timezone
 
+from agentd.protocol import RECONNECT_BACKOFF_CAP_S
 from fleet.conf import fleet_settings
 from fleet.models import FleetStatus, Node, NodeState
 
@@ -74,6 +76,81 @@ def grace_from_now(now: datetime) -> bool:
         .filter(Q(grace_from__isnull=True) | Q(grace_from__lt=now))
         .update(grace_from=now)
     )
+
+
+# An agent that lost its control plane knocks again within this (agentd.client.Backoff's
+# cap): once no registration has come for this long, every agent still on its way
+# back would have come.
+REJOIN_QUIET_S = RECONNECT_BACKOFF_CAP_S
+# How often a fleet coming back moves the grace period: one UPDATE a second, not
+# one per registration.
+REJOIN_MOVE_EVERY_S = 1.0
+
+
+class Rejoin:
+    """A web process's view of the fleet coming back to it after it started.
+
+    The grace period of a restart (``grace_from_now``) starts at the process's
+    first registration, but a fleet of thousands comes back over a minute or
+    more: each agent after its backoff (up to ``REJOIN_QUIET_S``), then in the
+    queue of registrations. Counted from the first one, the last tenth of a
+    fleet of 1,000 was marked suspect while on its way back
+    (docs/benchmarks.md, Agent sockets). So while the wave lasts, every
+    registration moves the grace period to itself (at most once a second) while
+    some node has not registered since the wave began: a node is silent by its
+    own doing only once the fleet is back.
+
+    The wave is over, for good in this process, at the first registration that
+    finds every node that is not lost registered since the wave began (one
+    EXISTS query per call; the registration writer calls once a batch), or that
+    comes more than ``REJOIN_QUIET_S`` after the one before (no agent was left
+    retrying: the rest are down for real). From then on a registration moves
+    nothing, and a node that fails is suspect ``suspect_after_s`` after its
+    last heartbeat, or after the wave's last registration if that is later.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.started: datetime | None = None
+        self.last: datetime | None = None
+        self.moved: datetime | None = None
+        self.over = False
+
+    def registered(self, now: datetime) -> bool:
+        """A node registered here at ``now`` (its row written). Returns whether the grace
+        period moved."""
+        with self.lock:
+            if self.over:
+                return False
+            if self.started is None:
+                # The first registration this process takes: it (re)started.
+                self.started = self.last = now
+                logger.info(
+                    "agents reconnecting to a new web process: "
+                    "every node gets a full grace period while they come back"
+                )
+            quiet = (now - self.last).total_seconds()
+            self.last = max(self.last, now)
+            if quiet > REJOIN_QUIET_S:
+                self.over = True
+                logger.info("fleet back: registrations stopped for %.0f s", quiet)
+                return False
+            moved = False
+            if self.moved is None or (now - self.moved).total_seconds() >= REJOIN_MOVE_EVERY_S:
+                self.moved = now
+                moved = grace_from_now(now)
+            waiting = (
+                Node.objects.exclude(state=NodeState.LOST)
+                .filter(Q(registered_at__isnull=True) | Q(registered_at__lt=self.started))
+                .exists()
+            )
+            if not waiting:
+                self.over = True
+                logger.info(
+                    "fleet back: every node registered again in %.0f s",
+                    (now - self.started).total_seconds(),
+                )
+            return moved
 
 
 def silence_of(last_seen: datetime, grace_from: datetime | None, now: datetime) -> float:
