@@ -230,6 +230,27 @@ def ready_model(name: str, upstreams: list, *, served_name: str = "", node_prefi
 # ---- access: tokens, credentials, users, keys -----------------------------------------
 
 
+WEIGHTS_DIR = "/var/lib/llmgw/weights"
+
+
+def node_with_weights(node_id="n1") -> Shard:
+    """``node_id`` serves ``tiny`` from tiny.gguf (2 GB) and holds ``old`` (7 GB),
+    which nothing needs; returns tiny's shard. The tests of the weights' surfaces
+    (API, admin, commands, the console's node page) start from it."""
+    from tests.reconciler.helpers import Clock  # it builds on this module
+
+    add_node(node_id)
+    weights = [
+        {"path": f"{WEIGHTS_DIR}/tiny.gguf", "size_bytes": 2 * 10**9},
+        {"path": f"{WEIGHTS_DIR}/old", "size_bytes": 7 * 10**9},
+    ]
+    msg = register_msg(node_id, gpus=[], weights=weights)
+    inventory.register_node(protocol.parse_agent_message(msg))
+    add_model("tiny", engine="llamacpp", gpus_per_node=0, model_path=f"{WEIGHTS_DIR}/tiny.gguf")
+    Clock().pass_()
+    return Shard.objects.get(node_id=node_id)
+
+
 def join_token(name="rack-1", uses=1, ttl=timedelta(hours=1)) -> tuple:
     return access.create_join_token(name, ttl=ttl, max_uses=uses)
 

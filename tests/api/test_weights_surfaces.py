@@ -8,32 +8,18 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from agentd import protocol
 from fleet.models import LocalWeights, WeightsEvent
-from fleet.services import inventory
-from tests.factories import add_model, add_node, bearer, grant, manage_key, register_msg, staff_user
-from tests.reconciler.helpers import Clock
+from tests.factories import WEIGHTS_DIR, bearer, grant, manage_key, node_with_weights, staff_user
 
 pytestmark = pytest.mark.django_db
 
-W = "/var/lib/llmgw/weights"
+W = WEIGHTS_DIR
 
 
 @pytest.fixture
 def fleet():
     """n1 serves tiny from tiny.gguf and holds an old model nothing needs any more."""
-    add_node("n1")
-    msg = register_msg(
-        "n1",
-        gpus=[],
-        weights=[
-            {"path": f"{W}/tiny.gguf", "size_bytes": 2 * 10**9},
-            {"path": f"{W}/old", "size_bytes": 7 * 10**9},
-        ],
-    )
-    inventory.register_node(protocol.parse_agent_message(msg))
-    add_model("tiny", engine="llamacpp", gpus_per_node=0, model_path=f"{W}/tiny.gguf")
-    Clock().pass_()
+    node_with_weights("n1")
     LocalWeights.objects.filter(path=f"{W}/old").update(
         unused_since=timezone.now() - timedelta(days=2)
     )

@@ -9,15 +9,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from agentd import protocol
-from fleet.models import LocalWeights, Shard
-from fleet.services import inventory
-from tests.factories import add_model, add_node, grant, operator, register_msg, staff_user
-from tests.reconciler.helpers import Clock
+from fleet.models import LocalWeights
+from tests.factories import WEIGHTS_DIR, add_node, grant, node_with_weights, operator, staff_user
 
 pytestmark = pytest.mark.django_db
 
-W = "/var/lib/llmgw/weights"
+W = WEIGHTS_DIR
 OLD_USE = datetime(2026, 11, 28, 9, 30, tzinfo=UTC)
 
 
@@ -40,22 +37,11 @@ def cell(row: str, name: str) -> str:
 @pytest.fixture
 def n1():
     """n1 serves tiny from tiny.gguf, and holds an old model nothing needs, pinned."""
-    add_node("n1")
-    msg = register_msg(
-        "n1",
-        gpus=[],
-        weights=[
-            {"path": f"{W}/tiny.gguf", "size_bytes": 2 * 10**9},
-            {"path": f"{W}/old", "size_bytes": 7 * 10**9},
-        ],
-    )
-    inventory.register_node(protocol.parse_agent_message(msg))
-    add_model("tiny", engine="llamacpp", gpus_per_node=0, model_path=f"{W}/tiny.gguf")
-    Clock().pass_()
+    shard = node_with_weights("n1")
     LocalWeights.objects.filter(path=f"{W}/old").update(
         unused_since=OLD_USE, pinned=True, source="hf://org/old@a1b2c3d"
     )
-    return Shard.objects.get(node_id="n1")
+    return shard
 
 
 def test_the_node_page_lists_each_entry_with_what_uses_it(client, n1):
