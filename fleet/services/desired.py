@@ -92,11 +92,9 @@ def bump_desired(node_ids) -> None:
     transaction.on_commit(lambda: async_to_sync(ring_all)())
 
 
-def desired_set(node_id: str, version: int | None = None) -> protocol.Desired:
-    """The full desired set of a node, as the agent receives it. ``version``, the node's
-    desired version, when the caller holds the row it just wrote (a registration)."""
-    if version is None:
-        version = Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
+def desired_set(node_id: str) -> protocol.Desired:
+    """The full desired set of a node, as the agent receives it."""
+    version = Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
     return desired_sets({node_id: version or 0})[node_id]
 
 

@@ -18,13 +18,12 @@ takes only the wait for it to start off the test's time.
 """
 
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 
-from tests.processes import LiveServer, start_daphne
+from tests.processes import LiveServer, start_daphne, wait_for
 
 # Refreshes a fraction of a second apart: a test sees a change without a doorbell.
 FAST_REFRESH = {
@@ -41,15 +40,9 @@ def client(server, secret, **kw) -> openai.OpenAI:
 
 
 def wait_until(check, timeout=10.0, what="condition"):
-    """Poll a condition a user would wait for; bounded, never a timed assertion."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)
+    """Poll a condition a user would wait for; bounded, never a timed assertion
+    (``tests.processes.wait_for``, polled every 50 ms)."""
+    return wait_for(check, what, timeout=timeout, interval=0.05)
 
 
 class GatewayPool:
