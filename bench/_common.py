@@ -246,11 +246,17 @@ def _child_nofile():
 
 
 # The web servers the agents' socket is measured under: the same ASGI application
-# (llmgw_site.asgi), as an operator would start each.
-SERVERS = ("daphne", "uvicorn")
+# (llmgw_site.asgi), as an operator would start each. ``serve`` is the default
+# (`make run`, production: uvicorn with llmgw's settings, llmgw_site/serve.py);
+# ``uvicorn`` is uvicorn's own command line with its defaults (per-message
+# deflate on, uvicorn's ping interval, no gc.freeze), as the figures before
+# 2026-12-01 evening were measured.
+SERVERS = ("serve", "daphne", "uvicorn")
 
 
 def web_argv(server: str, port: int) -> list[str]:
+    if server == "serve":
+        return ["-m", "llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port)]
     if server == "daphne":
         return ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmgw_site.asgi:application"]
     if server == "uvicorn":

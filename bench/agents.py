@@ -11,10 +11,11 @@ lag on both ends plus the noise of a shared box), measured at the same time on
 the same sockets.
 
     .venv/bin/python bench/agents.py --agents 100,1000 --db postgres
-    .venv/bin/python bench/agents.py --agents 5000 --clients 2 --server daphne,uvicorn
+    .venv/bin/python bench/agents.py --agents 5000 --clients 2 --server serve,daphne
     .venv/bin/python bench/agents.py --agents 5000 --clients 2 --replicas 500 --restart
 
-The control plane is a web process (Daphne or uvicorn, ``--server``), a Celery
+The control plane is a web process (``--server``: ``serve``, as `make run` and
+production run it, the default; Daphne; or uvicorn's own command line), a Celery
 worker and beat (``--web-only`` leaves those out). With ``--replicas K`` a model
 of K one-node replicas is applied once every agent has registered and the
 reconciler places it; the simulated agents run what their desired set says.
@@ -655,7 +656,7 @@ def main(argv=None) -> int:
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     p.add_argument(
         "--server",
-        default="daphne",
+        default="serve",
         help=f"web server(s), comma-separated, each level run under each: {', '.join(SERVERS)}",
     )
     p.add_argument(
