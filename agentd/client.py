@@ -64,6 +64,31 @@ class Backoff:
     def reset(self) -> None:
         self.attempt = 0
 
+    def wait_after(self, exc: BaseException | None) -> float:
+        """The wait before the next attempt after ``exc``: what the control plane asked
+        for when it turned the handshake away busy (503, Retry-After), plus up to a
+        second of jitter, at most the cap; else the next step of the backoff."""
+        asked = retry_after_s(exc)
+        if asked is not None:
+            return min(self.cap, asked + self.rng.uniform(0, 1))
+        return self.next()
+
+
+def retry_after_s(exc: BaseException | None) -> float | None:
+    """Seconds a 503 at the handshake asked this agent to wait (Retry-After), or None.
+
+    The control plane sends one when more agents knock than it takes at once
+    (after a restart, the whole fleet): coming back then, rather than on the
+    backoff, spreads the fleet over what it can take.
+    """
+    if not isinstance(exc, InvalidStatus) or exc.response.status_code != 503:
+        return None
+    try:
+        value = float(exc.response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None  # absent, or an HTTP date (llmgw sends seconds): the backoff
+    return value if 0 <= value < float("inf") else None
+
 
 def _tls(agent: Agent) -> ssl.SSLContext | None:
     """The TLS context for a wss:// control plane: its CA, and this node's certificate if any.
@@ -89,6 +114,7 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
     while not stop.is_set():
         url = urls[turn % len(urls)]
         turn += 1
+        failure: BaseException | None = None
         try:
             registered = asyncio.Event()
             session = _session(agent, url, stop, backoff, registered)
@@ -103,7 +129,14 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
                     f"{'credential' if agent.cfg.read_credential() else 'join token'} "
                     f"(HTTP {status}): it is unknown, expired, used up or revoked"
                 ) from None
-            logger.warning("control plane at %s answered HTTP %d; retrying", url, status)
+            failure = exc
+            asked = retry_after_s(exc)
+            if asked is not None:
+                logger.warning(
+                    "control plane at %s is busy and asks to come back in %g s", url, asked
+                )
+            else:
+                logger.warning("control plane at %s answered HTTP %d; retrying", url, status)
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd else None
             reason = exc.rcvd.reason if exc.rcvd else ""
@@ -123,7 +156,7 @@ async def run(agent: Agent, stop: asyncio.Event, backoff: Backoff | None = None)
             logger.exception("the connection to the control plane failed")
         if stop.is_set():
             return
-        delay = backoff.next()
+        delay = backoff.wait_after(failure)
         if len(urls) > 1:
             logger.info("reconnecting in %.1f s to %s", delay, urls[turn % len(urls)])
         else:

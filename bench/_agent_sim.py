@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from agentd.client import Backoff
+from agentd.client import Backoff, retry_after_s
 from bench._common import raise_nofile
 
 # As agentd: give up on a handshake after 10 s, on the register's ack after 15 s.
@@ -236,7 +236,7 @@ class Agent:
                 if refused or time.monotonic() >= deadline:
                     raise
                 ctx.result.enrol_retries += 1
-                await asyncio.sleep(backoff.next())
+                await asyncio.sleep(backoff.wait_after(exc))
         ctx.result.enrol_s.append(time.perf_counter() - t)
 
     async def on_desired(self, msg: dict) -> None:
@@ -333,8 +333,9 @@ class Agent:
             # Heartbeats the dead socket ate are not news on the next one.
             self.sent = {seq: v for seq, v in self.sent.items() if v[1]}
             backoff = Backoff(rng=self.rng)
+            failure = None
             while not ctx.stopping:
-                await asyncio.sleep(backoff.next())
+                await asyncio.sleep(backoff.wait_after(failure))
                 if ctx.stopping:
                     return
                 ctx.result.reconnect_attempts += 1
@@ -342,7 +343,10 @@ class Agent:
                     await self._connect()
                     break
                 except RETRYABLE as exc:
+                    failure = exc
                     kind = type(exc).__name__
+                    if retry_after_s(exc) is not None:
+                        kind = "TryLater"
                     ctx.result.reconnect_errors[kind] = ctx.result.reconnect_errors.get(kind, 0) + 1
             else:
                 return

@@ -48,6 +48,11 @@ class FleetSettings:
     # registrations overlap their round trips. SQLite takes one writer at a
     # time, so there it is always 1.
     agent_db_threads: int = 4
+    # Agent sockets one web process takes between the knock and the register's
+    # ack at a time (fleet/services/admission.py); the next is answered 503 with
+    # a Retry-After at once, not queued past the agent's 10 s handshake wait
+    # (after a restart the whole fleet knocks together). 0: no limit.
+    agent_handshakes_max: int = 256
     logs_timeout_s: float = 10.0  # how long a log request waits for the agent's reply
     # Engines every node should have, ENGINE=VERSION separated by commas, used
     # while no WantedEngine rows exist (fleet.services.engines; docs/engines.md).
@@ -247,6 +252,7 @@ def _parse(f: dataclasses.Field, text: str):
 
 # Settings whose smaller values make no sense, refused at start.
 _AT_LEAST = {
+    "agent_handshakes_max": 0,
     "gateway_prefix_chars": 1,
     "gateway_prefix_load_factor": 1.0,
     "gateway_prefix_margin": 0,

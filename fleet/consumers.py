@@ -18,6 +18,7 @@ from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
 from fleet.services import (
     access,
+    admission,
     desired,
     doorbells,
     engines,
@@ -113,12 +114,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
     acked_version = 0  # the node's acknowledged version as this socket's registration wrote it
     closing = False
     released = False
+    admitted = False  # counted against this process's admission limit (fleet.services.admission)
     foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
 
     async def connect(self):
         host, port = self.scope.get("client") or ("?", "?")
         self.client = f"{host}:{port}"
         self.logs_waiting: dict[str, str] = {}
+        # Past what this process takes through registration at once, come back later:
+        # answered now rather than queued past the agent's own wait.
+        self.gate = admission.admission()
+        if not self.gate.enter():
+            await self.try_later("too many agents registering at once")
+            return
+        self.admitted = True
         # With LLMGW_CLIENT_CERT_PROXIES set: the node a verified client
         # certificate names, or why this socket has none that counts.
         cert = access.client_cert_node(
@@ -130,12 +139,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 time.monotonic() + HANDSHAKE_DEADLINE_S, access.identify, _bearer(self.scope)
             )
         except socket_db.TooLate:
-            logger.warning(
-                "agent socket dropped: too busy to answer in time client=%s", self.client
-            )
-            await self.close()
+            self.through(registered=False)
+            await self.try_later("too busy to check the credential in time")
             return
         if self.identity is None:
+            self.through(registered=False)
             logger.warning(
                 "agent refused: no valid credential or join token client=%s", self.client
             )
@@ -155,6 +163,45 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.register_deadline = asyncio.get_running_loop().call_later(
             REGISTER_TIMEOUT_S, lambda: asyncio.ensure_future(self._register_overdue())
         )
+
+    def through(self, registered: bool) -> None:
+        """This socket no longer counts against the admission limit (once)."""
+        if self.admitted:
+            self.admitted = False
+            self.gate.leave(registered)
+
+    async def try_later(self, why: str) -> None:
+        """Turn the handshake away for now, saying when to come back.
+
+        uvicorn can answer a handshake with a status of its own: 503 and
+        Retry-After, for nearly nothing. Daphne cannot (its refusal is a 403,
+        which agentd takes as "this credential is refused" and stops): there the
+        socket is accepted and closed with 4013, and the agent backs off.
+        """
+        after = self.gate.retry_after()
+        logger.warning(
+            "agent told to come back in %d s: %s client=%s pending=%d",
+            after,
+            why,
+            self.client,
+            self.gate.pending,
+        )
+        if "websocket.http.response" in (self.scope.get("extensions") or {}):
+            body = f"{why}; retry after {after} s\n".encode()
+            await self.base_send(
+                {
+                    "type": "websocket.http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"text/plain; charset=utf-8"),
+                        (b"retry-after", str(after).encode()),
+                    ],
+                }
+            )
+            await self.base_send({"type": "websocket.http.response.body", "body": body})
+            return
+        await self.accept()
+        await self.refuse(CloseCode.TRY_AGAIN, f"{why}; retry after {after} s")
 
     async def _register_overdue(self):
         if self.node_id is None:
@@ -343,6 +390,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 heartbeat_interval_s=fleet_settings().heartbeat_interval_s,
             )
         )
+        self.through(registered=True)
         if provision.engines:
             await self.send_msg(provision)
         await self.send_msg(desired_set)
@@ -517,6 +565,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.released:
             return
         self.released = True
+        self.through(registered=False)
         if self.identity is not None:
             logger.info(
                 "agent socket ended code=%s node=%s client=%s",

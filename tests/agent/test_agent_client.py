@@ -7,9 +7,13 @@ choose the close code; the real control plane is in test_agent_e2e.py.
 import asyncio
 import json
 import random
+import time
 
 import pytest
 import websockets
+from websockets.datastructures import Headers
+from websockets.exceptions import InvalidStatus
+from websockets.http11 import Response
 
 from agentd import client, protocol
 from agentd.protocol import CloseCode
@@ -41,9 +45,12 @@ class ScriptedControlPlane:
         self.registers: list[dict] = []
         self.received: list[dict] = []
         self.auth: list[str] = []
+        self.refused_at: list[float] = []
+        self.connected_at: list[float] = []
 
     async def handler(self, ws):
         self.connections += 1
+        self.connected_at.append(time.monotonic())
         self.auth.append(ws.request.headers.get("Authorization", ""))
         script = self.scripts.pop(0) if self.scripts else "hold"
         reg = json.loads(await ws.recv())
@@ -66,6 +73,15 @@ class ScriptedControlPlane:
             self.scripts.pop(0)
             self.connections += 1
             return connection.respond(403, "Forbidden\n")
+        if self.scripts and str(self.scripts[0]).startswith("http503"):
+            # "http503" or "http503:<Retry-After>": the control plane too busy for now
+            _, _, after = self.scripts.pop(0).partition(":")
+            self.connections += 1
+            self.refused_at.append(time.monotonic())
+            response = connection.respond(503, "too many agents registering at once\n")
+            if after:
+                response.headers["Retry-After"] = after
+            return response
         return None
 
 
@@ -104,6 +120,43 @@ async def test_http_403_at_the_handshake_is_fatal(tmp_path):
         agent = make_agent(tmp_path, control_plane_url=_url(server))
         with pytest.raises(client.Refused, match="refused this node's join token"):
             await asyncio.wait_for(client.run(agent, asyncio.Event(), _quick()), 10)
+
+
+def _busy(retry_after: str | None) -> InvalidStatus:
+    headers = Headers({"Retry-After": retry_after} if retry_after is not None else {})
+    return InvalidStatus(Response(503, "Service Unavailable", headers, b"busy\n"))
+
+
+def test_a_busy_control_planes_retry_after_is_the_wait_not_the_backoff():
+    backoff = client.Backoff(rng=random.Random(2))
+    waits = [backoff.wait_after(_busy("7")) for _ in range(50)]
+    assert all(7 <= w < 8 for w in waits)  # what it asked, and up to a second of jitter
+    assert backoff.attempt == 0  # the backoff did not grow meanwhile
+    assert backoff.wait_after(_busy("600")) == 30  # never past the agent's own cap
+
+
+@pytest.mark.parametrize("header", [None, "Wed, 21 Oct 2026 07:28:00 GMT", "-3", "soon"])
+def test_a_503_without_seconds_to_wait_falls_back_to_the_backoff(header):
+    backoff = client.Backoff(rng=random.Random(2))
+    assert client.retry_after_s(_busy(header)) is None
+    assert 0.5 <= backoff.wait_after(_busy(header)) <= 1
+    assert backoff.attempt == 1
+
+
+async def test_an_agent_told_to_come_back_later_waits_so_long_then_registers(tmp_path):
+    # given: a control plane that turns the first handshake away for 1 s
+    plane = ScriptedControlPlane(["http503:1"])
+    stop = asyncio.Event()
+    async with await _serve(plane) as server:
+        agent = make_agent(tmp_path, control_plane_url=_url(server))
+        # (a backoff of 10 ms doubling, under agentd's own cap of 30 s)
+        task = asyncio.ensure_future(client.run(agent, stop, client.Backoff(first=0.01)))
+        # when: it knocks again, it registers (a 503 is not a refusal of the node)
+        await _wait_for(lambda: len(plane.registers) == 1)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    # then: it waited what it was told, not its backoff's 5-10 ms
+    assert plane.connected_at[0] - plane.refused_at[0] >= 1.0
 
 
 async def test_superseded_and_dropped_connections_are_retried(tmp_path):
