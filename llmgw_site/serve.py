@@ -47,6 +47,12 @@ WS_PING_TIMEOUT_S = 20.0
 # `timeout server` in docs/scaling.md is 60 s), so the balancer, not this
 # process, closes idle connections: otherwise a request can cross a close.
 KEEP_ALIVE_S = 65
+# uvicorn's default is 2,048. After a restart the whole fleet knocks within
+# seconds; past the queue the kernel drops the SYNs, and an agent whose SYN is
+# dropped three times runs out its 10 s handshake wait and backs off for up to
+# 30 s (docs/benchmarks.md, Agent sockets). Linux caps it at net.core.somaxconn
+# (4,096 by default since 5.4).
+LISTEN_BACKLOG = 8192
 ENV_TRUSTED = "LLMGW_FORWARDED_ALLOW_IPS"
 # After refusing a head, how long the rest of what the client sends is drained.
 LINGER_S = 2.0
@@ -330,12 +336,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="S",
         help="on SIGTERM, how long requests in flight may finish (default 30)",
     )
+    p.add_argument(
+        "--backlog",
+        type=int,
+        default=LISTEN_BACKLOG,
+        metavar="N",
+        help=f"connections the kernel queues before they are accepted (default {LISTEN_BACKLOG}; "
+        "the kernel caps it at net.core.somaxconn)",
+    )
     p.add_argument("--access-log", action="store_true", help="log every request (off: as Daphne)")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error(f"--workers must be 1 or more, not {args.workers}")
     if not 0 < args.port < 65536:
         p.error(f"--port must be 1-65535, not {args.port}")
+    if args.backlog < 1:
+        p.error(f"--backlog must be 1 or more, not {args.backlog}")
     if args.graceful_timeout <= 0:
         p.error(f"--graceful-timeout must be positive, not {args.graceful_timeout:g}")
     return args
@@ -366,6 +382,7 @@ def main(argv=None) -> int:
         proxy_headers=False,  # done by the app, after keeping the socket's own address
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=args.graceful_timeout,
+        backlog=args.backlog,
         access_log=args.access_log,
         log_config=None,  # Django's LOGGING (llmgw_site/settings.py) governs every logger
         server_header=False,

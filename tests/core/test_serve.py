@@ -17,6 +17,7 @@ from llmgw_site.peer import connection_peer
         (["--port", "70000"], "--port must be 1-65535, not 70000"),
         (["--graceful-timeout", "0"], "--graceful-timeout must be positive, not 0"),
         (["--workers", "two"], "invalid int value: 'two'"),
+        (["--backlog", "0"], "--backlog must be 1 or more, not 0"),
     ],
 )
 def test_bad_options_are_refused_naming_the_problem(argv, says, capsys):
@@ -32,6 +33,8 @@ def test_the_defaults_listen_on_loopback_with_no_proxy_trusted(monkeypatch):
     assert (args.host, args.port, args.workers) == ("127.0.0.1", 8000, 1)
     assert args.forwarded_allow_ips == ""
     assert not args.access_log
+    # a fleet coming back after a restart knocks at once: more than uvicorn's 2,048
+    assert args.backlog == 8192
 
 
 def _seen(trusted: str, scope: dict) -> dict:
@@ -72,3 +75,21 @@ def test_without_trusted_proxies_the_header_is_ignored():
     scope = _seen("", _ws("10.0.0.99", forwarded="10.0.0.5"))
     assert scope["client"][0] == "10.0.0.99"
     assert connection_peer(scope) == "10.0.0.99"
+
+
+def test_uvicorns_line_for_every_socket_is_left_out_and_the_rest_kept(caplog):
+    # The agent consumer logs each agent socket with its node; uvicorn's own three
+    # lines a socket are noise that cost the event loop a write each.
+    import logging
+
+    log = logging.getLogger("uvicorn.error")
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+        log.info('%s - "WebSocket %s" [accepted]', "127.0.0.1:5000", "/ws/agent/")
+        log.info("connection open")
+        log.info("connection closed")
+        log.info("Uvicorn running on %s", "http://127.0.0.1:8000")
+        log.warning("connection closed")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "Uvicorn running on http://127.0.0.1:8000"),
+        ("WARNING", "connection closed"),
+    ]
