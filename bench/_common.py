@@ -534,6 +534,10 @@ GATEWAY_SERVERS = {
     "gateway-only": ["-m", "uvicorn", "llmgw_site.gateway_asgi:application"]
     + ["--host", "127.0.0.1", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
     + ["--log-level", "warning"],
+    # No llmgw at all: a trivial app on the same uvicorn (bench/_asgi_floor.py).
+    "asgi-floor": ["-m", "uvicorn", "bench._asgi_floor:app"]
+    + ["--host", "127.0.0.1", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
+    + ["--lifespan", "off", "--log-level", "warning"],
     # The whole app on uvicorn's pure-Python loop and parser.
     "plain-uvicorn": ["-m", "uvicorn", "llmgw_site.asgi:application"]
     + ["--host", "127.0.0.1", "--no-access-log", "--loop", "asyncio", "--http", "h11"]

@@ -15,6 +15,8 @@ each server arrangement serves it:
   processes sharing the port (``--workers N``);
 - ``llmgw (serve, compared)`` with ``--compare-tree DIR``: ``llmgw_site.serve`` from
   another checkout, for a before and after in one run;
+- ``uvicorn floor (no llmgw)`` with ``--asgi-floor``: a trivial app on the same
+  uvicorn (``bench/_asgi_floor.py``), what a request costs with no llmgw at all;
 - ``llmgw (plain uvicorn)`` with ``--plain-uvicorn``: the whole app on uvicorn's
   pure-Python asyncio loop and h11 parser, to show what uvloop and httptools add;
 
@@ -260,6 +262,12 @@ def main() -> int:
         action="store_true",
         help="also the whole app on uvicorn with asyncio and h11 (no uvloop, no httptools)",
     )
+    p.add_argument(
+        "--asgi-floor",
+        action="store_true",
+        help="also a trivial app on the same uvicorn (bench/_asgi_floor.py): a request's CPU "
+        "with no llmgw at all",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "gateway.json"))
     p.add_argument(
         "--only", help="semicolon-separated targets to measure, e.g. 'direct;llmgw (serve)'"
@@ -319,6 +327,8 @@ def main() -> int:
             add(f"llmgw (serve, {workers} workers)", "serve", ("--workers", str(workers)))
         if args.plain_uvicorn:
             add("llmgw (plain uvicorn)", "plain-uvicorn")
+        if args.asgi_floor:
+            add("uvicorn floor (no llmgw)", "asgi-floor")
         add("llmgw (daphne)", "daphne", limits=True)
         if not args.no_uvicorn:
             add("llmgw (uvicorn)", "gateway-only", limits=True)
