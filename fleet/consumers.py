@@ -121,6 +121,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         host, port = self.scope.get("client") or ("?", "?")
         self.client = f"{host}:{port}"
         self.logs_waiting: dict[str, str] = {}
+        # What this socket's database threads commit rings doorbells on this loop.
+        doorbells.ring_from_threads_on(asyncio.get_running_loop())
         # Past what this process takes through registration at once, come back later:
         # answered now rather than queued past the agent's own wait.
         self.gate = admission.admission()

@@ -11,7 +11,6 @@ a duplicate changes nothing.
 import asyncio
 from datetime import datetime
 
-from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.db.models.functions import Coalesce
@@ -89,7 +88,7 @@ def bump_desired(node_ids) -> None:
             *(doorbells.aring_node(n) for n in ids), doorbells.aring_gateways("routes")
         )
 
-    transaction.on_commit(lambda: async_to_sync(ring_all)())
+    transaction.on_commit(lambda: doorbells.run_ring(ring_all))
 
 
 def desired_set(node_id: str) -> protocol.Desired:

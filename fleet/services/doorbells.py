@@ -13,6 +13,7 @@ see. The group names and event types are the constants below: the agents'
 consumer and the gateways listen on exactly these.
 """
 
+import asyncio
 import logging
 
 from asgiref.sync import async_to_sync
@@ -71,9 +72,45 @@ async def aring_gateways(what: str = "all") -> None:
         logger.warning("could not ring the gateways through the channel layer", exc_info=True)
 
 
+# The web process's event loop, once an agent socket has opened on it. Its agent
+# sockets' database work runs in threads beside it (fleet.services.socket_db, the
+# heartbeat and registration writers), and what they commit rings doorbells. From
+# such a thread async_to_sync would make a new event loop and new Redis connections
+# for every ring (redis-py reads its own version from the installed packages for
+# each one): at 5,000 agents those threads held the GIL long enough to stall the
+# web process's loop for 0.4-1.1 s at a time (docs/benchmarks.md, Agent sockets).
+# A ring from one of them goes out on this loop instead, through its connections.
+_home: asyncio.AbstractEventLoop | None = None
+_sending: set = set()
+
+
+def ring_from_threads_on(loop: asyncio.AbstractEventLoop) -> None:
+    """Send the rings this process's database threads make on ``loop`` (the web
+    process's own, which serves the agent sockets)."""
+    global _home
+    _home = loop
+
+
+def run_ring(coro_fn, *args, **kwargs) -> None:
+    """Run ``coro_fn(*args, **kwargs)``: on the web process's loop from a thread beside
+    it (without waiting: rings are at-most-once anyway), else with async_to_sync."""
+    loop = _home
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        try:
+            on_it = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_it = False
+        if not on_it:
+            future = asyncio.run_coroutine_threadsafe(coro_fn(*args, **kwargs), loop)
+            _sending.add(future)
+            future.add_done_callback(_sending.discard)
+            return
+    async_to_sync(coro_fn)(*args, **kwargs)
+
+
 def ring_node(node_id: str, kind: str = NODE_DOORBELL, **fields) -> None:
     """Ring one node's socket once the current transaction commits."""
-    transaction.on_commit(lambda: async_to_sync(aring_node)(node_id, kind, **fields))
+    transaction.on_commit(lambda: run_ring(aring_node, node_id, kind, **fields))
 
 
 def ring_gateways(what: str = "all") -> None:
@@ -82,4 +119,4 @@ def ring_gateways(what: str = "all") -> None:
     Call it after anything that changes where requests may go (a shard's
     state, a replica added or drained, a model renamed) or which keys are valid.
     """
-    transaction.on_commit(lambda: async_to_sync(aring_gateways)(what))
+    transaction.on_commit(lambda: run_ring(aring_gateways, what))
