@@ -17,14 +17,15 @@ import random
 import time
 from collections import deque
 
+from agentd.protocol import RECONNECT_BACKOFF_CAP_S
 from fleet.conf import fleet_settings
 
 # Registrations finished in this window set the pace the Retry-After is drawn from.
 RATE_WINDOW_S = 5.0
 # The pace assumed until a window's worth is known (a web process just started).
 START_RATE_PER_S = 50.0
-# Never longer than agentd's own backoff cap (agentd.protocol.RECONNECT_BACKOFF_CAP_S).
-RETRY_AFTER_MAX_S = 30
+# Never longer than agentd's own backoff cap.
+RETRY_AFTER_MAX_S = int(RECONNECT_BACKOFF_CAP_S)
 
 
 class Admission:

@@ -95,7 +95,7 @@ def run_ring(coro_fn, *args, **kwargs) -> None:
     """Run ``coro_fn(*args, **kwargs)``: on the web process's loop from a thread beside
     it (without waiting: rings are at-most-once anyway), else with async_to_sync."""
     loop = _home
-    if loop is not None and loop.is_running() and not loop.is_closed():
+    if loop is not None and loop.is_running():
         try:
             on_it = asyncio.get_running_loop() is loop
         except RuntimeError:
