@@ -12,7 +12,13 @@ import hmac
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 FLEET_GAUGES = (
@@ -34,6 +40,15 @@ ProcessCollector(registry=REGISTRY)
 AGENT_LOGS_REPLIES_DROPPED = Counter(
     "llmgw_agent_logs_replies_dropped",
     "Agents' log replies dropped because the asker's channel-layer channel was full.",
+    registry=REGISTRY,
+)
+
+# The web process's full garbage collections (llmgw_site.serve): each one stops
+# every socket and request in the process for as long as it takes.
+GC_FULL_PAUSE = Histogram(
+    "llmgw_web_gc_full_collection_seconds",
+    "How long each full (oldest-generation) garbage collection held up the web process.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
     registry=REGISTRY,
 )
 

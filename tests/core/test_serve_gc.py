@@ -1,0 +1,83 @@
+"""The web process's garbage collector (llmgw_site.serve._tune_gc).
+
+With thousands of agents connected, a full collection walks every socket's
+objects and stops the process for hundreds of milliseconds: each heartbeat and
+gateway request in flight waits. Objects that live a few milliseconds (a
+heartbeat waiting for its batch, a request waiting on its engine) must not age
+into the old generation and set those collections off.
+
+Run in a process of its own, so the collector's settings are the web process's,
+not this test run's. Collections are counted, not timed: the counts depend only
+on what is allocated and freed, not on how fast the machine is.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A process holding many long-lived objects (a fleet's sockets), then serving
+# requests: each leaves a little cyclic garbage (as asyncio's tasks and futures
+# do) and keeps its own objects while the next ones arrive. Lists, because the
+# collector tracks them always (a dict of numbers it leaves alone).
+_SCRIPT = """
+import collections, gc, json, sys
+
+if sys.argv[1] == "serve":
+    from llmgw_site import serve  # loads the app and sets the collector up
+    from fleet.metrics import GC_FULL_PAUSE
+else:
+    gc.freeze()  # the same start, with Python's own thresholds
+
+sockets = [{"socket": i, "state": [i]} for i in range(150_000)]
+gc.collect()
+before = gc.get_stats()[2]["collections"]
+in_flight = collections.deque()
+for n in range(100_000):
+    garbage = [[] for _ in range(9)]
+    garbage.append(garbage)  # freed only by the collector
+    in_flight.append([[n] for _ in range(30)])
+    if len(in_flight) > 50:
+        in_flight.popleft()
+full = gc.get_stats()[2]["collections"] - before
+out = {"full": full, "threshold": gc.get_threshold()}
+if sys.argv[1] == "serve":
+    counted = GC_FULL_PAUSE._sum.get(), sum(b.get() for b in GC_FULL_PAUSE._buckets)
+    gc.collect()
+    out["pause_counted"] = sum(b.get() for b in GC_FULL_PAUSE._buckets) - counted[1]
+print(json.dumps(out))
+"""
+
+
+def _run(mode: str) -> dict:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llmgw_site.settings"}
+    env.setdefault("ALLOWED_HOSTS", "localhost")  # the app refuses to load without
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, mode],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_short_lived_objects_set_off_no_full_collection_in_the_web_process():
+    default = _run("python")
+    tuned = _run("serve")
+    # Python's own thresholds: the requests' objects age into the old generation
+    # and set off full collections, each a walk over every long-lived object.
+    assert default["full"] >= 1, default
+    # The web process's: they are gone before they age.
+    assert tuned["full"] == 0, tuned
+    assert tuned["threshold"][0] >= 50_000
+
+
+def test_each_full_collection_is_counted_for_prometheus():
+    # llmgw_web_gc_full_collection_seconds: how long the process stood still
+    assert _run("serve")["pause_counted"] == 1
