@@ -41,6 +41,9 @@ HANDSHAKE_DEADLINE_S = 9
 REGISTER_DEADLINE_S = 13
 # How long a clean-up proposal waits for a reconciler pass to release the lock.
 REMOVAL_LOCK_WAIT_S = 30
+# Closed sockets' nodes marked disconnected in one transaction, at most this many:
+# the rows stay locked while it runs, and heartbeats of those nodes wait for it.
+DISCONNECTS_MAX_BATCH = 500
 
 
 def _header_values(scope, name: str) -> list[str]:
@@ -585,6 +588,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
         except Exception:  # noqa: BLE001 - Redis away: the entry expires with the group's expiry
             logger.warning("could not leave the node's group node=%s", self.node_id)
-        held = await socket_db.call(inventory.mark_disconnected, self.node_id, self.channel_name)
+        # With the other sockets closing meanwhile (a web process stopping closes
+        # them all), in one transaction.
+        held = await socket_db.node_batcher(
+            "disconnects", inventory.mark_disconnected_many, DISCONNECTS_MAX_BATCH
+        ).submit(inventory.Disconnect(self.node_id, self.channel_name))
         if held:
             logger.info("agent stream closed node=%s code=%s", self.node_id, code)

@@ -8,6 +8,7 @@ row replacement (``heartbeat.changes``).
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -197,6 +198,22 @@ def mark_disconnected(node_id: str, channel_name: str) -> bool:
             connected=False, channel_name=""
         )
     )
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """A socket that closed, for ``mark_disconnected_many``."""
+
+    node_id: str
+    channel_name: str
+
+
+def mark_disconnected_many(closed: list[Disconnect]) -> dict[str, bool]:
+    """``mark_disconnected`` for many sockets in one transaction: {node: whether its
+    socket held it}. A web process stopping closes all of its sockets at once; one
+    commit each kept a stop with 5,000 agents going for over 10 s."""
+    with transaction.atomic():
+        return {d.node_id: mark_disconnected(d.node_id, d.channel_name) for d in closed}
 
 
 def apply_shard_status(node_id: str, msg: protocol.ShardStatus) -> bool:

@@ -24,11 +24,9 @@ deadlock with another writer, say) is written again one registration at a
 time, so one bad registration never costs the others theirs.
 """
 
-import asyncio
 import json
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -259,68 +257,8 @@ def _write_gpu_telemetry(nodes_and_gpus) -> None:
         )
 
 
-class RegisterBatcher:
-    """Registrations of one event loop's sockets, written a batch at a time on one of the
-    sockets' database threads (``socket_db``): while one batch is written, the
-    next gathers. A lone registration waits for nothing."""
+def batcher(write: Callable[[list[Registration]], dict] = register_many) -> socket_db.NodeBatcher:
+    """The current event loop's batcher; ``write`` is what it writes a batch with.
 
-    def __init__(self, write: Callable[[list[Registration]], dict]):
-        self.write = write
-        self.pending: list[tuple[Registration, asyncio.Future]] = []
-        self.task: asyncio.Task | None = None
-
-    async def submit(self, reg: Registration) -> Registered:
-        """Raises what ``register_many`` ended this registration with."""
-        fut = asyncio.get_running_loop().create_future()
-        self.pending.append((reg, fut))
-        if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._drain())
-        return await fut
-
-    def _take(self) -> list[tuple[Registration, asyncio.Future]]:
-        """The next batch: one registration per node (a node registering twice waits for
-        the next batch, so its two writes stay in order), at most MAX_BATCH."""
-        batch, rest, seen = [], [], set()
-        for item in self.pending:
-            node_id = item[0].node_id
-            if node_id in seen or len(batch) >= MAX_BATCH:
-                rest.append(item)
-            else:
-                seen.add(node_id)
-                batch.append(item)
-        self.pending = rest
-        return batch
-
-    async def _drain(self) -> None:
-        while self.pending:
-            batch = self._take()
-            try:
-                results = await socket_db.call(self.write, [reg for reg, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
-                logger.exception("writing %d registrations failed", len(batch))
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            for reg, fut in batch:
-                if fut.done():
-                    continue
-                result = results[reg.node_id]
-                if isinstance(result, Exception):
-                    fut.set_exception(result)
-                else:
-                    fut.set_result(result)
-
-
-_batchers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RegisterBatcher]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def batcher(write: Callable[[list[Registration]], dict] = register_many) -> RegisterBatcher:
-    """The current event loop's batcher; ``write`` is what it writes a batch with."""
-    loop = asyncio.get_running_loop()
-    b = _batchers.get(loop)
-    if b is None:
-        b = _batchers[loop] = RegisterBatcher(write)
-    return b
+    Raises what ``register_many`` ended a registration with."""
+    return socket_db.node_batcher("registrations", write, MAX_BATCH)

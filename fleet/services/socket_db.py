@@ -20,8 +20,11 @@ connections go back.
 import asyncio
 import functools
 import itertools
+import logging
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, close_old_connections, connection
@@ -30,6 +33,7 @@ from fleet.conf import fleet_settings
 
 from .heartbeat import batching
 
+logger = logging.getLogger(__name__)
 # A connection idle this long is checked before use: the database may have
 # restarted under it.
 CHECK_AFTER_S = 5.0
@@ -123,3 +127,77 @@ def _janitor_loop() -> None:
                     executor.submit(_close_if_idle, k)
                 except RuntimeError:
                     return  # the process is exiting: its executors are shut down
+
+
+class NodeBatcher:
+    """Writes of one event loop's sockets, a batch at a time on one of the sockets'
+    database threads: while one batch is written, the next gathers. A lone write
+    waits for nothing.
+
+    ``write`` takes a list of items (each with a ``node_id``) and returns, per
+    node, its result or the exception that item ends with. At most one item per
+    node goes in a batch (a node's second waits for the batch holding its first,
+    so its writes stay in order), and at most ``max_batch``.
+    """
+
+    def __init__(self, write: Callable[[list], dict], max_batch: int, what: str):
+        self.write = write
+        self.max_batch = max_batch
+        self.what = what  # for the log: "registrations", "disconnects"
+        self.pending: list[tuple[object, asyncio.Future]] = []
+        self.task: asyncio.Task | None = None
+
+    async def submit(self, item):
+        """The item's result; raises what ``write`` ended it with."""
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((item, fut))
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._drain())
+        return await fut
+
+    def _take(self) -> list[tuple[object, asyncio.Future]]:
+        batch, rest, seen = [], [], set()
+        for entry in self.pending:
+            node_id = entry[0].node_id
+            if node_id in seen or len(batch) >= self.max_batch:
+                rest.append(entry)
+            else:
+                seen.add(node_id)
+                batch.append(entry)
+        self.pending = rest
+        return batch
+
+    async def _drain(self) -> None:
+        while self.pending:
+            batch = self._take()
+            try:
+                results = await call(self.write, [item for item, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
+                logger.exception("writing %d %s failed", len(batch), self.what)
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for item, fut in batch:
+                if fut.done():
+                    continue
+                result = results[item.node_id]
+                if isinstance(result, Exception):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
+
+_batchers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def node_batcher(what: str, write: Callable[[list], dict], max_batch: int) -> NodeBatcher:
+    """The current event loop's batcher for ``what``, made with ``write`` on first use."""
+    loop = asyncio.get_running_loop()
+    mine = _batchers.setdefault(loop, {})
+    b = mine.get(what)
+    if b is None:
+        b = mine[what] = NodeBatcher(write, max_batch, what)
+    return b

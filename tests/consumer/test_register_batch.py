@@ -184,7 +184,7 @@ async def test_registrations_arriving_during_a_write_go_in_the_next_batch_one_pe
         batches.append([r.node_id for r in regs])
         return {r.node_id: r.node_id for r in regs}
 
-    b = registration.RegisterBatcher(write)
+    b = socket_db.NodeBatcher(write, registration.MAX_BATCH, "registrations")
     msgs = [reg(n) for n in ("gpu-01", "gpu-02", "gpu-01", "gpu-03")]
     got = await asyncio.gather(*(b.submit(registration.Registration(1, m, "ch")) for m in msgs))
 
@@ -210,3 +210,17 @@ def test_a_credentials_last_use_is_written_with_its_registration_not_its_handsha
     assert all(isinstance(r, registration.Registered) for r in results.values())
     used = dict(NodeCredential.objects.values_list("pk", "last_used_at"))
     assert all(used[c] is not None for c in creds.values())
+
+
+def test_closed_sockets_are_marked_together_but_only_where_they_still_hold_the_node():
+    for node_id, channel in (("gpu-01", "a"), ("gpu-02", "b"), ("gpu-03", "new")):
+        inventory.register_node(reg(node_id), channel_name=channel)
+    # gpu-03 reconnected before its old socket's close was written
+    closed = [("gpu-01", "a"), ("gpu-02", "b"), ("gpu-03", "old")]
+
+    held = inventory.mark_disconnected_many([inventory.Disconnect(*c) for c in closed])
+
+    assert held == {"gpu-01": True, "gpu-02": True, "gpu-03": False}
+    rows = dict(Node.objects.values_list("pk", "connected"))
+    assert rows == {"gpu-01": False, "gpu-02": False, "gpu-03": True}
+    assert Node.objects.get(pk="gpu-03").channel_name == "new"
