@@ -352,6 +352,7 @@ class Agent:
                 if entry := fetchstore.entry_of(path, m.weights_dirs):
                     fetchstore.touch(entry, every=fetchstore.TOUCH_EVERY_S)
             weights = m.weights(mounts)
+            fetchstore.sweep_abandoned(m.weights_dirs)
         memory = m.memory_total_mb()
         engines, provision = facts["engines"], facts["provision"]
         load = self.sampler.sample(facts["groups"])

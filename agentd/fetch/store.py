@@ -10,6 +10,11 @@ Layout under a weights dir, one top-level entry per source::
         <file>.partial             a download in progress, resumed from its length
     <dir>/.fetch-<slug>.lock       held (flock) by whoever fetches it
 
+A staging dir stays after a failed fetch, so that the next try resumes it. One
+that nothing has written to for ``ABANDONED_AFTER_S`` (no retry came: the
+profile changed, the model went) is removed by ``sweep_abandoned``: it is not
+weights, so the control plane's clean-up never sees it.
+
 The staging dir is renamed to the entry in one step once every file is complete
 and verified, so an engine, the weights scan and a node sharing the filesystem
 see either nothing or the whole entry. The slug is the same on every node, so an
@@ -18,6 +23,7 @@ entry on a shared filesystem is fetched once and found by every node.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -35,6 +41,9 @@ PARTIAL = ".partial"
 # last_used is rewritten at most this often while an engine keeps using an entry:
 # it changes the reported inventory, and a day's retention needs no finer clock.
 TOUCH_EVERY_S = 600.0
+# A staging dir nothing has written to for this long is a fetch nobody will resume:
+# as long as the control plane keeps unused weights by default (a day).
+ABANDONED_AFTER_S = 24 * 3600.0
 
 
 class NoRoom(Exception):
@@ -163,3 +172,63 @@ def entry_of(path: str, roots: list[Path]) -> Path | None:
         if p != r and p.is_relative_to(r):
             return r / p.relative_to(r).parts[0]
     return None
+
+
+def _newest_write(path: Path) -> float:
+    newest = os.lstat(path).st_mtime
+    for dirpath, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+            except OSError:
+                continue
+    return newest
+
+
+def sweep_abandoned(
+    roots: list[Path], older_than_s: float = ABANDONED_AFTER_S, now: float | None = None
+) -> list[Path]:
+    """Remove staging dirs nothing has written to for ``older_than_s``; returns them.
+
+    One being fetched (its lock held, by this agent or another on a shared
+    filesystem) is left alone. Blocking: a walk of each staging dir.
+    """
+    now = time.time() if now is None else now
+    removed = []
+    for root in roots:
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for name in names:
+            staging = Path(root) / name
+            if not name.startswith(STAGING_PREFIX) or name.endswith(".lock"):
+                continue
+            try:
+                if not staging.is_dir():
+                    continue
+                idle = now - _newest_write(staging)
+                if idle < older_than_s:
+                    continue
+                lock = staging.with_name(f"{name}.lock")
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being fetched
+                size = partial_bytes(staging)
+                shutil.rmtree(staging, ignore_errors=True)
+                lock.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+            logger.info(
+                "removed an abandoned partial fetch %s (%s, nothing written for %.1f h)",
+                staging,
+                human(size),
+                idle / 3600,
+            )
+            removed.append(staging)
+    return removed

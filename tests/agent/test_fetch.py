@@ -2,9 +2,11 @@
 the concurrency bound, the disk check, cancellation, sharing, and a hub repository."""
 
 import asyncio
+import fcntl
 import hashlib
 import os
 import threading
+import time
 
 import pytest
 
@@ -349,3 +351,37 @@ async def test_a_server_that_ignores_range_gets_the_file_fetched_whole(tmp_path,
 
     assert path.read_bytes() == DATA
     assert server.sent["/models/tiny.gguf"] == len(DATA)
+
+
+def _staged(root, source_text: str, age_s: float):
+    """A fetch that stopped ``age_s`` ago, its partial file left for a resume."""
+    staging = store.staging_dir(root, sources.parse(source_text))
+    staging.mkdir(parents=True)
+    partial = staging / f"model.gguf{store.PARTIAL}"
+    partial.write_bytes(b"x" * 1000)
+    then = time.time() - age_s
+    for path in (partial, staging):
+        os.utime(path, (then, then))
+    return staging
+
+
+def test_a_partial_fetch_nobody_resumed_for_a_day_is_removed_and_the_rest_kept(tmp_path):
+    day = store.ABANDONED_AFTER_S
+    abandoned = _staged(tmp_path, "https://example.com/a/model.gguf", day + 3600)
+    recent = _staged(tmp_path, "https://example.com/b/model.gguf", day - 3600)
+    busy = _staged(tmp_path, "https://example.com/c/model.gguf", day + 3600)
+    entry = tmp_path / "old-entry"  # complete weights: the control plane's to clean up
+    entry.mkdir()
+    os.utime(entry, (time.time() - 10 * day,) * 2)
+    # another agent on the shared filesystem is fetching c right now
+    fd = os.open(busy.with_name(busy.name + ".lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        removed = store.sweep_abandoned([tmp_path])
+    finally:
+        os.close(fd)
+
+    assert removed == [abandoned]
+    assert not abandoned.exists()
+    assert not abandoned.with_name(abandoned.name + ".lock").exists()
+    assert recent.is_dir() and busy.is_dir() and entry.is_dir()
