@@ -8,17 +8,13 @@ The fleet gauges keep the Go system's names, so dashboards carry over; they are
 exported by ``fleet.services.fleet_metrics`` and must not be reused for anything else.
 """
 
+import bisect
 import hmac
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 FLEET_GAUGES = (
@@ -43,14 +39,51 @@ AGENT_LOGS_REPLIES_DROPPED = Counter(
     registry=REGISTRY,
 )
 
-# The web process's full garbage collections (llmgw_site.serve): each one stops
-# every socket and request in the process for as long as it takes.
-GC_FULL_PAUSE = Histogram(
-    "llmgw_web_gc_full_collection_seconds",
-    "How long each full (oldest-generation) garbage collection held up the web process.",
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-    registry=REGISTRY,
-)
+
+class FullCollections:
+    """The web process's full garbage collections (llmgw_site.serve), as a histogram.
+
+    Each one stops every socket and request in the process for as long as it
+    takes. Counted from a ``gc.callbacks`` hook, where taking a lock (as
+    prometheus-client's metric objects do) could deadlock a thread that the
+    collection interrupted while it held that lock (prometheus/client_python#363):
+    so plain numbers here, read at scrape time. Exported only by a process that
+    ``enable()``d it; Daphne's would read as "no collections".
+    """
+
+    NAME = "llmgw_web_gc_full_collection_seconds"
+    BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self):
+        self.enabled = False
+        self.counts = [0] * (len(self.BUCKETS) + 1)  # the last: over the largest bucket
+        self.total_s = 0.0
+
+    def enable(self) -> None:
+        self.enabled = True
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(self.BUCKETS, seconds)
+        self.counts[i] += 1
+        self.total_s += seconds
+
+    def collect(self):
+        if not self.enabled:
+            return
+        running, buckets = 0, []
+        for bound, n in zip((*self.BUCKETS, float("inf")), self.counts, strict=True):
+            running += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        yield HistogramMetricFamily(
+            self.NAME,
+            "How long each full (oldest-generation) garbage collection held up the web process.",
+            buckets=buckets,
+            sum_value=self.total_s,
+        )
+
+
+GC_FULL_PAUSE = FullCollections()
+REGISTRY.register(GC_FULL_PAUSE)
 
 
 def render() -> bytes:

@@ -300,31 +300,24 @@ def _with_peer(app, trusted: str):
 def _tune_gc() -> None:
     """The cyclic garbage collector, set for a process holding thousands of sockets.
 
-    What was loaded to get here (Django, the app, their modules: 130,000
-    objects) lives as long as the process. Out of the collector's sight, the
-    full collections that requests' garbage sets off now and then have only the
-    rest to walk: 154 ms → 0.004 ms on this 2-core machine, a pause of every
-    request in flight (py-spy: 2 % of the gateway's CPU at 64 connections).
-
-    Python's young generation is collected every 700 net allocations, so
-    anything alive for more than a few milliseconds (a heartbeat waiting for
-    its batch's write, a request waiting on its engine) survives two young
-    collections and lands in the old generation. There it adds to the count
-    that sets off a full collection, and a full collection walks every
-    socket's objects: with 5,000 agents connected, 570-790 ms with every
-    socket and every gateway request stopped, every 20-30 s (docs/benchmarks.md,
-    "A full collection every 25 s"). Collected every 50,000 allocations
-    instead, such objects are gone before they age: in the same run no full
-    collection happened in the web process at all, heartbeat p99 went from
-    616 to 69 ms, and a young collection costs a few milliseconds at most.
+    What was loaded to get here (130,000 objects) lives as long as the process:
+    frozen, full collections have only the rest to walk (154 ms → 0.004 ms).
+    Under Python's default young generation (700 allocations) anything alive a
+    few milliseconds (a heartbeat waiting for its batch, a request waiting on
+    its engine) ages into the old generation and sets off full collections,
+    each a walk over every socket's objects: 0.6-0.8 s every 20-30 s with
+    5,000 agents, every socket and request stopped meanwhile. At 50,000 they
+    are freed before they age (docs/benchmarks.md, "A full collection every 25 s").
     """
     gc.freeze()
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_MIDDLE_COLLECTIONS, gc.get_threshold()[2])
     from fleet.metrics import GC_FULL_PAUSE
 
+    GC_FULL_PAUSE.enable()
     started = [0.0]
 
     def timed(phase: str, info: dict) -> None:
+        # No locks in here (fleet.metrics.FullCollections says why).
         if info["generation"] != 2:
             return
         if phase == "start":

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
@@ -208,12 +208,30 @@ class Disconnect:
     channel_name: str
 
 
-def mark_disconnected_many(closed: list[Disconnect]) -> dict[str, bool]:
+def mark_disconnected_many(closed: list[Disconnect]) -> dict[str, bool | Exception]:
     """``mark_disconnected`` for many sockets in one transaction: {node: whether its
-    socket held it}. A web process stopping closes all of its sockets at once; one
-    commit each kept a stop with 5,000 agents going for over 10 s."""
-    with transaction.atomic():
-        return {d.node_id: mark_disconnected(d.node_id, d.channel_name) for d in closed}
+    socket held it, or the error that stopped it}. A web process stopping closes all
+    of its sockets at once; one commit each kept a stop with 5,000 agents going for
+    over 10 s.
+
+    Rows are taken in node order, as registrations take them, so the two do not
+    deadlock; should the batch fail all the same, each node is written on its own.
+    """
+    ordered = sorted(closed, key=lambda d: d.node_id)
+    try:
+        with transaction.atomic():
+            return {d.node_id: mark_disconnected(d.node_id, d.channel_name) for d in ordered}
+    except DatabaseError as exc:
+        logger.warning(
+            "marking %d nodes disconnected together failed (%s); one by one", len(ordered), exc
+        )
+    out: dict[str, bool | Exception] = {}
+    for d in ordered:
+        try:
+            out[d.node_id] = mark_disconnected(d.node_id, d.channel_name)
+        except DatabaseError as exc:
+            out[d.node_id] = exc
+    return out
 
 
 def apply_shard_status(node_id: str, msg: protocol.ShardStatus) -> bool:

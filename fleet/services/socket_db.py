@@ -15,6 +15,9 @@ message at a time), so its own writes stay in order. As with the heartbeat
 writer: a database error closes that thread's connection (the next call opens
 a fresh one); with no agent socket left, or nothing done for a while, the
 connections go back.
+
+``NodeBatcher`` gathers what many sockets write alike (registrations, closed
+sockets) into one call on those threads, a batch at a time.
 """
 
 import asyncio
@@ -168,24 +171,34 @@ class NodeBatcher:
         return batch
 
     async def _drain(self) -> None:
-        while self.pending:
-            batch = self._take()
-            try:
-                results = await call(self.write, [item for item, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
-                logger.exception("writing %d %s failed", len(batch), self.what)
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            for item, fut in batch:
-                if fut.done():
+        try:
+            while self.pending:
+                batch = self._take()
+                try:
+                    results = await call(self.write, [item for item, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
+                    logger.exception("writing %d %s failed", len(batch), self.what)
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
                     continue
-                result = results[item.node_id]
-                if isinstance(result, Exception):
-                    fut.set_exception(result)
-                else:
-                    fut.set_result(result)
+                except BaseException:
+                    for _, fut in batch:
+                        fut.cancel()  # the process is stopping: nobody waits for long
+                    raise
+                for item, fut in batch:
+                    if fut.done():
+                        continue
+                    result = results.get(item.node_id)
+                    if result is None:
+                        fut.set_exception(RuntimeError(f"no result for node {item.node_id}"))
+                    elif isinstance(result, Exception):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        finally:
+            # The finished task would hold its loop, and the loop's batchers it.
+            self.task = None
 
 
 _batchers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = (

@@ -2,10 +2,11 @@
 
 Every agent hears 1012 ("service restart") and comes back elsewhere; every node
 the process held is marked disconnected before it exits, as the console and
-the reconciler read it. A stop closes all of its sockets at once, so their
-nodes are marked in batches (``socket_db.node_batcher("disconnects")``): one
-commit each kept a 5,000-agent process stopping for over 10 s, past the 15 s
-a supervisor gives it (docs/benchmarks.md, Agent sockets).
+the reconciler read it. The sockets all close at once, so their nodes are
+marked in batches (``socket_db.node_batcher("disconnects")``); what batching
+saves shows only at thousands of sockets, in bench/agents.py --restart
+(docs/benchmarks.md, Agent sockets); here, that the batched path leaves
+every node right.
 """
 
 import asyncio

@@ -10,7 +10,7 @@ offers, and on PostgreSQL the two paths must leave the same rows.
 import asyncio
 
 import pytest
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from agentd import protocol
@@ -224,3 +224,25 @@ def test_closed_sockets_are_marked_together_but_only_where_they_still_hold_the_n
     rows = dict(Node.objects.values_list("pk", "connected"))
     assert rows == {"gpu-01": False, "gpu-02": False, "gpu-03": True}
     assert Node.objects.get(pk="gpu-03").channel_name == "new"
+
+
+def test_a_closed_socket_whose_write_fails_costs_only_its_own_node(monkeypatch):
+    for node_id in ("gpu-01", "gpu-02", "gpu-03"):
+        inventory.register_node(reg(node_id), channel_name=node_id)
+    real = inventory.mark_disconnected
+
+    def failing(node_id, channel_name):
+        if node_id == "gpu-02":
+            raise DatabaseError("deadlock detected")
+        return real(node_id, channel_name)
+
+    monkeypatch.setattr(inventory, "mark_disconnected", failing)
+    closed = [inventory.Disconnect(n, n) for n in ("gpu-03", "gpu-02", "gpu-01")]
+
+    held = inventory.mark_disconnected_many(closed)
+
+    # the batch failed as a whole, and was written again one node at a time
+    assert (held["gpu-01"], held["gpu-03"]) == (True, True)
+    assert isinstance(held["gpu-02"], DatabaseError)
+    rows = dict(Node.objects.values_list("pk", "connected"))
+    assert rows == {"gpu-01": False, "gpu-02": True, "gpu-03": False}
