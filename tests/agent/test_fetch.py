@@ -77,7 +77,7 @@ async def test_a_partial_file_is_continued_with_a_range_request(tmp_path, server
     path = await fetcher(tmp_path).fetch(src, {}, "shard-a", Progress())
 
     assert path.read_bytes() == DATA
-    assert server.sent["/models/tiny.gguf"] == len(DATA) - 120_000
+    assert server.sent_once_done("/models/tiny.gguf") == len(DATA) - 120_000
     assert ("GET", "/models/tiny.gguf", "bytes=120000-") in server.requests
     assert not staging.exists()
 
@@ -190,7 +190,7 @@ async def test_two_wanters_share_one_fetch_and_one_leaving_does_not_stop_it(tmp_
 
     path = await b
     assert path.read_bytes() == DATA
-    assert server.sent["/models/tiny.gguf"] == len(DATA)  # fetched once
+    assert server.sent_once_done("/models/tiny.gguf") == len(DATA)  # fetched once
     assert (await a) == path  # the first caller's await was not torn down either
 
 
@@ -350,7 +350,7 @@ async def test_a_server_that_ignores_range_gets_the_file_fetched_whole(tmp_path,
     path = await fetcher(tmp_path).fetch(src, {"tiny.gguf": good}, "a", Progress())
 
     assert path.read_bytes() == DATA
-    assert server.sent["/models/tiny.gguf"] == len(DATA)
+    assert server.sent_once_done("/models/tiny.gguf") == len(DATA)
 
 
 def _staged(root, source_text: str, age_s: float):

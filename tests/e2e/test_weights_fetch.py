@@ -66,7 +66,7 @@ def test_a_url_is_fetched_with_progress_and_the_replica_serves(stack, tmp_path, 
     [local] = weights.glob("*/tiny-llama.gguf")
     cmdline = open(f"/proc/{agent.engines()[shard.pk]}/cmdline").read().split("\0")
     assert str(local) in cmdline
-    assert server.sent[PATH] == size
+    assert server.sent_once_done(PATH) == size
     # its metadata says where it came from and that an engine used it
     meta = store.read_meta(local.parent)
     assert meta["source"] == server.url(PATH) and meta["last_used"] is not None

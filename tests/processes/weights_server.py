@@ -2,7 +2,8 @@
 
 It runs in a thread of the test process; agents in other processes fetch from
 it. ``sent[path]`` counts the body bytes it wrote per path, which is how a test
-tells a resumed download from a restarted one. ``rate`` (bytes per second, 0:
+tells a resumed download from a restarted one (``sent_once_done`` for the
+final count). ``rate`` (bytes per second, 0:
 unlimited) slows every body down so a test can act mid-download; ``fail_next``
 makes the next GET of a path answer a status instead.
 
@@ -89,6 +90,18 @@ class WeightsServer:
     @property
     def base(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def sent_once_done(self, path: str, timeout: float = 10.0) -> int:
+        """``sent[path]`` once no body is being sent: a client can have read a body's
+        last chunk before the thread that wrote it has counted it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self.active:
+                    return self.sent[path]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still sending after {timeout:g} s")
+            time.sleep(0.01)
 
     def url(self, path: str) -> str:
         return f"{self.base}/{path.lstrip('/')}"
