@@ -14,7 +14,7 @@ from django.utils import timezone
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
-from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
+from fleet.metrics import AGENT_HANDSHAKES_TURNED_AWAY, AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
 from fleet.services import (
     access,
@@ -34,6 +34,14 @@ from llmgw_site.peer import connection_peer
 
 logger = logging.getLogger(__name__)
 
+
+class _TurnedAwayLog:
+    at = float("-inf")  # monotonic time of the last line
+    since = 0  # agents told to come back since (that one included)
+
+
+_turned_away_log = _TurnedAwayLog()
+
 REGISTER_TIMEOUT_S = 10
 # agentd gives up on a handshake after 10 s and on the register's ack after 15 s
 # (agentd/client.py): work for a socket queued longer than this is not done.
@@ -41,6 +49,8 @@ HANDSHAKE_DEADLINE_S = 9
 REGISTER_DEADLINE_S = 13
 # How long a clean-up proposal waits for a reconciler pass to release the lock.
 REMOVAL_LOCK_WAIT_S = 30
+# Agents told to come back later are logged at most this often (each is counted).
+TURNED_AWAY_LOG_EVERY_S = 10.0
 # Closed sockets' nodes marked disconnected in one transaction, at most this many:
 # the rows stay locked while it runs, and heartbeats of those nodes wait for it.
 DISCONNECTS_MAX_BATCH = 500
@@ -130,7 +140,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # answered now rather than queued past the agent's own wait.
         self.gate = admission.admission()
         if not self.gate.enter():
-            await self.try_later("too many agents registering at once")
+            await self.try_later("too many agents registering at once", "busy")
             return
         self.admitted = True
         # With LLMGW_CLIENT_CERT_PROXIES set: the node a verified client
@@ -145,7 +155,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
         except socket_db.TooLate:
             self.through(registered=False)
-            await self.try_later("too busy to check the credential in time")
+            await self.try_later("too busy to check the credential in time", "slow_check")
             return
         if self.identity is None:
             self.through(registered=False)
@@ -175,22 +185,33 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.admitted = False
             self.gate.leave(registered)
 
-    async def try_later(self, why: str) -> None:
+    async def try_later(self, why: str, kind: str) -> None:
         """Turn the handshake away for now, saying when to come back.
 
         uvicorn can answer a handshake with a status of its own: 503 and
         Retry-After, for nearly nothing. Daphne cannot (its refusal is a 403,
         which agentd takes as "this credential is refused" and stops): there the
         socket is accepted and closed with 4013, and the agent backs off.
+
+        Counted in ``llmgw_agent_handshakes_turned_away_total{why=kind}``; logged
+        at most once every ``TURNED_AWAY_LOG_EVERY_S`` per process, with how many
+        since the last line: in a restart's wave they come by the hundred.
         """
         after = self.gate.retry_after()
-        logger.warning(
-            "agent told to come back in %d s: %s client=%s pending=%d",
-            after,
-            why,
-            self.client,
-            self.gate.pending,
-        )
+        AGENT_HANDSHAKES_TURNED_AWAY.labels(kind).inc()
+        _turned_away_log.since += 1
+        now = time.monotonic()
+        if now - _turned_away_log.at >= TURNED_AWAY_LOG_EVERY_S:
+            logger.warning(
+                "agents told to come back: %d since the last line; this one in %d s: %s "
+                "client=%s pending=%d",
+                _turned_away_log.since,
+                after,
+                why,
+                self.client,
+                self.gate.pending,
+            )
+            _turned_away_log.at, _turned_away_log.since = now, 0
         if "websocket.http.response" in (self.scope.get("extensions") or {}):
             body = f"{why}; retry after {after} s\n".encode()
             await self.base_send(

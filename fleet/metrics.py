@@ -40,6 +40,18 @@ AGENT_LOGS_REPLIES_DROPPED = Counter(
 )
 
 
+# Agents told to come back later at the handshake (fleet.consumers.try_later): a web
+# process with more agents knocking than it takes through registration at once
+# ("busy", LLMGW_AGENT_HANDSHAKES_MAX), or whose credential check waited past the
+# agent's own wait ("slow_check").
+AGENT_HANDSHAKES_TURNED_AWAY = Counter(
+    "llmgw_agent_handshakes_turned_away",
+    "Agent handshakes told to come back later (503 with Retry-After, or closed with 4013).",
+    ["why"],
+    registry=REGISTRY,
+)
+
+
 class FullCollections:
     """The web process's full garbage collections (llmgw_site.serve), as a histogram.
 

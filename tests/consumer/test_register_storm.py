@@ -3,6 +3,8 @@
 import pytest
 
 from agentd.protocol import CloseCode
+from fleet import consumers
+from fleet.metrics import REGISTRY
 from fleet.models import Node
 from tests.consumer.helpers import communicator, db, enrol, expect_close, recv_type, send
 from tests.factories import register_msg
@@ -76,3 +78,35 @@ async def test_past_the_admission_limit_an_agent_is_told_to_come_back(settings):
     assert (await recv_type(again, "ack"))["of"] == "register"
     await knocking.disconnect()
     await again.disconnect()
+
+
+def turned_away(why: str) -> float:
+    return REGISTRY.get_sample_value("llmgw_agent_handshakes_turned_away_total", {"why": why}) or 0
+
+
+async def test_agents_turned_away_are_each_counted_and_logged_once_in_a_while(
+    settings, caplog, monkeypatch
+):
+    # given: a web process that takes one agent at a time, with one in registration
+    creds = [await enrol(n) for n in ("gpu-01", "gpu-02", "gpu-03")]
+    for c in creds:
+        await c.close()
+    settings.LLMGW = {**settings.LLMGW, "AGENT_HANDSHAKES_MAX": 1}
+    monkeypatch.setattr("fleet.consumers._turned_away_log", consumers._TurnedAwayLog())
+    knocking = communicator(creds[0].credential)
+    assert (await knocking.connect())[0]
+    before = turned_away("busy")
+
+    # when: two more knock meanwhile
+    for c in creds[1:]:
+        comm = communicator(c.credential)
+        assert (await comm.connect())[0]
+        assert (await expect_close(comm))[0] == CloseCode.TRY_AGAIN
+
+    # then: both are counted for Prometheus, and the log has one line, not one each
+    assert turned_away("busy") == before + 2
+    lines = [r.getMessage() for r in caplog.records if "told to come back" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("agents told to come back: 1 since the last line; this one in ")
+    assert "too many agents registering at once" in lines[0]
+    await knocking.disconnect()
