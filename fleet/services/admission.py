@@ -36,14 +36,12 @@ class Admission:
         self.clock = clock
         self.rng = rng or random.Random()
         self.pending = 0
-        self.refused = 0
         self._finished: deque[float] = deque()  # when registrations finished, oldest first
         self._started = clock()
 
     def enter(self) -> bool:
         """One more socket knocks: True if it is taken (``leave`` once it is through)."""
         if self.limit and self.pending >= self.limit:
-            self.refused += 1
             return False
         self.pending += 1
         return True
