@@ -33,7 +33,7 @@ import os
 import sys
 import time
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +222,147 @@ class HeadLimitsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
+# The lane's paths (fleet.gateway.lane), as the request line carries them.
+LANE_PATHS = {
+    b"/v1/chat/completions": "chat/completions",
+    b"/v1/completions": "completions",
+    b"/v1/embeddings": "embeddings",
+}
+
+
+class LaneProtocol(HeadLimitsProtocol):
+    """``HeadLimitsProtocol`` that serves the gateway's whole answers in the lane.
+
+    A POST to one of ``LANE_PATHS`` (no query string), HTTP/1.1, with a
+    Content-Length within the endpoint's limit, on a connection with nothing
+    else in flight, is read into a ``lane.Exchange`` instead of an ASGI request
+    cycle; the exchange answers it or hands it back (``lane_hand_over``) to
+    run as uvicorn would have run it. Everything else is uvicorn's.
+    """
+
+    _lane_reading = None  # the exchange whose body is being read
+    _lane = None  # the exchange being answered by the lane
+
+    def on_headers_complete(self) -> None:
+        if self._lane_open():
+            self._head_open = False
+            self._cancel_head_timer()
+            return
+        super().on_headers_complete()
+
+    def _lane_open(self) -> bool:
+        endpoint = LANE_PATHS.get(self.url)
+        if endpoint is None or self.expect_100_continue or self.pipeline:
+            return False
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return False
+        parser = self.parser
+        if (
+            parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or parser.should_upgrade()
+            or self.access_log
+        ):
+            return False
+        gw = gateway_of(self.loop)
+        if gw is None or not gw.started:
+            return False  # the first request starts it, through ASGI
+        limit = gw.limits.max_body_bytes[endpoint]
+        length = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                return False
+        if length is None or not length.isdigit() or int(length) > limit:
+            return False  # the ASGI path says what is wrong with it
+        scope = self.scope
+        scope["method"] = "POST"
+        scope["path"] = self.url.decode("ascii")
+        scope["raw_path"] = self.url
+        scope["query_string"] = b""
+        exchange = Exchange(self, gw, endpoint, self.headers, scope, parser.should_keep_alive())
+        self.cycle = self._lane_reading = self._lane = exchange
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self._lane_reading
+        if exchange is not None:
+            exchange.chunks.append(body)
+        else:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        exchange = self._lane_reading
+        if exchange is not None:
+            self._lane_reading = None
+            exchange.begin()
+        else:
+            super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        exchange = self._lane
+        if exchange is not None:
+            self._lane = None
+            exchange.disconnected = True
+            exchange.client_gone()
+        super().connection_lost(exc)
+
+    # ---- called by the exchange --------------------------------------------------
+
+    def lane_answer(self, exchange, status: int, headers, body: bytes) -> bool:
+        """The whole answer in one write, as uvicorn's cycle frames it; False if the
+        client is gone."""
+        if self._lane is not exchange:
+            return False
+        self._lane = None
+        parts = [status_line(status)]
+        for name, value in self.server_state.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        keep_alive = exchange.keep_alive
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", body)
+        self.transport.write(b"".join(parts))
+        exchange.response_complete = True
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+        return True
+
+    def lane_hand_over(self, exchange, before=None) -> None:
+        """Run the request through ASGI after all, its body already read; ``before``:
+        (replicas, why the last failed) that the lane tried."""
+        if self._lane is not exchange:
+            return  # the client is gone
+        self._lane = None
+        scope = exchange.scope
+        if before:
+            scope[TRIED] = before
+        cycle = RequestResponseCycle(
+            scope=scope,
+            transport=_HeadWithBody(self.transport, self.loop),
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=exchange.keep_alive,
+            on_response=self.on_response_complete,
+        )
+        cycle.body = exchange.raw
+        cycle.more_body = False
+        cycle.message_event.set()  # the body is in: receive() has it at once
+        if self.cycle is exchange:
+            self.cycle = cycle
+        self._start_asgi_task(cycle, self.app)
+
+
 class _HeadWithBody:
     """A request's view of its connection that sends the response head with the body's first bytes.
 
@@ -328,9 +469,22 @@ def _tune_gc() -> None:
     gc.callbacks.append(timed)
 
 
-def _load_application():
-    from llmgw_site.asgi import application as app
+# The lane's parts: they import Django's models, so they come once Django is set
+# up (_load_application), as module names the protocol finds without an import.
+Exchange = status_line = gateway_of = TRIED = None
 
+
+def _bind_lane() -> None:
+    global Exchange, status_line, gateway_of, TRIED
+    from fleet.gateway.app import TRIED
+    from fleet.gateway.lane import Exchange, status_line
+    from fleet.gateway.state import gateway_of
+
+
+def _load_application():
+    from llmgw_site.asgi import application as app  # sets Django up
+
+    _bind_lane()
     _tune_gc()
     return _with_peer(app, os.environ.get(ENV_TRUSTED, "").strip())
 
@@ -402,7 +556,7 @@ def main(argv=None) -> int:
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="llmgw_site.serve:HeadLimitsProtocol",
+        http="llmgw_site.serve:LaneProtocol",
         ws="websockets-sansio",
         ws_max_size=WS_MAX_SIZE,
         ws_ping_interval=WS_PING_INTERVAL_S,

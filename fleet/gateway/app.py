@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 # costs a task per request; most short answers are over before.
 _WATCH_AFTER_S = 0.1
 
+# A scope key: (replicas, why the last failed) for a request the lane handed over.
+TRIED = "llmgw.tried"
+
 PROXIED = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
@@ -48,9 +51,7 @@ async def application(scope, receive, send) -> None:
                 raise GatewayError(405, f"{path} takes POST, not {scope['method']}")
             key = await gw.key_for(scope["headers"])
             raw = await _read_body(scope, receive, gw.limits.max_body_bytes[endpoint])
-            req = validate.parse(endpoint, raw)
-            route = _route_for(gw, key, req.model)
-            gw.last_request[route.name] = t0
+            req, route = admit(gw, endpoint, key, raw, t0)
             if key.limits.on:
                 # One Redis round trip; raises the 429 when the key is over a limit.
                 reply.extra = await gw.limiter.check(key)
@@ -108,6 +109,14 @@ async def application(scope, receive, send) -> None:
 
 class _ClientGone(Exception):
     pass
+
+
+def admit(gw, endpoint: str, key, raw: bytes, t0: float):
+    """(request, route) for a proxied request's body; the GatewayError that says why not."""
+    req = validate.parse(endpoint, raw)
+    route = _route_for(gw, key, req.model)
+    gw.last_request[route.name] = t0
+    return req, route
 
 
 def _route_for(gw, key, model: str):
@@ -224,7 +233,8 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
     try:
         if not route.upstreams:
             route = await waiting.wait_for_replica(gw, route, req, reply)
-        await proxy.forward(gw, route, req, reply, t0, key)
+        # Replicas the lane (fleet.gateway.lane) tried before handing the request over.
+        await proxy.forward(gw, route, req, reply, t0, key, scope.get(TRIED))
     except asyncio.CancelledError:
         if not w.gone:
             raise

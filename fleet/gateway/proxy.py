@@ -187,6 +187,138 @@ class _Deadline:
             raise TimeoutError from exc
 
 
+def ring_key(gw, route: table.Route, req) -> int | None:
+    """Where the prompt's prefix sits on the route's ring; None: the route has none."""
+    if route.ring is not None and req.endpoint in _STREAMED:
+        return prefix.key_of(req.endpoint, req.body, gw.limits.prefix_chars)
+    return None
+
+
+def choose(gw, route: table.Route, req, at: int | None, tried, first: bool):
+    """The replica for an attempt: the least busy, or by the prompt's prefix (``at``)."""
+    if at is None:
+        return table.pick(route, tried)
+    up, how = table.pick_prefix(route, at, gw.limits.prefix_policy, tried)
+    if first and how:
+        route.metrics.prefix_routed(how)
+    return up
+
+
+def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
+    """The 429 when even the least busy replica has ``max_outstanding`` requests in flight."""
+    if up.outstanding >= limits.max_outstanding:
+        raise GatewayError(
+            429,
+            f"model '{route.name}' is at capacity: {len(route.upstreams)} "
+            f"replica(s) with {limits.max_outstanding} requests in flight each",
+            code="model_at_capacity",
+            retry_after=1,
+        )
+
+
+def upstream_body(route: table.Route, req, up: table.Upstream) -> tuple[bytes, bool]:
+    """The body the engine gets, and whether the gateway asked it for usage on its own."""
+    body = req.raw
+    strip_usage = wants_usage_added(req)
+    if up.served_name != route.name or strip_usage:
+        changed = {**req.body, "model": up.served_name}
+        if strip_usage:
+            # The engine reports usage in a last chunk only when asked; the client
+            # did not ask, so that chunk is taken out again on the way back.
+            changed["stream_options"] = {**(req.body.get("stream_options") or {}), **_INCLUDE}
+        # The engine serves the profile's name; the client asked for the model's.
+        body = json.dumps(changed, allow_nan=False).encode()
+    return body, strip_usage
+
+
+def refused(route: table.Route, up: table.Upstream, exc: Refused) -> GatewayError:
+    """An answer that broke a bound or is not HTTP the gateway speaks: 502."""
+    metrics.upstream_error(route.name, up.replica_id, "protocol")
+    return GatewayError(
+        502, f"replica {up.replica_id} of model '{route.name}': {exc}", code=exc.code
+    )
+
+
+def no_answer(gw, route: table.Route, up: table.Upstream) -> GatewayError:
+    """No status line within the first-byte timeout: the replica set aside, 504."""
+    limits = gw.limits
+    metrics.upstream_error(route.name, up.replica_id, "timeout")
+    # An engine that accepts and then says nothing (its process frozen,
+    # its node cut off) would hold every request sent to it as long.
+    _set_aside(gw, route, up, f"no answer within {limits.first_byte_timeout_s:g} s")
+    return GatewayError(
+        504,
+        f"replica {up.replica_id} of model '{route.name}' sent no answer within "
+        f"{limits.first_byte_timeout_s:g} s",
+        code="upstream_timeout",
+    )
+
+
+def too_slow(gw, route: table.Route) -> GatewayError:
+    """The whole exchange over ``total_timeout_s`` before the answer started: 504."""
+    return GatewayError(
+        504,
+        f"model '{route.name}' gave no complete answer within {gw.limits.total_timeout_s:g} s",
+        code="upstream_timeout",
+    )
+
+
+def broken_whole(route: table.Route, up: table.Upstream, exc: UpstreamError) -> GatewayError:
+    """A whole answer that could not be read to its end: 502."""
+    if isinstance(exc, Refused):
+        return refused(route, up, exc)
+    metrics.upstream_error(route.name, up.replica_id, "protocol")
+    return GatewayError(
+        502,
+        f"replica {up.replica_id} of model '{route.name}' closed the connection "
+        "before its answer was complete",
+        code="upstream_incomplete",
+    )
+
+
+def whole_answer(route: table.Route, up: table.Upstream, resp, body: bytes) -> tuple[int, bytes]:
+    """The status and body a whole answer goes back to the client with.
+
+    A 2xx/3xx JSON answer that is not a JSON object is a 502 (raised); an
+    error the engine worded its own way is put in OpenAI's shape.
+    """
+    status = resp.status
+    if status < 400:
+        # A look at the ends, not a parse: enough to catch an HTML error page or a
+        # cut-off body, and it costs nothing on the path every answer takes.
+        text = body.strip()
+        if resp.content_type == "application/json" and not (
+            text.startswith(b"{") and text.endswith(b"}")
+        ):
+            metrics.upstream_error(route.name, up.replica_id, "protocol")
+            raise GatewayError(
+                502,
+                f"replica {up.replica_id} of model '{route.name}' answered with "
+                f"something that is not a JSON object: {body[:60]!r}",
+                code="upstream_malformed",
+            )
+        return status, body
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
+        # Engines word their errors their own way; clients expect OpenAI's shape.
+        text = body[:300].decode("utf-8", "replace").strip() or resp.reason.strip()
+        body = error_body(
+            status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
+        )
+    return status, body
+
+
+def whole_headers(up: table.Upstream, resp, body: bytes) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-type", (resp.header(b"content-type") or "application/json").encode()),
+        (b"content-length", str(len(body)).encode()),
+        _replica_header(up),
+    ]
+
+
 class _Retry(Exception):
     def __init__(self, why: str):
         self.why = why
@@ -196,34 +328,27 @@ def _replica_header(up: table.Upstream) -> tuple[bytes, bytes]:
     return (b"x-llmgw-replica", up.replica_id.encode())
 
 
-async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None) -> None:
-    """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts."""
+async def forward(
+    gw, route: table.Route, req, reply: Reply, t0: float, key=None, before=None
+) -> None:
+    """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts.
+
+    ``before``: (replicas, why the last failed) for a request that failed before it
+    came here (the lane's attempt, fleet.gateway.lane); they count against
+    ``max_retries``.
+    """
     limits = gw.limits
-    tried: list[table.Upstream] = []
-    last = ""
+    tried: list[table.Upstream] = list(before[0]) if before else []
+    last = before[1] if before else ""
     # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
-    at = None
-    if route.ring is not None and req.endpoint in _STREAMED:
-        at = prefix.key_of(req.endpoint, req.body, limits.prefix_chars)
+    at = ring_key(gw, route, req)
     try:
         async with _Deadline(limits.total_timeout_s):
-            for attempt in range(limits.max_retries + 1):
-                if at is None:
-                    up = table.pick(route, tried)
-                else:
-                    up, how = table.pick_prefix(route, at, limits.prefix_policy, tried)
-                    if not attempt and how:
-                        route.metrics.prefix_routed(how)
+            for attempt in range(len(tried), limits.max_retries + 1):
+                up = choose(gw, route, req, at, tried, first=not attempt)
                 if up is None:
                     break
-                if up.outstanding >= limits.max_outstanding:
-                    raise GatewayError(
-                        429,
-                        f"model '{route.name}' is at capacity: {len(route.upstreams)} "
-                        f"replica(s) with {limits.max_outstanding} requests in flight each",
-                        code="model_at_capacity",
-                        retry_after=1,
-                    )
+                check_capacity(route, up, limits)
                 if attempt:
                     route.metrics.retries.inc()
                 try:
@@ -250,11 +375,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
                 "upstream_timeout",
             )
             return
-        raise GatewayError(
-            504,
-            f"model '{route.name}' gave no complete answer within {limits.total_timeout_s:g} s",
-            code="upstream_timeout",
-        ) from None
+        raise too_slow(gw, route) from None
     if tried:
         raise GatewayError(
             502,
@@ -279,16 +400,7 @@ async def _attempt(
     def error(kind):
         metrics.upstream_error(route.name, up.replica_id, kind)
 
-    body = req.raw
-    strip_usage = wants_usage_added(req)
-    if up.served_name != route.name or strip_usage:
-        changed = {**req.body, "model": up.served_name}
-        if strip_usage:
-            # The engine reports usage in a last chunk only when asked; the client
-            # did not ask, so that chunk is taken out again on the way back.
-            changed["stream_options"] = {**(req.body.get("stream_options") or {}), **_INCLUDE}
-        # The engine serves the profile's name; the client asked for the model's.
-        body = json.dumps(changed, allow_nan=False).encode()
+    body, strip_usage = upstream_body(route, req, up)
     up.outstanding += 1
     try:
         try:
@@ -298,7 +410,7 @@ async def _attempt(
             )
         except ConnectFailed as exc:
             error("connect")
-            _connect_failed(gw, route, up)
+            connect_failed(gw, route, up)
             raise _Retry(
                 f"could not connect to replica {up.replica_id} at {up.url}: {exc}"
             ) from None
@@ -308,21 +420,9 @@ async def _attempt(
             error("disconnect")
             raise _Retry(f"replica {up.replica_id} dropped the connection: {exc}") from None
         except Refused as exc:
-            error("protocol")
-            raise GatewayError(
-                502, f"replica {up.replica_id} of model '{route.name}': {exc}", code=exc.code
-            ) from None
+            raise refused(route, up, exc) from None
         except NoAnswer:
-            error("timeout")
-            # An engine that accepts and then says nothing (its process frozen,
-            # its node cut off) would hold every request sent to it as long.
-            _set_aside(gw, route, up, f"no answer within {limits.first_byte_timeout_s:g} s")
-            raise GatewayError(
-                504,
-                f"replica {up.replica_id} of model '{route.name}' sent no answer within "
-                f"{limits.first_byte_timeout_s:g} s",
-                code="upstream_timeout",
-            ) from None
+            raise no_answer(gw, route, up) from None
         up.connect_failures = 0
         try:
             if resp.status in (502, 503) and may_retry:
@@ -342,7 +442,7 @@ async def _attempt(
         up.outstanding -= 1
 
 
-def _connect_failed(gw, route, up: table.Upstream) -> None:
+def connect_failed(gw, route, up: table.Upstream) -> None:
     up.connect_failures += 1
     if up.connect_failures >= gw.limits.cooldown_after:
         _set_aside(gw, route, up, f"{up.connect_failures} failed connects in a row")
@@ -366,55 +466,14 @@ def _set_aside(gw, route, up: table.Upstream, why: str) -> None:
 async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
     try:
         body = await resp.read()
-    except Refused as exc:
-        metrics.upstream_error(route.name, up.replica_id, "protocol")
-        raise GatewayError(
-            502, f"replica {up.replica_id} of model '{route.name}': {exc}", code=exc.code
-        ) from None
-    except UpstreamError:
-        metrics.upstream_error(route.name, up.replica_id, "protocol")
-        raise GatewayError(
-            502,
-            f"replica {up.replica_id} of model '{route.name}' closed the connection "
-            "before its answer was complete",
-            code="upstream_incomplete",
-        ) from None
-    status = resp.status
-    if status < 400:
-        # A look at the ends, not a parse: enough to catch an HTML error page or a
-        # cut-off body, and it costs nothing on the path every answer takes.
-        text = body.strip()
-        if resp.content_type == "application/json" and not (
-            text.startswith(b"{") and text.endswith(b"}")
-        ):
-            metrics.upstream_error(route.name, up.replica_id, "protocol")
-            raise GatewayError(
-                502,
-                f"replica {up.replica_id} of model '{route.name}' answered with "
-                f"something that is not a JSON object: {body[:60]!r}",
-                code="upstream_malformed",
-            )
-    else:
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
-            # Engines word their errors their own way; clients expect OpenAI's shape.
-            text = body[:300].decode("utf-8", "replace").strip() or resp.reason.strip()
-            body = error_body(
-                status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
-            )
+    except UpstreamError as exc:
+        raise broken_whole(route, up, exc) from None
+    status, body = whole_answer(route, up, resp, body)
     if reply.sse_open:
         await _whole_as_events(gw, route, key, reply, status, body)
         return
-    headers = [
-        (b"content-type", (resp.header(b"content-type") or "application/json").encode()),
-        (b"content-length", str(len(body)).encode()),
-        _replica_header(up),
-    ]
-    await reply.start(status, headers)
-    charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
+    await reply.start(status, whole_headers(up, resp, body))
+    charge = tally(gw, route, key, usage_of(body)) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": body})
     await _charge(gw, key, charge)
 
@@ -429,12 +488,12 @@ async def _whole_as_events(gw, route, key, reply: Reply, status: int, body: byte
         except (ValueError, KeyError, TypeError):
             message = body[:300].decode("utf-8", "replace")
         out = sse_error_event(str(message), "upstream_error")
-    charge = _tally(gw, route, key, usage_of(body)) if status < 400 else None
+    charge = tally(gw, route, key, usage_of(body)) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": out + b"data: [DONE]\n\n"})
     await _charge(gw, key, charge)
 
 
-def _tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
+def tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
     """An answer's tokens into the metrics and the key's usage, before its last byte
     goes: a client that reads /metrics the moment it has its answer finds it counted.
     What to charge against the key's limits afterwards (``_charge``: Redis, maybe a wait)."""
@@ -488,11 +547,11 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
             "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
         )
         resp.close()
-        charge = _tally(gw, route, key, check.usage, check.events)
+        charge = tally(gw, route, key, check.usage, check.events)
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
         await _charge(gw, key, charge)
         return
-    charge = _tally(gw, route, key, check.usage, check.events)
+    charge = tally(gw, route, key, check.usage, check.events)
     await send({"type": "http.response.body", "body": b""})
     await _charge(gw, key, charge)
 

@@ -123,6 +123,10 @@ class Gateway:
         self._wake_what: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._miss_reload: asyncio.Future | None = None
+        # The lane's requests at an engine, oldest first, and the task that
+        # checks their deadlines (fleet.gateway.lane).
+        self.lane: dict = {}
+        self.lane_sweeper: asyncio.Task | None = None
         self.retired: list[tuple[str, table.Upstream]] = []
         self._channel: str | None = None
         # Scale to zero and autoscaling (fleet.gateway.waiting): requests waiting
@@ -177,6 +181,8 @@ class Gateway:
             )
 
     async def close(self) -> None:
+        if self.lane_sweeper is not None:
+            self.lane_sweeper.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -274,19 +280,30 @@ class Gateway:
             self._auth_cache[value] = (secret, digest)
         return secret, digest
 
-    async def key_for(self, headers) -> keys.KeyEntry:
+    def known_key(self, headers) -> keys.KeyEntry | None:
+        """``key_for`` without waiting: None when the key is not in memory (a reload may
+        find it); the 401/403 when it is known and may not be used."""
         secret, digest = self._secret_and_digest(headers)
         entry = self.keys.get(digest) if digest else None
         if entry is None and digest is not None:
-            # Perhaps a key created a moment ago in another process. Misses share
-            # one reload at most once a second, which bounds what a client with
-            # a wrong key can cost.
-            if self._miss_reload is None or self._miss_reload.done():
-                delay = max(0.0, self.keys_loaded_at + 1 - time.monotonic())
-                self._miss_reload = asyncio.ensure_future(self._reload_keys_after(delay))
-            await asyncio.shield(self._miss_reload)
-            entry = self.keys.get(digest)
+            return None
         entry = keys.check(entry, secret, time.time())
+        self.used_keys.add(entry.id)
+        return entry
+
+    async def key_for(self, headers) -> keys.KeyEntry:
+        entry = self.known_key(headers)
+        if entry is not None:
+            return entry
+        # Perhaps a key created a moment ago in another process. Misses share
+        # one reload at most once a second, which bounds what a client with
+        # a wrong key can cost.
+        secret, digest = self._secret_and_digest(headers)
+        if self._miss_reload is None or self._miss_reload.done():
+            delay = max(0.0, self.keys_loaded_at + 1 - time.monotonic())
+            self._miss_reload = asyncio.ensure_future(self._reload_keys_after(delay))
+        await asyncio.shield(self._miss_reload)
+        entry = keys.check(self.keys.get(digest), secret, time.time())
         self.used_keys.add(entry.id)
         return entry
 
@@ -462,6 +479,12 @@ metrics.register_in_flight(live_gateways)
 
 
 _last: tuple = (None, None)  # (a weak reference to a loop, its gateway): the usual answer
+
+
+def gateway_of(loop) -> Gateway | None:
+    """The gateway of ``loop``, if a request has made it: the lane's way to it, which
+    does not ask for the running loop (a system call)."""
+    return _gateways.get(loop)
 
 
 def gateway() -> Gateway:

@@ -101,6 +101,7 @@ class Response:
         "_max_body",
         "_head_bytes",
         "_head_count",
+        "listener",
     )
 
     def __init__(self, conn):
@@ -119,6 +120,10 @@ class Response:
         self._max_body: int | None = None  # set by read(): a whole answer is bounded
         self._head_bytes = 0  # status lines, headers and trailers, interim answers included
         self._head_count = 0
+        # Called (no arguments) after every read from the connection and when it
+        # closes, in place of awaiting: the gateway's lane (fleet.gateway.lane)
+        # follows the answer by callbacks, with no task or future per request.
+        self.listener = None
 
     def header(self, name: bytes) -> str | None:
         for key, value in self._headers:
@@ -233,6 +238,13 @@ class _Conn(asyncio.Protocol):
         if resp is None or resp.complete or self.closed:
             self.abort()  # bytes nobody asked for: this connection is not reusable
             return
+        self._feed(resp, data)
+        # After the parser is done with the bytes, never from inside its callbacks:
+        # the listener may hand this connection back to the pool.
+        if resp.listener is not None:
+            resp.listener()
+
+    def _feed(self, resp: Response, data: bytes) -> None:
         self.body_fed = False
         try:
             self.parser.feed_data(data)
@@ -279,7 +291,7 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         self.pool.forget(self)
         resp = self.resp
-        if resp is None or resp._error is not None:
+        if resp is None or resp._error is not None or resp.complete:
             return
         if resp.status and resp._to_eof:
             resp.complete = True
@@ -288,6 +300,8 @@ class _Conn(asyncio.Protocol):
             resp._fail(Incomplete("the connection closed before the answer was complete"))
         else:
             resp._fail(Disconnected(f"the connection closed before any answer ({exc or 'EOF'})"))
+        if resp.listener is not None:
+            resp.listener()
 
     # ---- httptools ---------------------------------------------------------------
 
@@ -449,6 +463,36 @@ class Client:
         """
         request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
         return await self._send(host, port, request, first_byte_s)
+
+    def start(self, host: str, port: int, head: bytes, body: bytes) -> Response | None:
+        """``post`` without waiting: the request on an idle pooled connection, its
+        ``Response`` to follow by ``listener``; None when no connection is idle
+        (a new one is a wait: ``post`` makes it).
+
+        A pooled connection the engine closed meanwhile fails the answer with
+        ``Disconnected`` and nothing answered; the caller sends again (``post``
+        does that on a new connection).
+        """
+        pool = self._pools.get((host, port))
+        conn = pool.take() if pool is not None else None
+        if conn is None:
+            return None
+        resp = conn.resp = Response(conn)
+        conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
+        return resp
+
+    async def open_and_start(
+        self, host: str, port: int, head: bytes, body: bytes, deadline: float = 0.0
+    ) -> Response:
+        """``start`` on a new connection: ``ConnectFailed``, or ``NoAnswer`` when
+        ``deadline`` (time.monotonic(); 0: none) passes while connecting."""
+        pool = self._pools.get((host, port))
+        if pool is None:
+            pool = self._pools[(host, port)] = _Pool(host, port)
+        conn = await self._connect(pool, deadline)
+        resp = conn.resp = Response(conn)
+        conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
+        return resp
 
     async def get(self, host: str, port: int, path: str) -> Response:
         name = f"[{host}]" if ":" in host else host

@@ -12,7 +12,7 @@ import pytest
 
 from tests.gateway.helpers import Upstream
 from tests.gateway.live import FAST_REFRESH, GatewayPool
-from tests.processes import start_daphne
+from tests.processes import start_web
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,8 @@ def gateway_settings() -> dict:
 
 @pytest.fixture
 def gateway_server(transactional_db, gateway_settings, gateway_pool):
-    """A gateway process of this test's own (Daphne), started while the test before ran."""
+    """A gateway process of this test's own (``llmgw_site.serve``), started while the test
+    before ran."""
     server = gateway_pool.take(gateway_settings)
     yield server
     server.stop()
@@ -43,7 +44,7 @@ def start_gateway(transactional_db, tmp_path):
     started = []
 
     def start(**settings):
-        started.append(start_daphne(tmp_path, **settings))
+        started.append(start_web(tmp_path, **settings))
         return started[-1]
 
     yield start

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import openai
 
-from tests.processes import LiveServer, start_daphne, wait_for
+from tests.processes import LiveServer, start_web, wait_for
 
 # Refreshes a fraction of a second apart: a test sees a change without a doorbell.
 FAST_REFRESH = {
@@ -46,8 +46,8 @@ def wait_until(check, timeout=10.0, what="condition"):
 
 
 class GatewayPool:
-    """Fresh gateway processes (Daphne on the test database), each one started while
-    the test before it runs.
+    """Fresh gateway processes (the web process as users run it, ``llmgw_site.serve``,
+    on the test database), each one started while the test before it runs.
 
     ``take(settings)`` hands out the process started ahead for these settings (or
     starts one) and starts the next one in the background. A process started ahead
@@ -63,7 +63,7 @@ class GatewayPool:
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-ahead")
 
     def _start(self, settings: dict) -> LiveServer:
-        return start_daphne(self.log_dir, **settings)
+        return start_web(self.log_dir, **settings)
 
     def take(self, settings: dict) -> LiveServer:
         key = tuple(sorted(settings.items()))

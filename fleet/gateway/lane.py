@@ -1,0 +1,363 @@
+"""The lane: a whole (not streamed) proxied answer served by callbacks, outside ASGI.
+
+Under ``llmgw_site.serve`` a POST to /v1/chat/completions, /v1/completions or
+/v1/embeddings that needs nothing to wait on goes from the HTTP protocol's
+parser callbacks to the engine and back with no ASGI scope, task, future or
+timer of its own: the request is read by the protocol (``serve.LaneProtocol``),
+admitted here with the same checks as the ASGI app (``app.admit``: the key,
+the body, the model), written on an idle pooled connection to the least busy
+replica, and the engine's answer, once whole, is shaped as the ASGI path shapes
+it (``proxy.whole_answer``) and written back in one ``send()``. That is most of
+a gateway's CPU per short answer on uvicorn's ASGI path (docs/gateway.md, "The
+lane").
+
+Anything that would wait goes the ordinary way, through ASGI and
+``fleet.gateway.app``, and nothing reaches the client before it does:
+
+- at the start: the gateway not started yet, a key not in memory or with rate
+  limits (Redis), a request that asks for a stream, no ready replica (the
+  request waits for one), no idle connection to the chosen replica (a connect);
+- after the request went to the engine: the pooled connection was closed by
+  the engine before any answer (sent again, as ``upstream.Client.post`` does),
+  a 502/503 that another replica may answer (that replica counts as tried), or
+  an answer that is a stream (the engine is asked again through the ASGI path,
+  which relays streams).
+
+The deadlines (first byte, the whole exchange, silence inside a body) are
+checked by one sweeping task per process while the lane has requests in
+flight, not by timers per request; they fire within ``SWEEP_S`` of their time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import time
+
+from . import metrics, proxy
+from .app import admit
+from .errors import GatewayError
+from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
+
+logger = logging.getLogger(__name__)
+
+# How often the deadlines of the lane's requests in flight are looked at.
+SWEEP_S = 0.05
+# A body naming "stream" may ask for one: the ASGI path reads it (a stream's cost
+# is its tokens, not this).
+_STREAM = b'"stream"'
+
+STATUS_LINES = {
+    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
+}
+
+
+def status_line(status: int) -> bytes:
+    return STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+
+
+class _Inert:
+    """What uvicorn's protocol sets on its current cycle when the connection ends."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+class Exchange:
+    """One request in the lane, from its body to the last byte of its answer.
+
+    Stands in for uvicorn's request cycle while it is the connection's
+    current one: ``response_complete``, ``keep_alive`` (cleared by a
+    graceful shutdown), ``disconnected`` and ``message_event``.
+    """
+
+    __slots__ = (
+        "conn",
+        "gw",
+        "endpoint",
+        "headers",
+        "scope",
+        "keep_alive",
+        "t0",
+        "chunks",
+        "response_complete",
+        "disconnected",
+        "key",
+        "req",
+        "route",
+        "up",
+        "resp",
+        "sent",
+        "last_data",
+        "connecting",
+        "fresh",
+    )
+
+    message_event = _Inert()
+
+    def __init__(self, conn, gw, endpoint: str, headers, scope, keep_alive: bool):
+        self.conn = conn  # serve.LaneProtocol: lane_answer, lane_hand_over
+        self.gw = gw
+        self.endpoint = endpoint
+        self.headers = headers
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.t0 = time.perf_counter()
+        self.chunks: list[bytes] = []
+        self.response_complete = False
+        self.disconnected = False
+        self.key = self.req = self.route = self.up = self.resp = None
+        self.sent = 0.0  # time.monotonic() the request went to the engine
+        self.last_data = 0.0
+        self.connecting: asyncio.Task | None = None
+        self.fresh = False  # the request went on a connection made for it
+
+    @property
+    def raw(self) -> bytes:
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    # ---- the request -------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The request's body is in: answer it, send it on, or hand it over."""
+        gw = self.gw
+        raw = self.raw
+        try:
+            if _STREAM in raw:
+                return self._hand_over()
+            key = gw.known_key(self.headers)
+            if key is None or key.limits.on:
+                # A key created a moment ago (a reload), or one with limits (Redis).
+                return self._hand_over()
+            self.key = key
+            req, route = admit(gw, self.endpoint, key, raw, self.t0)
+            self.req, self.route = req, route
+            if not route.upstreams:
+                return self._hand_over()  # it waits for a replica
+            up = proxy.choose(gw, route, req, proxy.ring_key(gw, route, req), (), first=True)
+            if up is None:
+                return self._hand_over()  # all set aside: the 503 says why
+            proxy.check_capacity(route, up, gw.limits)
+            body, _ = proxy.upstream_body(route, req, up)
+            host, port = up.address
+            head = up.request_head(self.endpoint)
+            resp = gw.client.start(host, port, head, body)
+        except GatewayError as exc:
+            return self._error(exc)
+        except Exception:
+            logger.exception("gateway failed on POST /v1/%s", self.endpoint)
+            return self._error(
+                GatewayError(500, "the gateway failed; see its log", code="internal")
+            )
+        up.outstanding += 1
+        self.up = up
+        if resp is not None:
+            self._sent(resp)
+        else:
+            # No idle connection to this replica: a task for the connect alone.
+            self.connecting = asyncio.get_running_loop().create_task(
+                self._connect(host, port, head, body)
+            )
+
+    async def _connect(self, host: str, port: int, head: bytes, body: bytes) -> None:
+        gw, route, up = self.gw, self.route, self.up
+        first_byte_s = gw.limits.first_byte_timeout_s
+        deadline = time.monotonic() + first_byte_s if first_byte_s else 0.0
+        try:
+            resp = await gw.client.open_and_start(host, port, head, body, deadline)
+        except ConnectFailed as exc:
+            up.outstanding -= 1
+            metrics.upstream_error(route.name, up.replica_id, "connect")
+            proxy.connect_failed(gw, route, up)
+            return self._retry(f"could not connect to replica {up.replica_id} at {up.url}: {exc}")
+        except NoAnswer:
+            up.outstanding -= 1
+            return self._error(proxy.no_answer(gw, route, up))
+        except BaseException:
+            up.outstanding -= 1  # cancelled: the client went away
+            raise
+        finally:
+            self.connecting = None
+        self._sent(resp, fresh=True)
+
+    def _sent(self, resp, fresh: bool = False) -> None:
+        self.resp = resp
+        self.fresh = fresh
+        resp._max_body = self.gw.limits.upstream.max_body_bytes
+        resp.listener = self._heard
+        self.sent = self.last_data = time.monotonic()
+        follow(self.gw, self)
+
+    # ---- the engine's answer --------------------------------------------------------
+
+    def _heard(self) -> None:
+        resp = self.resp
+        if resp is None:
+            return
+        if resp._error is not None:
+            return self._failed(resp._error)
+        if not resp.status:
+            return
+        self.up.connect_failures = 0  # it answered
+        if resp.status == 200 and resp.content_type == "text/event-stream":
+            # A stream nobody asked for: asked again where streams are relayed.
+            self._let_go(reuse=False)
+            return self._hand_over()
+        if resp.complete:
+            return self._whole()
+        self.last_data = time.monotonic()
+
+    def _whole(self) -> None:
+        resp, route, up = self.resp, self.route, self.up
+        chunks = resp._chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if resp.status in (502, 503) and self._may_retry():
+            metrics.upstream_error(route.name, up.replica_id, "status")
+            self._let_go(reuse=False)
+            return self._retry(f"replica {up.replica_id} answered {resp.status}")
+        try:
+            status, body = proxy.whole_answer(route, up, resp, body)
+        except GatewayError as exc:
+            self._let_go(reuse=False)
+            return self._error(exc)
+        headers = proxy.whole_headers(up, resp, body)
+        if status < 400:
+            proxy.tally(self.gw, route, self.key, proxy.usage_of(body))
+        self._let_go(reuse=True)
+        self._answer(status, headers, body)
+
+    def _failed(self, exc: UpstreamError) -> None:
+        route, up = self.route, self.up
+        self._let_go(reuse=False)
+        if not isinstance(exc, Disconnected):
+            return self._error(proxy.broken_whole(route, up, exc))
+        if self.fresh:
+            metrics.upstream_error(route.name, up.replica_id, "disconnect")
+            return self._retry(f"replica {up.replica_id} dropped the connection: {exc}")
+        # The engine closed an idle pooled connection as the request went out:
+        # nothing was answered, so it is sent again, on a new connection.
+        self._hand_over()
+
+    def _may_retry(self) -> bool:
+        return self.gw.limits.max_retries > 0 and len(self.route.upstreams) > 1
+
+    def _retry(self, why: str) -> None:
+        """This replica failed before answering: the ASGI path tries the others."""
+        up = self.up
+        logger.warning(
+            "upstream failed before answering model=%s replica=%s attempt=1: %s",
+            self.route.name,
+            up.replica_id,
+            why,
+        )
+        self._hand_over(([up], why))
+
+    def _hand_over(self, before=None) -> None:
+        metrics.LANE_HANDED_OVER.inc()
+        self.conn.lane_hand_over(self, before)
+
+    def expire(self, now: float) -> bool:
+        """Fail the exchange if one of its deadlines has passed; whether it did."""
+        limits = self.gw.limits
+        resp = self.resp
+        if resp is None:
+            return False
+        if self.sent + limits.total_timeout_s <= now:
+            error = proxy.too_slow(self.gw, self.route)
+        elif not resp.status:
+            if not limits.first_byte_timeout_s or self.sent + limits.first_byte_timeout_s > now:
+                return False
+            error = proxy.no_answer(self.gw, self.route, self.up)
+        elif self.last_data + limits.upstream.idle_s <= now:
+            silent = f"the engine sent nothing for {limits.upstream.idle_s:g} s"
+            error = proxy.refused(self.route, self.up, Refused(silent, "upstream_timeout"))
+        else:
+            return False
+        self._let_go(reuse=False)
+        self._error(error)
+        return True
+
+    def _let_go(self, reuse: bool) -> None:
+        """Done with the engine: its connection back to the pool, or closed (which tells
+        an engine still generating to stop)."""
+        resp, self.resp = self.resp, None
+        resp.listener = None
+        if reuse:
+            resp.release()
+        else:
+            resp.close()
+        self.up.outstanding -= 1
+        self.gw.lane.pop(self, None)
+
+    # ---- the client -----------------------------------------------------------------
+
+    def client_gone(self) -> None:
+        """The client's connection closed before its answer."""
+        if self.connecting is not None:
+            self.connecting.cancel()
+        elif self.resp is not None:
+            self._let_go(reuse=False)
+        else:
+            return  # its body was still coming, or it was answered
+        logger.info(
+            "client went away; upstream request cancelled model=%s started=False",
+            self.route.name,
+        )
+        self._count(499)
+
+    def _error(self, exc: GatewayError) -> None:
+        body = exc.body()
+        # The ASGI path sends these chunked; in one write a length says as much.
+        self._answer(exc.status, [*exc.headers(), (b"content-length", b"%d" % len(body))], body)
+
+    def _answer(self, status: int, headers, body: bytes) -> None:
+        if self.conn.lane_answer(self, status, headers, body):
+            metrics.LANE_SERVED.inc()
+            self._count(status)
+
+    def _count(self, status: int) -> None:
+        route = self.route
+        if route is None:
+            metrics.count_unrouted(status)
+        else:
+            route.metrics.count(status)
+            route.metrics.latency.observe(time.perf_counter() - self.t0)
+
+
+def follow(gw, exchange: Exchange) -> None:
+    """Keep ``exchange`` under the deadline sweep until it lets go of its engine."""
+    gw.lane[exchange] = None
+    if gw.lane_sweeper is None:
+        gw.lane_sweeper = asyncio.get_running_loop().create_task(_sweep(gw))
+
+
+async def _sweep(gw) -> None:
+    """Fail the lane's requests whose deadlines have passed, every ``SWEEP_S``.
+
+    Requests are kept in the order they went to the engine; only those older
+    than the shortest deadline are looked at one by one.
+    """
+    inflight = gw.lane
+    try:
+        while inflight:
+            await asyncio.sleep(SWEEP_S)
+            limits = gw.limits
+            window = min(
+                limits.first_byte_timeout_s or limits.total_timeout_s,
+                limits.total_timeout_s,
+                limits.upstream.idle_s,
+            )
+            now = time.monotonic()
+            old = []
+            for exchange in inflight:
+                if exchange.sent + window > now:
+                    break
+                old.append(exchange)
+            for exchange in old:
+                exchange.expire(now)
+    finally:
+        gw.lane_sweeper = None
