@@ -115,6 +115,9 @@ class HeadLimitsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # Busy: a request read behind one the lane answered inside the parser's
+        # callback (pipelined, in the same read) must not meet the idle timer.
+        self._idle_since = None
         timeout, _ = _head_limits()
         self._head_open = True
         self._head_bytes = self._header_lines = 0
@@ -333,15 +336,14 @@ class LaneProtocol(HeadLimitsProtocol):
         self.on_response_complete()
         return True
 
-    def lane_hand_over(self, exchange, before=None) -> None:
-        """Run the request through ASGI after all, its body already read; ``before``:
-        (replicas, why the last failed) that the lane tried."""
+    def lane_hand_over(self, exchange, before) -> bool:
+        """Run the request through ASGI after all, its body already read, with what the
+        lane did first (``proxy.Before``); False if the client is gone."""
         if self._lane is not exchange:
-            return  # the client is gone
+            return False
         self._lane = None
         scope = exchange.scope
-        if before:
-            scope[TRIED] = before
+        scope[LANE] = before
         cycle = RequestResponseCycle(
             scope=scope,
             transport=_HeadWithBody(self.transport, self.loop),
@@ -361,6 +363,7 @@ class LaneProtocol(HeadLimitsProtocol):
         if self.cycle is exchange:
             self.cycle = cycle
         self._start_asgi_task(cycle, self.app)
+        return True
 
 
 class _HeadWithBody:
@@ -471,12 +474,12 @@ def _tune_gc() -> None:
 
 # The lane's parts: they import Django's models, so they come once Django is set
 # up (_load_application), as module names the protocol finds without an import.
-Exchange = status_line = gateway_of = TRIED = None
+Exchange = status_line = gateway_of = LANE = None
 
 
 def _bind_lane() -> None:
-    global Exchange, status_line, gateway_of, TRIED
-    from fleet.gateway.app import TRIED
+    global Exchange, status_line, gateway_of, LANE
+    from fleet.gateway.app import LANE
     from fleet.gateway.lane import Exchange, status_line
     from fleet.gateway.state import gateway_of
 

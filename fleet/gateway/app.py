@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 # costs a task per request; most short answers are over before.
 _WATCH_AFTER_S = 0.1
 
-# A scope key: (replicas, why the last failed) for a request the lane handed over.
-TRIED = "llmgw.tried"
+# A scope key: what the lane did with a request it handed over (proxy.Before).
+LANE = "llmgw.lane"
 
 PROXIED = {
     "/v1/chat/completions": "chat/completions",
@@ -38,7 +38,8 @@ async def application(scope, receive, send) -> None:
         return
     if scope["type"] != "http":
         return
-    t0 = time.perf_counter()
+    before = scope.get(LANE)
+    t0 = time.perf_counter() if before is None else before.t0
     reply = proxy.Reply(send)
     route = None
     try:
@@ -233,8 +234,7 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
     try:
         if not route.upstreams:
             route = await waiting.wait_for_replica(gw, route, req, reply)
-        # Replicas the lane (fleet.gateway.lane) tried before handing the request over.
-        await proxy.forward(gw, route, req, reply, t0, key, scope.get(TRIED))
+        await proxy.forward(gw, route, req, reply, t0, key, scope.get(LANE))
     except asyncio.CancelledError:
         if not w.gone:
             raise

@@ -85,10 +85,12 @@ class Exchange:
         "chunks",
         "response_complete",
         "disconnected",
+        "begun",
         "key",
         "req",
         "route",
         "up",
+        "how",
         "resp",
         "sent",
         "last_data",
@@ -109,11 +111,13 @@ class Exchange:
         self.chunks: list[bytes] = []
         self.response_complete = False
         self.disconnected = False
+        self.begun = False  # the body is in
         self.key = self.req = self.route = self.up = self.resp = None
-        self.sent = 0.0  # time.monotonic() the request went to the engine
+        self.how = ""  # how the prompt's prefix chose the replica, if it did
+        self.sent = 0.0  # time.monotonic() it went to the engine (a connect included)
         self.last_data = 0.0
         self.connecting: asyncio.Task | None = None
-        self.fresh = False  # the request went on a connection made for it
+        self.fresh = False  # it went on a connection made for it
 
     @property
     def raw(self) -> bytes:
@@ -124,6 +128,7 @@ class Exchange:
 
     def begin(self) -> None:
         """The request's body is in: answer it, send it on, or hand it over."""
+        self.begun = True
         gw = self.gw
         raw = self.raw
         try:
@@ -138,7 +143,7 @@ class Exchange:
             self.req, self.route = req, route
             if not route.upstreams:
                 return self._hand_over()  # it waits for a replica
-            up = proxy.choose(gw, route, req, proxy.ring_key(gw, route, req), (), first=True)
+            up, how = proxy.choose(gw, route, proxy.ring_key(gw, route, req), ())
             if up is None:
                 return self._hand_over()  # all set aside: the 503 says why
             proxy.check_capacity(route, up, gw.limits)
@@ -149,12 +154,12 @@ class Exchange:
         except GatewayError as exc:
             return self._error(exc)
         except Exception:
-            logger.exception("gateway failed on POST /v1/%s", self.endpoint)
-            return self._error(
-                GatewayError(500, "the gateway failed; see its log", code="internal")
-            )
+            return self._failed_here()
         up.outstanding += 1
-        self.up = up
+        self.up, self.how = up, how
+        if how:
+            route.metrics.prefix_routed(how)
+        self.sent = time.monotonic()
         if resp is not None:
             self._sent(resp)
         else:
@@ -166,7 +171,7 @@ class Exchange:
     async def _connect(self, host: str, port: int, head: bytes, body: bytes) -> None:
         gw, route, up = self.gw, self.route, self.up
         first_byte_s = gw.limits.first_byte_timeout_s
-        deadline = time.monotonic() + first_byte_s if first_byte_s else 0.0
+        deadline = self.sent + first_byte_s if first_byte_s else 0.0
         try:
             resp = await gw.client.open_and_start(host, port, head, body, deadline)
         except ConnectFailed as exc:
@@ -177,48 +182,62 @@ class Exchange:
         except NoAnswer:
             up.outstanding -= 1
             return self._error(proxy.no_answer(gw, route, up))
+        except Exception:
+            up.outstanding -= 1
+            return self._failed_here()
         except BaseException:
             up.outstanding -= 1  # cancelled: the client went away
             raise
         finally:
             self.connecting = None
-        self._sent(resp, fresh=True)
+        self.fresh = True
+        self._sent(resp)
 
-    def _sent(self, resp, fresh: bool = False) -> None:
+    def _sent(self, resp) -> None:
         self.resp = resp
-        self.fresh = fresh
         resp._max_body = self.gw.limits.upstream.max_body_bytes
         resp.listener = self._heard
-        self.sent = self.last_data = time.monotonic()
+        self.last_data = time.monotonic()
         follow(self.gw, self)
 
     # ---- the engine's answer --------------------------------------------------------
 
     def _heard(self) -> None:
+        """Called by the connection after each read from the engine and when it closes."""
         resp = self.resp
         if resp is None:
             return
-        if resp._error is not None:
-            return self._failed(resp._error)
-        if not resp.status:
-            return
-        self.up.connect_failures = 0  # it answered
-        if resp.status == 200 and resp.content_type == "text/event-stream":
-            # A stream nobody asked for: asked again where streams are relayed.
-            self._let_go(reuse=False)
-            return self._hand_over()
-        if resp.complete:
-            return self._whole()
-        self.last_data = time.monotonic()
+        try:
+            if resp._error is not None:
+                return self._failed(resp._error)
+            status = resp.status
+            if not status:
+                return
+            up = self.up
+            up.connect_failures = 0  # it answered
+            if status in (502, 503) and self._may_retry():
+                metrics.upstream_error(self.route.name, up.replica_id, "status")
+                self._let_go(reuse=False)
+                return self._retry(f"replica {up.replica_id} answered {status}")
+            if status == 200 and resp.content_type == "text/event-stream":
+                # A stream nobody asked for: asked again where streams are relayed.
+                self._let_go(reuse=False)
+                return self._hand_over()
+            if resp.complete:
+                return self._whole()
+            self.last_data = time.monotonic()
+            conn = resp._conn
+            if conn.paused:
+                conn.resume()  # the whole body is wanted, up to max_body_bytes
+        except Exception:
+            if self.resp is not None:
+                self._let_go(reuse=False)
+            self._failed_here()
 
     def _whole(self) -> None:
         resp, route, up = self.resp, self.route, self.up
         chunks = resp._chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if resp.status in (502, 503) and self._may_retry():
-            metrics.upstream_error(route.name, up.replica_id, "status")
-            self._let_go(reuse=False)
-            return self._retry(f"replica {up.replica_id} answered {resp.status}")
         try:
             status, body = proxy.whole_answer(route, up, resp, body)
         except GatewayError as exc:
@@ -254,11 +273,12 @@ class Exchange:
             up.replica_id,
             why,
         )
-        self._hand_over(([up], why))
+        self._hand_over([up], why)
 
-    def _hand_over(self, before=None) -> None:
-        metrics.LANE_HANDED_OVER.inc()
-        self.conn.lane_hand_over(self, before)
+    def _hand_over(self, tried=(), why: str = "") -> None:
+        before = proxy.Before(self.t0, list(tried), why, self.sent, bool(self.how))
+        if self.conn.lane_hand_over(self, before):
+            metrics.LANE_HANDED_OVER.inc()
 
     def expire(self, now: float) -> bool:
         """Fail the exchange if one of its deadlines has passed; whether it did."""
@@ -301,13 +321,19 @@ class Exchange:
             self.connecting.cancel()
         elif self.resp is not None:
             self._let_go(reuse=False)
-        else:
-            return  # its body was still coming, or it was answered
-        logger.info(
-            "client went away; upstream request cancelled model=%s started=False",
-            self.route.name,
-        )
-        self._count(499)
+        elif self.begun:
+            return  # answered or handed over
+        if self.route is not None:
+            logger.info(
+                "client went away; upstream request cancelled model=%s started=False",
+                self.route.name,
+            )
+        self._count(499)  # nginx's word for it: nobody was left to answer
+
+    def _failed_here(self) -> None:
+        """A bug, not the client's doing: logged with its traceback, answered in OpenAI's shape."""
+        logger.exception("gateway failed on POST /v1/%s", self.endpoint)
+        self._error(GatewayError(500, "the gateway failed; see its log", code="internal"))
 
     def _error(self, exc: GatewayError) -> None:
         body = exc.body()
@@ -331,7 +357,7 @@ class Exchange:
 def follow(gw, exchange: Exchange) -> None:
     """Keep ``exchange`` under the deadline sweep until it lets go of its engine."""
     gw.lane[exchange] = None
-    if gw.lane_sweeper is None:
+    if gw.lane_sweeper is None and gw.started:  # none after the gateway's close
         gw.lane_sweeper = asyncio.get_running_loop().create_task(_sweep(gw))
 
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 
 from . import metrics, prefix, table
 from .errors import GatewayError, error_body, sse_error_event
@@ -194,14 +195,12 @@ def ring_key(gw, route: table.Route, req) -> int | None:
     return None
 
 
-def choose(gw, route: table.Route, req, at: int | None, tried, first: bool):
-    """The replica for an attempt: the least busy, or by the prompt's prefix (``at``)."""
+def choose(gw, route: table.Route, at: int | None, tried) -> tuple[table.Upstream | None, str]:
+    """The replica for an attempt, the least busy or by the prompt's prefix (``at``), and
+    how the prefix chose it ("": not by prefix), for ``prefix_routed``."""
     if at is None:
-        return table.pick(route, tried)
-    up, how = table.pick_prefix(route, at, gw.limits.prefix_policy, tried)
-    if first and how:
-        route.metrics.prefix_routed(how)
-    return up
+        return table.pick(route, tried), ""
+    return table.pick_prefix(route, at, gw.limits.prefix_policy, tried)
 
 
 def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
@@ -300,7 +299,7 @@ def whole_answer(route: table.Route, up: table.Upstream, resp, body: bytes) -> t
         return status, body
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's stack: not OpenAI's shape
         parsed = None
     if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
         # Engines word their errors their own way; clients expect OpenAI's shape.
@@ -328,24 +327,40 @@ def _replica_header(up: table.Upstream) -> tuple[bytes, bytes]:
     return (b"x-llmgw-replica", up.replica_id.encode())
 
 
+@dataclass(slots=True)
+class Before:
+    """What the lane (fleet.gateway.lane) did with a request it handed to the ASGI path."""
+
+    t0: float  # time.perf_counter() at the request's arrival: its latency counts from there
+    tried: list = field(default_factory=list)  # replicas that failed it; count as attempts
+    why: str = ""  # how the last of them failed
+    sent_at: float = 0.0  # time.monotonic() it first went to an engine; the total timeout's start
+    routed: bool = False  # its prefix route is counted already
+
+
 async def forward(
-    gw, route: table.Route, req, reply: Reply, t0: float, key=None, before=None
+    gw, route: table.Route, req, reply: Reply, t0: float, key=None, before: Before | None = None
 ) -> None:
     """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts.
 
-    ``before``: (replicas, why the last failed) for a request that failed before it
-    came here (the lane's attempt, fleet.gateway.lane); they count against
-    ``max_retries``.
+    ``before``: what the lane did first; its attempts count against ``max_retries``
+    and its time against ``total_timeout_s``.
     """
     limits = gw.limits
-    tried: list[table.Upstream] = list(before[0]) if before else []
-    last = before[1] if before else ""
+    tried: list[table.Upstream] = list(before.tried) if before else []
+    last = before.why if before else ""
+    budget = limits.total_timeout_s
+    if before is not None and before.sent_at:
+        budget = max(0.0, budget - (time.monotonic() - before.sent_at))
+    routed = before is not None and before.routed
     # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
     at = ring_key(gw, route, req)
     try:
-        async with _Deadline(limits.total_timeout_s):
+        async with _Deadline(budget):
             for attempt in range(len(tried), limits.max_retries + 1):
-                up = choose(gw, route, req, at, tried, first=not attempt)
+                up, how = choose(gw, route, at, tried)
+                if not attempt and how and not routed:
+                    route.metrics.prefix_routed(how)
                 if up is None:
                     break
                 check_capacity(route, up, limits)

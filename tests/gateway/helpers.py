@@ -20,7 +20,8 @@ TOKENS = ["Hello", ",", " fleet", "!"]
 class Upstream:
     def __init__(self, name: str = "up", mode: str = "ok", token_delay: float = 0.0):
         self.name = name
-        self.mode = mode  # ok | garbage | close_early | status503 | hang | not_json
+        # ok | garbage | close_early | status503 | hang | not_json | deep_error
+        self.mode = mode
         self.token_delay = token_delay
         self.port = free_port()
         self.served = 0
@@ -133,6 +134,9 @@ class Upstream:
             return await self._stream(request, body, chat=True)
         if self.mode == "not_json":
             return web.Response(text="<html>oops</html>", content_type="application/json")
+        if self.mode == "deep_error":  # an error body nested deeper than Python's stack
+            deep = "[" * 100_000 + "]" * 100_000
+            return web.Response(status=500, text=deep, content_type="application/json")
         return web.json_response(
             {
                 "id": f"chatcmpl-{self.name}",

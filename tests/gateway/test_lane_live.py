@@ -111,6 +111,50 @@ def test_the_lane_answers_as_the_asgi_path_does(gateway_server, upstreams):
     assert up.requests[1] == up.requests[2] == request
 
 
+def test_an_engines_errors_and_large_answers_come_back_the_same_both_ways(
+    gateway_server, upstreams
+):
+    up = upstreams()
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    request = {"model": "tiny", "messages": HI}
+    assert post(gateway_server, CHAT + ASGI, request, secret)[0] == 200
+    for mode, status in (("status503", 503), ("not_json", 502), ("deep_error", 500)):
+        up.mode = mode
+        served, _ = lane(gateway_server)
+        got = post(gateway_server, CHAT, request, secret)
+        assert lane(gateway_server)[0] == served + 1, mode
+        expected = post(gateway_server, CHAT + ASGI, request, secret)
+        assert got[0] == expected[0] == status, (mode, got[2][:300])
+        assert json.loads(got[2]) == json.loads(expected[2]), mode
+    # An answer larger than what the connection buffers before it pauses (256 KiB).
+    up.mode = "ok"
+    many = {"model": "tiny", "input": ["x"] * 20_000}
+    served, _ = lane(gateway_server)
+    got = post(gateway_server, "/v1/embeddings", many, secret)
+    assert lane(gateway_server)[0] == served + 1
+    expected = post(gateway_server, "/v1/embeddings" + ASGI, many, secret)
+    assert got[0] == expected[0] == 200
+    assert len(got[2]) > 1 << 20 and got[2] == expected[2]
+
+
+def test_a_client_gone_before_its_body_is_counted_499(gateway_server, upstreams):
+    ready_model("tiny", [upstreams()])
+    _, secret = inference_key()
+    assert post(gateway_server, CHAT, {"model": "tiny", "messages": HI}, secret)[0] == 200
+    gone = {"model": "-", "status": "499"}
+    before = metric(gateway_server, "llmgw_gateway_requests_total", **gone)
+    with socket.create_connection(("127.0.0.1", gateway_server.port)) as sock:
+        sock.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+            'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model"'.encode()
+        )  # the head, and a body that never finishes
+    wait_until(
+        lambda: metric(gateway_server, "llmgw_gateway_requests_total", **gone) == before + 1,
+        what="the hang-up counted",
+    )
+
+
 def test_streams_and_keys_with_limits_are_handed_to_the_asgi_path(gateway_server, upstreams):
     ready_model("tiny", [upstreams()])
     _, secret = inference_key()
