@@ -237,8 +237,9 @@ class LaneProtocol(HeadLimitsProtocol):
     """``HeadLimitsProtocol`` that serves the gateway's whole answers in the lane.
 
     A POST to one of ``LANE_PATHS`` (no query string), HTTP/1.1, with a
-    Content-Length within the endpoint's limit, on a connection with nothing
-    else in flight, is read into a ``lane.Exchange`` instead of an ASGI request
+    Content-Length within the endpoint's limit and a key the lane may serve
+    (``lane.key_for``: checked before the body is read), on a connection with
+    nothing else in flight, is read into a ``lane.Exchange`` instead of an ASGI request
     cycle; the exchange answers it or hands it back (``lane_hand_over``) to
     run as uvicorn would have run it. Everything else is uvicorn's.
     """
@@ -280,12 +281,16 @@ class LaneProtocol(HeadLimitsProtocol):
                 return False
         if length is None or not length.isdigit() or int(length) > limit:
             return False  # the ASGI path says what is wrong with it
+        key = lane_key_for(gw, self.headers)
+        if key is None:
+            return False
         scope = self.scope
         scope["method"] = "POST"
         scope["path"] = self.url.decode("ascii")
         scope["raw_path"] = self.url
         scope["query_string"] = b""
-        exchange = Exchange(self, gw, endpoint, self.headers, scope, parser.should_keep_alive())
+        keep_alive = parser.should_keep_alive()
+        exchange = Exchange(self, gw, key, endpoint, self.headers, scope, keep_alive)
         self.cycle = self._lane_reading = self._lane = exchange
         return True
 
@@ -474,13 +479,14 @@ def _tune_gc() -> None:
 
 # The lane's parts: they import Django's models, so they come once Django is set
 # up (_load_application), as module names the protocol finds without an import.
-Exchange = status_line = gateway_of = LANE = None
+Exchange = status_line = gateway_of = LANE = lane_key_for = None
 
 
 def _bind_lane() -> None:
-    global Exchange, status_line, gateway_of, LANE
+    global Exchange, status_line, gateway_of, LANE, lane_key_for
     from fleet.gateway.app import LANE
     from fleet.gateway.lane import Exchange, status_line
+    from fleet.gateway.lane import key_for as lane_key_for
     from fleet.gateway.state import gateway_of
 
 

@@ -14,9 +14,9 @@ lane").
 Anything that would wait goes the ordinary way, through ASGI and
 ``fleet.gateway.app``, and nothing reaches the client before it does:
 
-- at the start: the gateway not started yet, a key not in memory or with rate
-  limits (Redis), a request that asks for a stream, no ready replica (the
-  request waits for one), no idle connection to the chosen replica (a connect);
+- at the start: the gateway not started yet, a key not in memory, refused, or
+  with rate limits (Redis), a request that asks for a stream, no ready replica
+  (the request waits for one);
 - after the request went to the engine: the pooled connection was closed by
   the engine before any answer (sent again, as ``upstream.Client.post`` does),
   a 502/503 that another replica may answer (that replica counts as tried), or
@@ -100,9 +100,10 @@ class Exchange:
 
     message_event = _Inert()
 
-    def __init__(self, conn, gw, endpoint: str, headers, scope, keep_alive: bool):
+    def __init__(self, conn, gw, key, endpoint: str, headers, scope, keep_alive: bool):
         self.conn = conn  # serve.LaneProtocol: lane_answer, lane_hand_over
         self.gw = gw
+        self.key = key  # from key_for, before the body was read
         self.endpoint = endpoint
         self.headers = headers
         self.scope = scope
@@ -112,7 +113,7 @@ class Exchange:
         self.response_complete = False
         self.disconnected = False
         self.begun = False  # the body is in
-        self.key = self.req = self.route = self.up = self.resp = None
+        self.req = self.route = self.up = self.resp = None
         self.how = ""  # how the prompt's prefix chose the replica, if it did
         self.sent = 0.0  # time.monotonic() it went to the engine (a connect included)
         self.last_data = 0.0
@@ -134,12 +135,7 @@ class Exchange:
         try:
             if _STREAM in raw:
                 return self._hand_over()
-            key = gw.known_key(self.headers)
-            if key is None or key.limits.on:
-                # A key created a moment ago (a reload), or one with limits (Redis).
-                return self._hand_over()
-            self.key = key
-            req, route = admit(gw, self.endpoint, key, raw, self.t0)
+            req, route = admit(gw, self.endpoint, self.key, raw, self.t0)
             self.req, self.route = req, route
             if not route.upstreams:
                 return self._hand_over()  # it waits for a replica
@@ -352,6 +348,17 @@ class Exchange:
         else:
             route.metrics.count(status)
             route.metrics.latency.observe(time.perf_counter() - self.t0)
+
+
+def key_for(gw, headers):
+    """The request's key if the lane may serve it: known to this process, valid, and
+    without limits (they are counted in Redis). Otherwise None: the ASGI path then
+    reloads the keys, or refuses the request, before it reads the body."""
+    try:
+        key = gw.known_key(headers)
+    except GatewayError:
+        return None
+    return None if key is None or key.limits.on else key
 
 
 def follow(gw, exchange: Exchange) -> None:
