@@ -12,7 +12,7 @@ import logging
 import time
 
 from . import metrics, proxy, validate, waiting
-from .errors import GatewayError, error_body, sse_error_event
+from .errors import GatewayError, internal, sse_error_event
 from .state import gateway
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ async def application(scope, receive, send) -> None:
             # Only a bug gets here; the client has a status line already.
             logger.error("gateway error after the reply started: %s", exc.message)
             return
-        await reply.start(exc.status, exc.headers())
-        await send({"type": "http.response.body", "body": exc.body()})
+        headers, body = exc.answer()
+        await reply.start(exc.status, headers)
+        await send({"type": "http.response.body", "body": body})
     except _ClientGone:
         reply.status = 499  # nginx's word for it: nobody was left to answer
     except Exception:
@@ -93,13 +94,9 @@ async def application(scope, receive, send) -> None:
         # answered in OpenAI's shape rather than as the server's HTML page.
         logger.exception("gateway failed on %s %s", scope.get("method"), scope.get("path"))
         if not reply.started:
-            await reply.start(500, [(b"content-type", b"application/json")])
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": error_body(500, "the gateway failed; see its log", code="internal"),
-                }
-            )
+            headers, body = internal().answer()
+            await reply.start(500, headers)
+            await send({"type": "http.response.body", "body": body})
     finally:
         if route is not None:
             route.metrics.count(reply.status)

@@ -27,7 +27,7 @@ from http import HTTPStatus
 
 from . import keys
 from .app import PROXIED
-from .errors import GatewayError
+from .errors import GatewayError, internal
 from .state import gateway
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _guarded(base):
             if exc is not None:
                 if not isinstance(exc, GatewayError):
                     logger.error("checking a key before the body failed: %r", exc)
-                    exc = GatewayError(500, "the gateway failed; see its log", code="internal")
+                    exc = internal()
                 self._refuse(exc)
                 return
             if self._too_large is not None:
@@ -171,11 +171,10 @@ def _guarded(base):
             self.content = io.BytesIO()
             # Twisted would otherwise invite the body after this answer.
             self.requestHeaders.removeHeader(b"expect")
-            body = exc.body()
+            headers, body = exc.answer()
             lines = [f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}".encode()]
-            for name, value in exc.headers():
+            for name, value in headers:
                 lines.append(name + b": " + value)
-            lines.append(b"content-length: %d" % len(body))
             lines.append(b"connection: close")
             transport = self.channel.transport
             transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)

@@ -46,6 +46,11 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
+    def answer(self) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """The headers, with the body's length, and the body: one write, no chunks."""
+        body = self.body()
+        return [*self.headers(), (b"content-length", b"%d" % len(body))], body
+
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"content-type", b"application/json")]
         if self.retry_after is not None:
@@ -53,6 +58,11 @@ class GatewayError(Exception):
         if self.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         return headers + self.extra_headers
+
+
+def internal() -> GatewayError:
+    """A bug, not the client's doing: the 500 in OpenAI's shape (the traceback goes to the log)."""
+    return GatewayError(500, "the gateway failed; see its log", code="internal")
 
 
 def error_body(status: int, message: str, *, param=None, code=None) -> bytes:

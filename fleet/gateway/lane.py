@@ -4,9 +4,10 @@ Under ``llmgw_site.serve`` a POST to /v1/chat/completions, /v1/completions or
 /v1/embeddings that needs nothing to wait on goes from the HTTP protocol's
 parser callbacks to the engine and back with no ASGI scope, task, future or
 timer of its own: the request is read by the protocol (``serve.LaneProtocol``),
-admitted here with the same checks as the ASGI app (``app.admit``: the key,
-the body, the model), written on an idle pooled connection to the least busy
-replica, and the engine's answer, once whole, is shaped as the ASGI path shapes
+admitted with the same checks as the ASGI app (``key_for`` before the body is
+read, then ``app.admit``: the body, the model), written to the replica the ASGI
+path would choose (an idle pooled connection; a connect is the one task), and
+the engine's answer, once whole, is shaped as the ASGI path shapes
 it (``proxy.whole_answer``) and written back in one ``send()``. That is most of
 a gateway's CPU per short answer on uvicorn's ASGI path (docs/gateway.md, "The
 lane").
@@ -17,11 +18,12 @@ Anything that would wait goes the ordinary way, through ASGI and
 - at the start: the gateway not started yet, a key not in memory, refused, or
   with rate limits (Redis), a request that asks for a stream, no ready replica
   (the request waits for one);
-- after the request went to the engine: the pooled connection was closed by
-  the engine before any answer (sent again, as ``upstream.Client.post`` does),
-  a 502/503 that another replica may answer (that replica counts as tried), or
-  an answer that is a stream (the engine is asked again through the ASGI path,
-  which relays streams).
+- on the way to the engine: every replica set aside (the 503 says why), a
+  connect that failed, the pooled connection closed by the engine before any
+  answer (sent again, as ``upstream.Client.post`` does), a 502/503 that another
+  replica may answer (the failed replica counts as tried, and the total timeout
+  keeps running: ``proxy.Before``), or an answer that is a stream (the engine
+  is asked again through the ASGI path, which relays streams).
 
 The deadlines (first byte, the whole exchange, silence inside a body) are
 checked by one sweeping task per process while the lane has requests in
@@ -37,7 +39,7 @@ import time
 
 from . import metrics, proxy
 from .app import admit
-from .errors import GatewayError
+from .errors import GatewayError, internal
 from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -329,12 +331,11 @@ class Exchange:
     def _failed_here(self) -> None:
         """A bug, not the client's doing: logged with its traceback, answered in OpenAI's shape."""
         logger.exception("gateway failed on POST /v1/%s", self.endpoint)
-        self._error(GatewayError(500, "the gateway failed; see its log", code="internal"))
+        self._error(internal())
 
     def _error(self, exc: GatewayError) -> None:
-        body = exc.body()
-        # The ASGI path sends these chunked; in one write a length says as much.
-        self._answer(exc.status, [*exc.headers(), (b"content-length", b"%d" % len(body))], body)
+        headers, body = exc.answer()
+        self._answer(exc.status, headers, body)
 
     def _answer(self, status: int, headers, body: bytes) -> None:
         if self.conn.lane_answer(self, status, headers, body):

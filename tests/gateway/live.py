@@ -17,7 +17,10 @@ several of them check. So the pool below keeps each test's process fresh and
 takes only the wait for it to start off the test's time.
 """
 
+import json
 import threading
+import urllib.error
+import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +40,21 @@ FAST_REFRESH = {
 def client(server, secret, **kw) -> openai.OpenAI:
     """The unmodified openai client on ``server``'s gateway; it never retries by itself."""
     return openai.OpenAI(base_url=server.url + "/v1", api_key=secret, max_retries=0, **kw)
+
+
+def post(server, path: str, body, secret=None) -> tuple[int, object, bytes]:
+    """POST ``body`` (bytes as they are, anything else as JSON) to ``server``; (status,
+    headers, body bytes), whatever the status."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    req = urllib.request.Request(server.url + path, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
 
 
 def wait_until(check, timeout=10.0, what="condition"):

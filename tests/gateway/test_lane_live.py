@@ -17,26 +17,13 @@ import urllib.request
 import pytest
 
 from tests.factories import inference_key, ready_model
-from tests.gateway.live import FAST_REFRESH, wait_until
+from tests.gateway.live import FAST_REFRESH, post, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 CHAT = "/v1/chat/completions"
 ASGI = "?via=asgi"  # any query string: the lane takes only the bare paths
 HI = [{"role": "user", "content": "hi"}]
-
-
-def post(server, path, body, secret=None, headers=None):
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    sent = {"Content-Type": "application/json", **(headers or {})}
-    if secret:
-        sent["Authorization"] = f"Bearer {secret}"
-    req = urllib.request.Request(server.url + path, data=data, headers=sent, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.headers, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, exc.read()
 
 
 def metric(server, name: str, **labels) -> float:
@@ -230,14 +217,19 @@ def test_a_replica_answering_503_in_the_lane_is_retried_on_another(gateway_serve
         what="both replicas used",
     )
     a.mode = "status503"
-    for _ in range(6):
+    asked = len(a.requests)
+    _, handed = lane(gateway_server)
+    for _ in range(50):  # the pick between two idle replicas is random
         status, headers, body = post(
             gateway_server, CHAT, {"model": "tiny", "messages": HI}, secret
         )
         assert status == 200, body
         assert json.loads(body)["id"] == "chatcmpl-b"
-    assert a.requests, "the failing replica was never tried"
-    assert metric(gateway_server, "llmgw_gateway_retries_total", model="tiny") >= 1
+        if len(a.requests) > asked:
+            break
+    assert len(a.requests) > asked, "the failing replica was never tried"
+    assert metric(gateway_server, "llmgw_gateway_retries_total", model="tiny") == 1
+    assert lane(gateway_server)[1] == handed + 1  # its retry went the ASGI way
 
 
 def test_pipelined_requests_are_answered_in_order(gateway_server, upstreams):
