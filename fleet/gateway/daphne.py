@@ -93,7 +93,7 @@ def _guarded(base):
                 ]
                 gw = gateway()
                 if gw.started:
-                    entry = gw.cached_key(headers)
+                    entry = gw.known_key(headers)
                 else:
                     keys.bearer(headers)  # refuses a missing or malformed key at once
             too_large = None

@@ -174,9 +174,7 @@ class Exchange:
             resp = await gw.client.open_and_start(host, port, head, body, deadline)
         except ConnectFailed as exc:
             up.outstanding -= 1
-            metrics.upstream_error(route.name, up.replica_id, "connect")
-            proxy.connect_failed(gw, route, up)
-            return self._retry(f"could not connect to replica {up.replica_id} at {up.url}: {exc}")
+            return self._retry(proxy.not_connected(gw, route, up, exc))
         except NoAnswer:
             up.outstanding -= 1
             return self._error(proxy.no_answer(gw, route, up))
@@ -214,9 +212,8 @@ class Exchange:
             up = self.up
             up.connect_failures = 0  # it answered
             if status in (502, 503) and self._may_retry():
-                metrics.upstream_error(self.route.name, up.replica_id, "status")
                 self._let_go(reuse=False)
-                return self._retry(f"replica {up.replica_id} answered {status}")
+                return self._retry(proxy.unavailable(self.route, up, status))
             if status == 200 and resp.content_type == "text/event-stream":
                 # A stream nobody asked for: asked again where streams are relayed.
                 self._let_go(reuse=False)
@@ -253,8 +250,7 @@ class Exchange:
         if not isinstance(exc, Disconnected):
             return self._error(proxy.broken_whole(route, up, exc))
         if self.fresh:
-            metrics.upstream_error(route.name, up.replica_id, "disconnect")
-            return self._retry(f"replica {up.replica_id} dropped the connection: {exc}")
+            return self._retry(proxy.dropped(route, up, exc))
         # The engine closed an idle pooled connection as the request went out:
         # nothing was answered, so it is sent again, on a new connection.
         self._hand_over()
@@ -264,14 +260,8 @@ class Exchange:
 
     def _retry(self, why: str) -> None:
         """This replica failed before answering: the ASGI path tries the others."""
-        up = self.up
-        logger.warning(
-            "upstream failed before answering model=%s replica=%s attempt=1: %s",
-            self.route.name,
-            up.replica_id,
-            why,
-        )
-        self._hand_over([up], why)
+        proxy.log_retry(self.route, self.up, 1, why)
+        self._hand_over([self.up], why)
 
     def _hand_over(self, tried=(), why: str = "") -> None:
         before = proxy.Before(self.t0, list(tried), why, self.sent, bool(self.how))

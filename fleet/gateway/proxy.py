@@ -375,13 +375,7 @@ async def forward(
                 except _Retry as r:
                     tried.append(up)
                     last = r.why
-                    logger.warning(
-                        "upstream failed before answering model=%s replica=%s attempt=%d: %s",
-                        route.name,
-                        up.replica_id,
-                        attempt + 1,
-                        r.why,
-                    )
+                    log_retry(route, up, attempt + 1, r.why)
     except TimeoutError:
         if reply.started:
             await _end_stream_with_error(
@@ -412,9 +406,6 @@ async def _attempt(
 ) -> None:
     limits = gw.limits
 
-    def error(kind):
-        metrics.upstream_error(route.name, up.replica_id, kind)
-
     body, strip_usage = upstream_body(route, req, up)
     up.outstanding += 1
     try:
@@ -424,16 +415,11 @@ async def _attempt(
                 host, port, up.request_head(req.endpoint), body, limits.first_byte_timeout_s
             )
         except ConnectFailed as exc:
-            error("connect")
-            connect_failed(gw, route, up)
-            raise _Retry(
-                f"could not connect to replica {up.replica_id} at {up.url}: {exc}"
-            ) from None
+            raise _Retry(not_connected(gw, route, up, exc)) from None
         except Disconnected as exc:
             # A pooled connection to an engine that restarted or died, before any
             # answer: nothing reached the client, so another replica may take it.
-            error("disconnect")
-            raise _Retry(f"replica {up.replica_id} dropped the connection: {exc}") from None
+            raise _Retry(dropped(route, up, exc)) from None
         except Refused as exc:
             raise refused(route, up, exc) from None
         except NoAnswer:
@@ -441,8 +427,7 @@ async def _attempt(
         up.connect_failures = 0
         try:
             if resp.status in (502, 503) and may_retry:
-                error("status")
-                raise _Retry(f"replica {up.replica_id} answered {resp.status}")
+                raise _Retry(unavailable(route, up, resp.status))
             if resp.content_type == "text/event-stream" and resp.status == 200:
                 await _stream(gw, route, up, resp, reply, t0, key, strip_usage)
             else:
@@ -457,10 +442,36 @@ async def _attempt(
         up.outstanding -= 1
 
 
-def connect_failed(gw, route, up: table.Upstream) -> None:
+# How an attempt failed before anything reached the client, counted; each says
+# why another replica is tried (forward, and the lane's first attempt).
+
+
+def not_connected(gw, route, up: table.Upstream, exc: ConnectFailed) -> str:
+    metrics.upstream_error(route.name, up.replica_id, "connect")
     up.connect_failures += 1
     if up.connect_failures >= gw.limits.cooldown_after:
         _set_aside(gw, route, up, f"{up.connect_failures} failed connects in a row")
+    return f"could not connect to replica {up.replica_id} at {up.url}: {exc}"
+
+
+def dropped(route, up: table.Upstream, exc: Disconnected) -> str:
+    metrics.upstream_error(route.name, up.replica_id, "disconnect")
+    return f"replica {up.replica_id} dropped the connection: {exc}"
+
+
+def unavailable(route, up: table.Upstream, status: int) -> str:
+    metrics.upstream_error(route.name, up.replica_id, "status")
+    return f"replica {up.replica_id} answered {status}"
+
+
+def log_retry(route, up: table.Upstream, attempt: int, why: str) -> None:
+    logger.warning(
+        "upstream failed before answering model=%s replica=%s attempt=%d: %s",
+        route.name,
+        up.replica_id,
+        attempt,
+        why,
+    )
 
 
 def _set_aside(gw, route, up: table.Upstream, why: str) -> None:

@@ -248,13 +248,6 @@ class Gateway:
             self.keys = await database_sync_to_async(keys.load_keys)()
             self.keys_loaded_at = time.monotonic()
 
-    def cached_key(self, headers) -> keys.KeyEntry | None:
-        """The key from the cache alone: None when it is not there (``key_for`` may still
-        find it); GatewayError when there is none, or the cache knows it is not valid."""
-        secret = keys.bearer(headers)
-        entry = self.keys.get(keys.digest_of(secret) or "")
-        return None if entry is None else keys.check(entry, secret, time.time())
-
     def _secret_and_digest(self, headers) -> tuple[str, str | None]:
         """The bearer secret and its digest, from a cache keyed by the header's bytes.
 

@@ -442,6 +442,18 @@ class _Pool:
         self.idle.clear()
 
 
+def _framed(head: bytes, body: bytes) -> bytes:
+    """``head`` (up to Content-Length's name) with the length and the body."""
+    return b"%s%d\r\n\r\n%s" % (head, len(body), body)
+
+
+def _begin(conn: _Conn, request: bytes) -> Response:
+    """``request`` on ``conn``, its answer to come in the returned ``Response``."""
+    resp = conn.resp = Response(conn)
+    conn.transport.write(request)
+    return resp
+
+
 class Client:
     """Pooled connections per replica address; one request per connection at a time."""
 
@@ -461,8 +473,7 @@ class Client:
         around the call: the wait has a timer anyway, and the request path pays
         for one timer instead of two.
         """
-        request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
-        return await self._send(host, port, request, first_byte_s)
+        return await self._send(host, port, _framed(head, body), first_byte_s)
 
     def start(self, host: str, port: int, head: bytes, body: bytes) -> Response | None:
         """``post`` without waiting: the request on an idle pooled connection, its
@@ -473,26 +484,16 @@ class Client:
         ``Disconnected`` and nothing answered; the caller sends again (``post``
         does that on a new connection).
         """
-        pool = self._pools.get((host, port))
-        conn = pool.take() if pool is not None else None
-        if conn is None:
-            return None
-        resp = conn.resp = Response(conn)
-        conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
-        return resp
+        conn = self._pool(host, port).take()
+        return None if conn is None else _begin(conn, _framed(head, body))
 
     async def open_and_start(
         self, host: str, port: int, head: bytes, body: bytes, deadline: float = 0.0
     ) -> Response:
         """``start`` on a new connection: ``ConnectFailed``, or ``NoAnswer`` when
         ``deadline`` (time.monotonic(); 0: none) passes while connecting."""
-        pool = self._pools.get((host, port))
-        if pool is None:
-            pool = self._pools[(host, port)] = _Pool(host, port)
-        conn = await self._connect(pool, deadline)
-        resp = conn.resp = Response(conn)
-        conn.transport.write(b"%s%d\r\n\r\n%s" % (head, len(body), body))
-        return resp
+        conn = await self._connect(self._pool(host, port), deadline)
+        return _begin(conn, _framed(head, body))
 
     async def get(self, host: str, port: int, path: str) -> Response:
         name = f"[{host}]" if ":" in host else host
@@ -505,16 +506,13 @@ class Client:
         # time.monotonic, not the loop's clock: asking for the running loop costs a
         # getpid() system call (CPython checks for a fork), and this is per request.
         deadline = time.monotonic() + first_byte_s if first_byte_s else 0.0
-        pool = self._pools.get((host, port))
-        if pool is None:
-            pool = self._pools[(host, port)] = _Pool(host, port)
+        pool = self._pool(host, port)
         conn = pool.take()
         reused = conn is not None
         if conn is None:
             conn = await self._connect(pool, deadline)
         while True:
-            resp = conn.resp = Response(conn)
-            conn.transport.write(request)
+            resp = _begin(conn, request)
             try:
                 while not resp.status:
                     if resp._error is not None:
@@ -540,6 +538,12 @@ class Client:
                 conn.done(reuse=False)
                 raise
             return resp
+
+    def _pool(self, host: str, port: int) -> _Pool:
+        pool = self._pools.get((host, port))
+        if pool is None:
+            pool = self._pools[(host, port)] = _Pool(host, port)
+        return pool
 
     async def _connect(self, pool: _Pool, deadline: float = 0.0) -> _Conn:
         """A new connection within the connect timeout (and before ``deadline``, if any:
