@@ -102,8 +102,9 @@ async def test_an_agent_that_never_answers_is_unreachable_after_the_bound(settin
     await agent.close()
 
 
-def dropped_replies() -> float:
-    return REGISTRY.get_sample_value("llmgw_agent_logs_replies_dropped_total")
+async def dropped_replies() -> float:
+    # Off the event loop: the registry's collectors read the database.
+    return await sync_to_async(REGISTRY.get_sample_value)("llmgw_agent_logs_replies_dropped_total")
 
 
 async def test_a_reply_to_an_asker_whose_channel_is_full_is_dropped_and_counted(caplog):
@@ -113,7 +114,7 @@ async def test_a_reply_to_an_asker_whose_channel_is_full_is_dropped_and_counted(
     stuck = "specific.stuck-process!asker"
     for _ in range(layer.get_capacity(stuck)):
         await layer.send(stuck, {"type": "logs.reply", "request_id": "older"})
-    dropped = dropped_replies()
+    dropped = await dropped_replies()
 
     # when: it asks the node for its logs, and the agent answers
     await doorbells.aring_node(
@@ -125,7 +126,7 @@ async def test_a_reply_to_an_asker_whose_channel_is_full_is_dropped_and_counted(
     # then: the socket goes on, the reply dropped, counted and logged
     await agent.heartbeat(seq=1)
     assert (await node()).connected
-    assert dropped_replies() == dropped + 1
+    assert await dropped_replies() == dropped + 1
     assert "log reply dropped, the asker's channel is over capacity node=gpu-01" in caplog.text
     # and an asker that reads is answered as before
     asking = asyncio.ensure_future(node_logs.arequest_logs("gpu-01", lines=1))

@@ -1,6 +1,7 @@
 """A whole fleet registering at once: what the control plane does when it cannot keep up."""
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from agentd.protocol import CloseCode
 from fleet import consumers
@@ -80,8 +81,13 @@ async def test_past_the_admission_limit_an_agent_is_told_to_come_back(settings):
     await again.disconnect()
 
 
-def turned_away(why: str) -> float:
-    return REGISTRY.get_sample_value("llmgw_agent_handshakes_turned_away_total", {"why": why}) or 0
+async def turned_away(why: str) -> float:
+    # Off the event loop: collecting the registry runs the collectors that read the
+    # database, which Django refuses from async code.
+    value = await sync_to_async(REGISTRY.get_sample_value)(
+        "llmgw_agent_handshakes_turned_away_total", {"why": why}
+    )
+    return value or 0
 
 
 async def test_agents_turned_away_are_each_counted_and_logged_once_in_a_while(
@@ -95,7 +101,7 @@ async def test_agents_turned_away_are_each_counted_and_logged_once_in_a_while(
     monkeypatch.setattr("fleet.consumers._turned_away_log", consumers._TurnedAwayLog())
     knocking = communicator(creds[0].credential)
     assert (await knocking.connect())[0]
-    before = turned_away("busy")
+    before = await turned_away("busy")
 
     # when: two more knock meanwhile
     for c in creds[1:]:
@@ -104,7 +110,7 @@ async def test_agents_turned_away_are_each_counted_and_logged_once_in_a_while(
         assert (await expect_close(comm))[0] == CloseCode.TRY_AGAIN
 
     # then: both are counted for Prometheus, and the log has one line, not one each
-    assert turned_away("busy") == before + 2
+    assert await turned_away("busy") == before + 2
     lines = [r.getMessage() for r in caplog.records if "told to come back" in r.getMessage()]
     assert len(lines) == 1
     assert lines[0].startswith("agents told to come back: 1 since the last line; this one in ")
