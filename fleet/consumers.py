@@ -22,6 +22,7 @@ from fleet.services import (
     desired,
     doorbells,
     engines,
+    groups,
     heartbeat,
     inventory,
     registration,
@@ -382,7 +383,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.node_id = msg.node_id
             heartbeat.attach()
             self.group = doorbells.node_group(self.node_id)
-            await self.channel_layer.group_add(self.group, self.channel_name)
+            await groups.join(self.channel_layer, self.group, self.channel_name)
             # A reconnect while the old socket still looks open: the new one
             # wins, since the old is by definition the dead one.
             await doorbells.aring_node(
@@ -606,7 +607,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         heartbeat.detach()
         try:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await groups.leave(self.channel_layer, self.group, self.channel_name)
         except Exception:  # noqa: BLE001 - Redis away: the entry expires with the group's expiry
             logger.warning("could not leave the node's group node=%s", self.node_id)
         # With the other sockets closing meanwhile (a web process stopping closes
