@@ -14,7 +14,7 @@ from django.utils import timezone
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
-from fleet.metrics import AGENT_HANDSHAKES_TURNED_AWAY, AGENT_LOGS_REPLIES_DROPPED
+from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
 from fleet.services import (
     access,
@@ -36,13 +36,6 @@ from llmgw_site.peer import connection_peer
 logger = logging.getLogger(__name__)
 
 
-class _TurnedAwayLog:
-    at = float("-inf")  # monotonic time of the last line
-    since = 0  # agents told to come back since (that one included)
-
-
-_turned_away_log = _TurnedAwayLog()
-
 REGISTER_TIMEOUT_S = 10
 # agentd gives up on a handshake after 10 s and on the register's ack after 15 s
 # (agentd/client.py): work for a socket queued longer than this is not done.
@@ -50,8 +43,6 @@ HANDSHAKE_DEADLINE_S = 9
 REGISTER_DEADLINE_S = 13
 # How long a clean-up proposal waits for a reconciler pass to release the lock.
 REMOVAL_LOCK_WAIT_S = 30
-# Agents told to come back later are logged at most this often (each is counted).
-TURNED_AWAY_LOG_EVERY_S = 10.0
 # Closed sockets' nodes marked disconnected in one transaction, at most this many:
 # the rows stay locked while it runs, and heartbeats of those nodes wait for it.
 DISCONNECTS_MAX_BATCH = 500
@@ -194,25 +185,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         which agentd takes as "this credential is refused" and stops): there the
         socket is accepted and closed with 4013, and the agent backs off.
 
-        Counted in ``llmgw_agent_handshakes_turned_away_total{why=kind}``; logged
-        at most once every ``TURNED_AWAY_LOG_EVERY_S`` per process, with how many
-        since the last line: in a restart's wave they come by the hundred.
+        Counted and logged by ``admission.turned_away``.
         """
         after = self.gate.retry_after()
-        AGENT_HANDSHAKES_TURNED_AWAY.labels(kind).inc()
-        _turned_away_log.since += 1
-        now = time.monotonic()
-        if now - _turned_away_log.at >= TURNED_AWAY_LOG_EVERY_S:
-            logger.warning(
-                "agents told to come back: %d since the last line; this one in %d s: %s "
-                "client=%s pending=%d",
-                _turned_away_log.since,
-                after,
-                why,
-                self.client,
-                self.gate.pending,
-            )
-            _turned_away_log.at, _turned_away_log.since = now, 0
+        admission.turned_away(kind, why, after, self.client, self.gate.pending)
         if "websocket.http.response" in (self.scope.get("extensions") or {}):
             body = f"{why}; retry after {after} s\n".encode()
             await self.base_send(

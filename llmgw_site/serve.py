@@ -30,9 +30,12 @@ import asyncio
 import gc
 import logging
 import os
+import socket
+import struct
 import sys
 import time
 
+import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,14 @@ KEEP_ALIVE_S = 65
 # (4,096 by default since 5.4).
 LISTEN_BACKLOG = 8192
 ENV_TRUSTED = "LLMGW_FORWARDED_ALLOW_IPS"
+# Connections taken out of the listen queue in one turn of the event loop.
+ACCEPT_BATCH = 512
+# The agents' socket (fleet.routing), as the request line carries it.
+AGENT_PATH = b"/ws/agent/"
+# struct tcp_info (linux/tcp.h): 8 one-byte fields, then 32-bit ones; the tenth of
+# those, tcpi_last_data_recv, is at byte 52, and the struct is at least 104 bytes.
+_TCP_INFO_LEN = 104
+_LAST_DATA_RECV_AT = 52
 # After refusing a head, how long the rest of what the client sends is drained.
 LINGER_S = 2.0
 # The garbage collector's young generation: collected after this many net
@@ -77,6 +88,96 @@ def _head_limits() -> tuple[float, int]:
     return _limits
 
 
+class _Acceptor:
+    """Accepts what is in a listening socket's queue, up to ``ACCEPT_BATCH`` at a time.
+
+    libuv (under uvloop) accepts one connection per turn of the event loop since
+    1.45 ("unix: don't accept() connections in a loop"). A loop busy registering a
+    fleet takes tens of milliseconds a turn, so it took 100-300 connections a
+    second out of a queue of 4,000 while the agents at its tail ran out their 10 s
+    (docs/benchmarks.md, "The listen queue drained one connection a turn"). This
+    watches a duplicate of the listening socket and takes the whole queue in one
+    turn, as asyncio's own loop does; uvloop's one-a-turn accept goes on beside it.
+    """
+
+    def __init__(self, loop, listening: socket.socket, protocol_factory, ssl):
+        self.loop, self.protocol_factory, self.ssl = loop, protocol_factory, ssl
+        self.sock = socket.socket(fileno=os.dup(listening.fileno()))
+        self.sock.setblocking(False)
+        loop.add_reader(self.sock, self._drain)
+
+    def _drain(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                # Out of descriptors (EMFILE) and the like: left to uvloop's own
+                # accept, which sheds load then; tried again on the next turn.
+                logger.warning("accepting a connection failed: %s", exc)
+                return
+            self.loop.create_task(self._serve(conn))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self.protocol_factory, conn, ssl=self.ssl)
+        except OSError:
+            conn.close()  # gone before it was served
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock)
+        self.sock.close()
+
+
+class _Server:
+    """The loop's server, whose ``close`` stops the acceptors first: a stopping
+    process takes no new connection, whichever watcher would have taken it."""
+
+    def __init__(self, server, acceptors: list[_Acceptor]):
+        self._server, self._acceptors = server, acceptors
+
+    def close(self) -> None:
+        for acceptor in self._acceptors:
+            acceptor.close()
+        self._acceptors = []
+        self._server.close()
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+
+class _Loop(uvloop.Loop):
+    async def create_server(self, protocol_factory, *args, **kwargs):
+        server = await super().create_server(protocol_factory, *args, **kwargs)
+        acceptors = [
+            _Acceptor(self, sock, protocol_factory, kwargs.get("ssl"))
+            for sock in server.sockets
+            if sock.family in (socket.AF_INET, socket.AF_INET6)
+        ]
+        return _Server(server, acceptors)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The web process's event loop (uvicorn's ``loop``): uvloop's, taking a queue
+    of connections in one turn (``_Acceptor``)."""
+    return _Loop()
+
+
+def queued_s(transport) -> float:
+    """How long ago the client last sent data on this connection: for a request read
+    just after the accept, how long it sat in the kernel's listen queue. Linux's
+    TCP_INFO (``tcpi_last_data_recv``, in ms); 0 where there is none (a unix socket)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except (AttributeError, OSError):
+        return 0.0
+    if len(info) < _TCP_INFO_LEN:
+        return 0.0
+    return struct.unpack_from("I", info, _LAST_DATA_RECV_AT)[0] / 1000
+
+
 class HeadLimitsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the request head bounded and framing strict.
 
@@ -88,6 +189,9 @@ class HeadLimitsProtocol(HttpToolsProtocol):
       (431): httptools accumulates a head without bound;
     - exactly one ``Transfer-Encoding`` line, ``chunked`` (400 otherwise);
       llhttp already refuses one beside ``Content-Length``.
+
+    And an agent's WebSocket handshake the process should not take now is turned
+    away before it is one (``_agent_turned_away``).
     """
 
     _head_timer: asyncio.TimerHandle | None = None
@@ -205,14 +309,49 @@ class HeadLimitsProtocol(HttpToolsProtocol):
         )
         self._refuse(408, "Request Timeout")
 
-    def _refuse(self, status: int, reason: str) -> None:
+    def handle_websocket_upgrade(self) -> None:
+        if self.url.partition(b"?")[0] == AGENT_PATH and self._agent_turned_away():
+            return
+        super().handle_websocket_upgrade()
+
+    def _agent_turned_away(self) -> bool:
+        """An agent's handshake this process should not take now: answered here, 503
+        with Retry-After, before Channels and the consumer spend anything on it.
+
+        Late: it sat ``admission.LATE_S`` or more in the kernel's listen queue (the
+        event loop drains it no faster than it registers), so its agent has little
+        of its wait left, and the queue behind it is as long. Busy: the sockets
+        already between handshake and register are at the limit (the consumer
+        checks it too, for Daphne and for the ones already past this point)."""
+        gate = admission.admission()
+        queued = queued_s(self.transport)
+        if queued >= admission.LATE_S:
+            kind, why = "late", f"waited {queued:.1f} s in the listen queue"
+        elif gate.full():
+            kind, why = "busy", "too many agents registering at once"
+        else:
+            return False
+        after = gate.retry_after()
+        client = "%s:%s" % (self.client or ("?", "?"))
+        admission.turned_away(kind, why, after, client, gate.pending)
+        body = f"{why}; retry after {after} s\n"
+        self._refuse(
+            503,
+            "Service Unavailable",
+            f"Retry-After: {after}\r\nContent-Type: text/plain; charset=utf-8\r\n",
+            body,
+        )
+        return True
+
+    def _refuse(self, status: int, reason: str, headers: str = "", body: str = "") -> None:
         self._refused = True
         self._head_open = False
         self._cancel_head_timer()
         if self.transport.is_closing():
             return
         self.transport.write(
-            f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".encode()
+            f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n{headers}"
+            f"Content-Length: {len(body.encode())}\r\n\r\n{body}".encode()
         )
         # A lingering close: the answer, then our end of the stream; what the client
         # still sends is read and dropped for a moment. Closing at once would have
@@ -477,17 +616,19 @@ def _tune_gc() -> None:
     gc.callbacks.append(timed)
 
 
-# The lane's parts: they import Django's models, so they come once Django is set
-# up (_load_application), as module names the protocol finds without an import.
-Exchange = status_line = gateway_of = LANE = lane_key_for = None
+# The lane's parts and the agents' admission: they import Django's models, so they
+# come once Django is set up (_load_application), as module names the protocol
+# finds without an import.
+Exchange = status_line = gateway_of = LANE = lane_key_for = admission = None
 
 
 def _bind_lane() -> None:
-    global Exchange, status_line, gateway_of, LANE, lane_key_for
+    global Exchange, status_line, gateway_of, LANE, lane_key_for, admission
     from fleet.gateway.app import LANE
     from fleet.gateway.lane import Exchange, status_line
     from fleet.gateway.lane import key_for as lane_key_for
     from fleet.gateway.state import gateway_of
+    from fleet.services import admission
 
 
 def _load_application():
@@ -564,7 +705,7 @@ def main(argv=None) -> int:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        loop="uvloop",
+        loop="llmgw_site.serve:new_event_loop",
         http="llmgw_site.serve:LaneProtocol",
         ws="websockets-sansio",
         ws_max_size=WS_MAX_SIZE,

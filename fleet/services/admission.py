@@ -6,12 +6,21 @@ handshake is work for nothing: the agent gives up, backs off for up to 30 s
 and comes again, and the fleet takes minutes to come back (docs/benchmarks.md,
 Agent sockets). So a web process lets ``agent_handshakes_max`` sockets at a
 time be between the knock and the register's ack; the next one is told at once
-to come back later (HTTP 503 with ``Retry-After``), at a time drawn so that the
-refused come back spread over what the sockets already admitted will take.
+to come back later (HTTP 503 with ``Retry-After``), at an appointment: the
+refused come back spread over what the process takes a second.
+
+Where the web process is slower than the knocks, the queue forms before any of
+this: in the kernel's listen queue, which the event loop drains no faster than it
+registers. A handshake that sat there ``LATE_S`` is told to come back too (under
+uvicorn, ``llmgw_site.serve``, by the HTTP protocol before the WebSocket
+handshake, for nearly nothing) instead of taken with little of its agent's wait
+left; without this the tail of the queue was served after its agents had given
+up, seconds of work for nothing, and those agents then backed off for 15-30 s.
 
 One instance per process (``admission()``), used from its event loop only.
 """
 
+import logging
 import math
 import random
 import time
@@ -19,6 +28,9 @@ from collections import deque
 
 from agentd.protocol import RECONNECT_BACKOFF_CAP_S
 from fleet.conf import fleet_settings
+from fleet.metrics import AGENT_HANDSHAKES_TURNED_AWAY
+
+logger = logging.getLogger("fleet.consumers")  # where operators read about agent sockets
 
 # Registrations finished in this window set the pace the Retry-After is drawn from.
 RATE_WINDOW_S = 5.0
@@ -26,6 +38,14 @@ RATE_WINDOW_S = 5.0
 START_RATE_PER_S = 50.0
 # Never longer than agentd's own backoff cap.
 RETRY_AFTER_MAX_S = int(RECONNECT_BACKOFF_CAP_S)
+# A handshake that waited this long in the listen queue is turned away: agentd
+# gives a handshake 10 s, and half of it gone means the queue is long.
+LATE_S = 5.0
+# Appointments a second, as a share of the pace registrations go at: more than it,
+# so the pace measured can grow to what the process takes.
+BOOKED_OVER_PACE = 1.5
+# Agents told to come back later are logged at most this often (each is counted).
+TURNED_AWAY_LOG_EVERY_S = 10.0
 
 
 class Admission:
@@ -38,6 +58,7 @@ class Admission:
         self.pending = 0
         self._finished: deque[float] = deque()  # when registrations finished, oldest first
         self._started = clock()
+        self._booked: dict[int, int] = {}  # appointments given, by the second they fall in
 
     def enter(self) -> bool:
         """One more socket knocks: True if it is taken (``leave`` once it is through)."""
@@ -61,11 +82,29 @@ class Admission:
             return START_RATE_PER_S
         return max(1.0, len(self._finished) / RATE_WINDOW_S)
 
+    def full(self) -> bool:
+        return bool(self.limit) and self.pending >= self.limit
+
     def retry_after(self) -> int:
-        """Whole seconds a refused agent should wait: drawn from 1 to twice the time the
-        sockets already taken need at the current pace, so the refused come back spread."""
-        spread = 2 * self.pending / self.rate()
-        return self.rng.randint(1, max(2, min(RETRY_AFTER_MAX_S, math.ceil(spread))))
+        """Whole seconds a refused agent should wait: an appointment.
+
+        Each second, from when the sockets already taken will be through at the
+        current pace, takes ``BOOKED_OVER_PACE`` times that pace in appointments,
+        and the agent gets the first second with room: the refused come back
+        spread over what the process takes, not all in the next few seconds to
+        be refused again. Past agentd's backoff cap, a draw from its upper half.
+        """
+        now = int(self.clock())
+        pace = self.rate()
+        per_s = max(1, round(pace * BOOKED_OVER_PACE))
+        if len(self._booked) > 4 * RETRY_AFTER_MAX_S:
+            self._booked = {s: n for s, n in self._booked.items() if s > now}
+        for wait in range(max(1, math.ceil(self.pending / pace)), RETRY_AFTER_MAX_S + 1):
+            taken = self._booked.get(now + wait, 0)
+            if taken < per_s:
+                self._booked[now + wait] = taken + 1
+                return wait
+        return self.rng.randint(RETRY_AFTER_MAX_S // 2, RETRY_AFTER_MAX_S)
 
 
 _admission: Admission | None = None
@@ -79,3 +118,32 @@ def admission() -> Admission:
     if _admission is None or _admission.limit != limit:
         _admission = Admission(limit)
     return _admission
+
+
+class _TurnedAwayLog:
+    at = float("-inf")  # monotonic time of the last line
+    since = 0  # agents told to come back since (that one included)
+
+
+_turned_away_log = _TurnedAwayLog()
+
+
+def turned_away(kind: str, why: str, after: int, client: str, pending: int) -> None:
+    """Count an agent told to come back in ``after`` s (``kind``: the metric's label)
+    and log it, at most once every ``TURNED_AWAY_LOG_EVERY_S`` per process with how
+    many since the last line: in a restart's wave they come by the hundred."""
+    AGENT_HANDSHAKES_TURNED_AWAY.labels(kind).inc()
+    log = _turned_away_log
+    log.since += 1
+    now = time.monotonic()
+    if now - log.at >= TURNED_AWAY_LOG_EVERY_S:
+        logger.warning(
+            "agents told to come back: %d since the last line; this one in %d s: %s "
+            "client=%s pending=%d",
+            log.since,
+            after,
+            why,
+            client,
+            pending,
+        )
+        log.at, log.since = now, 0

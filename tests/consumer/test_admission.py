@@ -3,8 +3,6 @@ the rest to come back (fleet.services.admission)."""
 
 import random
 
-import pytest
-
 from fleet.services.admission import RETRY_AFTER_MAX_S, START_RATE_PER_S, Admission
 
 
@@ -50,7 +48,7 @@ def test_the_pace_is_the_registrations_of_the_last_five_seconds():
     assert gate.rate() == 1.0  # none lately: at least one a second, never zero
 
 
-def test_the_refused_are_spread_over_what_the_taken_ones_need():
+def test_the_refused_get_appointments_after_the_taken_ones_at_the_pace_and_a_half():
     clock = Clock()
     gate = Admission(limit=256, clock=clock, rng=random.Random(3))
     clock.now += 6
@@ -59,17 +57,21 @@ def test_the_refused_are_spread_over_what_the_taken_ones_need():
         gate.leave(registered=True)
     for _ in range(256):
         gate.enter()
-    waits = [gate.retry_after() for _ in range(2000)]
-    # 256 taken at 50 a second: about 5 s of work; the refused come back over twice that
-    assert min(waits) == 1 and max(waits) == 11
-    assert len(set(waits)) == 11
+    waits = [gate.retry_after() for _ in range(600)]
+    # 256 taken at 50 a second: about 5 s of work; then 75 appointments a second
+    assert waits[0] == 6
+    assert [waits.count(w) for w in range(6, 14)] == [75] * 8
+    # a second later the calendar has moved on with the clock
+    clock.now += 1
+    assert gate.retry_after() == 13
 
 
-@pytest.mark.parametrize("pending", [0, 1, 10])
-def test_a_short_queue_still_says_a_second_or_two(pending):
+def test_a_short_queue_says_a_second_until_that_second_is_full():
     gate = Admission(limit=256, clock=Clock(), rng=random.Random(1))
-    gate.pending = pending
-    assert {gate.retry_after() for _ in range(200)} <= {1, 2}
+    gate.pending = 10  # a web process just started: the pace assumed is START_RATE_PER_S
+    waits = [gate.retry_after() for _ in range(200)]
+    per_s = round(START_RATE_PER_S * 1.5)
+    assert waits == [1] * per_s + [2] * per_s + [3] * (200 - 2 * per_s)
 
 
 def test_never_longer_than_the_agents_own_backoff_cap():
@@ -77,4 +79,15 @@ def test_never_longer_than_the_agents_own_backoff_cap():
     gate = Admission(limit=100_000, clock=clock, rng=random.Random(5))
     clock.now += 6  # nothing finished lately: one a second
     gate.pending = 50_000
-    assert max(gate.retry_after() for _ in range(500)) == RETRY_AFTER_MAX_S == 30
+    waits = [gate.retry_after() for _ in range(500)]
+    # the calendar is past the cap: drawn from its upper half, as agentd's backoff
+    assert min(waits) >= RETRY_AFTER_MAX_S // 2 and max(waits) == RETRY_AFTER_MAX_S == 30
+
+
+def test_a_calendar_full_to_the_cap_spills_into_the_backoff_s_upper_half():
+    clock = Clock()
+    gate = Admission(limit=256, clock=clock, rng=random.Random(6))
+    clock.now += 6  # one a second: two appointments a second
+    waits = [gate.retry_after() for _ in range(100)]
+    assert waits[:60] == [w for w in range(1, 31) for _ in range(2)]
+    assert all(15 <= w <= 30 for w in waits[60:])

@@ -4,9 +4,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from agentd.protocol import CloseCode
-from fleet import consumers
 from fleet.metrics import REGISTRY
 from fleet.models import Node
+from fleet.services import admission
 from tests.consumer.helpers import communicator, db, enrol, expect_close, recv_type, send
 from tests.factories import register_msg
 
@@ -98,7 +98,7 @@ async def test_agents_turned_away_are_each_counted_and_logged_once_in_a_while(
     for c in creds:
         await c.close()
     settings.LLMGW = {**settings.LLMGW, "AGENT_HANDSHAKES_MAX": 1}
-    monkeypatch.setattr("fleet.consumers._turned_away_log", consumers._TurnedAwayLog())
+    monkeypatch.setattr("fleet.services.admission._turned_away_log", admission._TurnedAwayLog())
     knocking = communicator(creds[0].credential)
     assert (await knocking.connect())[0]
     before = await turned_away("busy")

@@ -93,3 +93,91 @@ def test_uvicorns_line_for_every_socket_is_left_out_and_the_rest_kept(caplog):
         ("INFO", "Uvicorn running on http://127.0.0.1:8000"),
         ("WARNING", "connection closed"),
     ]
+
+
+def test_a_request_s_time_in_the_listen_queue_is_read_from_the_kernel(tmp_path):
+    import socket
+    import time
+
+    class Transport:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def get_extra_info(self, name):
+            return self.sock if name == "socket" else None
+
+    # given a listener nobody accepts from for a while, and a client that sends at once
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        with socket.create_connection(listener.getsockname()) as client:
+            client.sendall(b"GET /ws/agent/ HTTP/1.1\r\n\r\n")
+            time.sleep(1.2)
+            accepted, _ = listener.accept()
+            with accepted:
+                # then the accepted connection says how long its request waited
+                waited = serve.queued_s(Transport(accepted))
+    assert 1.1 <= waited < 30  # the kernel counts in its ticks (4 ms at HZ=250)
+    # and where the kernel keeps no such figure (a unix socket), nothing waited
+    a, b = socket.socketpair()
+    with a, b:
+        assert serve.queued_s(Transport(a)) == 0.0
+    assert serve.queued_s(Transport(None)) == 0.0
+
+
+class _Counted(asyncio.Protocol):
+    made = 0
+
+    def connection_made(self, transport):
+        type(self).made += 1
+
+
+def _made_in_turns(new_loop, turns: int, queued: int) -> int:
+    """Connections a server on ``new_loop()`` has taken after ``turns`` turns of its
+    loop, with ``queued`` already waiting in its listen queue."""
+    import socket
+
+    loop = new_loop()
+    _Counted.made = 0
+    try:
+        server = loop.run_until_complete(loop.create_server(_Counted, "127.0.0.1", 0, backlog=1024))
+        port = server.sockets[0].getsockname()[1]
+        # the kernel completes each connection while the loop is not running
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(queued)]
+        for _ in range(turns):
+            loop.run_until_complete(asyncio.sleep(0))  # one turn, and whatever it schedules
+        server.close()
+        loop.run_until_complete(server.wait_closed())
+        for c in clients:
+            c.close()
+        return _Counted.made
+    finally:
+        loop.close()
+
+
+def test_the_web_process_takes_its_whole_listen_queue_in_a_few_turns_of_its_loop():
+    import uvloop
+
+    # uvloop (libuv) alone takes one connection a turn (a few turns a call here): a
+    # fleet queued after a restart waits as many turns as it has agents ahead of it
+    assert _made_in_turns(uvloop.new_event_loop, turns=20, queued=300) < 150
+    # the web process's loop takes the queue at once
+    assert _made_in_turns(serve.new_event_loop, turns=20, queued=300) == 300
+
+
+def test_a_closed_server_takes_no_more_connections():
+    import socket
+
+    loop = serve.new_event_loop()
+    _Counted.made = 0
+    try:
+        server = loop.run_until_complete(loop.create_server(_Counted, "127.0.0.1", 0))
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        loop.run_until_complete(server.wait_closed())
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert _Counted.made == 0
+    finally:
+        loop.close()
