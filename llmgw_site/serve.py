@@ -58,12 +58,15 @@ KEEP_ALIVE_S = 65
 # (4,096 by default since 5.4).
 LISTEN_BACKLOG = 8192
 ENV_TRUSTED = "LLMGW_FORWARDED_ALLOW_IPS"
-# Connections taken out of the listen queue in one turn of the event loop.
-ACCEPT_BATCH = 512
+# Connections taken out of the listen queue in one turn of the event loop: a
+# fleet's wave in a second or so, and with --workers, no one process taking it all.
+ACCEPT_BATCH = 128
+# Out of descriptors, the listen queue is left alone this long (asyncio's delay).
+ACCEPT_PAUSE_S = 1.0
 # The agents' socket (fleet.routing), as the request line carries it.
 AGENT_PATH = b"/ws/agent/"
-# struct tcp_info (linux/tcp.h): 8 one-byte fields, then 32-bit ones; the tenth of
-# those, tcpi_last_data_recv, is at byte 52, and the struct is at least 104 bytes.
+# struct tcp_info (linux/tcp.h): 8 one-byte fields, then 32-bit ones; the twelfth
+# of those, tcpi_last_data_recv, is at byte 52, and the struct is at least 104 bytes.
 _TCP_INFO_LEN = 104
 _LAST_DATA_RECV_AT = 52
 # After refusing a head, how long the rest of what the client sends is drained.
@@ -95,15 +98,18 @@ class _Acceptor:
     1.45 ("unix: don't accept() connections in a loop"). A loop busy registering a
     fleet takes tens of milliseconds a turn, so it took 100-300 connections a
     second out of a queue of 4,000 while the agents at its tail ran out their 10 s
-    (docs/benchmarks.md, "The listen queue drained one connection a turn"). This
-    watches a duplicate of the listening socket and takes the whole queue in one
-    turn, as asyncio's own loop does; uvloop's one-a-turn accept goes on beside it.
+    (docs/benchmarks.md, "One connection a turn"). This watches a duplicate of
+    the listening socket and takes the queue a batch a turn, as asyncio's own
+    loop does; uvloop's one-a-turn accept goes on beside it.
     """
 
-    def __init__(self, loop, listening: socket.socket, protocol_factory, ssl):
-        self.loop, self.protocol_factory, self.ssl = loop, protocol_factory, ssl
+    def __init__(self, loop, listening, protocol_factory, tls: dict):
+        self.loop, self.protocol_factory, self.tls = loop, protocol_factory, tls
         self.sock = socket.socket(fileno=os.dup(listening.fileno()))
         self.sock.setblocking(False)
+        self.serving: set[asyncio.Task] = set()
+        self.closed = False
+        self.paused_at = 0.0
         loop.add_reader(self.sock, self._drain)
 
     def _drain(self) -> None:
@@ -112,20 +118,54 @@ class _Acceptor:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            except ConnectionAbortedError:
+                continue  # reset by its client while it waited: nothing to serve
             except OSError as exc:
-                # Out of descriptors (EMFILE) and the like: left to uvloop's own
-                # accept, which sheds load then; tried again on the next turn.
-                logger.warning("accepting a connection failed: %s", exc)
+                self._pause(exc)
                 return
-            self.loop.create_task(self._serve(conn))
+            task = self.loop.create_task(self._serve(conn))
+            self.serving.add(task)
+            task.add_done_callback(self.serving.discard)
+
+    def _pause(self, exc: OSError) -> None:
+        """Out of descriptors or memory (EMFILE, ENOBUFS): the socket stays readable,
+        so stop watching it for a second, as asyncio's loop does; uvloop's own
+        accept sheds load meanwhile."""
+        self.loop.remove_reader(self.sock)
+        now = time.monotonic()
+        if now - self.paused_at > 60:
+            logger.warning("accepting failed, paused %g s (once a minute): %s", ACCEPT_PAUSE_S, exc)
+        self.paused_at = now
+        self.loop.call_later(ACCEPT_PAUSE_S, self._resume)
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self.loop.add_reader(self.sock, self._drain)
 
     async def _serve(self, conn: socket.socket) -> None:
+        if self.closed:
+            conn.close()
+            return
         try:
-            await self.loop.connect_accepted_socket(self.protocol_factory, conn, ssl=self.ssl)
-        except OSError:
-            conn.close()  # gone before it was served
+            transport, protocol = await self.loop.connect_accepted_socket(
+                self.protocol_factory, conn, **self.tls
+            )
+        except BaseException:
+            conn.close()  # gone before it was served, or the process is stopping
+            raise
+        if self.closed:
+            # Accepted in the turn the server was closed in: it missed the server's
+            # round of shutdowns (uvicorn's Server.shutdown), so it gets its own.
+            shutdown = getattr(protocol, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            else:
+                transport.close()
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.loop.remove_reader(self.sock)
         self.sock.close()
 
@@ -140,8 +180,20 @@ class _Server:
     def close(self) -> None:
         for acceptor in self._acceptors:
             acceptor.close()
-        self._acceptors = []
         self._server.close()
+
+    async def serve_forever(self) -> None:
+        try:
+            await self._server.serve_forever()
+        finally:
+            self.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+        await self._server.wait_closed()
 
     def __getattr__(self, name):
         return getattr(self._server, name)
@@ -150,12 +202,20 @@ class _Server:
 class _Loop(uvloop.Loop):
     async def create_server(self, protocol_factory, *args, **kwargs):
         server = await super().create_server(protocol_factory, *args, **kwargs)
+        if kwargs.get("start_serving") is False:
+            return server  # not uvicorn's: served as uvloop serves it
+        tls = {}
+        if kwargs.get("ssl") is not None:
+            tls = {k: kwargs[k] for k in _TLS_KWARGS if kwargs.get(k) is not None}
         acceptors = [
-            _Acceptor(self, sock, protocol_factory, kwargs.get("ssl"))
+            _Acceptor(self, sock, protocol_factory, tls)
             for sock in server.sockets
             if sock.family in (socket.AF_INET, socket.AF_INET6)
         ]
         return _Server(server, acceptors)
+
+
+_TLS_KWARGS = ("ssl", "ssl_handshake_timeout", "ssl_shutdown_timeout")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -318,15 +378,18 @@ class HeadLimitsProtocol(HttpToolsProtocol):
         """An agent's handshake this process should not take now: answered here, 503
         with Retry-After, before Channels and the consumer spend anything on it.
 
-        Late: it sat ``admission.LATE_S`` or more in the kernel's listen queue (the
-        event loop drains it no faster than it registers), so its agent has little
-        of its wait left, and the queue behind it is as long. Busy: the sockets
-        already between handshake and register are at the limit (the consumer
-        checks it too, for Daphne and for the ones already past this point)."""
+        Late: its request arrived ``admission.LATE_S`` or more before it was read
+        (in the kernel's listen queue, or behind a loop too busy to read it), so
+        its agent has little of its wait left, and the queue behind it is long.
+        Busy: the sockets already between handshake and register are at the
+        limit (the consumer checks it too, for Daphne and for the ones already
+        past this point). Neither with the limit at 0 (admission off)."""
         gate = admission.admission()
+        if not gate.limit:
+            return False
         queued = queued_s(self.transport)
         if queued >= admission.LATE_S:
-            kind, why = "late", f"waited {queued:.1f} s in the listen queue"
+            kind, why = "late", f"waited {queued:.1f} s to be read"
         elif gate.full():
             kind, why = "busy", "too many agents registering at once"
         else:
@@ -601,6 +664,10 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_MIDDLE_COLLECTIONS, gc.get_threshold()[2])
     from fleet.metrics import GC_FULL_PAUSE
 
+    # A --workers process runs this module twice (as itself, and as __mp_main__
+    # when multiprocessing spawns it): one callback, or each pause counts twice.
+    if any(getattr(cb, "llmgw_gc_timer", False) for cb in gc.callbacks):
+        return
     GC_FULL_PAUSE.enable()
     started = [0.0]
 
@@ -613,6 +680,7 @@ def _tune_gc() -> None:
         else:
             GC_FULL_PAUSE.observe(time.perf_counter() - started[0])
 
+    timed.llmgw_gc_timer = True
     gc.callbacks.append(timed)
 
 

@@ -17,13 +17,11 @@ Layers other than channels_redis's get the plain calls.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import weakref
 
-logger = logging.getLogger(__name__)
-
-# Commands in one pipeline: a few hundred kilobytes for Redis to answer at most.
+# Joins and leaves in one batch (a join is two commands): a few hundred kilobytes
+# for Redis to answer at most.
 MAX_BATCH = 2000
 
 
@@ -53,37 +51,50 @@ class Groups:
                 batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
                 try:
                     await self._write(batch)
-                except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
-                    for *_, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
                 except BaseException:
-                    for *_, fut in batch:
-                        fut.cancel()  # the process is stopping: nobody waits for long
+                    # The process is stopping: nobody waits for long, and nothing
+                    # left would be written in order after this batch anyway.
+                    for *_, fut in batch + self.pending:
+                        fut.cancel()
+                    self.pending = []
                     raise
-                for *_, fut in batch:
-                    if not fut.done():
-                        fut.set_result(None)
         finally:
             self.task = None  # the finished task would hold its loop
 
     async def _write(self, batch) -> None:
+        """The batch, one pipeline per Redis host, all of them finished before the next
+        batch (so a host that answers late cannot see a leave before its join). Each
+        waiter hears how its own host's pipeline went."""
         layer = self.layer
-        pipes = {}
+        by_host: dict[int, list] = {}
         now = time.time()
-        for op, group, channel, _ in batch:
-            index = layer.consistent_hash(group)
-            pipe = pipes.get(index)
-            if pipe is None:
-                pipe = pipes[index] = layer.connection(index).pipeline(transaction=False)
+        for entry in batch:
+            by_host.setdefault(layer.consistent_hash(entry[1]), []).append(entry)
+        hosts = list(by_host)
+        results = await asyncio.gather(
+            *(self._pipeline(index, by_host[index], now) for index in hosts),
+            return_exceptions=True,
+        )
+        for index, result in zip(hosts, results, strict=True):
+            for *_, fut in by_host[index]:
+                if fut.done():
+                    continue
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(None)
+
+    async def _pipeline(self, index: int, entries, now: float) -> None:
+        layer = self.layer
+        pipe = layer.connection(index).pipeline(transaction=False)
+        for op, group, channel, _ in entries:
             key = layer._group_key(group)
             if op == "add":
                 pipe.zadd(key, {channel: now})
                 pipe.expire(key, layer.group_expiry)
             else:
                 pipe.zrem(key, channel)
-        await asyncio.gather(*(pipe.execute() for pipe in pipes.values()))
+        await pipe.execute()
 
 
 _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Groups] = weakref.WeakKeyDictionary()

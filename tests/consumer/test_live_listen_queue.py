@@ -60,7 +60,7 @@ async def test_a_handshake_late_out_of_the_listen_queue_is_told_when_to_come_bac
     response = refused.value.response
     assert response.status_code == 503
     assert 1 <= int(response.headers["Retry-After"]) <= admission.RETRY_AFTER_MAX_S
-    assert b"in the listen queue; retry after" in response.body
+    assert b"s to be read; retry after" in response.body
     assert await asyncio.to_thread(turned_away, live_web, "late") == 1
     assert "agents told to come back: 1 since the last line" in live_web.output()
     # and nothing of it was written: the node is not connected

@@ -101,6 +101,34 @@ def test_redis_away_fails_every_socket_of_the_batch():
     assert all(isinstance(o, RedisConnectionError) for o in outcomes), outcomes[:3]
 
 
+def test_a_redis_host_away_fails_only_the_sockets_whose_groups_it_holds():
+    async def scenario():
+        good = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]
+        away = {"address": "redis://127.0.0.1:9", "socket_connect_timeout": 2}
+        layer = _layer(hosts=[good, away])
+        groups_on = {0: [], 1: []}
+        i = 0
+        while min(len(g) for g in groups_on.values()) < 5:
+            group = doorbells.node_group(f"gpu-{i:03d}")
+            groups_on[layer.consistent_hash(group)].append(group)
+            i += 1
+        channel = await layer.new_channel()
+        try:
+            outcomes = await asyncio.gather(
+                *(groups.join(layer, g, channel) for g in groups_on[0] + groups_on[1]),
+                return_exceptions=True,
+            )
+            members = [await layer.connection(0).zcard(layer._group_key(g)) for g in groups_on[0]]
+            return outcomes, len(groups_on[0]), members
+        finally:
+            await layer.connection(0).delete(*(layer._group_key(g) for g in groups_on[0]))
+
+    outcomes, on_good, members = asyncio.run(scenario())
+    assert outcomes[:on_good] == [None] * on_good
+    assert members == [1] * on_good
+    assert all(isinstance(o, RedisConnectionError) for o in outcomes[on_good:])
+
+
 def test_other_layers_get_the_plain_calls():
     from channels.layers import InMemoryChannelLayer
 

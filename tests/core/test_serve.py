@@ -181,3 +181,45 @@ def test_a_closed_server_takes_no_more_connections():
         assert _Counted.made == 0
     finally:
         loop.close()
+
+
+class _Stoppable(asyncio.Protocol):
+    made: list = []
+
+    def connection_made(self, transport):
+        self.transport, self.shut = transport, False
+        type(self).made.append(self)
+
+    def shutdown(self):
+        self.shut = True
+        self.transport.close()
+
+
+def test_connections_taken_as_the_server_closes_are_shut_down_too():
+    import socket
+
+    loop = serve.new_event_loop()
+    _Stoppable.made = []
+    try:
+        server = loop.run_until_complete(loop.create_server(_Stoppable, "127.0.0.1", 0))
+        port = server.sockets[0].getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        # one turn: the queue is taken, the connections not made yet
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        # when the server stops as uvicorn stops it: closed, then each connection
+        # it knows of is shut down
+        server.close()
+        for protocol in list(_Stoppable.made):
+            protocol.shutdown()
+        for _ in range(10):
+            loop.run_until_complete(asyncio.sleep(0))
+        # then none is left open to serve a stopping process
+        assert all(p.shut for p in _Stoppable.made)
+        for c in clients:
+            c.settimeout(5)
+            assert c.recv(1) == b""  # closed by the server
+            c.close()
+        loop.run_until_complete(server.wait_closed())
+    finally:
+        loop.close()
