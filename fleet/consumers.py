@@ -185,12 +185,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         which agentd takes as "this credential is refused" and stops): there the
         socket is accepted and closed with 4013, and the agent backs off.
 
-        Counted and logged by ``admission.turned_away``.
+        Counted and logged by ``admission.turn_away``.
         """
-        after = self.gate.retry_after()
-        admission.turned_away(kind, why, after, self.client, self.gate.pending)
+        after, told = admission.turn_away(self.gate, kind, why, self.client)
         if "websocket.http.response" in (self.scope.get("extensions") or {}):
-            body = f"{why}; retry after {after} s\n".encode()
+            body = f"{told}\n".encode()
             await self.base_send(
                 {
                     "type": "websocket.http.response.start",
@@ -204,7 +203,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.base_send({"type": "websocket.http.response.body", "body": body})
             return
         await self.accept()
-        await self.refuse(CloseCode.TRY_AGAIN, f"{why}; retry after {after} s")
+        await self.refuse(CloseCode.TRY_AGAIN, told)
 
     async def _register_overdue(self):
         if self.node_id is None:

@@ -394,10 +394,9 @@ class HeadLimitsProtocol(HttpToolsProtocol):
             kind, why = "busy", "too many agents registering at once"
         else:
             return False
-        after = gate.retry_after()
         client = "%s:%s" % (self.client or ("?", "?"))
-        admission.turned_away(kind, why, after, client, gate.pending)
-        body = f"{why}; retry after {after} s\n"
+        after, told = admission.turn_away(gate, kind, why, client)
+        body = f"{told}\n"
         self._refuse(
             503,
             "Service Unavailable",

@@ -9,13 +9,13 @@ time be between the knock and the register's ack; the next one is told at once
 to come back later (HTTP 503 with ``Retry-After``), at an appointment: the
 refused come back spread over what the process takes a second.
 
-Where the web process is slower than the knocks, the queue forms before any of
-this: in the kernel's listen queue, which the event loop drains no faster than it
-registers. A handshake that sat there ``LATE_S`` is told to come back too (under
-uvicorn, ``llmgw_site.serve``, by the HTTP protocol before the WebSocket
-handshake, for nearly nothing) instead of taken with little of its agent's wait
-left; without this the tail of the queue was served after its agents had given
-up, seconds of work for nothing, and those agents then backed off for 15-30 s.
+Where the web process is slower than the knocks, a queue can form before any of
+this: in the kernel's listen queue, or behind a busy event loop. A handshake read
+``LATE_S`` or more after it arrived is told to come back too (under uvicorn,
+``llmgw_site.serve``, by the HTTP protocol before the WebSocket handshake, for
+nearly nothing) instead of taken with little of its agent's wait left: served,
+it was seconds of work for nothing once its agent had given up, and that agent
+then backed off for 15-30 s.
 
 One instance per process (``admission()``), used from its event loop only.
 """
@@ -128,10 +128,13 @@ class _TurnedAwayLog:
 _turned_away_log = _TurnedAwayLog()
 
 
-def turned_away(kind: str, why: str, after: int, client: str, pending: int) -> None:
-    """Count an agent told to come back in ``after`` s (``kind``: the metric's label)
-    and log it, at most once every ``TURNED_AWAY_LOG_EVERY_S`` per process with how
-    many since the last line: in a restart's wave they come by the hundred."""
+def turn_away(gate: Admission, kind: str, why: str, client: str) -> tuple[int, str]:
+    """An agent told to come back: (its appointment in whole seconds, what it is told).
+
+    Counted (``kind``: the metric's label) and logged at most once every
+    ``TURNED_AWAY_LOG_EVERY_S`` per process with how many since the last line: in a
+    restart's wave they come by the hundred."""
+    after, pending = gate.retry_after(), gate.pending
     AGENT_HANDSHAKES_TURNED_AWAY.labels(kind).inc()
     log = _turned_away_log
     log.since += 1
@@ -147,3 +150,4 @@ def turned_away(kind: str, why: str, after: int, client: str, pending: int) -> N
             pending,
         )
         log.at, log.since = now, 0
+    return after, f"{why}; retry after {after} s"
