@@ -2,22 +2,16 @@
 in one write, and never waits for a body that comes later."""
 
 import asyncio
-import socket
 
 import uvicorn
 
 from llmgw_site import serve
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.processes import free_port
 
 
 async def _served(app, client, keep_alive_s: float = 5) -> None:
     """Run ``app`` on uvicorn with serve's protocol, call ``client(port)``, stop."""
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(
         app,
         host="127.0.0.1",

@@ -7,12 +7,11 @@ all talk to it. Its ``mode`` forces the faults a test needs.
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
 from aiohttp import web
-
-from tests.processes import free_port
 
 TOKENS = ["Hello", ",", " fleet", "!"]
 
@@ -23,7 +22,13 @@ class Upstream:
         # ok | garbage | close_early | status503 | hang | not_json | deep_error
         self.mode = mode
         self.token_delay = token_delay
-        self.port = free_port()
+        # Bound here and handed to aiohttp, so no other process can take the port
+        # between choosing it and listening on it (a port that was free a moment
+        # earlier was taken once in CI: "address already in use").
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
         self.served = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -51,7 +56,7 @@ class Upstream:
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        site = web.SockSite(self._runner, self._sock)
         self._loop.run_until_complete(site.start())
         self._started.set()
         self._loop.run_forever()

@@ -37,12 +37,28 @@ def subprocess_env(**extra) -> dict:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, for a server a test is about to start.
+
+    Taken from a block ``port_block`` claimed for this process, not from the
+    kernel's ephemeral range: a port that was free there a moment ago can be
+    taken by any outgoing connection before the server binds it, which failed a
+    CI run with "address already in use".
+    """
+    while True:
+        if not _spare:
+            lo, hi = port_block(UNIT)
+            _spare.extend(range(hi, lo - 1, -1))
+        port = _spare.pop()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # something outside the tests took it since the block was claimed
+        return port
 
 
 _handed_out: set[int] = set()
+_spare: list[int] = []  # ports of this process's blocks that free_port has not handed out yet
 # Blocks this process holds: an open file each, under an exclusive lock that other
 # test processes (pytest-xdist's workers, another run on the machine) respect and
 # the kernel drops when this process ends, however it ends.
