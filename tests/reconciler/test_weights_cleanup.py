@@ -259,6 +259,25 @@ def test_an_operator_asks_for_removal_and_an_entry_in_use_is_refused():
     assert [i.row.path for i in weights_inventory.listing("n1", unused=True)] == [f"{W}/spare"]
 
 
+def test_a_removal_asked_for_while_another_pass_runs_is_judged_by_its_own_pass_or_not_at_all():
+    add_node("n1")
+    report_weights("n1", (f"{W}/spare", GB))
+    Clock().pass_()
+    [pk] = LocalWeights.objects.values_list("pk", flat=True)
+
+    # while another process's pass holds the lock, the answer is "try again" and
+    # nothing is marked, so no later pass acts on a request the answer said was not taken
+    with held_elsewhere():
+        assert weights_inventory.request_removal([pk], wait_s=0).skipped
+    assert not row("n1", f"{W}/spare").remove_requested
+    assert cleanup.run_locked().proposals == []
+
+    # once the lock is free, the mark and the pass that judges it go together
+    report = weights_inventory.request_removal([pk], wait_s=0)
+    assert [p.entry.path for p in report.proposals] == [f"{W}/spare"]
+    assert report.proposals[0].reason == "an operator asked to remove it"
+
+
 def test_explain_says_whether_a_node_holds_the_weights_or_would_fetch_how_much():
     add_node("n1")
     add_node("n2")

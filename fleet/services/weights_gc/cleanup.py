@@ -93,12 +93,19 @@ def dry_run(now: datetime | None = None) -> Report:
     return Report(proposals=decision.proposals, refused=decision.refused, select_ms=ms)
 
 
-def run_locked(now: datetime | None = None, wait_s: float = 0.0) -> Report:
-    """A pass under the reconciler's lock; ``skipped`` when it stayed held for ``wait_s``."""
+def run_locked(now: datetime | None = None, wait_s: float = 0.0, first=None) -> Report:
+    """A pass under the reconciler's lock; ``skipped`` when it stayed held for ``wait_s``.
+
+    ``first``, when given, runs under the lock just before the pass (and not at
+    all when the pass is skipped): what it marks is judged by this pass, not
+    taken by another process's pass in between.
+    """
     deadline = time.monotonic() + wait_s
     while True:
         with lock.pass_lock() as got:
             if got:
+                if first is not None:
+                    first()
                 report = run_pass(now)
                 break
         if time.monotonic() >= deadline:

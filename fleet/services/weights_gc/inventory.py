@@ -124,9 +124,19 @@ def set_pinned(ids, pinned: bool) -> int:
 
 def request_removal(ids, wait_s: float = 5.0):
     """Ask for these entries to go now: a pass proposes them if nothing needs them
-    and they are not pinned (the node re-checks each). Returns the pass's report."""
+    and they are not pinned (the node re-checks each). Returns the pass's report.
+
+    The entries are marked under the pass lock, so the answer is this pass's own
+    judgement of them: marked before it, beat's pass in another process could
+    propose them first and leave this answer empty. When the lock stays held for
+    ``wait_s`` nothing is marked and the report says ``skipped``.
+    """
     from . import cleanup
 
-    with transaction.atomic():
-        LocalWeights.objects.filter(pk__in=list(ids)).update(remove_requested=True, kept_at=None)
-    return cleanup.run_locked(wait_s=wait_s)
+    ids = list(ids)
+
+    def mark():
+        with transaction.atomic():
+            LocalWeights.objects.filter(pk__in=ids).update(remove_requested=True, kept_at=None)
+
+    return cleanup.run_locked(wait_s=wait_s, first=mark)
