@@ -332,6 +332,8 @@ def _gc_weights(api: Api, args, out):
         out.write(f"{p['node']} {p['path']} ({_size(p['size_bytes'])}): {p['reason']}\n")
     for p in report["refused"]:
         out.write(f"{p['node']} {p['path']}: kept although asked for: {p['reason']}\n")
+    for p in report.get("waiting", []):  # absent from a control plane before it
+        out.write(f"{p['node']} {p['path']}: asked for, not yet: {p['reason']}\n")
     verb = "would propose" if args.dry_run else "proposed"
     out.write(f"{verb} {len(report['proposals'])} for removal\n")
     return None

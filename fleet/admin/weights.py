@@ -95,6 +95,8 @@ class LocalWeightsAdmin(ReadOnlyAdmin):
         text = f"proposed {len(report.proposals)} for removal; each node checks again"
         if report.refused:
             text += "; kept " + "; ".join(f"{e.path}: {why}" for e, why in report.refused)
+        if report.waiting:
+            text += "; not yet " + "; ".join(f"{e.path}: {why}" for e, why in report.waiting)
         self.message_user(request, text)
 
     @admin.action(description="Pin: never remove", permissions=["manage"])

@@ -709,6 +709,11 @@ class WeightsCleanupSerializer(serializers.Serializer):
 
     proposals = WeightsProposalSerializer(many=True)
     refused = WeightsProposalSerializer(many=True, help_text="Asked for, and kept: why.")
+    waiting = WeightsProposalSerializer(
+        many=True,
+        help_text="Asked for, and left for a later pass: why not now (a removal already "
+        "under way, the node not connected). The request stands.",
+    )
     skipped = serializers.BooleanField(
         help_text="A reconciler pass held the lock: nothing was done; try again."
     )
@@ -720,5 +725,6 @@ class WeightsCleanupSerializer(serializers.Serializer):
         return {
             "proposals": [one(p.entry, p.reason) for p in report.proposals],
             "refused": [one(e, why) for e, why in report.refused],
+            "waiting": [one(e, why) for e, why in report.waiting],
             "skipped": report.skipped,
         }

@@ -87,7 +87,7 @@ def test_api_pin_unpin_remove_and_cleanup(api, fleet):
     old, tiny = ids()["old"], ids()["tiny.gguf"]
     assert api.post(f"/api/v1/weights/{old}/pin/").json()["pinned"] is True
     dry = api.get("/api/v1/weights/cleanup/").json()
-    assert dry == {"proposals": [], "refused": [], "skipped": False}
+    assert dry == {"proposals": [], "refused": [], "waiting": [], "skipped": False}
 
     refused = api.post(f"/api/v1/weights/{old}/remove/").json()
     assert refused["proposals"] == [] and refused["refused"][0]["reason"] == "pinned"
@@ -101,6 +101,12 @@ def test_api_pin_unpin_remove_and_cleanup(api, fleet):
     assert in_use["proposals"][0]["reason"] == "unused for 48 h (retention 24 h)"
     assert api.get(f"/api/v1/weights/{old}/").json()["removal"] == "proposed"
     assert api.post("/api/v1/weights/cleanup/").json()["proposals"] == []  # under way
+    # Asked for again while its removal is under way: the answer says so, not nothing.
+    again = api.post(f"/api/v1/weights/{old}/remove/").json()
+    assert again["proposals"] == [] and again["refused"] == []
+    assert [(w["path"], w["reason"]) for w in again["waiting"]] == [
+        (f"{W}/old", "a removal of it is already under way")
+    ]
     assert api.post("/api/v1/weights/999999/pin/").status_code == 404
 
 

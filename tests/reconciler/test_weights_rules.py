@@ -109,6 +109,27 @@ def test_an_operators_request_skips_the_retention_but_not_the_rules():
     assert sorted((e.id, why.split(" ")[0]) for e, why in d.refused) == [(2, "pinned"), (3, "in")]
 
 
+def test_an_operators_request_that_must_wait_says_why_and_stands():
+    entries = [
+        entry(1, "under-way", remove_requested=True, busy=True),
+        entry(2, "away", node="n9", remove_requested=True),
+        # a shared copy asked for on n1: another node's copy is being removed already
+        entry(3, "shared", node="n1", shared=True, remove_requested=True),
+        entry(4, "shared", node="n2", shared=True, busy=True),
+        # and one asked for on the node that is away, proposed to a node that is here
+        entry(5, "shared-too", node="n9", shared=True, remove_requested=True),
+        entry(6, "shared-too", node="n2", shared=True),
+    ]
+    d = go(entries)
+    assert gone(d) == ["n2:shared-too"]
+    assert d.refused == []
+    assert [(e.id, why) for e, why in d.waiting] == [
+        (1, "a removal of it is already under way"),
+        (2, "its node is not connected: proposed when it is back"),
+        (3, "a removal of it is already under way"),
+    ]
+
+
 # ---- shared filesystems ----------------------------------------------------------------
 
 

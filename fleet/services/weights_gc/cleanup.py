@@ -38,6 +38,7 @@ TRIM_BATCH = 5000
 class Report:
     proposals: list[rules.Proposal] = field(default_factory=list)
     refused: list[tuple[rules.Entry, str]] = field(default_factory=list)
+    waiting: list[tuple[rules.Entry, str]] = field(default_factory=list)  # asked for, later
     became_unused: int = 0
     became_used: int = 0
     requests: dict[str, str] = field(default_factory=dict)  # node -> request id
@@ -52,6 +53,8 @@ class Report:
             out.append(f"{e.node_id} {e.path} ({_size(e.size_bytes)}): {p.reason}")
         for e, why in self.refused:
             out.append(f"{e.node_id} {e.path}: kept although asked for: {why}")
+        for e, why in self.waiting:
+            out.append(f"{e.node_id} {e.path}: asked for, not yet: {why}")
         return out
 
 
@@ -90,7 +93,12 @@ def decide(now: datetime | None = None) -> tuple[facts.Facts, rules.Decision, fl
 def dry_run(now: datetime | None = None) -> Report:
     """What a pass would propose now, and why; changes nothing."""
     _, decision, ms = decide(now)
-    return Report(proposals=decision.proposals, refused=decision.refused, select_ms=ms)
+    return Report(
+        proposals=decision.proposals,
+        refused=decision.refused,
+        waiting=decision.waiting,
+        select_ms=ms,
+    )
 
 
 def run_locked(now: datetime | None = None, wait_s: float = 0.0, first=None) -> Report:
@@ -128,6 +136,7 @@ def run_pass(now: datetime | None = None) -> Report:
     report = Report(
         proposals=decision.proposals,
         refused=decision.refused,
+        waiting=decision.waiting,
         became_unused=len(decision.became_unused),
         became_used=len(decision.became_used),
         select_ms=select_ms,

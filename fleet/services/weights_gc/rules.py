@@ -77,6 +77,8 @@ class Decision:
     became_used: list[int] = field(default_factory=list)
     # Operators' requests that cannot be honoured: (entry, why).
     refused: list[tuple[Entry, str]] = field(default_factory=list)
+    # Operators' requests left standing for a later pass: (entry, why not now).
+    waiting: list[tuple[Entry, str]] = field(default_factory=list)
 
 
 def hours(seconds: float) -> str:
@@ -232,10 +234,34 @@ def select(
             )
         )
 
-    # Operators asked for entries still in use: say why nothing happens.
+    # Operators asked for entries that are not proposed now: say why, each one.
+    if requested:
+        _unproposed(out, requested, proposed, needed, everywhere, connected, shared)
+
+    if pool:
+        _watermarks(out, pool, filesystems, full, policy)
+    return out
+
+
+def _unproposed(
+    out: Decision,
+    requested: list[Entry],
+    proposed: set[int],
+    needed: dict[str, Wanted],
+    everywhere: Wanted,
+    connected: set[str],
+    shared: dict[str, list[Entry]],
+) -> None:
+    """Refused (in use, pinned) or left standing (a removal under way, the node
+    away): the operator's answer names every entry it asked for."""
     said = {e.id for e, _ in out.refused}
+    # A shared path is judged once, as one of its rows: the others share its fate.
+    shared_proposed = {p.entry.path for p in out.proposals if p.entry.shared}
+    shared_said = {e.path for e, _ in out.refused if e.shared}
     for e in requested:
         if e.id in proposed or e.id in said:
+            continue
+        if e.shared and (e.path in shared_proposed or e.path in shared_said):
             continue
         if e.pinned:
             out.refused.append((e, "pinned"))
@@ -243,10 +269,13 @@ def select(
             e.shared and everywhere.serves(e.path, e.source)
         ):
             out.refused.append((e, "in use by a shard that is desired or running there"))
-
-    if pool:
-        _watermarks(out, pool, filesystems, full, policy)
-    return out
+            continue
+        copies = shared.get(e.path, [e]) if e.shared else [e]
+        if any(c.busy for c in copies):
+            # An operator's request clears "kept a moment ago": busy is a removal.
+            out.waiting.append((e, "a removal of it is already under way"))
+        elif not any(c.node_id in connected for c in copies):
+            out.waiting.append((e, "its node is not connected: proposed when it is back"))
 
 
 def _full(filesystems: list[Filesystem], policy: Policy) -> dict[tuple, Filesystem]:
