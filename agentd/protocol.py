@@ -152,7 +152,7 @@ class Weights(_Part):
     size_bytes: Count
     shared: bool = False
     # Where the agent fetched it from, exactly as the profile's model_path names
-    # it (an https:// URL or hf://org/name[@revision]); "" for weights that were
+    # it (an https:// URL or hf://org/name[/path][@revision]); "" for weights that were
     # already there. Only complete, verified fetches are reported.
     source: Annotated[str, Field(max_length=1024)] = ""
     # When an engine last used it (unix seconds, the agent's clock). None: never
@@ -373,7 +373,7 @@ class ProfileSpec(_Part):
     args: Annotated[list[Text], Field(max_length=256)] = []
     env: Annotated[dict[ShortStr, Text], Field(max_length=256)] = {}
     # A local path (on the node or a shared filesystem), an https:// URL of one
-    # file, or hf://org/name[@revision]; the agent fetches the last two first.
+    # file, or hf://org/name[/path][@revision]; the agent fetches the last two first.
     model_path: Annotated[str, Field(max_length=1024)] = ""
     served_model_name: ShortStr = ""
     # Optional checksums of the fetched files: file name (for a URL, its last

@@ -136,6 +136,6 @@ def gguf_in(model: str) -> str:
         raise EngineUnavailable(f"{model} holds no .gguf file for llama.cpp to load")
     raise EngineUnavailable(
         f"{model} holds {len(found)} .gguf files ({', '.join(found[:5])}); llama.cpp loads "
-        "one: name that file as the profile's model_path (a hub file has a URL: "
-        "https://<hub>/<org>/<name>/resolve/<revision>/<file>)"
+        "one: name that file as the profile's model_path (of a hub repository: "
+        "hf://<org>/<name>/<file>[@<revision>])"
     )

@@ -10,6 +10,7 @@ ends, and an agent killed mid-download must continue where it was.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from agentd.fetch.http import FetchError
@@ -74,6 +75,7 @@ def plan(source: Source, *, endpoint: str, token: str, timeout_s: float) -> HubP
         raise FetchError(f"{where}: cannot reach the hub: {exc}") from None
     if not info.sha or info.siblings is None:
         raise FetchError(f"{where}: the hub's answer names no commit or no files")
+    siblings = chosen(source, info.siblings, where)
     files = [
         HubFile(
             name=s.rfilename,
@@ -82,7 +84,7 @@ def plan(source: Source, *, endpoint: str, token: str, timeout_s: float) -> HubP
             sha256=s.lfs.sha256 if s.lfs else None,
             git_sha1=s.blob_id,
         )
-        for s in info.siblings
+        for s in siblings
     ]
     for f in files:
         parts = f.name.split("/")
@@ -90,3 +92,32 @@ def plan(source: Source, *, endpoint: str, token: str, timeout_s: float) -> HubP
             raise FetchError(f"{where}: refusing the file name {f.name!r}")
     headers = build_hf_headers(token=token or None)
     return HubPlan(commit=info.sha, files=files, headers=dict(headers))
+
+
+# The parts of a split GGUF: name-00001-of-00003.gguf and its siblings.
+_PART = re.compile(r"^(?P<stem>.+)-(?P<n>\d{5})-of-(?P<of>\d{5})\.gguf$")
+
+
+def chosen(source: Source, siblings: list, where: str) -> list:
+    """The repository's files a source asks for: all of them, or its file or folder.
+
+    A file that is the first part of a split GGUF brings its other parts, which
+    llama.cpp loads from beside it. FetchError if the path names nothing.
+    """
+    path = source.path
+    if not path:
+        return list(siblings)
+    picked = [s for s in siblings if s.rfilename == path or s.rfilename.startswith(path + "/")]
+    part = _PART.match(path)
+    if part and int(part["n"]) == 1:
+        stem, of = part["stem"], part["of"]
+        parts = {f"{stem}-{i:05d}-of-{of}.gguf" for i in range(2, int(of) + 1)}
+        picked += [s for s in siblings if s.rfilename in parts]
+    if not picked:
+        names = sorted(s.rfilename for s in siblings)
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        raise FetchError(
+            f"{where}: no file or folder {path!r} in the repository at {source.revision} "
+            f"(it has: {shown or 'nothing'})"
+        )
+    return picked

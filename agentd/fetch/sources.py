@@ -3,7 +3,9 @@
 ``parse`` reads a profile's ``model_path``. Anything without ``://`` is a local
 path (or a hub id the engine resolves itself, as before) and is left to the
 engine. ``https://host/path/file`` (and ``http://``, for a mirror on a trusted
-network) names one file; ``hf://org/name[@revision]`` a Hugging Face repository.
+network) names one file; ``hf://org/name[@revision]`` a Hugging Face repository,
+and ``hf://org/name/path/in/repo[@revision]`` one file or folder of it (the
+revision goes last, so a branch with a '/' in its name stays a revision).
 The control plane validates profiles with the same function, so a profile that
 saves is one every agent can fetch.
 """
@@ -24,7 +26,10 @@ DEFAULT_REVISION = "main"
 _REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-FORMS = "a local path, https://host/path/file, http://host/path/file or hf://org/name[@revision]"
+# A revision ending in one of these is a file named after the revision by mistake.
+_WEIGHTS_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".json")
+HUB_FORM = "hf://org/name[/path/in/repo][@revision]"
+FORMS = f"a local path, https://host/path/file, http://host/path/file or {HUB_FORM}"
 
 
 class SourceError(ValueError):
@@ -40,6 +45,7 @@ class Source:
     url: str = ""
     repo: str = ""
     revision: str = ""
+    path: str = ""  # a hub source's file or folder in the repository; "" for all of it
 
     @property
     def file_name(self) -> str:
@@ -56,7 +62,8 @@ class Source:
         digest = hashlib.sha256(self.text.encode()).hexdigest()[:12]
         if self.kind == HUB:
             org, name = self.repo.split("/", 1)
-            readable = f"hf--{org}--{name}--{self.revision}"
+            inside = f"{self.path.replace('/', '--')}--" if self.path else ""
+            readable = f"hf--{org}--{name}--{inside}{self.revision}"
         else:
             parts = urlsplit(self.url)
             readable = f"{parts.hostname}--{parts.path.strip('/')}"
@@ -114,8 +121,16 @@ def _hub(text: str) -> Source:
         raise SourceError(f"{text!r}: nothing after '@'; name a revision or leave '@' out")
     revision = revision or DEFAULT_REVISION
     pieces = repo.split("/")
-    if len(pieces) != 2 or not all(pieces):
-        raise SourceError(f"{text!r}: a hub repository is hf://org/name[@revision]")
+    if len(pieces) < 2 or not all(pieces[:2]):
+        raise SourceError(f"{text!r}: a hub source is {HUB_FORM}")
+    pieces, inside = pieces[:2], pieces[2:]
+    for part in inside:
+        if part in ("", ".", "..") or "\\" in part or "\x00" in part:
+            raise SourceError(
+                f"{text!r}: {'/'.join(inside)!r} is not a path in the repository "
+                "(no empty, '.' or '..' parts)"
+            )
+    repo = "/".join(pieces)
     for piece in pieces:
         if not _REPO_PART.match(piece) or "--" in piece or ".." in piece:
             raise SourceError(
@@ -124,9 +139,15 @@ def _hub(text: str) -> Source:
             )
     if len(repo) > 96:
         raise SourceError(f"{text!r}: the repository id is longer than 96 characters")
+    head, slash, tail = revision.partition("/")
+    if slash and tail.endswith(_WEIGHTS_SUFFIXES):
+        raise SourceError(
+            f"{text!r}: '@{revision}' reads as a revision; a file goes before it: "
+            f"hf://{repo}/{tail}@{head}"
+        )
     if not _REVISION.match(revision) or ".." in revision or revision.startswith("/"):
         raise SourceError(f"{text!r}: {revision!r} is not a valid revision")
-    return Source(text=text, kind=HUB, repo=repo, revision=revision)
+    return Source(text=text, kind=HUB, repo=repo, revision=revision, path="/".join(inside))
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -71,8 +71,11 @@ def lock_path(root: Path, source: Source) -> Path:
 
 
 def local_model_path(entry: Path, source: Source) -> Path:
-    """What the engine is given: a URL's file, or a repository's directory."""
-    return entry / source.file_name if source.kind == URL else entry
+    """What the engine is given: a URL's file, a repository's directory, or the file
+    or folder of the repository a hub source names."""
+    if source.kind == URL:
+        return entry / source.file_name
+    return entry / source.path if source.path else entry
 
 
 def read_meta(entry: Path) -> dict | None:

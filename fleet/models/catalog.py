@@ -215,7 +215,8 @@ class EngineProfile(models.Model):
     model_path = models.CharField(
         max_length=1024,
         help_text="Where the weights are: a path on the node (or a hub id the engine "
-        "resolves itself), an https:// URL of one file, or hf://org/name[@revision]; "
+        "resolves itself), an https:// URL of one file, or hf://org/name[@revision] (a "
+        "repository; hf://org/name/path/in/repo[@revision] one file or folder of it); "
         "the node fetches the last two before starting the engine (docs/weights.md).",
     )
     weights_sha256 = models.JSONField(
@@ -345,7 +346,7 @@ class EngineProfile(models.Model):
         elif self.weights_sha256 and source is None:
             errors["weights_sha256"] = (
                 "checksums are for weights the node fetches: model_path must be an "
-                "https:// URL or hf://org/name[@revision]"
+                "https:// URL or hf://org/name[/path][@revision]"
             )
         elif source is not None and source.kind == sources.URL and self.weights_sha256:
             names = set(self.weights_sha256) - {source.file_name}

@@ -223,6 +223,44 @@ async def test_a_hub_repository_is_fetched_and_checked_against_the_hub(tmp_path,
     assert entry.source == "hf://org/tiny"
 
 
+async def test_a_hub_file_or_folder_is_fetched_alone(tmp_path, server):
+    # given: a repository of quantizations, one of them split in two parts in a folder
+    files = {
+        "README.md": b"# quants\n",
+        "tiny-Q4_K_M.gguf": DATA[:1000],
+        "tiny-Q8_0.gguf": DATA,
+        "Q8_0/tiny-Q8_0-00001-of-00002.gguf": DATA[:500],
+        "Q8_0/tiny-Q8_0-00002-of-00002.gguf": DATA[500:],
+    }
+    repo = HubRepo("org/tiny-GGUF", files)
+    server.repos[repo.repo] = repo
+    f = fetcher(tmp_path, hf_endpoint=server.base)
+
+    # when: a profile names one file; then only that file comes, and the engine gets it
+    path = await f.fetch(sources.parse("hf://org/tiny-GGUF/tiny-Q4_K_M.gguf"), {}, "a", Progress())
+    assert path.name == "tiny-Q4_K_M.gguf" and path.read_bytes() == DATA[:1000]
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.startswith(".")) == [
+        "tiny-Q4_K_M.gguf"
+    ]
+    gets = [r[1] for r in server.requests if r[0] == "GET" and "/resolve/" in r[1]]
+    assert [g.rsplit("/", 1)[-1] for g in gets] == ["tiny-Q4_K_M.gguf"]
+
+    # and the first part of a split file brings the other part beside it
+    first = "Q8_0/tiny-Q8_0-00001-of-00002.gguf"
+    path = await f.fetch(sources.parse(f"hf://org/tiny-GGUF/{first}"), {}, "b", Progress())
+    assert path.read_bytes() == DATA[:500]
+    assert (path.parent / "tiny-Q8_0-00002-of-00002.gguf").read_bytes() == DATA[500:]
+    assert not (path.parent.parent / "tiny-Q8_0.gguf").exists()
+
+    # and a path the repository does not have is an error that lists what it has
+    with pytest.raises(FetchError, match=r"no file or folder 'tiny-Q5.gguf' .* \(it has: Q8_0/"):
+        await f.fetch(sources.parse("hf://org/tiny-GGUF/tiny-Q5.gguf"), {}, "c", Progress())
+    assert sorted(e.source for e in discovery.weights([tmp_path / "weights"], [])) == [
+        f"hf://org/tiny-GGUF/{first}",
+        "hf://org/tiny-GGUF/tiny-Q4_K_M.gguf",
+    ]
+
+
 @pytest.mark.parametrize("name", ["model.gguf", "config.json"])
 async def test_a_hub_file_that_does_not_match_its_checksum_fails(tmp_path, server, name):
     # LFS files are checked against their sha256, others against their git object id

@@ -30,6 +30,8 @@ def profile(**fields) -> EngineProfile:
         "hf://Qwen/Qwen2.5-0.5B-Instruct",
         "hf://Qwen/Qwen2.5-0.5B-Instruct@a1b2c3d",
         "hf://org/name@refs/pr/1",
+        "hf://TheBloke/Llama-2-7B-GGUF/llama-2-7b.Q4_K_M.gguf",  # one file of a repository
+        "hf://unsloth/Qwen3-32B-GGUF/Q8_0@a1b2c3d",  # one folder, at a commit
     ],
 )
 def test_every_source_form_is_accepted(path):
@@ -45,12 +47,16 @@ def test_every_source_form_is_accepted(path):
         ("https://user:pw@mirror.example/tiny.gguf", "carries credentials"),
         ("https://mirror.example:99999/tiny.gguf", "not a valid URL"),
         ("https://mirror.example/tiny.gguf#x", "has a fragment"),
-        ("hf://just-a-name", "a hub repository is hf://org/name[@revision]"),
+        ("hf://just-a-name", "a hub source is hf://org/name[/path/in/repo][@revision]"),
         ("hf://org/na--me", "'na--me' is not a valid hub name"),
         ("hf://org/-name", "'-name' is not a valid hub name"),
         ("hf://org/name@", "nothing after '@'"),
         ("hf://org/name@../x", "'../x' is not a valid revision"),
         ("hf://org/name extra", "contains white space"),
+        ("hf://org/name/", "'' is not a path in the repository"),
+        ("hf://org/name/a/../b.gguf", "'a/../b.gguf' is not a path in the repository"),
+        # the file after the revision, as some tools write it: the answer shows the order
+        ("hf://org/name@main/x.gguf", "a file goes before it: hf://org/name/x.gguf@main"),
     ],
 )
 def test_a_bad_source_is_an_error_naming_the_problem(path, words):
@@ -134,7 +140,8 @@ models:
     with pytest.raises(catalog.CatalogError) as err:
         catalog.apply(bad)
     assert err.value.errors == [
-        "profile tiny/cpu.model_path: 'hf://org': a hub repository is hf://org/name[@revision]"
+        "profile tiny/cpu.model_path: 'hf://org': "
+        "a hub source is hf://org/name[/path/in/repo][@revision]"
     ]
     assert EngineProfile.objects.get().model_path == "https://h.example/x.gguf"
 
@@ -145,3 +152,7 @@ def test_the_same_source_gets_the_same_directory_name_everywhere():
     assert a.slug == sources.parse("hf://Qwen/Qwen2.5-0.5B@main").slug
     assert a.slug.startswith("hf--Qwen--Qwen2.5-0.5B--main-")
     assert a.slug != sources.parse("hf://Qwen/Qwen2.5-0.5B").slug  # spelt differently
+    # a file of a repository has a name of its own, and the repository's stays as it was
+    one = sources.parse("hf://Qwen/Qwen2.5-0.5B/q4/model.gguf@main")
+    assert one.path == "q4/model.gguf" and one.repo == "Qwen/Qwen2.5-0.5B"
+    assert one.slug.startswith("hf--Qwen--Qwen2.5-0.5B--q4--model.gguf--main-")

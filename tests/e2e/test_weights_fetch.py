@@ -162,3 +162,34 @@ def test_an_hf_repository_is_fetched_through_the_hub_api(stack, tmp_path, server
     gets = {r[1] for r in server.requests if r[0] == "GET"}
     assert f"/{repo.repo}/resolve/{repo.commit}/tiny-llama.gguf" in gets
     assert f"/api/models/{repo.repo}/revision/{repo.commit}" in gets
+
+
+def test_one_file_of_an_hf_repository_is_fetched_alone(stack, tmp_path, server, tiny_model):
+    # given: a repository of two quantizations, as GGUF repositories on the hub are
+    data = tiny_model.read_bytes()
+    files = {"README.md": b"# quants\n", "tiny-Q4_K_M.gguf": data, "tiny-Q8_0.gguf": data}
+    repo = HubRepo("llmgw/tiny-llama-GGUF", files)
+    server.repos[repo.repo] = repo
+    weights = tmp_path / "hub-weights"
+    agent = stack.add_agent(
+        "cpu-a", weights_dirs=[str(weights)], fetch={"hf_endpoint": server.base}
+    )
+    stack.wait(lambda: registered("cpu-a"), "the agent to register")
+
+    # when: the profile names one of them
+    apply_model(stack, f"hf://{repo.repo}/tiny-Q8_0.gguf@{repo.commit}")
+
+    # then: llama.cpp serves that file, and the other quantization never came
+    (shard,) = wait_serving(stack)
+    [entry] = weights.glob("hf--llmgw--tiny-llama-GGUF--tiny-Q8_0.gguf--*")
+    cmdline = open(f"/proc/{agent.engines()[shard.pk]}/cmdline").read().split("\0")
+    assert str(entry / "tiny-Q8_0.gguf") in cmdline
+    assert sorted(p.name for p in entry.iterdir() if not p.name.startswith(".")) == [
+        "tiny-Q8_0.gguf"
+    ]
+    gets = {r[1] for r in server.requests if r[0] == "GET"}
+    assert f"/{repo.repo}/resolve/{repo.commit}/tiny-Q8_0.gguf" in gets
+    assert not [g for g in gets if g.endswith(("tiny-Q4_K_M.gguf", "README.md"))]
+    # and the control plane knows the entry by the file's source
+    row = LocalWeights.objects.get(node_id="cpu-a")
+    assert row.source == f"hf://{repo.repo}/tiny-Q8_0.gguf@{repo.commit}"
