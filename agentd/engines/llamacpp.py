@@ -137,5 +137,5 @@ def gguf_in(model: str) -> str:
     raise EngineUnavailable(
         f"{model} holds {len(found)} .gguf files ({', '.join(found[:5])}); llama.cpp loads "
         "one: name that file as the profile's model_path (of a hub repository: "
-        "hf://<org>/<name>/<file>[@<revision>])"
+        "hf://<org>/<name>/<path of the file>[@<revision>])"
     )

@@ -108,11 +108,6 @@ def chosen(source: Source, siblings: list, where: str) -> list:
     if not path:
         return list(siblings)
     picked = [s for s in siblings if s.rfilename == path or s.rfilename.startswith(path + "/")]
-    part = _PART.match(path)
-    if part and int(part["n"]) == 1:
-        stem, of = part["stem"], part["of"]
-        parts = {f"{stem}-{i:05d}-of-{of}.gguf" for i in range(2, int(of) + 1)}
-        picked += [s for s in siblings if s.rfilename in parts]
     if not picked:
         names = sorted(s.rfilename for s in siblings)
         shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -120,4 +115,14 @@ def chosen(source: Source, siblings: list, where: str) -> list:
             f"{where}: no file or folder {path!r} in the repository at {source.revision} "
             f"(it has: {shown or 'nothing'})"
         )
+    part = _PART.match(path)
+    if part:
+        stem, n, of = part["stem"], int(part["n"]), part["of"]
+        if n != 1:
+            raise FetchError(
+                f"{where}: {path!r} is part {n} of a split GGUF; name its first part, "
+                f"{stem}-00001-of-{of}.gguf, which brings the others"
+            )
+        parts = {f"{stem}-{i:05d}-of-{of}.gguf" for i in range(2, int(of) + 1)}
+        picked += [s for s in siblings if s.rfilename in parts]
     return picked

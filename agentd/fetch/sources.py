@@ -140,7 +140,7 @@ def _hub(text: str) -> Source:
     if len(repo) > 96:
         raise SourceError(f"{text!r}: the repository id is longer than 96 characters")
     head, slash, tail = revision.partition("/")
-    if slash and tail.endswith(_WEIGHTS_SUFFIXES):
+    if slash and tail.lower().endswith(_WEIGHTS_SUFFIXES):
         raise SourceError(
             f"{text!r}: '@{revision}' reads as a revision; a file goes before it: "
             f"hf://{repo}/{tail}@{head}"

@@ -252,10 +252,24 @@ async def test_a_hub_file_or_folder_is_fetched_alone(tmp_path, server):
     assert (path.parent / "tiny-Q8_0-00002-of-00002.gguf").read_bytes() == DATA[500:]
     assert not (path.parent.parent / "tiny-Q8_0.gguf").exists()
 
+    # and a folder brings what is under it, not a file whose name starts the same
+    folder = await f.fetch(sources.parse("hf://org/tiny-GGUF/Q8_0"), {}, "d", Progress())
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "tiny-Q8_0-00001-of-00002.gguf",
+        "tiny-Q8_0-00002-of-00002.gguf",
+    ]
+    with pytest.raises(FetchError, match=r"no file or folder 'Q8'"):
+        await f.fetch(sources.parse("hf://org/tiny-GGUF/Q8"), {}, "e", Progress())
+
     # and a path the repository does not have is an error that lists what it has
     with pytest.raises(FetchError, match=r"no file or folder 'tiny-Q5.gguf' .* \(it has: Q8_0/"):
         await f.fetch(sources.parse("hf://org/tiny-GGUF/tiny-Q5.gguf"), {}, "c", Progress())
+    # as is a later part of a split file, which names the first
+    second = "Q8_0/tiny-Q8_0-00002-of-00002.gguf"
+    with pytest.raises(FetchError, match=r"part 2 of a split GGUF; name its first part"):
+        await f.fetch(sources.parse(f"hf://org/tiny-GGUF/{second}"), {}, "f", Progress())
     assert sorted(e.source for e in discovery.weights([tmp_path / "weights"], [])) == [
+        "hf://org/tiny-GGUF/Q8_0",
         f"hf://org/tiny-GGUF/{first}",
         "hf://org/tiny-GGUF/tiny-Q4_K_M.gguf",
     ]

@@ -57,6 +57,7 @@ def test_every_source_form_is_accepted(path):
         ("hf://org/name/a/../b.gguf", "'a/../b.gguf' is not a path in the repository"),
         # the file after the revision, as some tools write it: the answer shows the order
         ("hf://org/name@main/x.gguf", "a file goes before it: hf://org/name/x.gguf@main"),
+        ("hf://org/name@v2/Q8/x.GGUF", "a file goes before it: hf://org/name/Q8/x.GGUF@v2"),
     ],
 )
 def test_a_bad_source_is_an_error_naming_the_problem(path, words):

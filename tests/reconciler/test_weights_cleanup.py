@@ -278,6 +278,26 @@ def test_a_removal_asked_for_while_another_pass_runs_is_judged_by_its_own_pass_o
     assert report.proposals[0].reason == "an operator asked to remove it"
 
 
+def test_a_request_on_one_copy_of_a_shared_path_is_answered_for_every_copy():
+    # given: one copy on a shared filesystem, seen by two nodes, pinned through n1's row
+    for node_id in ("n1", "n2"):
+        add_node(node_id)
+        report_weights(node_id, (f"{W}/shared-model", GB))
+    LocalWeights.objects.update(shared=True)
+    LocalWeights.objects.filter(node_id="n1").update(pinned=True)
+    Clock().pass_()
+
+    # when: an operator asks through n2's row
+    report = weights_inventory.request_removal([row("n2", f"{W}/shared-model").pk])
+
+    # then: refused as pinned, and the request is answered on every copy, so
+    # unpinning later does not remove it on a request already refused
+    assert [(e.path, why) for e, why in report.refused] == [(f"{W}/shared-model", "pinned")]
+    assert not LocalWeights.objects.filter(remove_requested=True).exists()
+    LocalWeights.objects.update(pinned=False)
+    assert cleanup.run_locked().proposals == []
+
+
 def test_explain_says_whether_a_node_holds_the_weights_or_would_fetch_how_much():
     add_node("n1")
     add_node("n2")

@@ -130,6 +130,17 @@ def test_an_operators_request_that_must_wait_says_why_and_stands():
     ]
 
 
+def test_a_refused_request_is_not_also_said_to_wait():
+    # pinned, or in use, on a node that is away: refused, and only refused
+    entries = [
+        entry(1, "pinned-away", node="n9", remove_requested=True, pinned=True),
+        entry(2, "used-away", node="n9", remove_requested=True),
+    ]
+    d = go(entries, needed={"n9": ["used-away"]})
+    assert [(e.id, why.split(" ")[0]) for e, why in d.refused] == [(1, "pinned"), (2, "in")]
+    assert d.waiting == [] and d.proposals == []
+
+
 # ---- shared filesystems ----------------------------------------------------------------
 
 

@@ -145,7 +145,7 @@ def run_pass(now: datetime | None = None) -> Report:
         _update(decision.became_unused, unused_since=now)
         _update(decision.became_used, unused_since=None)
         for e, why in decision.refused:
-            LocalWeights.objects.filter(pk=e.id).update(remove_requested=False)
+            _answered(e).update(remove_requested=False)
             _event(e, WeightsEvent.Action.KEPT, f"not removed: {why}", now=now)
         by_node: dict[str, list[rules.Proposal]] = {}
         for p in decision.proposals:
@@ -167,6 +167,14 @@ def run_pass(now: datetime | None = None) -> Report:
             report.became_used,
         )
     return report
+
+
+def _answered(e: rules.Entry):
+    """The rows a judgement of ``e`` answers: its own, or every copy of a shared path
+    (judged once, as one of them, while the request may sit on another)."""
+    if e.shared:
+        return LocalWeights.objects.filter(shared=True, path=e.path)
+    return LocalWeights.objects.filter(pk=e.id)
 
 
 def _update(ids: list[int], **values) -> None:
@@ -205,6 +213,8 @@ def propose(
             removal_reason=p.reason[:255],
             remove_requested=False,
         )
+        if p.entry.shared:
+            _answered(p.entry).update(remove_requested=False)
     WeightsEvent.objects.bulk_create(
         WeightsEvent(
             node_id=node_id,

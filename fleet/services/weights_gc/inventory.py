@@ -138,5 +138,9 @@ def request_removal(ids, wait_s: float = 5.0):
     def mark():
         with transaction.atomic():
             LocalWeights.objects.filter(pk__in=ids).update(remove_requested=True, kept_at=None)
+            # A shared path is one copy: "kept a moment ago" on another node's row of
+            # it would hold the request back like a removal under way.
+            shared = LocalWeights.objects.filter(pk__in=ids, shared=True).values("path")
+            LocalWeights.objects.filter(shared=True, path__in=shared).update(kept_at=None)
 
     return cleanup.run_locked(wait_s=wait_s, first=mark)

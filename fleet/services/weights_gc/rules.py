@@ -265,14 +265,16 @@ def _unproposed(
             continue
         if e.pinned:
             out.refused.append((e, "pinned"))
-        elif needed.get(e.node_id, Wanted()).serves(e.path, e.source) or (
+            continue
+        if needed.get(e.node_id, Wanted()).serves(e.path, e.source) or (
             e.shared and everywhere.serves(e.path, e.source)
         ):
             out.refused.append((e, "in use by a shard that is desired or running there"))
             continue
         copies = shared.get(e.path, [e]) if e.shared else [e]
         if any(c.busy for c in copies):
-            # An operator's request clears "kept a moment ago": busy is a removal.
+            # Marking a request clears "kept a moment ago" on every copy of its path
+            # (inventory.request_removal): busy is a removal under way.
             out.waiting.append((e, "a removal of it is already under way"))
         elif not any(c.node_id in connected for c in copies):
             out.waiting.append((e, "its node is not connected: proposed when it is back"))
