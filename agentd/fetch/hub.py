@@ -10,11 +10,10 @@ ends, and an agent killed mid-download must continue where it was.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from agentd.fetch.http import FetchError
-from agentd.fetch.sources import Source
+from agentd.fetch.sources import SPLIT_GGUF, Source
 
 
 @dataclass(frozen=True)
@@ -94,10 +93,6 @@ def plan(source: Source, *, endpoint: str, token: str, timeout_s: float) -> HubP
     return HubPlan(commit=info.sha, files=files, headers=dict(headers))
 
 
-# The parts of a split GGUF: name-00001-of-00003.gguf and its siblings.
-_PART = re.compile(r"^(?P<stem>.+)-(?P<n>\d{5})-of-(?P<of>\d{5})\.gguf$")
-
-
 def chosen(source: Source, siblings: list, where: str) -> list:
     """The repository's files a source asks for: all of them, or its file or folder.
 
@@ -115,14 +110,11 @@ def chosen(source: Source, siblings: list, where: str) -> list:
             f"{where}: no file or folder {path!r} in the repository at {source.revision} "
             f"(it has: {shown or 'nothing'})"
         )
-    part = _PART.match(path)
-    if part:
-        stem, n, of = part["stem"], int(part["n"]), part["of"]
-        if n != 1:
-            raise FetchError(
-                f"{where}: {path!r} is part {n} of a split GGUF; name its first part, "
-                f"{stem}-00001-of-{of}.gguf, which brings the others"
-            )
-        parts = {f"{stem}-{i:05d}-of-{of}.gguf" for i in range(2, int(of) + 1)}
-        picked += [s for s in siblings if s.rfilename in parts]
-    return picked
+    part = SPLIT_GGUF.match(path)
+    if part and int(part["n"]) != 1:
+        raise FetchError(
+            f"{where}: {path!r} is part {int(part['n'])} of a split GGUF; name its first "
+            f"part, {part['stem']}-00001-of-{part['of']}.gguf, which brings the others"
+        )
+    parts = source.split_parts()
+    return picked + [s for s in siblings if s.rfilename in parts]

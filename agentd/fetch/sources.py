@@ -26,6 +26,8 @@ DEFAULT_REVISION = "main"
 _REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# The parts of a split GGUF: name-00001-of-00003.gguf and its siblings.
+SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<n>\d{5})-of-(?P<of>\d{5})\.gguf$")
 # A revision ending in one of these is a file named after the revision by mistake.
 _WEIGHTS_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".json")
 HUB_FORM = "hf://org/name[/path/in/repo][@revision]"
@@ -51,6 +53,25 @@ class Source:
     def file_name(self) -> str:
         """A URL's last path part: the name the fetched file keeps (engines look at suffixes)."""
         return unquote(urlsplit(self.url).path.rsplit("/", 1)[-1]) if self.kind == URL else ""
+
+    def split_parts(self) -> set[str]:
+        """The other parts of a split GGUF a hub path names by its first part
+        (``x-00001-of-00003.gguf``): fetched with it. Empty otherwise."""
+        part = SPLIT_GGUF.match(self.path) if self.kind == HUB else None
+        if part is None or int(part["n"]) != 1:
+            return set()
+        stem, of = part["stem"], part["of"]
+        return {f"{stem}-{i:05d}-of-{of}.gguf" for i in range(2, int(of) + 1)}
+
+    def holds(self, name: str) -> bool:
+        """Whether the file ``name`` (a URL's file name, a path in a hub repository)
+        is among what this source fetches."""
+        if self.kind == URL:
+            return name == self.file_name
+        path = self.path
+        if not path or name == path or name.startswith(path + "/"):
+            return True
+        return name in self.split_parts()
 
     @property
     def slug(self) -> str:

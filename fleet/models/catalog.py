@@ -348,11 +348,17 @@ class EngineProfile(models.Model):
                 "checksums are for weights the node fetches: model_path must be an "
                 "https:// URL or hf://org/name[/path][@revision]"
             )
-        elif source is not None and source.kind == sources.URL and self.weights_sha256:
-            names = set(self.weights_sha256) - {source.file_name}
-            if names:
+        elif source is not None and self.weights_sha256:
+            names = sorted(n for n in self.weights_sha256 if not source.holds(n))
+            if names and source.kind == sources.URL:
                 errors["weights_sha256"] = (
-                    f"the URL fetches one file, {source.file_name}; not {', '.join(sorted(names))}"
+                    f"the URL fetches one file, {source.file_name}; not {', '.join(names)}"
+                )
+            elif names:
+                errors["weights_sha256"] = (
+                    f"{source.text} fetches only {source.path} (and what is under it or "
+                    f"split from it); not {', '.join(names)}: name files by their path "
+                    "in the repository"
                 )
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()

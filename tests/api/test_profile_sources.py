@@ -83,6 +83,40 @@ def test_bad_checksums_are_errors(fields, words):
     assert any(words in m for m in err.value.message_dict["weights_sha256"])
 
 
+HUB = "hf://org/tiny-GGUF"
+
+
+@pytest.mark.parametrize(
+    "path, names",
+    [
+        (f"{HUB}/tiny-Q8_0.gguf@v1", ["tiny-Q8_0.gguf"]),  # the file itself
+        (f"{HUB}/Q8_0", ["Q8_0/a.gguf", "Q8_0/sub/b.gguf"]),  # what is under a folder
+        (f"{HUB}/Q8_0/t-00001-of-00002.gguf", ["Q8_0/t-00002-of-00002.gguf"]),  # other parts
+        (HUB, ["anything/at/all.gguf"]),  # the whole repository
+    ],
+)
+def test_checksums_of_a_hub_path_name_files_it_fetches(path, names):
+    profile(model_path=path, weights_sha256=dict.fromkeys(names, SHA)).full_clean()
+
+
+@pytest.mark.parametrize(
+    "path, name",
+    [
+        (f"{HUB}/tiny-Q8_0.gguf@v1", "tiny-Q4_K_M.gguf"),
+        (f"{HUB}/Q8_0", "Q8_0.gguf"),  # beside the folder, not under it
+        (f"{HUB}/Q8_0/t-00001-of-00002.gguf", "Q8_0/t-00001-of-00003.gguf"),
+    ],
+)
+def test_checksums_of_a_file_a_hub_path_does_not_fetch_are_refused(path, name):
+    p = profile(model_path=path, weights_sha256={name: SHA})
+    with pytest.raises(ValidationError) as err:
+        p.full_clean()
+    [message] = err.value.message_dict["weights_sha256"]
+    inside = path.removeprefix(f"{HUB}/").split("@")[0]
+    assert f"fetches only {inside} " in message, message
+    assert f"not {name}: name files by their path in the repository" in message
+
+
 def test_checksums_need_a_fetched_source():
     p = profile(model_path="/models/tiny.gguf", weights_sha256={"tiny.gguf": SHA})
     with pytest.raises(ValidationError, match="checksums are for weights the node fetches"):
