@@ -186,6 +186,14 @@ class ApiKey(_Secret):
     class Meta:
         ordering = ["name"]
         verbose_name = "API key"
+        permissions = [
+            # A key acts as its owner: minting, rotating or revoking someone else's
+            # is acting as them, which add/change_apikey alone must not allow.
+            (
+                "manage_others_api_keys",
+                "Can mint, rotate and revoke API keys of other users",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix})"
