@@ -1,0 +1,193 @@
+"""Connection bounds in the production arrangement: HAProxy, as docs/scaling.md configures
+it, in front of the web process.
+
+The web process does not bound a connection by itself (uvicorn re-arms no keep-alive
+timer once a byte arrives, and reads a body for as long as it dribbles in); the
+balancer in front does, and docs/security.md says the web process must not face the
+internet without it. Each test runs docs/scaling.md's configuration as written, with
+the test's own addresses and shorter timeouts and connection cap swapped in, and does
+what a client holding connections open would do.
+"""
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.factories import inference_key, ready_model
+from tests.gateway.live import FAST_REFRESH, post, wait_until
+from tests.processes import free_port, start_web
+from tests.processes.tls import (
+    HAPROXY_MISSING,
+    documented_config,
+    haproxy_binary,
+    run_haproxy,
+    swap,
+)
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+DOC = "scaling.md"
+# The documented timeouts, shortened so a test waits seconds, not minutes. A
+# connection the balancer bounds is closed within the bound; one it does not is
+# held until `timeout client` (60 s), which the tests wait far less than.
+HTTP_REQUEST_S = 1
+CLOSED_WITHIN_S = 8
+MAX_CONN_PER_ADDRESS = 6
+
+
+@pytest.fixture
+def edge(transactional_db, tmp_path):
+    binary = haproxy_binary()
+    if binary is None:
+        pytest.fail(HAPROXY_MISSING)
+    web = start_web(tmp_path, **FAST_REFRESH)
+    port = free_port()
+    config = documented_config(DOC)
+    for old, new in (
+        ("bind :8000", f"bind 127.0.0.1:{port}"),
+        ("server web1 10.0.0.10:8000", f"server web1 127.0.0.1:{web.port}"),
+        ("    server web2 10.0.0.11:8000 check inter 2s fall 2 rise 2\n", ""),
+        ("timeout http-request 10s", f"timeout http-request {HTTP_REQUEST_S}s"),
+        ("timeout http-keep-alive 10s", f"timeout http-keep-alive {HTTP_REQUEST_S}s"),
+        ("sc0_conn_cur gt 256", f"sc0_conn_cur gt {MAX_CONN_PER_ADDRESS}"),
+    ):
+        config = swap(config, old, new, DOC)
+    proxy = run_haproxy(binary, tmp_path, config, port, name="haproxy-edge")
+    proxy.url = f"http://127.0.0.1:{port}"
+    yield web, proxy
+    proxy.stop()
+    web.stop()
+
+
+def _connect(proxy) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", proxy.port))
+    sock.settimeout(CLOSED_WITHIN_S)
+    return sock
+
+
+def _closed(sock) -> bytes:
+    """What the balancer says before it closes ``sock``; fails if it is still open."""
+    said = b""
+    began = time.monotonic()
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return said
+            said += data
+    except (ConnectionResetError, BrokenPipeError):
+        return said
+    except TimeoutError:
+        waited = time.monotonic() - began
+        raise AssertionError(f"the connection is still open after {waited:.0f} s") from None
+
+
+def _head(secret: str, length: int, extra: str = "") -> bytes:
+    return (
+        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+def _chat(model="tiny", **more) -> bytes:
+    return json.dumps({"model": model, "messages": HI, **more}).encode()
+
+
+def test_an_idle_connection_is_closed_even_after_a_stray_crlf(edge, upstreams):
+    web, proxy = edge
+    ready_model("tiny", [upstreams()])
+    _, secret = inference_key()
+    body = _chat()
+    with _connect(proxy) as sock:
+        sock.sendall(_head(secret, len(body)) + body)
+        answer = b""
+        while b'"choices"' not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        sock.sendall(b"\r\n")  # marks a connection busy for a server that counts bytes
+        _closed(sock)
+
+
+def test_a_refused_request_cannot_hold_its_connection_with_a_dribbled_body(edge):
+    _, proxy = edge
+    with _connect(proxy) as sock:
+        sock.sendall(_head("sk-not-a-key", 1000) + b'{"model": ')
+        time.sleep(0.3)
+        sock.sendall(b"x")
+        said = _closed(sock)
+    assert said.startswith(b"HTTP/1.1 408"), said[:200]
+
+
+def test_a_body_that_never_ends_is_cut_and_never_reaches_the_engine(edge, upstreams):
+    _, proxy = edge
+    up = upstreams()
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    with _connect(proxy) as sock:
+        sock.sendall(_head(secret, 1000) + b'{"model": "tiny", ')
+        said = b""
+        for _ in range(4 * CLOSED_WITHIN_S):
+            time.sleep(0.25)
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        said = _closed(sock)
+    assert said.startswith(b"HTTP/1.1 408"), said[:200]
+    assert up.served == 0 and up.requests == []
+
+
+@pytest.mark.parametrize("kib", [70, 100])
+def test_an_oversized_head_in_one_write_is_refused(edge, upstreams, kib):
+    web, proxy = edge
+    up = upstreams()
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    body = _chat()
+    with _connect(proxy) as sock:
+        sock.sendall(_head(secret, len(body), f"X-Pad: {'a' * (kib << 10)}\r\n") + body)
+        said = _closed(sock)
+    assert said.startswith(b"HTTP/1.1 400"), said[:200]
+    assert up.served == 0
+
+
+def test_one_address_cannot_hold_every_connection(edge, upstreams):
+    _, proxy = edge
+    ready_model("tiny", [upstreams()])
+    _, secret = inference_key()
+    held = [_connect(proxy) for _ in range(MAX_CONN_PER_ADDRESS)]
+    try:
+        with _connect(proxy) as one_more:
+            try:
+                one_more.sendall(_head(secret, len(_chat())) + _chat())
+            except ConnectionResetError:
+                pass  # refused before the request was written
+            assert _closed(one_more) == b""
+        held.pop().close()
+        # The count follows the connections: one closed, one more is served.
+        wait_until(lambda: post(proxy, CHAT, {"model": "tiny", "messages": HI}, secret)[0] == 200)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_client_leaving_a_pipelined_stream_ends_the_engines_request(edge, upstreams):
+    _, proxy = edge
+    up = upstreams()
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    assert post(proxy, CHAT, {"model": "tiny", "messages": HI}, secret)[0] == 200
+    up.mode = "hang"
+    stream, second = _chat(stream=True), _chat()
+    with _connect(proxy) as sock:
+        sock.sendall(_head(secret, len(stream)) + stream + _head(secret, len(second)) + second)
+        wait_until(lambda: up.in_flight == 1, what="the engine has the stream")
+    # Gone before the first byte: the engine's request ends now, not at the
+    # gateway's first-byte timeout, and the request behind it is never sent.
+    wait_until(lambda: up.cancelled == 1, what="the engine's request ended")
+    up.release.set()
+    assert up.in_flight == 0 and len(up.requests) == 2
