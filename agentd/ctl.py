@@ -479,6 +479,21 @@ def _rotate(api: Api, args, out):
     return None
 
 
+def _revoke_key(api: Api, args, out):
+    if not args.yes:
+        raise Failure(
+            f"revoking key {args.prefix} refuses it from now on and cannot be undone: "
+            "add --yes to do it",
+            EXIT_USAGE,
+        )
+    result = api.call("POST", f"api-keys/{_quote(args.prefix)}/revoke/")
+    if args.json:
+        return result
+    done = "revoked" if result["revoked"] else "was already revoked"
+    out.write(f"'{result['name']}' ({result['prefix']}) {done}\n")
+    return None
+
+
 def _usage(api: Api, args, out):
     rows = api.call("GET", "usage/", key=args.key, model=args.model, since=args.since)
     if args.json:
@@ -558,6 +573,14 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--scope", choices=["inference", "manage"], default="inference")
     k.add_argument("--models", default="", help="Inference keys: a,b (default: every model).")
     k.add_argument("--expires", help="30d, 12h… or an ISO 8601 time.")
+    k.add_argument(
+        "--user",
+        help="Whose key it is (default: yours, the manage key's user); another user's "
+        "needs the permission fleet.manage_others_api_keys.",
+    )
+    rk = sub.add_parser("revoke-key", help="Refuse an API key from now on (cannot be undone).")
+    rk.add_argument("prefix", help="The key's prefix (the 8 characters after lgk_).")
+    rk.add_argument("--yes", action="store_true", help="Yes, refuse it from now on.")
     r = sub.add_parser("rotate-key", help="A new secret for a key; the old one works for --grace.")
     r.add_argument("prefix", help="The key's prefix (the 8 characters after lgk_).")
     r.add_argument("--grace", default="24h", help="How long the old secret still works.")
@@ -605,8 +628,10 @@ COMMANDS = {
             "scope": a.scope,
             "models": [m.strip() for m in a.models.split(",") if m.strip()],
             **({"expires": a.expires} if a.expires else {}),
+            **({"user": a.user} if a.user else {}),
         },
     ),
+    "revoke-key": _revoke_key,
 }
 
 

@@ -17,7 +17,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html_join
 
 from fleet.models import ApiKey, ApiKeyScope, JoinToken, KeyUsage, Model, NodeCredential
-from fleet.services import access, api_keys, doorbells
+from fleet.services import access, api_keys, doorbells, permissions
 from fleet.services.api_keys import LIMIT_FIELDS as LIMITS
 
 from .common import ReadOnlyAdmin
@@ -163,7 +163,7 @@ class JoinTokenAdmin(SecretOnceMixin, admin.ModelAdmin):
             form.cleaned_data["name"],
             ttl=form.cleaned_data["lifetime"],
             max_uses=form.cleaned_data["max_uses"],
-            user=request.user,
+            actor=request.user,
         )
 
     @admin.display(description="status")
@@ -174,9 +174,16 @@ class JoinTokenAdmin(SecretOnceMixin, admin.ModelAdmin):
     def uses_display(self, obj):
         return f"{obj.uses} of {obj.max_uses}"
 
-    @admin.action(description="Revoke: enrol no more nodes")
+    def has_revoke_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "join_token.revoke")
+
+    @admin.action(description="Revoke: enrol no more nodes", permissions=["revoke"])
     def revoke_tokens(self, request, queryset):
-        done = sum(access.revoke_join_token(t) for t in queryset)
+        try:
+            done = sum(access.revoke_join_token(t, actor=request.user) for t in queryset)
+        except permissions.Refused as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
         self.message_user(request, f"revoked {done} join token(s)")
 
 
@@ -214,10 +221,23 @@ class ApiKeyForm(forms.ModelForm):
             "tokens_per_month",
         )
 
+    # The user asking (ApiKeyAdmin.get_form): the owner of a new key whose form has no
+    # user field, or whose user field is left empty.
+    acting_user = None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if "user" in self.fields:
             self.fields["user"].queryset = get_user_model().objects.filter(is_active=True)
+            self.fields[
+                "user"
+            ].help_text = "Whose key it is; a manage key acts as them. Empty: yours."
+
+    def owner(self, data):
+        """Whose key this form makes or edits."""
+        if self.instance.pk is not None:
+            return self.instance.user
+        return data.get("user") or self.acting_user
 
     def clean_allowed_models(self):
         return sorted(m.name for m in self.cleaned_data["allowed_models"])
@@ -228,10 +248,16 @@ class ApiKeyForm(forms.ModelForm):
             return data
         instance = self.instance
         try:
+            if instance.pk is None:
+                api_keys.check_actor(self.acting_user, "api_key.create", self.owner(data), "mint")
+        except permissions.Refused as exc:
+            self.add_error("user" if "user" in self.fields else None, str(exc))
+            return data
+        try:
             api_keys.check_api_key(
                 data.get("name", instance.name),
                 scope=data.get("scope", instance.scope),
-                user=data["user"] if "user" in data else instance.user,
+                user=self.owner(data),
                 allowed_models=data.get("allowed_models"),
                 # An existing key may keep an expiry that has passed; a new one may not.
                 expires_at=data.get("expires_at") if instance.pk is None else None,
@@ -261,6 +287,22 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
     actions = ("revoke_keys",)
     secret_hint = "Send it as 'Authorization: Bearer {secret}'."
 
+    def has_others_permission(self, request, obj=None):
+        return request.user.has_perm(permissions.OTHERS_API_KEYS)
+
+    def has_revoke_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "api_key.revoke")
+
+    def has_delete_permission(self, request, obj=None):
+        # Deleting a key is revoking it for good: another's needs what revoking it does.
+        if not super().has_delete_permission(request, obj):
+            return False
+        return obj is None or obj.user_id == request.user.pk or self.has_others_permission(request)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"acting_user": request.user})
+
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
@@ -278,7 +320,10 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ("name", "scope", "user", "allowed_models", "expires_at", *LIMITS)
+            # Without the permission for others' keys, a new key is the asking user's own:
+            # the form offers no owner to choose and takes none from a post.
+            owner = ("user",) if self.has_others_permission(request) else ()
+            return ("name", "scope", *owner, "allowed_models", "expires_at", *LIMITS)
         return (
             "name",
             "allowed_models",
@@ -298,10 +343,11 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
         return api_keys.create_api_key(
             data["name"],
             scope=data["scope"],
-            user=data.get("user"),
+            user=form.owner(data),
             allowed_models=data["allowed_models"],
             expires_at=data.get("expires_at"),
             limits={f: data.get(f) for f in LIMITS},
+            actor=request.user,
         )
 
     @admin.display(description="usage, last 30 days")
@@ -329,9 +375,13 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             return "-"
         return ", ".join(obj.allowed_models) or "all"
 
-    @admin.action(description="Revoke: refuse these keys from now on")
+    @admin.action(description="Revoke: refuse these keys from now on", permissions=["revoke"])
     def revoke_keys(self, request, queryset):
-        done = sum(api_keys.revoke_api_key(k) for k in queryset)
+        try:
+            done = api_keys.revoke_api_keys(queryset.select_related("user"), actor=request.user)
+        except permissions.Refused as exc:
+            self.message_user(request, f"{exc}; none revoked", messages.ERROR)
+            return
         self.message_user(request, f"revoked {done} API key(s)", messages.WARNING)
 
 

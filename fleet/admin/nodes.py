@@ -19,7 +19,7 @@ from fleet.models import (
     VllmBuild,
     WantedEngine,
 )
-from fleet.services import access
+from fleet.services import access, permissions
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
@@ -207,8 +207,15 @@ class NodeAdmin(admin.ModelAdmin):
         ),
     )
 
+    # The actions' permissions, from the one table every door asks (fleet.services.permissions).
     def has_drain_permission(self, request, obj=None):
-        return request.user.has_perm("fleet.drain_node")
+        return permissions.allowed(request.user, "node.drain")
+
+    def has_revoke_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "node.revoke")
+
+    def has_vllm_build_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "node.vllm_build")
 
     def get_readonly_fields(self, request, obj=None):
         operator = set(OPERATOR_FIELDS)
@@ -271,32 +278,32 @@ class NodeAdmin(admin.ModelAdmin):
         return engine_service.installs_summary(obj.engine_installs.all())
 
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
+        super().save_model(request, obj, form, change)  # change_node, as node.vllm_build
         if change and "vllm_build" in form.changed_data:
             engine_service.tell_nodes([obj.pk])  # the node acts on it at once
 
     def _set_build(self, request, queryset, build):
         nodes = list(queryset)
-        done = engine_service.set_vllm_build(nodes, build)
+        done = engine_service.set_vllm_build(nodes, build, request.user)
         self.message_user(
             request,
             count_message(done, len(nodes), f"vLLM build {build} on", "had it already")
             + "; each is told at once",
         )
 
-    @admin.action(description="vLLM build: auto (from the driver)", permissions=["change"])
+    @admin.action(description="vLLM build: auto (from the driver)", permissions=["vllm_build"])
     def vllm_build_auto(self, request, queryset):
         self._set_build(request, queryset, VllmBuild.AUTO)
 
-    @admin.action(description="vLLM build: CUDA 13", permissions=["change"])
+    @admin.action(description="vLLM build: CUDA 13", permissions=["vllm_build"])
     def vllm_build_cu13(self, request, queryset):
         self._set_build(request, queryset, VllmBuild.CU13)
 
-    @admin.action(description="vLLM build: CUDA 12.9", permissions=["change"])
+    @admin.action(description="vLLM build: CUDA 12.9", permissions=["vllm_build"])
     def vllm_build_cu129(self, request, queryset):
         self._set_build(request, queryset, VllmBuild.CU129)
 
-    @admin.action(description="vLLM build: none (not installed)", permissions=["change"])
+    @admin.action(description="vLLM build: none (not installed)", permissions=["vllm_build"])
     def vllm_build_none(self, request, queryset):
         self._set_build(request, queryset, VllmBuild.NONE)
 
@@ -361,9 +368,9 @@ class NodeAdmin(admin.ModelAdmin):
             request, count_message(done, len(nodes), "uncordoned", "were not cordoned")
         )
 
-    @admin.action(description="Revoke credentials (disconnects the agent)", permissions=["change"])
+    @admin.action(description="Revoke credentials (disconnects the agent)", permissions=["revoke"])
     def revoke_credentials(self, request, queryset):
-        revoked = {n.pk: access.revoke_node(n) for n in queryset}
+        revoked = {n.pk: access.revoke_node(n, request.user) for n in queryset}
         self.message_user(
             request,
             "revoked "

@@ -10,6 +10,7 @@ import threading
 from django.contrib import admin
 
 from fleet.models import LocalWeights, WeightsEvent
+from fleet.services import permissions
 from fleet.services.weights_gc import inventory as weights_inventory
 
 from .common import ReadOnlyAdmin, human_bytes
@@ -70,7 +71,10 @@ class LocalWeightsAdmin(ReadOnlyAdmin):
         return cached if cached is not None else weights_inventory.annotate([obj])[0]
 
     def has_manage_permission(self, request, obj=None):
-        return request.user.has_perm("fleet.change_localweights")
+        # pin, unpin and remove: one rule in fleet.services.permissions, as the API's.
+        return all(
+            permissions.allowed(request.user, f"weights.{a}") for a in ("pin", "unpin", "remove")
+        )
 
     @admin.display(description="size", ordering="size_bytes")
     def size(self, obj):

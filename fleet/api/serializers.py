@@ -613,6 +613,12 @@ class JoinTokenRequestSerializer(serializers.Serializer):
 class ApiKeyRequestSerializer(serializers.Serializer):
     name = StrictCharField(max_length=100, help_text="Who or what it is for.")
     scope = serializers.ChoiceField(choices=["inference", "manage"], default="inference")
+    user = StrictCharField(
+        required=False,
+        max_length=150,
+        help_text="Whose key it is (a manage key acts as them). Left out: the asking user's "
+        "own. Naming another user needs fleet.manage_others_api_keys.",
+    )
     models = serializers.ListField(
         child=StrictCharField(max_length=200),
         required=False,

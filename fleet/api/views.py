@@ -3,6 +3,7 @@
 from dataclasses import asdict
 from datetime import UTC
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Count, ProtectedError, Q
 from django.utils import timezone
@@ -17,7 +18,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from fleet.models import (
@@ -34,7 +35,7 @@ from fleet.models import (
     Shard,
     WantedEngine,
 )
-from fleet.services import access, api_keys, catalog, node_logs, snapshot
+from fleet.services import access, api_keys, catalog, node_logs, permissions, snapshot
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
@@ -131,11 +132,10 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     search_fields = ("id", "hostname", "mgmt_addr")
     ordering_fields = ("id", "state", "last_seen")
     # Moving workload is its own permission, not change_node (FleetModelPermissions).
+    # The node each answers with needs view_node (fleet.services.permissions).
     action_permissions = {
-        **{n: ["fleet.view_node", "fleet.drain_node"] for n in ("cordon", "drain", "uncordon")},
-        # As in the console: revoking a node's credentials is changing the node.
-        "revoke": ["fleet.view_node", "fleet.change_node"],
-        "vllm_build": ["fleet.view_node", "fleet.change_node"],
+        n: ["fleet.view_node", *permissions.needs(f"node.{n}")]
+        for n in ("cordon", "drain", "uncordon", "revoke", "vllm_build")
     }
 
     def _intent(self, request, change):
@@ -167,7 +167,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def revoke(self, request, pk=None):
         """Revoke the node's credentials and close its socket; its agent must enrol again."""
         node = self.get_object()
-        return Response({"node": node.pk, "revoked": access.revoke_node(node)})
+        return Response({"node": node.pk, "revoked": access.revoke_node(node, request.user)})
 
     @extend_schema(responses=serializers.NodeRowSerializer(many=True))
     @action(detail=False, methods=["get"], pagination_class=None, filterset_class=None)
@@ -238,7 +238,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = self.get_object()
         body = serializers.VllmBuildSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        engine_service.set_vllm_build([node], body.validated_data["vllm_build"])
+        engine_service.set_vllm_build([node], body.validated_data["vllm_build"], request.user)
         node = self.get_queryset().get(pk=node.pk)
         return Response(self.get_serializer(node).data)
 
@@ -413,14 +413,10 @@ class CatalogViewSet(viewsets.ViewSet):
     ``manage.py apply`` and ``manage.py explain -f`` do it."""
 
     queryset = Model.objects.none()  # for the permissions of what is not an action here
-    # Applying writes models and profiles: the permissions the admin asks for them.
+    # Applying asks, per change in the file, what the per-object API asks for it
+    # (catalog.apply, with the caller as the actor): no blanket permission here.
     action_permissions = {
-        "apply": [
-            "fleet.add_model",
-            "fleet.change_model",
-            "fleet.add_engineprofile",
-            "fleet.change_engineprofile",
-        ],
+        "apply": [],
         "explain": ["fleet.view_model", "fleet.view_node"],
     }
 
@@ -434,11 +430,21 @@ class CatalogViewSet(viewsets.ViewSet):
         body.is_valid(raise_exception=True)
         try:
             result = catalog.apply(
-                body.validated_data["catalog"], dry_run=body.validated_data["dry_run"]
+                body.validated_data["catalog"],
+                dry_run=body.validated_data["dry_run"],
+                actor=request.user,
             )
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
         except catalog.CatalogError as exc:
             raise ValidationError({"catalog": exc.errors}) from None
-        return Response({"dry_run": body.validated_data["dry_run"], **asdict(result)})
+        return Response(
+            {
+                "dry_run": body.validated_data["dry_run"],
+                "changes": result.changes,
+                "unchanged": result.unchanged,
+            }
+        )
 
     @extend_schema(
         request=serializers.CatalogExplainSerializer,
@@ -476,7 +482,7 @@ class JoinTokenViewSet(viewsets.ViewSet):
     """Join tokens that let new nodes enrol, as ``manage.py create_join_token`` makes them."""
 
     queryset = Model.objects.none()
-    action_permissions = {"create": ["fleet.add_jointoken"]}
+    action_permissions = {"create": list(permissions.needs("join_token.create"))}
 
     @extend_schema(
         request=serializers.JoinTokenRequestSerializer,
@@ -489,7 +495,11 @@ class JoinTokenViewSet(viewsets.ViewSet):
         data = body.validated_data
         try:
             ttl = api_keys.parse_duration(data["ttl"])
-            token, secret = access.create_join_token(data["name"], ttl=ttl, max_uses=data["uses"])
+            token, secret = access.create_join_token(
+                data["name"], ttl=ttl, max_uses=data["uses"], actor=request.user
+            )
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
         return Response(
@@ -500,15 +510,18 @@ class JoinTokenViewSet(viewsets.ViewSet):
 
 
 class ApiKeyViewSet(viewsets.ViewSet):
-    """API keys, as ``manage.py create_api_key`` makes them. A manage key made here acts as
-    the user asking, never as anyone else."""
+    """API keys, as ``manage.py create_api_key`` makes them. A key made here is the asking
+    user's own unless ``user`` names another, which needs ``manage_others_api_keys``; so
+    does rotating or revoking a key that is not one's own."""
 
     queryset = ApiKey.objects.none()
     lookup_field = "prefix"
+    # The gate; whose key it is, the service checks (api_keys.check_actor).
     action_permissions = {
-        "create": ["fleet.add_apikey"],
-        "partial_update": ["fleet.change_apikey"],
-        "rotate": ["fleet.change_apikey"],
+        "create": list(permissions.needs("api_key.create")),
+        "partial_update": list(permissions.needs("api_key.set_limits")),
+        "rotate": list(permissions.needs("api_key.rotate")),
+        "revoke": list(permissions.needs("api_key.revoke")),
     }
 
     @extend_schema(
@@ -520,21 +533,37 @@ class ApiKeyViewSet(viewsets.ViewSet):
         body = serializers.ApiKeyRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
+        owner = request.user
+        if data.get("user") and data["user"] != request.user.get_username():
+            # Before looking the name up: whether a user exists is not for the refused.
+            try:
+                permissions.require(
+                    request.user,
+                    [permissions.OTHERS_API_KEYS],
+                    f"mint an API key of user '{data['user']}'",
+                )
+            except permissions.Refused as exc:
+                raise PermissionDenied(str(exc)) from None
+            owner = _user(data["user"])
         try:
             expires_at = api_keys.parse_expiry(data["expires"]) if data.get("expires") else None
             key, secret = api_keys.create_api_key(
                 data["name"],
                 scope=data["scope"],
-                user=request.user if data["scope"] == "manage" else None,
+                user=owner,
                 allowed_models=data.get("models") or [],
                 expires_at=expires_at,
                 limits={f: data[f] for f in api_keys.LIMIT_FIELDS if f in data},
+                actor=request.user,
             )
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
         return Response(
             {"name": key.name, "prefix": key.prefix, "secret": secret,
-             "expires_at": key.expires_at, "scope": key.scope},
+             "expires_at": key.expires_at, "scope": key.scope,
+             "user": key.user.get_username() if key.user else None},
             status=status.HTTP_201_CREATED,
         )  # fmt: skip
 
@@ -544,7 +573,10 @@ class ApiKeyViewSet(viewsets.ViewSet):
         key = _api_key(prefix)
         body = serializers.ApiKeyLimitsSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        api_keys.set_limits(key, dict(body.validated_data))
+        try:
+            api_keys.set_limits(key, dict(body.validated_data), actor=request.user)
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
         return Response({"name": key.name, "prefix": key.prefix, **_limits(key)})
 
     @extend_schema(request=serializers.ApiKeyRotateSerializer, responses={201: OpenApiTypes.OBJECT})
@@ -556,8 +588,10 @@ class ApiKeyViewSet(viewsets.ViewSet):
         body.is_valid(raise_exception=True)
         try:
             secret = api_keys.rotate_api_key(
-                key, api_keys.parse_duration(body.validated_data["grace"])
+                key, api_keys.parse_duration(body.validated_data["grace"]), actor=request.user
             )
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
         except OverflowError:
             raise ValidationError({"grace": ["a grace period that long is not a date"]}) from None
         except ValueError as exc:
@@ -567,6 +601,25 @@ class ApiKeyViewSet(viewsets.ViewSet):
              "expires_at": key.expires_at, "old_secret_until": key.previous_secret_expires_at},
             status=status.HTTP_201_CREATED,
         )  # fmt: skip
+
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, prefix=None):
+        """Refuse this key from now on; it cannot be undone. Idempotent."""
+        key = _api_key(prefix)
+        try:
+            live = api_keys.revoke_api_key(key, actor=request.user)
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        return Response({"name": key.name, "prefix": key.prefix, "revoked": live})
+
+
+def _user(username: str):
+    User = get_user_model()
+    user = User.objects.filter(**{User.USERNAME_FIELD: username}).first()
+    if user is None:
+        raise ValidationError({"user": [f"no user '{username}'"]})
+    return user
 
 
 def _api_key(prefix: str) -> ApiKey:
@@ -632,11 +685,11 @@ class WeightsViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ("node", "path", "size_bytes", "last_used_at", "unused_since")
     action_permissions = {
         **{
-            n: ["fleet.view_localweights", "fleet.change_localweights"]
+            n: ["fleet.view_localweights", *permissions.needs(f"weights.{n}")]
             for n in ("pin", "unpin", "remove")
         },
         "cleanup": ["fleet.view_localweights"],
-        "cleanup_run": ["fleet.view_localweights", "fleet.change_localweights"],
+        "cleanup_run": ["fleet.view_localweights", *permissions.needs("weights.cleanup")],
     }
 
     def list(self, request, *args, **kwargs):

@@ -12,7 +12,8 @@ from django.utils import timezone
 from fleet.conf import fleet_settings, networks
 from fleet.models import JoinToken, Node, NodeCredential
 
-from . import doorbells
+from . import doorbells, permissions
+from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +148,14 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ip
 
 
-def create_join_token(name: str, *, ttl: timedelta, max_uses: int = 1, user=None):
-    """A new join token; returns (token, secret). The secret is shown once."""
+def create_join_token(name: str, *, ttl: timedelta, max_uses: int = 1, user=None, actor=SYSTEM):
+    """A new join token; returns (token, secret). The secret is shown once.
+
+    ``actor`` needs add_jointoken (permissions.Refused otherwise); the token records
+    ``user``, else the actor's user, as who created it.
+    """
+    permissions.require_action(actor, "join_token.create", "create a join token")
+    user = user if user is not None else permissions.user_of(actor)
     if max_uses < 1:
         raise ValueError(f"max_uses must be at least 1 (got {max_uses})")
     if ttl.total_seconds() <= 0:
@@ -278,8 +285,11 @@ def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | N
     return AgentIdentity(credential_id=cred.pk, node_id=node_id), secret
 
 
-def revoke_node(node: Node) -> int:
-    """Revoke every credential of a node and close its socket. Returns how many were revoked."""
+def revoke_node(node: Node, actor=SYSTEM) -> int:
+    """Revoke every credential of a node and close its socket. Returns how many were revoked.
+
+    ``actor`` needs change_node (permissions.Refused otherwise)."""
+    permissions.require_action(actor, "node.revoke", f"revoke node '{node.pk}'")
     with transaction.atomic():
         count = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
@@ -289,7 +299,9 @@ def revoke_node(node: Node) -> int:
     return count
 
 
-def revoke_join_token(token: JoinToken) -> bool:
+def revoke_join_token(token: JoinToken, actor=SYSTEM) -> bool:
+    """Revoke a join token (change_jointoken); returns whether it was usable before."""
+    permissions.require_action(actor, "join_token.revoke", "revoke a join token")
     return bool(
         JoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
             revoked_at=timezone.now()

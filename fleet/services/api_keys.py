@@ -10,7 +10,8 @@ from django.utils.dateparse import parse_datetime
 from fleet.models import ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
 
-from . import doorbells
+from . import doorbells, permissions
+from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,26 @@ def check_api_key(
     return allowed
 
 
+def _whose(owner) -> str:
+    return f"user '{owner.get_username()}'" if owner is not None else "no user"
+
+
+def check_actor(actor, action: str, owner, verb: str) -> None:
+    """Raise permissions.Refused unless ``actor`` may do ``action`` to a key of ``owner``.
+
+    The action's own permission (add or change_apikey), and for a key that is
+    not the actor's own — another user's, or one of no user — also
+    ``manage_others_api_keys``: a key acts as its owner, so making or taking
+    one for someone else is acting as them.
+    """
+    permissions.require_action(actor, action, f"{verb} an API key")
+    if actor is SYSTEM or (owner is not None and owner.pk == actor.pk):
+        return
+    permissions.require(
+        actor, [permissions.OTHERS_API_KEYS], f"{verb} an API key of {_whose(owner)}"
+    )
+
+
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
 
 
@@ -124,11 +145,15 @@ def create_api_key(
     allowed_models: list[str] | None = None,
     expires_at: datetime | None = None,
     limits: dict | None = None,
+    actor=SYSTEM,
 ) -> tuple[ApiKey, str]:
-    """A new API key; returns (key, secret). The secret is shown once and kept only hashed.
+    """A new API key for ``user``; returns (key, secret). The secret is shown once and kept
+    only hashed.
 
-    Raises ApiKeyError (see check_api_key) and creates nothing for bad input.
+    Raises permissions.Refused when ``actor`` may not make it (``check_actor``) and
+    ApiKeyError (see check_api_key) for bad input; either way it creates nothing.
     """
+    check_actor(actor, "api_key.create", user, "mint")
     allowed = check_api_key(
         name, scope=scope, user=user, allowed_models=allowed_models, expires_at=expires_at
     )
@@ -141,17 +166,28 @@ def create_api_key(
         **check_limits(limits),
     )
     logger.info(
-        "api key created name=%s prefix=%s scope=%s user=%s",
+        "api key created name=%s prefix=%s scope=%s user=%s by=%s",
         key.name,
         key.prefix,
         scope,
         user.get_username() if user else "-",
+        permissions.name_of(actor),
     )
     return key, secret
 
 
-def revoke_api_key(key: ApiKey) -> bool:
+def revoke_api_keys(keys, actor=SYSTEM) -> int:
+    """Revoke these keys, all or none: Refused, naming a key the actor may not revoke,
+    revokes nothing. Returns how many were live."""
+    keys = list(keys)
+    for key in keys:
+        check_actor(actor, "api_key.revoke", key.user, f"revoke '{key.name}' ({key.prefix}),")
+    return sum(revoke_api_key(k) for k in keys)
+
+
+def revoke_api_key(key: ApiKey, actor=SYSTEM) -> bool:
     """Revoke a key; returns whether it was live. Takes effect on its next request."""
+    check_actor(actor, "api_key.revoke", key.user, "revoke")
     changed = bool(
         ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     )
@@ -162,8 +198,12 @@ def revoke_api_key(key: ApiKey) -> bool:
     return changed
 
 
-def set_limits(key: ApiKey, limits: dict) -> ApiKey:
-    """Change a key's limits (None: back to the default); gateways hear of it at once."""
+def set_limits(key: ApiKey, limits: dict, actor=SYSTEM) -> ApiKey:
+    """Change a key's limits (None: back to the default); gateways hear of it at once.
+
+    Limits are the operator's to set on anyone's key (change_apikey): they bound
+    a key, they do not let anyone act as its owner."""
+    permissions.require_action(actor, "api_key.set_limits", "change an API key's limits")
     limits = check_limits(limits)
     for name, value in limits.items():
         setattr(key, name, value)
@@ -178,11 +218,14 @@ def set_limits(key: ApiKey, limits: dict) -> ApiKey:
     return key
 
 
-def rotate_api_key(key: ApiKey, grace: timedelta, now: datetime | None = None) -> str:
+def rotate_api_key(key: ApiKey, grace: timedelta, now: datetime | None = None, actor=SYSTEM) -> str:
     """A new secret for ``key``; the current one keeps working for ``grace``. Returns it.
 
     Only one old secret is kept: rotating again ends the previous one's grace.
+    The new secret acts as the key's owner, so rotating another's key needs
+    ``manage_others_api_keys`` (``check_actor``).
     """
+    check_actor(actor, "api_key.rotate", key.user, "rotate")
     if key.revoked:
         raise ApiKeyError("key", f"API key '{key.name}' ({key.prefix}) is revoked")
     if grace < timedelta(0):

@@ -34,8 +34,12 @@ from dataclasses import dataclass, field
 import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from fleet.models import EngineProfile, Model, WantedEngine
+
+from . import permissions, profiles
+from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +89,27 @@ class CatalogError(Exception):
 class ApplyResult:
     changes: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    # Action (fleet.services.permissions) -> what in the file needs it.
+    needs: dict[str, list[str]] = field(default_factory=dict, repr=False)
+
+    def need(self, action: str, what: str) -> None:
+        self.needs.setdefault(action, []).append(what)
+
+
+def _refusal(actor, needs: dict[str, list[str]]) -> str | None:
+    """Why ``actor`` may not apply changes that need ``needs``, or None when it may:
+    each missing permission with the first few things in the file that need it."""
+    lines = []
+    for action, whats in needs.items():
+        for perm in permissions.missing(actor, permissions.needs(action)):
+            shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
+            lines.append(f"{perm} ({shown})")
+    if not lines:
+        return None
+    return (
+        f"{permissions.name_of(actor)} may not apply this file; nothing applied. "
+        f"It needs: {'; '.join(lines)}"
+    )
 
 
 def parse(text: str) -> list[dict]:
@@ -187,19 +212,31 @@ def _defaults(model_cls, names) -> dict:
     return {n: model_cls._meta.get_field(n).get_default() for n in names}
 
 
-def apply(text: str, *, dry_run: bool = False) -> ApplyResult:
-    """Apply a catalog file; returns what changed. Raises CatalogError and changes nothing."""
+def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:
+    """Apply a catalog file as ``actor``; returns what changed. Raises CatalogError and
+    changes nothing.
+
+    Each change needs what the per-object API needs for it: add or change_model,
+    add or change_engineprofile, set_engine_args_env for a profile's args or env
+    (stamped with the actor as their author: no user for SYSTEM), add or
+    change_wantedengine for an engine's version. An actor missing any of them gets
+    permissions.Refused naming each, and nothing is applied (a dry run too).
+    """
     data = _parse(text)
     entries = data["models"]
     result = ApplyResult()
     errors: list[str] = []
     model_defaults = _defaults(Model, MODEL_KEYS.values())
     profile_defaults = _defaults(EngineProfile, PROFILE_KEYS - {"name"})
+    author = {"actor": actor, "at": timezone.now()}
     with transaction.atomic():
         for entry in entries:
-            errors += _apply_model(entry, model_defaults, profile_defaults, result)
+            errors += _apply_model(entry, model_defaults, profile_defaults, result, author)
         for engine, version in data.get("engines", {}).items():
             errors += _apply_engine(str(engine), str(version), result)
+        if (why := _refusal(actor, result.needs)) is not None:
+            transaction.set_rollback(True)
+            raise permissions.Refused(why)
         if errors:
             transaction.set_rollback(True)
             raise CatalogError(errors)
@@ -218,6 +255,7 @@ def _apply_engine(engine: str, version: str, result: ApplyResult) -> list[str]:
         result.unchanged.append(f"engine {engine}")
         return []
     before = row.version if row else None
+    result.need("engine.change" if row else "engine.add", where)
     row = row or WantedEngine(engine=engine)
     row.version = version
     try:
@@ -232,7 +270,7 @@ def _apply_engine(engine: str, version: str, result: ApplyResult) -> list[str]:
     return []
 
 
-def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:
+def _apply_model(entry, model_defaults, profile_defaults, result, author) -> list[str]:
     name = entry["name"]
     where = f"model {name}"
     model = Model.objects.filter(name=name).first()
@@ -256,7 +294,7 @@ def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:
         model.save()
     errors = []
     for prof in entry.get("profiles", []):
-        errors += _apply_profile(model, prof, profile_defaults, result)
+        errors += _apply_profile(model, prof, profile_defaults, result, author)
     active = entry.get("profile")
     if active is None and len(entry.get("profiles", [])) == 1:
         active = entry["profiles"][0]["name"]  # the only one there is
@@ -272,6 +310,10 @@ def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:
     if errors:
         return errors
     if created:
+        result.need("model.add", where)
+    elif diffs:
+        result.need("model.change", where)
+    if created:
         result.changes.append(f"model {name} created")
     elif diffs:
         result.changes.append(f"model {name}: " + ", ".join(diffs))
@@ -280,15 +322,25 @@ def _apply_model(entry, model_defaults, profile_defaults, result) -> list[str]:
     return []
 
 
-def _apply_profile(model, prof, defaults, result) -> list[str]:
+def _apply_profile(model, prof, defaults, result, author) -> list[str]:
     where = f"profile {model.name}/{prof['name']}"
     profile = EngineProfile.objects.filter(model=model, name=prof["name"]).first()
     created = profile is None
+    before = None if created else EngineProfile(args=profile.args, env=profile.env)
     profile = profile or EngineProfile(model=model, name=prof["name"])
     diffs = _assign(profile, {k: v for k, v in prof.items() if k != "name"}, defaults)
     errors = _validate(profile, where)
     if errors:
         return errors
+    if profiles.args_env_changes(before, profile.args, profile.env):
+        # Code on every node that runs it: its own permission, and its author kept.
+        result.need("profile.args_env", f"{where}: args/env")
+        for name, value in profiles.args_env_stamp(
+            permissions.user_of(author["actor"]), author["at"]
+        ).items():
+            setattr(profile, name, value)
+    if created or diffs:
+        result.need("profile.add" if created else "profile.change", where)
     if created:
         profile.save()
         result.changes.append(f"{where} created")

@@ -15,7 +15,8 @@ from agentd import protocol
 from agentd.sources import describe
 from fleet.conf import fleet_settings
 from fleet.models import EngineInstall, Node, VllmBuild, WantedEngine
-from fleet.services import doorbells
+from fleet.services import doorbells, permissions
+from fleet.services.permissions import SYSTEM
 
 
 def wanted() -> dict[str, str]:
@@ -64,9 +65,10 @@ def check_build(build: str) -> str:
     return build
 
 
-def set_vllm_build(nodes, build: str) -> int:
+def set_vllm_build(nodes, build: str, actor=SYSTEM) -> int:
     """Set the vLLM build of these nodes; each changed one is told at once. Returns how many
-    changed."""
+    changed. ``actor`` needs change_node (permissions.Refused otherwise)."""
+    permissions.require_action(actor, "node.vllm_build", "choose a node's vLLM build")
     check_build(build)
     changed = []
     with transaction.atomic():

@@ -4,11 +4,20 @@ set_engine_args_env for what runs on the nodes."""
 import json
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from fleet.models import EngineProfile, Model, Node
+from fleet.models import ApiKey, EngineProfile, JoinToken, Model, Node
 from tests.admin.helpers import form_data
-from tests.factories import LLAMACPP_CPU, add_model, add_node, grant, staff_user
+from tests.factories import (
+    LLAMACPP_CPU,
+    add_model,
+    add_node,
+    grant,
+    join_token,
+    manage_key,
+    staff_user,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -143,3 +152,103 @@ def test_model_page_inline_records_who_set_args(client, profile_editor):
     profile.refresh_from_db()
     assert profile.args == ["--ctx-size", "4096"]
     assert profile.args_env_changed_by == trusted
+
+
+# ---- keys and tokens (issue 29) --------------------------------------------------------------
+
+
+@pytest.fixture
+def superuser():
+    return get_user_model().objects.create_superuser("root", password="pw-for-tests")
+
+
+def revoke(client, model, action, *pks):
+    return client.post(
+        reverse(f"admin:fleet_{model}_changelist"),
+        {"action": action, "_selected_action": [str(pk) for pk in pks]},
+    )
+
+
+def test_a_view_only_user_cannot_revoke_keys_or_join_tokens(client, superuser):
+    key, _ = manage_key(superuser)
+    token, _ = join_token()
+    viewer = grant(staff_user("viewer"), "fleet.view_apikey", "fleet.view_jointoken")
+    client.force_login(viewer)
+
+    keys_page = client.get(reverse("admin:fleet_apikey_changelist")).content.decode()
+    revoke(client, "apikey", "revoke_keys", key.pk)
+    revoke(client, "jointoken", "revoke_tokens", token.pk)
+
+    assert "revoke_keys" not in keys_page
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None
+    assert JoinToken.objects.get(pk=token.pk).revoked_at is None
+
+
+def test_change_join_token_revokes_join_tokens(client):
+    token, _ = join_token()
+    client.force_login(grant(staff_user("ops"), "fleet.view_jointoken", "fleet.change_jointoken"))
+
+    revoke(client, "jointoken", "revoke_tokens", token.pk)
+
+    assert JoinToken.objects.get(pk=token.pk).revoked_at is not None
+
+
+def test_revoking_another_users_key_needs_the_permission_for_others(client, superuser):
+    theirs, _ = manage_key(superuser)
+    ops = grant(staff_user("ops"), "fleet.view_apikey", "fleet.change_apikey")
+    mine, _ = manage_key(ops)
+    client.force_login(ops)
+
+    resp = revoke(client, "apikey", "revoke_keys", theirs.pk, mine.pk)
+    refused = [m.message for m in resp.wsgi_request._messages]
+    revoke(client, "apikey", "revoke_keys", mine.pk)
+
+    assert "fleet.manage_others_api_keys" in refused[0]
+    assert ApiKey.objects.get(pk=theirs.pk).revoked_at is None
+    assert ApiKey.objects.get(pk=mine.pk).revoked_at is not None
+
+
+def test_deleting_another_users_key_needs_the_permission_for_others(client, superuser):
+    theirs, _ = manage_key(superuser)
+    ops = grant(staff_user("ops"), "fleet.view_apikey", "fleet.delete_apikey")
+    client.force_login(ops)
+
+    resp = client.post(reverse("admin:fleet_apikey_delete", args=[theirs.pk]), {"post": "yes"})
+
+    assert resp.status_code == 403
+    assert ApiKey.objects.filter(pk=theirs.pk).exists()
+
+
+def add_key(client, **fields):
+    page = reverse("admin:fleet_apikey_add")
+    data = form_data(client.get(page).content.decode())
+    data.update({"name": "automation", "scope": "manage", **fields})
+    return client.post(page, data)
+
+
+def test_the_permission_to_add_keys_cannot_pick_another_owner(client, superuser):
+    adder = grant(staff_user("adder"), "fleet.view_apikey", "fleet.add_apikey")
+    client.force_login(adder)
+
+    page = client.get(reverse("admin:fleet_apikey_add")).content.decode()
+    resp = add_key(client, user=str(superuser.pk))
+
+    assert resp.status_code == 200, resp.content  # the secret, once
+    assert 'name="user"' not in page
+    assert not ApiKey.objects.filter(user=superuser).exists()
+    assert ApiKey.objects.get(name="automation").user == adder
+
+
+def test_the_permission_for_others_picks_a_keys_owner(client, superuser):
+    admin_of_keys = grant(
+        staff_user("keys"),
+        "fleet.view_apikey",
+        "fleet.add_apikey",
+        "fleet.manage_others_api_keys",
+    )
+    client.force_login(admin_of_keys)
+
+    resp = add_key(client, user=str(superuser.pk))
+
+    assert resp.status_code == 200, resp.content
+    assert ApiKey.objects.get(name="automation").user == superuser

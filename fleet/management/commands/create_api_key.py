@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.models import ApiKeyScope
-from fleet.services import api_keys
+from fleet.services import api_keys, permissions
 
 LIMIT_OPTIONS = {
     "rpm": "requests_per_minute",
@@ -40,15 +40,24 @@ class Command(BaseCommand):
             default=ApiKeyScope.INFERENCE,
             help="inference: the gateway /v1/*; manage: the management API (default inference).",
         )
-        parser.add_argument("--user", help="The staff user a manage key acts as.")
+        parser.add_argument(
+            "--user",
+            help="Whose key it is (a manage key acts as them). With --as and left out: "
+            "that user's own.",
+        )
         parser.add_argument(
             "--models", default="", help="Comma-separated models an inference key may use."
         )
         parser.add_argument("--expires", help="When it expires: 30d, 12h… or an ISO 8601 time.")
         add_limit_arguments(parser)
+        parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, name, scope, user, models, expires, **options):
-        owner = None
+    def handle(self, *args, name, scope, user, models, expires, as_user=None, **options):
+        try:
+            actor = permissions.actor_named(as_user)
+        except permissions.Refused as exc:
+            raise CommandError(str(exc)) from None
+        owner = permissions.user_of(actor)
         if user:
             User = get_user_model()
             try:
@@ -64,8 +73,9 @@ class Command(BaseCommand):
                 allowed_models=[m.strip() for m in models.split(",") if m.strip()],
                 expires_at=expires_at,
                 limits=limits_from(options),
+                actor=actor,
             )
-        except ValueError as exc:
+        except (permissions.Refused, ValueError) as exc:
             raise CommandError(str(exc)) from None
         expiry = f"expires {key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "no expiry"
         self.stderr.write(

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from fleet.services import access
+from fleet.services import access, permissions
 from fleet.services.api_keys import parse_duration
 
 
@@ -13,11 +13,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--uses", type=int, default=1, help="How many nodes it may enrol (default 1)."
         )
+        parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, name, ttl, uses, **options):
+    def handle(self, *args, name, ttl, uses, as_user=None, **options):
         try:
-            token, secret = access.create_join_token(name, ttl=parse_duration(ttl), max_uses=uses)
-        except ValueError as exc:
+            token, secret = access.create_join_token(
+                name,
+                ttl=parse_duration(ttl),
+                max_uses=uses,
+                actor=permissions.actor_named(as_user),
+            )
+        except (permissions.Refused, ValueError) as exc:
             raise CommandError(str(exc)) from None
         self.stderr.write(
             f"join token '{token.name}' ({token.prefix}): {token.max_uses} use(s), "

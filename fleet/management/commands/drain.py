@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from fleet.services import drain
+from fleet.services import drain, permissions
 from fleet.services import nodes as node_service
 
 
@@ -16,13 +16,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-input", action="store_false", dest="interactive", help="Do not ask to confirm."
         )
+        parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, node, wait, timeout, interactive, **options):
+    def handle(self, *args, node, wait, timeout, interactive, as_user=None, **options):
         if timeout < 0:
             raise CommandError(f"--timeout must not be negative (got {timeout:g})")
         try:
+            permissions.require_action(permissions.actor_named(as_user), "node.drain")
             target = node_service.get_node(node)
-        except node_service.NodeNotFound as exc:
+        except (permissions.Refused, node_service.NodeNotFound) as exc:
             raise CommandError(str(exc)) from None
         before = drain.progress(target.pk)
         if interactive and before.waiting:

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet.services import permissions
 from fleet.services.weights_gc import cleanup
 
 
@@ -16,8 +17,15 @@ class Command(BaseCommand):
             default=30.0,
             help="Seconds to wait for a running reconciler pass to let go of the lock.",
         )
+        parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, dry_run=False, wait=30.0, **options):
+    def handle(self, *args, dry_run=False, wait=30.0, as_user=None, **options):
+        try:
+            actor = permissions.actor_named(as_user)
+            if not dry_run:
+                permissions.require_action(actor, "weights.cleanup", "run the weights clean-up")
+        except permissions.Refused as exc:
+            raise CommandError(str(exc)) from None
         report = cleanup.dry_run() if dry_run else cleanup.run_locked(wait_s=wait)
         if report.skipped:
             raise CommandError(f"a reconciler pass held the lock for {wait:g} s; try again")

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from fleet.services import access
+from fleet.services import access, permissions
 from fleet.services import nodes as node_service
 
 
@@ -16,11 +16,14 @@ class Command(BaseCommand):
             dest="interactive",
             help="Do not ask for confirmation.",
         )
+        parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, node, interactive, **options):
+    def handle(self, *args, node, interactive, as_user=None, **options):
         try:
+            actor = permissions.actor_named(as_user)
+            permissions.require_action(actor, "node.revoke", f"revoke node '{node}'")
             target = node_service.get_node(node)
-        except node_service.NodeNotFound as exc:
+        except (permissions.Refused, node_service.NodeNotFound) as exc:
             raise CommandError(str(exc)) from None
         if interactive:
             answer = input(
@@ -29,5 +32,5 @@ class Command(BaseCommand):
             )
             if answer.strip().lower() != "yes":
                 raise CommandError("revocation cancelled")
-        count = access.revoke_node(target)
+        count = access.revoke_node(target, actor)
         self.stdout.write(f"revoked {count} credential(s) of node '{target.pk}'")
