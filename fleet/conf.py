@@ -171,9 +171,11 @@ class FleetSettings:
     gateway_default_tokens_per_minute: int = 0
     gateway_default_tokens_per_day: int = 0  # a budget per UTC day
     gateway_default_tokens_per_month: int = 0  # a budget per UTC calendar month
-    # After Redis fails, limits are not checked (requests pass) this long
-    # before Redis is tried again.
+    # A request of a key with limits whose check Redis does not answer (250 ms)
+    # is refused with 503 and told to retry after this; only that request, the
+    # next one asks Redis again. Fail open: such requests pass unchecked instead.
     gateway_limits_retry_s: float = 2.0
+    gateway_limits_fail_open: bool = False
     # How often each gateway process writes the usage it counted (per key,
     # model and hour) to the database; a killed process loses at most this.
     gateway_usage_flush_s: float = 10.0
@@ -243,12 +245,20 @@ def _parse(f: dataclasses.Field, text: str):
     if f.name in ("agent_addr_networks", "client_cert_proxies"):
         networks(text)  # refused at start, not at the first register
         return text
+    if f.type is bool:
+        word = text.strip().lower()
+        if word not in _BOOLS:
+            raise ValueError("must be true or false (also 1/0, yes/no, on/off)")
+        return _BOOLS[word]
     value = f.type(text)  # float, int or str
     low = _AT_LEAST.get(f.name)
     if low is not None and value < low:
         raise ValueError(f"must be at least {low}")
     return value
 
+
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS |= {"0": False, "false": False, "no": False, "off": False}
 
 # Settings whose smaller values make no sense, refused at start.
 _AT_LEAST = {

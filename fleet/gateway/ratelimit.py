@@ -13,9 +13,15 @@ through between them than the limit. Tokens are charged when the engine
 reports them (its ``usage``), in one more round trip after the answer has gone.
 A key without limits costs nothing: Redis is not asked.
 
-Redis away: requests pass unchecked (fail open) rather than fail, the outage is
-logged once, ``llmgw_gateway_limits_unchecked_total`` counts what passed, and
-Redis is tried again after ``gateway_limits_retry_s``; counting resumes then.
+Redis away or slow: the request whose check got no answer, and only that
+one, is refused with 503 and a Retry-After of ``gateway_limits_retry_s``
+(``llmgw_gateway_limits_unavailable_total``), or, where the operator chose
+``gateway_limits_fail_open``, passes unchecked
+(``llmgw_gateway_limits_unchecked_total``). Nothing is switched off for the
+requests after it: each asks Redis again, so one request that made a check
+miss its deadline (a busy event loop, say) cannot let every key through. The
+outage is logged once, and again when Redis answers. Keys without limits never
+ask Redis, so they are served whatever Redis does.
 """
 
 import asyncio
@@ -39,6 +45,12 @@ logger = logging.getLogger(__name__)
 UNCHECKED = Counter(
     "llmgw_gateway_limits_unchecked",
     "Requests let through without checking their key's limits because Redis did not answer.",
+    registry=REGISTRY,
+)
+UNAVAILABLE = Counter(
+    "llmgw_gateway_limits_unavailable",
+    "Requests refused with 503 because Redis did not answer their key's limit check "
+    "(limits fail closed unless GATEWAY_LIMITS_FAIL_OPEN).",
     registry=REGISTRY,
 )
 REFUSED = Counter(
@@ -181,19 +193,25 @@ _FAILURES = (resp.ReplyError, OSError, TimeoutError)
 class Limiter:
     """One per gateway (event loop), with its own Redis connection (``resp.Client``)."""
 
-    def __init__(self, url: str | None = None, prefix: str | None = None, retry_s: float = 2.0):
+    def __init__(
+        self,
+        url: str | None = None,
+        prefix: str | None = None,
+        retry_s: float = 2.0,
+        fail_open: bool = False,
+    ):
         self.url = url or settings.REDIS_URL
         if prefix is None:
             prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "llmgw")
         self.prefix = f"{prefix}:limits"
-        self.retry_s = retry_s
+        self.retry_s = retry_s  # the Retry-After of a request whose check got no answer
+        self.fail_open = fail_open
         self._redis: resp.Client | None = None
         # Encoded commands by (key id, limits, minute), for the minute at hand.
         self._commands: dict[tuple, bytes] = {}
         self._minute = ""
         self._pending: set[asyncio.Task] = set()
-        self.down_until = 0.0  # monotonic; while in the future, limits are not checked
-        self.down = False
+        self.down = False  # the last call to Redis failed: logged once, until one works
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -252,14 +270,13 @@ class Limiter:
             f"{p}:tk:{key_id}:M{w.month}",
         ]
 
-    def _unavailable(self, exc: Exception, count: bool = True) -> None:
-        if count:
-            UNCHECKED.inc()
-        self.down_until = time.monotonic() + self.retry_s
+    def _unavailable(self, exc: Exception) -> None:
         if not self.down:
             self.down = True
             logger.warning(
-                "limits: Redis did not answer, requests pass unchecked until it does: %s", exc
+                "limits: Redis did not answer, requests of keys with limits %s until it does: %s",
+                "pass unchecked" if self.fail_open else "are refused with 503",
+                exc,
             )
 
     def _available(self) -> None:
@@ -270,13 +287,12 @@ class Limiter:
     async def check(self, entry, now: float | None = None) -> list[tuple[bytes, bytes]]:
         """Count a request of ``entry`` (a KeyEntry); its x-ratelimit-* headers, or a 429.
 
-        Passes unchecked (no headers) when the key has no limits or Redis is away.
+        No headers for a key without limits (Redis is not asked). Where Redis does
+        not answer, this request alone gets the 503 (or, failing open, passes
+        unchecked with no headers).
         """
         lim: KeyLimits = entry.limits
         if not lim.on:
-            return []
-        if self.down_until and time.monotonic() < self.down_until:
-            UNCHECKED.inc()
             return []
         now = time.time() if now is None else now
         w = Windows.at(now)
@@ -284,7 +300,17 @@ class Limiter:
             refused, rq, tm, td, tmo = await self._run(self._command("check", entry, lim, w))
         except _FAILURES as exc:
             self._unavailable(exc)
-            return []
+            if self.fail_open:
+                UNCHECKED.inc()
+                return []
+            UNAVAILABLE.inc()
+            raise GatewayError(
+                503,
+                f"the limits of API key '{entry.name}' ({entry.prefix}) could not be checked: "
+                f"Redis did not answer; try again in {reset_text(self.retry_s)}",
+                code="limits_unavailable",
+                retry_after=max(1, math.ceil(self.retry_s)),
+            ) from None
         self._available()
         headers = _headers(lim, w, rq, tm, td, tmo)
         if refused:
@@ -296,8 +322,6 @@ class Limiter:
         """Count ``tokens`` against the key's token limits, once the engine has reported them."""
         lim: KeyLimits = entry.limits
         if tokens <= 0 or not lim.tokens_on:
-            return
-        if self.down_until and time.monotonic() < self.down_until:
             return
         now = time.time() if now is None else now
         command = _with_tokens(self._command("charge", entry, lim, Windows.at(now)), tokens)
@@ -313,7 +337,7 @@ class Limiter:
         try:
             await self._run(command)
         except _FAILURES as exc:
-            self._unavailable(exc, count=False)
+            self._unavailable(exc)
             return
         self._available()
 
@@ -329,7 +353,7 @@ class Limiter:
                 return
             exc = fut.result()
         if exc is not None:
-            self._unavailable(exc, count=False)
+            self._unavailable(exc)
 
 
 def _limits(lim: KeyLimits) -> tuple[int, int, int, int]:

@@ -10,7 +10,9 @@ string and integer arguments, and replies of every RESP2 kind.
 
 A reply that does not come within ``timeout`` closes the connection (its
 answers could no longer be matched to their commands) and raises TimeoutError;
-the caller fails open. The next command connects again.
+the caller decides what that request gets (``ratelimit``). A reply that came in
+time but was read late, because the event loop was busy, is a reply, not a
+timeout. The next command connects again.
 """
 
 import asyncio
@@ -159,11 +161,26 @@ class Client:
         conn.pending.append(fut)
         conn.transport.write(raw or encode(args))
         try:
-            async with asyncio.timeout(self.timeout):
-                value = await fut
-        except TimeoutError:
-            conn.fail(ConnectionError("Redis did not answer in time"))
-            raise
+            try:
+                # Shielded: the deadline cancels the wait, not the reply's future.
+                async with asyncio.timeout(self.timeout):
+                    value = await asyncio.shield(fut)
+            except TimeoutError:
+                # The deadline is judged on what has arrived: after the loop was
+                # busy elsewhere past it, the timer may fire before the socket is
+                # read (uvloop runs timers first), so the loop gets a turn to read.
+                for _ in range(2):
+                    if fut.done():
+                        break
+                    await asyncio.sleep(0)
+                if not fut.done():
+                    fut.cancel()
+                    conn.fail(ConnectionError("Redis did not answer in time"))
+                    raise
+                value = fut.result()  # in time, read late: Redis was not slow
+        finally:
+            if not fut.done():
+                fut.cancel()  # the caller left: its reply, when it comes, is dropped
         if isinstance(value, ReplyError):
             raise value
         return value

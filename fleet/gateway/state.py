@@ -47,6 +47,7 @@ class Limits:
     max_outstanding: int
     engine_scrape_s: float
     limits_retry_s: float
+    limits_fail_open: bool
     usage_flush_s: float
     prefix_chars: int  # how much of a prompt decides its replica, for prefix routing
     prefix_policy: prefix.Policy  # when a prefix's replica yields to another
@@ -81,6 +82,7 @@ class Limits:
             max_outstanding=c.gateway_max_outstanding_per_replica,
             engine_scrape_s=c.gateway_engine_scrape_s,
             limits_retry_s=c.gateway_limits_retry_s,
+            limits_fail_open=c.gateway_limits_fail_open,
             usage_flush_s=c.gateway_usage_flush_s,
             prefix_chars=c.gateway_prefix_chars,
             prefix_policy=prefix.Policy(
@@ -109,7 +111,9 @@ class Gateway:
         self.routes: dict[str, table.Route] = {}
         self.keys: dict[str, keys.KeyEntry] = {}
         self.used_keys: set[int] = set()
-        self.limiter = ratelimit.Limiter(retry_s=self.limits.limits_retry_s)
+        self.limiter = ratelimit.Limiter(
+            retry_s=self.limits.limits_retry_s, fail_open=self.limits.limits_fail_open
+        )
         self.usage = usage.Usage()
         self.scraper: Client | None = None  # engines' /metrics, with its own bounds
         self.client: Client | None = None  # the request path

@@ -184,31 +184,32 @@ def test_a_gateway_stopped_cleanly_writes_the_usage_it_had_not_flushed_yet(
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (2, 6, 8)
 
 
-def test_redis_away_the_gateway_serves_unchecked_and_counts_again_when_it_is_back(
+def test_redis_away_keys_with_limits_get_503_others_are_served_and_counting_resumes(
     transactional_db, tmp_path, upstream
 ):
     from fleet.devstack.redis import PrivateRedis
 
-    # given a gateway on a Redis of its own, and a key allowed 100 requests a minute
+    # given a gateway on a Redis of its own, a key allowed 100 requests a minute, and
+    # a key without limits
     (tmp_path / "r").mkdir()
     redis = PrivateRedis(tmp_path / "r").start()
-    server = start_daphne(tmp_path, REDIS_URL=redis.url, LLMGW_GATEWAY_LIMITS_RETRY_S="0.2", **FAST)
+    server = start_daphne(tmp_path, REDIS_URL=redis.url, **FAST)
     try:
         ready_model("tiny", [upstream])
         _, secret = inference_key("team-a", requests_per_minute=100)
+        _, free = inference_key("team-free")
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
         before = post(server.url, secret, body)
 
         # when Redis goes away
         redis.stop()
         during = [post(server.url, secret, body) for _ in range(3)]
+        unlimited = post(server.url, free, body)
 
         # and comes back
         redis.start()
         back = wait_until(
-            lambda: (
-                (a := post(server.url, secret, body))[1].get("x-ratelimit-limit-requests") and a
-            ),
+            lambda: (a := post(server.url, secret, body))[0] == 200 and a,
             what="limits checked again",
         )
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
@@ -217,16 +218,21 @@ def test_redis_away_the_gateway_serves_unchecked_and_counts_again_when_it_is_bac
         redis.stop()
 
     assert before[0] == 200 and before[1]["x-ratelimit-remaining-requests"] == "99"
-    # then requests are served, unchecked (no headers), logged once, counted in a metric
-    assert [s for s, _, _ in during] == [200, 200, 200]
-    assert all("x-ratelimit-limit-requests" not in h for _, h, _ in during)
+    # then each request of the key with limits is refused, saying why and when to retry
+    assert [s for s, _, _ in during] == [503, 503, 503]
+    _, headers, err = during[0]
+    assert err["error"]["code"] == "limits_unavailable"
+    assert err["error"]["type"] == "service_unavailable"
+    assert headers["retry-after"] == "2"
+    # the key without limits never needed Redis
+    assert unlimited[0] == 200
     assert server.output().count("Redis did not answer") == 1
     assert "Redis answers again" in server.output()
-    unchecked = [
+    refused = [
         line
         for line in metrics.splitlines()
-        if line.startswith("llmgw_gateway_limits_unchecked_total")
+        if line.startswith("llmgw_gateway_limits_unavailable_total")
     ]
-    assert unchecked and float(unchecked[0].split()[-1]) >= 3
+    assert refused and float(refused[0].split()[-1]) >= 3
     # and counting resumed (a fresh Redis: the minute starts over)
-    assert back[0] == 200 and int(back[1]["x-ratelimit-remaining-requests"]) < 100
+    assert int(back[1]["x-ratelimit-remaining-requests"]) < 100
