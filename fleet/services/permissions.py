@@ -21,7 +21,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 
 
-class Refused(PermissionError):
+class Refused(Exception):
     """An actor may not do this. The message names who, what, and the permission missing."""
 
 
