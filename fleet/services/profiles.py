@@ -4,8 +4,10 @@ A profile's ``args`` and ``env`` reach the engine process on every node that run
 it: an ``LD_PRELOAD`` or a ``--trust-remote-code`` there is code running on the
 fleet. Setting them takes a permission of its own
 (``EngineProfile.ARGS_ENV_PERMISSION``) beyond ``change_engineprofile``; the
-API's serializer and the admin's forms both ask ``args_env_refusal()`` and
-both record the change with ``args_env_stamp()``.
+API's serializer and the admin's forms ask ``args_env_refusal()``, catalog.apply
+asks the same permission through fleet.services.permissions, and all three
+record the change with ``args_env_stamp()`` (no user for the system: a command
+run without ``--as``).
 """
 
 from django.utils import timezone
