@@ -579,7 +579,13 @@ class ApiKeyViewSet(viewsets.ViewSet):
             raise PermissionDenied(str(exc)) from None
         return Response({"name": key.name, "prefix": key.prefix, **_limits(key)})
 
-    @extend_schema(request=serializers.ApiKeyRotateSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(
+        request=serializers.ApiKeyRotateSerializer,
+        responses={
+            201: OpenApiTypes.OBJECT,
+            409: OpenApiResponse(description="The key is revoked: it cannot get a new secret."),
+        },
+    )
     @action(detail=True, methods=["post"])
     def rotate(self, request, prefix=None):
         """A new secret, in this answer only; the old one keeps working for ``grace``."""
@@ -594,6 +600,10 @@ class ApiKeyViewSet(viewsets.ViewSet):
             raise PermissionDenied(str(exc)) from None
         except OverflowError:
             raise ValidationError({"grace": ["a grace period that long is not a date"]}) from None
+        except api_keys.ApiKeyError as exc:
+            if exc.field == "key":  # revoked: the request is fine, the key's state is not
+                raise Conflict(str(exc)) from None
+            raise ValidationError({exc.field or "detail": [str(exc)]}) from None
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
         return Response(

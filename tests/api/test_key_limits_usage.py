@@ -176,3 +176,18 @@ def test_the_admin_shows_a_key_s_usage_per_model_and_edits_its_limits(admin_clie
     assert "tiny: 3 requests, 7 prompt + 10 completion tokens" in page
     assert "big: 1 requests, 10 prompt + 1 completion tokens" in page
     assert 'name="tokens_per_day"' in page and 'name="requests_per_minute"' in page
+
+
+def test_a_revoked_key_cannot_be_rotated_and_is_told_so_as_a_conflict(api):
+    key, _ = api_keys.create_api_key("team-r")
+    api_keys.revoke_api_key(key)
+
+    resp = api.post(
+        f"/api/v1/api-keys/{key.prefix}/rotate/", {"grace": "1h"}, content_type="application/json"
+    )
+
+    # the request is well formed; the key's state is what refuses it
+    assert resp.status_code == 409, resp.content
+    assert resp.json() == {"detail": f"API key 'team-r' ({key.prefix}) is revoked"}
+    key.refresh_from_db()
+    assert key.previous_secret_hash == ""
