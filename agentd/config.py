@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentd import safeyaml
 from agentd.ports import DEFAULT_PORT_RANGE, check_port_range
 from agentd.protocol import NODE_ID_PATTERN
 
@@ -388,7 +389,7 @@ def load_config(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safeyaml.load(text)  # no anchors or aliases; at most 1 MiB
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_config(data, source=str(path))

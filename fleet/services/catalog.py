@@ -3,7 +3,8 @@
 The file is the truth for what it names: a field left out takes its default.
 Models and profiles it does not name are left alone. The whole file applies or
 nothing does, and every problem is reported at once with the field it is in,
-using the same ``clean()`` rules as the admin and the API::
+using the same ``clean()`` rules as the admin and the API. The file is at most
+1 MiB and has no anchors or aliases (``&x``/``*x``: refused, see agentd.safeyaml)::
 
     models:
       - name: qwen2.5-7b
@@ -36,6 +37,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from agentd import safeyaml
 from fleet.models import EngineProfile, Model, WantedEngine
 
 from . import permissions, profiles
@@ -120,7 +122,9 @@ def parse(text: str) -> list[dict]:
 def _parse(text: str) -> dict:
     """The whole file, checked for shape: models, and engines if named."""
     try:
-        data = yaml.safe_load(text)
+        # No anchors or aliases, and a size bound: a 572-byte alias bomb once
+        # took 32 s and 2 GB of the web process (agentd.safeyaml).
+        data = safeyaml.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
