@@ -57,8 +57,10 @@ def _config_file(path: Path) -> dict:
         )
     import yaml
 
+    from agentd import safeyaml
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safeyaml.load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise Failure(f"{path}: cannot read it: {exc}", EXIT_USAGE) from None
     if not isinstance(data, dict) or set(data) - {"url", "api_key"}:
@@ -87,9 +89,41 @@ def _settings(args) -> tuple[str, str]:
 # ---- the API -----------------------------------------------------------------------------
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+class _KeyStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only within the configured control plane (the same host and
+    port, or its https on 443), since the request carries the manage key and urllib
+    would hand it to whatever host a redirect names. Anything else ends the command,
+    naming the host, with the key sent nowhere new."""
+
+    def __init__(self, home: str):
+        self.home = home
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        newurl = urllib.parse.urljoin(req.full_url, newurl)
+        scheme, host, port = _origin(newurl)
+        _, home_host, home_port = _origin(self.home)
+        same = scheme in ("http", "https") and host == home_host
+        if not (same and (port == home_port or (scheme, port) == ("https", 443))):
+            shown = urllib.parse.urlsplit(newurl).netloc or newurl
+            raise Failure(
+                f"the control plane at {self.home} redirected ({code}) to {scheme}://{shown}; "
+                f"llmgw sends its key only to {home_host}, so it stopped there. If the "
+                "control plane is now at that address, pass it with --url",
+                EXIT_UNREACHABLE,
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class Api:
     def __init__(self, url: str, key: str, timeout: float = TIMEOUT_S):
         self.url, self.key, self.timeout = url, key, timeout
+        self._opener = urllib.request.build_opener(_KeyStaysHome(url))
 
     def call(self, method: str, path: str, body: dict | None = None, **query):
         query = {k: v for k, v in query.items() if v is not None}
@@ -101,7 +135,7 @@ class Api:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raise _refusal(exc, method, path) from None
