@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agentd.fetch import http, hub, store
 from agentd.fetch.http import Cancelled, FetchError
-from agentd.fetch.sources import HUB, Source
+from agentd.fetch.sources import HUB, Source, name_problem
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,18 @@ OnProgress = Callable[[int, int | None], Awaitable[None]]
 
 class FetchCancelled(Exception):
     """The fetch was stopped because no shard wants it any more."""
+
+
+def _inside(entry: Path, name: str, source: Source) -> Path:
+    """``entry / name``, or FetchError when ``name`` (from a profile's weights_sha256, or a
+    hub's file list) would lead outside the entry. The control plane refuses such names
+    too; the agent checks them itself, since it is the one that reads the files."""
+    if (problem := name_problem(name)) is not None:
+        raise FetchError(f"{source.text}: {problem}; nothing outside {entry} is read")
+    path = entry / name
+    if path.exists() and not path.resolve().is_relative_to(entry.resolve()):
+        raise FetchError(f"{source.text}: {name!r} leads outside {entry}; it is not read")
+    return path
 
 
 @dataclass(frozen=True)
@@ -91,9 +103,9 @@ class Fetcher:
         meta = store.read_meta(entry) or {}
         known = dict(meta.get("sha256") or {})
         for name, want in sorted(sha256.items()):
+            path = _inside(entry, name, source)
             if known.get(name) == want:
                 continue
-            path = entry / name
             if not path.is_file():
                 raise FetchError(f"weights_sha256 names {name}, which {entry} does not have")
             got = http.sha256_of(path)
@@ -227,6 +239,11 @@ class Fetcher:
 
     def _fetch(self, job: _Job) -> Path:
         src, s = job.source, self.settings
+        for name in sorted(job.sha256):
+            # A profile's checksum naming a file outside the entry (an older control
+            # plane saved such names); the hub's own names are checked in hub.plan.
+            if (problem := name_problem(name)) is not None:
+                raise FetchError(f"{src.text}: {problem}; nothing was fetched")
         found = store.find(self.roots, src)
         if found is not None:
             return store.local_model_path(found, src)

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 CHUNK = 1 << 20
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -32,15 +32,30 @@ class Cancelled(Exception):
 
 
 class _Redirect(urllib.request.HTTPRedirectHandler):
-    """Follow redirects, keeping the Authorization header only on the same host:
-    a hub sends large files to a CDN, which must not see the token."""
+    """Follow redirects to http(s) only (urllib would follow one to ftp://), and keep
+    the Authorization header only on the same scheme, host and port: a hub sends
+    large files to a CDN, which must not see the token, and nor may anyone on the
+    wire of an https -> http redirect."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
+        newurl = urljoin(req.full_url, newurl)
+        scheme = urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise FetchError(
+                f"{req.full_url}: redirected ({code}) to {scheme}://…; weights are fetched "
+                "over http(s) only, so it was not followed"
+            )
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         auth = req.unredirected_hdrs.get("Authorization")
-        if new is not None and auth and urlsplit(newurl).netloc == urlsplit(req.full_url).netloc:
+        if new is not None and auth and _origin(newurl) == _origin(req.full_url):
             new.add_unredirected_header("Authorization", auth)
         return new
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}[scheme]
 
 
 def opener(ca_file: str | None = None) -> urllib.request.OpenerDirector:

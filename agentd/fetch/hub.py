@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentd.fetch.http import FetchError
-from agentd.fetch.sources import SPLIT_GGUF, Source
+from agentd.fetch.sources import SPLIT_GGUF, Source, name_problem
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,8 @@ def plan(source: Source, *, endpoint: str, token: str, timeout_s: float) -> HubP
         for s in siblings
     ]
     for f in files:
-        parts = f.name.split("/")
-        if f.name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise FetchError(f"{where}: refusing the file name {f.name!r}")
+        if (problem := name_problem(f.name)) is not None:
+            raise FetchError(f"{where}: refusing the hub's file name: {problem}")
     headers = build_hf_headers(token=token or None)
     return HubPlan(commit=info.sha, files=files, headers=dict(headers))
 

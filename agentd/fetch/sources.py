@@ -174,14 +174,31 @@ def _hub(text: str) -> Source:
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def name_problem(name: object) -> str | None:
+    """Why ``name`` is not a file inside a fetched entry (a relative path with no empty,
+    '.' or '..' part), or None. Both ends ask: the control plane before it saves a
+    profile, the agent before it opens ``entry / name``, so an older control plane
+    cannot make an agent read outside the entry."""
+    if not isinstance(name, str) or not name or len(name) > 1024:
+        return f"{name!r} is not a file name"
+    if name.startswith("/") or "\\" in name or "\x00" in name:
+        return f"{name!r} is not a file inside the fetched copy: name it by its relative path"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return (
+            f"{name!r} is not a file inside the fetched copy: its path has an empty, "
+            "'.' or '..' part"
+        )
+    return None
+
+
 def check_sha256(value: object) -> list[str]:
     """Problems with a weights_sha256 mapping (file name -> 64 lowercase hex digits)."""
     if not isinstance(value, dict):
         return ['must map file names to sha256 hex digests, e.g. {"model.gguf": "ab12…"}']
     problems = []
     for name, digest in value.items():
-        if not isinstance(name, str) or not name or len(name) > 1024:
-            problems.append(f"{name!r} is not a file name")
+        if (problem := name_problem(name)) is not None:
+            problems.append(problem)
         elif not isinstance(digest, str) or not _SHA256.match(digest):
             problems.append(f"{name}: {digest!r} is not a sha256 (64 lowercase hex digits)")
     return problems
