@@ -179,7 +179,7 @@ class Installer:
         first pass checks it again (at once, when the control plane's wants arrive)."""
         for want in wants:
             choice = builds.choose(want.engine, want.variant, gpus)
-            if choice.variant is None:
+            if choice.variant is None or protocol.engine_version_problem(want.version):
                 continue
             try:
                 plan = pip_plan(want.engine, want.version, choice.variant, self.cfg)
@@ -214,6 +214,9 @@ class Installer:
         return self._set(Status(want.engine, want.version, variant, FAILED, detail))
 
     async def _one(self, want: Want, gpus: list[protocol.GPU]) -> Status:
+        # The control plane checks versions too; this agent does not count on it.
+        if (problem := protocol.engine_version_problem(want.version)) is not None:
+            return self._fail(want, want.variant or "", problem)
         choice = builds.choose(want.engine, want.variant, gpus)
         if choice.variant is None:
             # Decided before anything is fetched: nothing is downloaded for it.

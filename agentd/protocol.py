@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
@@ -33,6 +34,25 @@ RECONNECT_BACKOFF_CAP_S = 30.0
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+
+# An engine version the fleet may want (fleet.models.WantedEngine, and the agent
+# again before it runs pip: a version ends up in pip's requirement and in wheel
+# URLs, so nothing that could read as a URL, a path or an option). Empty: the latest.
+ENGINE_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+ENGINE_VERSION_MAX = 64
+
+
+def engine_version_problem(version: str) -> str | None:
+    """Why ``version`` is not an engine version to install, or None ("" is the latest)."""
+    if version == "" or (
+        len(version) <= ENGINE_VERSION_MAX and re.fullmatch(ENGINE_VERSION_PATTERN, version)
+    ):
+        return None
+    return (
+        f"{version[:80]!r} is not a version (like 0.11.2 or 0.3.36: letters, digits and "
+        f". + ! _ -, at most {ENGINE_VERSION_MAX} characters); nothing was installed"
+    )
+
 
 NodeId = Annotated[str, Field(pattern=NODE_ID_PATTERN)]
 ShardId = Annotated[str, Field(pattern=SHARD_ID_PATTERN)]
