@@ -14,3 +14,23 @@ class QuietSockets(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.msg in _SOCKET_CHATTER)
+
+
+# uvicorn's websockets-sansio logs this with the decoder's traceback when a client
+# sends a text frame that is not UTF-8, then closes the socket with 1007 as it
+# should. A peer's bad bytes are not the server's fault: one line, no traceback.
+_BAD_TEXT_FRAME = "Invalid UTF-8 sequence received from client."
+
+
+class QuietBadFrames(logging.Filter):
+    """Turns uvicorn's traceback for a text frame of invalid UTF-8 into one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _BAD_TEXT_FRAME and record.exc_info:
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = (
+                "a WebSocket client sent a text frame that is not UTF-8; closed it with 1007"
+            )
+            record.args = ()
+        return True

@@ -309,12 +309,16 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "filters": {"quiet_sockets": {"()": "llmgw_site.logfilters.QuietSockets"}},
+    "filters": {
+        "quiet_sockets": {"()": "llmgw_site.logfilters.QuietSockets"},
+        "quiet_bad_frames": {"()": "llmgw_site.logfilters.QuietBadFrames"},
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {
         # Its "connection open/closed" for every socket; agent sockets are logged
         # by the consumer, with their node.
-        "uvicorn.error": {"filters": ["quiet_sockets"]},
+        # And a text frame of invalid UTF-8 as one line, not a traceback.
+        "uvicorn.error": {"filters": ["quiet_sockets", "quiet_bad_frames"]},
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
         # Its start banner and every failed login at INFO; lockouts are WARNING.
