@@ -308,12 +308,31 @@ class Web:
 Daphne = Web  # the name the other benchmarks use
 
 
+_collected: set[str] = set()
+
+
+def collect_static(env: dict) -> None:
+    """``manage.py collectstatic`` into the state dir ``env`` names, once: the web
+    process refuses to start without the manifest it writes (llmgw_site/asgi.py)."""
+    state_dir = env.get("LLMGW_STATE_DIR", "")
+    if state_dir in _collected:
+        return
+    subprocess.run(
+        [PY, "manage.py", "collectstatic", "--no-input", "--verbosity", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    _collected.add(state_dir)
+
+
 def start_web(
     server: str, env: dict, log: Path, timeout: float = 60, port: int | None = None
 ) -> Web:
     """One web process on a loopback port (a free one unless given), with a raised
     open-file limit; returns once it accepts connections."""
     port = port or free_port()
+    collect_static(env)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             [PY, *web_argv(server, port)],
@@ -558,6 +577,7 @@ def start_gateway(
     ``tree``: another checkout of llmgw (an earlier commit, say) to run instead of
     this one, on the same database, to compare the two in one run."""
     port = free_port()
+    collect_static(env)
     argv = GATEWAY_SERVERS[server]
     port_args = ["-p", str(port)] if server == "daphne" else ["--port", str(port)]
     cwd = ROOT

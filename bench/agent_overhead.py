@@ -89,12 +89,13 @@ class ControlPlane:
             "LLMGW_HEARTBEAT_INTERVAL_S": str(interval),
             "PYTHONUNBUFFERED": "1",
         }
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
-            cwd=ROOT,
-            env=self.env,
-            check=True,
-        )
+        for command in (["migrate"], ["collectstatic"]):  # Daphne refuses to start without it
+            subprocess.run(
+                [sys.executable, "manage.py", *command, "--no-input", "-v", "0"],
+                cwd=ROOT,
+                env=self.env,
+                check=True,
+            )
         self.daphne = None
         self.port = 0
 

@@ -21,6 +21,25 @@ if not settings.DEBUG and not settings.ALLOWED_HOSTS:
         "this control plane is reached by, comma-separated (e.g. ALLOWED_HOSTS=llmgw.example.com)"
     )
 
+from django.contrib.staticfiles.storage import (  # noqa: E402
+    ManifestFilesMixin,
+    staticfiles_storage,
+)
+
+if (
+    not settings.DEBUG
+    and isinstance(staticfiles_storage, ManifestFilesMixin)
+    and not staticfiles_storage.manifest_storage.exists(staticfiles_storage.manifest_name)
+):
+    # Every page naming a static file would be a 500 (the names come from the
+    # manifest collectstatic writes): say what to run once, at start, instead.
+    raise ImproperlyConfigured(
+        f"the static files are not collected: {settings.STATIC_ROOT}/"
+        f"{staticfiles_storage.manifest_name} is missing, and without it every admin page "
+        "is a 500. Run: python manage.py collectstatic --no-input (with this process's "
+        "environment; `make run` does it), then start this again"
+    )
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from fleet.conf import fleet_settings  # noqa: E402

@@ -4,6 +4,8 @@ uncompressed or without a far-future cache for its hashed name."""
 
 import gzip
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,7 +15,7 @@ from http.cookiejar import CookieJar
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.processes import start_daphne
+from tests.processes import ROOT, free_port, start_daphne, subprocess_env
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -114,3 +116,32 @@ def test_every_static_file_a_page_names_is_served_compressed_and_cached(tmp_path
         server.stop()
     # and Daphne said nothing about them (no warnings, no errors)
     assert "Warning" not in server.output() and "Error" not in server.output(), server.output()
+
+
+@pytest.mark.parametrize("server", ["llmgw_site.serve", "daphne"])
+def test_without_collected_static_files_the_web_process_refuses_to_start(tmp_path, server):
+    # given: a state dir nobody ran collectstatic for
+    state = tmp_path / "state"
+    port = str(free_port())
+    argv = {
+        "llmgw_site.serve": ["llmgw_site.serve", "--host", "127.0.0.1", "--port", port],
+        "daphne": ["daphne", "-b", "127.0.0.1", "-p", port, "llmgw_site.asgi:application"],
+    }[server]
+
+    # when: the web process starts
+    done = subprocess.run(
+        [sys.executable, "-m", *argv],
+        cwd=ROOT,
+        env=subprocess_env(LLMGW_STATE_DIR=state),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    # then: it stops at once, naming the missing manifest and the command to run,
+    # rather than serving every admin page as a 500
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert f"{state}/static/staticfiles.json is missing" in said
+    assert "Run: python manage.py collectstatic --no-input" in said
