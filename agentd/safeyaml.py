@@ -4,10 +4,11 @@ PyYAML's ``safe_load`` builds no objects of its own choosing, but it still expan
 aliases: 572 bytes of nested ``&a [*b, *b, …]`` grow to billions of nodes once
 anything walks them (a view-only user stalled the web process this way). So an
 anchor or an alias is refused outright — none of our files needs one — and so is
-text past a size bound or nesting past a depth bound, each with a message that
-names the problem. The check reads the event stream (libyaml's, where PyYAML has
-it), so a refusal costs one pass over the text and builds nothing; 1 MiB of
-valid YAML costs two passes (a few seconds at worst on a slow core).
+text past a size bound, nesting past a depth bound or more values than a count
+bound, each with a message that names the problem. The check reads the event
+stream (libyaml's, where PyYAML has it), so a refusal costs at most one pass
+and builds nothing; a file within the bounds costs two passes, well under a
+second.
 
 The errors are ``yaml.MarkedYAMLError``s, so a caller that already reports
 ``yaml.YAMLError`` (with its line and column) reports these too. Standard library
@@ -25,6 +26,9 @@ MAX_CHARS = 1 << 20
 # Our files nest five or six deep; a thousand brackets is an attack on the
 # composer's recursion, not a file.
 MAX_DEPTH = 64
+# Values (scalars, lists, mappings) in one document: a catalog of a thousand
+# models is about 30,000. It bounds the work on 1 MiB of "[1,1,1,…]" too.
+MAX_NODES = 100_000
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -55,8 +59,15 @@ def load(text: str, *, max_chars: int = MAX_CHARS):
 
 
 def _check_events(text: str, loader) -> None:
-    depth = 0
+    depth = nodes = 0
     for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.NodeEvent):
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise UnsafeYAML(
+                    problem=f"more than {MAX_NODES:,} values in one file",
+                    problem_mark=event.start_mark,
+                )
         if isinstance(event, yaml.AliasEvent):
             raise UnsafeYAML(
                 problem=f"anchors and aliases are not allowed (*{event.anchor}); "

@@ -45,8 +45,9 @@ def test_llmgw_cli_yaml_with_an_alias_is_refused_naming_it(tmp_path, monkeypatch
         ("a: !!str &x b\n", "anchors and aliases are not allowed (&x)"),
         ("a:\n" + "".join("  " * i + "- \n" for i in range(1, 80)), "nested more than 64"),
         ("a: " + "x" * safeyaml.MAX_CHARS + "\n", "is more than the 1,048,576 allowed"),
+        ("[" + "1," * safeyaml.MAX_NODES + "1]", "more than 100,000 values"),
     ],
-    ids=["alias", "anchor", "deep block nesting", "too long"],
+    ids=["alias", "anchor", "deep block nesting", "too long", "too many values"],
 )
 def test_refusals_name_the_problem(text, problem):
     with pytest.raises(yaml.YAMLError) as caught:
