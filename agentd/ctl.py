@@ -7,7 +7,9 @@ with the agent (``pip install .``), standard library and PyYAML only.
 
 Where it connects: ``--url`` / ``LLMGW_URL``; the key: ``LLMGW_API_KEY``; or both from
 ``~/.config/llmgw/cli.yaml`` (``url:`` and ``api_key:``), which must be readable by its
-owner alone (mode 0600), as ssh insists for its keys.
+owner alone (mode 0600), as ssh insists for its keys. The key goes to that
+address only: a redirect to another host, port or scheme ends the command
+(status 4), naming where it pointed, instead of carrying the key there.
 
 Exit status, for scripts: 0 done; 1 the API refused the request (it says why);
 2 bad usage or a bad file, nothing sent; 3 the key was refused (unknown, revoked, not

@@ -4,7 +4,8 @@ The file is the truth for what it names: a field left out takes its default.
 Models and profiles it does not name are left alone. The whole file applies or
 nothing does, and every problem is reported at once with the field it is in,
 using the same ``clean()`` rules as the admin and the API. The file is at most
-1 MiB and has no anchors or aliases (``&x``/``*x``: refused, see agentd.safeyaml)::
+1 MiB and 100,000 values, and has no anchors or aliases (``&x``/``*x``: refused,
+see agentd.safeyaml)::
 
     models:
       - name: qwen2.5-7b
