@@ -52,7 +52,9 @@ async def application(scope, receive, send) -> None:
                 raise GatewayError(405, f"{path} takes POST, not {scope['method']}")
             key = await gw.key_for(scope["headers"])
             raw = await _read_body(scope, receive, gw.limits.max_body_bytes[endpoint])
-            req, route = admit(gw, endpoint, key, raw, t0)
+            # A large body is parsed on the body thread, never on the loop.
+            req = await validate.read(endpoint, raw)
+            route = admit(gw, key, req, t0)
             if key.limits.on:
                 # One Redis round trip; raises the 429 when the key is over a limit.
                 reply.extra = await gw.limiter.check(key)
@@ -109,12 +111,11 @@ class _ClientGone(Exception):
     pass
 
 
-def admit(gw, endpoint: str, key, raw: bytes, t0: float):
-    """(request, route) for a proxied request's body; the GatewayError that says why not."""
-    req = validate.parse(endpoint, raw)
+def admit(gw, key, req, t0: float):
+    """The route for a parsed request (``validate.read``); the GatewayError that says why not."""
     route = _route_for(gw, key, req.model)
     gw.last_request[route.name] = t0
-    return req, route
+    return route
 
 
 def _route_for(gw, key, model: str):

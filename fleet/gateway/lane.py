@@ -5,19 +5,20 @@ Under ``llmgw_site.serve`` a POST to /v1/chat/completions, /v1/completions or
 parser callbacks to the engine and back with no ASGI scope, task, future or
 timer of its own: the request is read by the protocol (``serve.LaneProtocol``),
 admitted with the same checks as the ASGI app (``key_for`` before the body is
-read, then ``app.admit``: the body, the model), written to the replica the ASGI
-path would choose (an idle pooled connection; a connect is the one task), and
-the engine's answer, once whole, is shaped as the ASGI path shapes
-it (``proxy.whole_answer``) and written back in one ``send()``. That is most of
-a gateway's CPU per short answer on uvicorn's ASGI path (docs/gateway.md, "The
-lane").
+read, then ``validate.parse`` and ``app.admit``: the body, the model), written
+to the replica the ASGI path would choose (an idle pooled connection; a connect
+is the one task), and the engine's answer, once whole, is shaped as the ASGI
+path shapes it (``proxy.whole_answer``) and written back in one ``send()``.
+That is most of a gateway's CPU per short answer on uvicorn's ASGI path
+(docs/gateway.md, "The lane").
 
 Anything that would wait goes the ordinary way, through ASGI and
 ``fleet.gateway.app``, and nothing reaches the client before it does:
 
 - at the start: the gateway not started yet, a key not in memory, refused, or
-  with rate limits (Redis), a request that asks for a stream, no ready replica
-  (the request waits for one);
+  with rate limits (Redis), a request that asks for a stream, a body too large
+  to parse on the event loop (``validate.on_loop``), no ready replica (the
+  request waits for one);
 - on the way to the engine: every replica set aside (the 503 says why), a
   connect that failed, the pooled connection closed by the engine before any
   answer (sent again, as ``upstream.Client.post`` does), a 502/503 that another
@@ -37,7 +38,7 @@ import http
 import logging
 import time
 
-from . import metrics, proxy
+from . import metrics, proxy, validate
 from .app import admit
 from .errors import GatewayError, internal
 from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
@@ -47,7 +48,8 @@ logger = logging.getLogger(__name__)
 # How often the deadlines of the lane's requests in flight are looked at.
 SWEEP_S = 0.05
 # A body naming "stream" may ask for one: the ASGI path reads it (a stream's cost
-# is its tokens, not this).
+# is its tokens, not this). So does a body too large to parse on the event loop
+# (validate.on_loop): the ASGI path parses it on the body thread.
 _STREAM = b'"stream"'
 
 STATUS_LINES = {
@@ -135,9 +137,10 @@ class Exchange:
         gw = self.gw
         raw = self.raw
         try:
-            if _STREAM in raw:
+            if _STREAM in raw or not validate.on_loop(raw):
                 return self._hand_over()
-            req, route = admit(gw, self.endpoint, self.key, raw, self.t0)
+            req = validate.parse(self.endpoint, raw)
+            route = admit(gw, self.key, req, self.t0)
             self.req, self.route = req, route
             if not route.upstreams:
                 return self._hand_over()  # it waits for a replica

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import metrics, prefix, table
+from . import metrics, prefix, table, validate
 from .errors import GatewayError, error_body, sse_error_event
 from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 
@@ -215,19 +215,46 @@ def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
         )
 
 
-def upstream_body(route: table.Route, req, up: table.Upstream) -> tuple[bytes, bool]:
-    """The body the engine gets, and whether the gateway asked it for usage on its own."""
-    body = req.raw
+def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, bool]:
+    """The body to send where it is not the client's own (None where it is), and whether
+    the gateway asked the engine for usage on its own."""
     strip_usage = wants_usage_added(req)
-    if up.served_name != route.name or strip_usage:
-        changed = {**req.body, "model": up.served_name}
-        if strip_usage:
-            # The engine reports usage in a last chunk only when asked; the client
-            # did not ask, so that chunk is taken out again on the way back.
-            changed["stream_options"] = {**(req.body.get("stream_options") or {}), **_INCLUDE}
-        # The engine serves the profile's name; the client asked for the model's.
-        body = json.dumps(changed, allow_nan=False).encode()
-    return body, strip_usage
+    if up.served_name == route.name and not strip_usage:
+        return None, strip_usage
+    # The engine serves the profile's name; the client asked for the model's.
+    changed = {**req.body, "model": up.served_name}
+    if strip_usage:
+        # The engine reports usage in a last chunk only when asked; the client
+        # did not ask, so that chunk is taken out again on the way back.
+        changed["stream_options"] = {**(req.body.get("stream_options") or {}), **_INCLUDE}
+    return changed, strip_usage
+
+
+def upstream_body(route: table.Route, req, up: table.Upstream) -> tuple[bytes, bool]:
+    """The body the engine gets, and whether the gateway asked it for usage on its own.
+    On the loop: for a body ``validate.on_loop`` lets it parse there (the lane's)."""
+    changed, strip_usage = _changed(route, req, up)
+    if changed is None:
+        return req.raw, strip_usage
+    return json.dumps(changed, allow_nan=False).encode(), strip_usage
+
+
+# Written out in Python, not C: slower, but the interpreter can switch to the loop.
+_YIELDING_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
+def _encode_yielding(body: dict) -> bytes:
+    return "".join(_YIELDING_ENCODER.iterencode(body)).encode()
+
+
+async def upstream_body_off_loop(route: table.Route, req, up: table.Upstream):
+    """``upstream_body``, written on the body thread where the body is large."""
+    changed, strip_usage = _changed(route, req, up)
+    if changed is None:
+        return req.raw, strip_usage
+    if validate.on_loop(req.raw):
+        return json.dumps(changed, allow_nan=False).encode(), strip_usage
+    return await validate.off_loop(_encode_yielding, changed), strip_usage
 
 
 def refused(route: table.Route, up: table.Upstream, exc: Refused) -> GatewayError:
@@ -406,7 +433,7 @@ async def _attempt(
 ) -> None:
     limits = gw.limits
 
-    body, strip_usage = upstream_body(route, req, up)
+    body, strip_usage = await upstream_body_off_loop(route, req, up)
     up.outstanding += 1
     try:
         try:

@@ -2,10 +2,22 @@
 
 Only what the gateway itself relies on, and the common fields whose wrong
 type would otherwise surface as an engine error: the engine checks the rest.
+
+Where a body is parsed (``read``): on the event loop while that is cheap for
+any body of its kind, at most ``ON_LOOP_MAX_BYTES`` with at most
+``ON_LOOP_MAX_CONTAINERS`` brackets (about a millisecond whatever it holds);
+otherwise on the gateway's body thread, so a large body cannot hold up the
+other requests (their limit checks included). The thread's decoder calls
+Python for every number and object, so the interpreter can switch back to the
+loop while it works; arrays have no such hook, so a body may hold at most
+``MAX_CONTAINERS`` arrays and objects (a 400 past it). Every door that parses
+a body (the ASGI path, the lane) asks ``on_loop`` first.
 """
 
+import asyncio
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .errors import GatewayError
@@ -45,6 +57,79 @@ def _depth_over(value, limit: int) -> bool:
 # One decoder for every request: json.loads with hooks builds a new one (and its
 # scanner) per call. It decodes the bytes as json.loads does: UTF-8, -16 or -32.
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def yielding_int(text: str) -> int:
+    return int(text)
+
+
+def yielding_object(pairs) -> dict:
+    return dict(pairs)
+
+
+# The body thread's: the same result, with a call into Python per number and
+# object, where the interpreter may hand the loop its turn (C alone never does).
+_YIELDING_DECODER = json.JSONDecoder(
+    parse_constant=_no_constant,
+    parse_float=_finite_float,
+    parse_int=yielding_int,
+    object_pairs_hook=yielding_object,
+)
+
+# A body this small with this few brackets is parsed on the event loop: about a
+# millisecond at worst (16 KiB of "[[],[],…" or of digits), less than the
+# thread's round trip costs a typical request. Anything else goes to the thread.
+ON_LOOP_MAX_BYTES = 64 << 10
+ON_LOOP_MAX_CONTAINERS = 4096
+# Arrays and objects in one body: far more than a real request has (a chat of
+# 20,000 messages, a batch of 2,048 embedding inputs), and each costs the
+# process about 0.2 µs that nothing can interrupt, the loop's turn included.
+MAX_CONTAINERS = 100_000
+
+# One thread per process: large bodies queue for it rather than compete with the
+# loop (and each other) for the interpreter.
+_BODY_THREAD = ThreadPoolExecutor(1, thread_name_prefix="llmgw-body")
+
+
+def on_loop(raw: bytes) -> bool:
+    """Whether ``raw`` is cheap enough to parse on the event loop (``read`` decides by it)."""
+    return len(raw) <= ON_LOOP_MAX_BYTES and (
+        raw.count(b"[") + raw.count(b"{") <= ON_LOOP_MAX_CONTAINERS
+    )
+
+
+async def off_loop(fn, *args):
+    """``fn(*args)`` on the body thread: for work on a large body or answer."""
+    return await asyncio.get_running_loop().run_in_executor(_BODY_THREAD, fn, *args)
+
+
+async def read(endpoint: str, raw: bytes) -> "ParsedRequest":
+    """``parse``, on the loop where ``on_loop`` says so, else on the body thread."""
+    if on_loop(raw):
+        return parse(endpoint, raw)
+    return await off_loop(_parse, endpoint, raw, _YIELDING_DECODER)
+
+
+_CHUNK = 1 << 20
+
+
+def _containers(text: str) -> int:
+    """The arrays and objects of a JSON text: its brackets outside strings.
+
+    In pieces of ``_CHUNK``, so no one call holds the interpreter long. Valid
+    JSON has backslashes only inside strings: without escaped backslashes and
+    quotes, every quote left opens or closes one.
+    """
+    text = text.replace("\\\\", "").replace('\\"', "")
+    inside = False
+    n = 0
+    for start in range(0, len(text), _CHUNK):
+        pieces = text[start : start + _CHUNK].split('"')
+        outside = "".join(pieces[1::2] if inside else pieces[0::2])
+        n += outside.count("[") + outside.count("{")
+        inside ^= len(pieces) % 2 == 0
+    return n
+
 
 # The fields every endpoint shares, and their types; None is always allowed
 # for an optional field, as OpenAI allows it.
@@ -113,11 +198,26 @@ def _json_type(value) -> str:
 
 
 def parse(endpoint: str, raw: bytes) -> ParsedRequest:
+    """The request in ``raw``, checked; the 400 that says what is wrong with it.
+
+    Any thread; on the event loop only where ``on_loop`` says so (``read``).
+    """
+    return _parse(endpoint, raw, _DECODER)
+
+
+def _parse(endpoint: str, raw: bytes, decoder: json.JSONDecoder) -> ParsedRequest:
     if not raw.strip():
         raise GatewayError(400, "the request body is empty; send a JSON object")
+    brackets = raw.count(b"[") + raw.count(b"{")
     try:
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        if brackets > MAX_CONTAINERS and _containers(text) > MAX_CONTAINERS:
+            raise GatewayError(
+                400,
+                f"the request body has more than {MAX_CONTAINERS} arrays and objects",
+            )
         # NaN and Infinity are Python's, not JSON's: an engine may choke on them.
-        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        body = decoder.decode(text)
     except UnicodeDecodeError:
         raise GatewayError(400, "the request body is not UTF-8 encoded JSON") from None
     except RecursionError:
@@ -131,7 +231,7 @@ def parse(endpoint: str, raw: bytes) -> ParsedRequest:
             why = "an integer has more digits than any model takes"
         raise GatewayError(400, f"the request body is not valid JSON: {why}") from None
     # Counting brackets runs at C speed; only a body with many is walked.
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth_over(body, MAX_DEPTH):
+    if brackets > MAX_DEPTH and _depth_over(body, MAX_DEPTH):
         raise GatewayError(
             400, f"the request body nests arrays or objects deeper than {MAX_DEPTH} levels"
         )

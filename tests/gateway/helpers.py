@@ -20,8 +20,11 @@ class Upstream:
     def __init__(self, name: str = "up", mode: str = "ok", token_delay: float = 0.0):
         self.name = name
         # ok | garbage | close_early | status503 | hang | not_json | deep_error
+        # | prompt_logprobs (vLLM's: the prompt's tokens after the usage)
         self.mode = mode
         self.token_delay = token_delay
+        self.usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        self.tokens = TOKENS  # what a stream sends, one event each
         # Bound here and handed to aiohttp, so no other process can take the port
         # between choosing it and listening on it (a port that was free a moment
         # earlier was taken once in CI: "address already in use").
@@ -49,7 +52,7 @@ class Upstream:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        app = web.Application()
+        app = web.Application(client_max_size=64 << 20)  # as large as engines take
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -142,23 +145,28 @@ class Upstream:
         if self.mode == "deep_error":  # an error body nested deeper than Python's stack
             deep = "[" * 100_000 + "]" * 100_000
             return web.Response(status=500, text=deep, content_type="application/json")
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{self.name}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "".join(TOKENS)},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
-            },
-            headers={"x-served-by": self.name},
-        )
+        answer = {
+            "id": f"chatcmpl-{self.name}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(TOKENS)},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": self.usage,
+        }
+        if self.mode == "prompt_logprobs":
+            # As vLLM writes it: after the usage, each prompt token with its logprob.
+            words = " ".join(str(m.get("content")) for m in body["messages"]).split()
+            answer["prompt_logprobs"] = [None] + [
+                {str(1000 + i): {"logprob": -1.5, "rank": 1, "decoded_token": w}}
+                for i, w in enumerate(words)
+            ]
+        return web.json_response(answer, headers={"x-served-by": self.name})
 
     async def _completion_answer(self, request, body):
         if body.get("stream"):
@@ -179,7 +187,7 @@ class Upstream:
     async def _stream(self, request, body, chat: bool):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i, tok in enumerate(TOKENS):
+        for i, tok in enumerate(self.tokens):
             if self.token_delay:
                 await asyncio.sleep(self.token_delay)
             if chat:
@@ -215,7 +223,7 @@ class Upstream:
                 "created": int(time.time()),
                 "model": body["model"],
                 "choices": [],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+                "usage": self.usage,
             }
             await resp.write(b"data: " + json.dumps(last).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")

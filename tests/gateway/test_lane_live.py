@@ -113,9 +113,10 @@ def test_an_engines_errors_and_large_answers_come_back_the_same_both_ways(
         expected = post(gateway_server, CHAT + ASGI, request, secret)
         assert got[0] == expected[0] == status, (mode, got[2][:300])
         assert json.loads(got[2]) == json.loads(expected[2]), mode
-    # An answer larger than what the connection buffers before it pauses (256 KiB).
+    # An answer larger than what the connection buffers before it pauses (256 KiB),
+    # to a body small enough for the lane (validate.on_loop: 64 KiB).
     up.mode = "ok"
-    many = {"model": "tiny", "input": ["x"] * 20_000}
+    many = {"model": "tiny", "input": [1] * 20_000}
     served, _ = lane(gateway_server)
     got = post(gateway_server, "/v1/embeddings", many, secret)
     assert lane(gateway_server)[0] == served + 1
@@ -261,3 +262,16 @@ def test_pipelined_requests_are_answered_in_order(gateway_server, upstreams):
     assert statuses == [b"200", b"404", b"200", b"200"], got[:2000]
     assert got.count(b"data: [DONE]") == 1
     assert got.rstrip().endswith(b"}")  # the last answer is whole
+
+
+def test_a_body_too_large_for_the_event_loop_is_handed_to_the_asgi_path(gateway_server, upstreams):
+    up = upstreams()
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    request = {"model": "tiny", "input": ["x"] * 20_000}  # about 100 KiB
+    assert post(gateway_server, CHAT + ASGI, {"model": "tiny", "messages": HI}, secret)[0] == 200
+    served, handed = lane(gateway_server)
+    got = post(gateway_server, "/v1/embeddings", request, secret)
+    assert got[0] == 200 and len(json.loads(got[2])["data"]) == 20_000
+    # parsed on the body thread by the ASGI path, not on the loop by the lane
+    assert lane(gateway_server) == (served, handed + 1)

@@ -4,6 +4,7 @@ reply read late because the event loop was busy is still a reply. On a real Redi
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 
@@ -158,3 +159,112 @@ def test_a_fail_open_setting_that_is_not_yes_or_no_is_refused_naming_it():
 
     with pytest.raises(ValueError, match="LLMGW_GATEWAY_LIMITS_FAIL_OPEN='maybe'.*true or false"):
         from_environ({"LLMGW_GATEWAY_LIMITS_FAIL_OPEN": "maybe"})
+
+
+@pytest.mark.live
+@pytest.mark.django_db(transaction=True)
+def test_a_large_body_does_not_let_another_key_past_its_limit(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.factories import inference_key, ready_model
+    from tests.gateway.helpers import Upstream
+    from tests.gateway.test_limits_live import FAST, post
+    from tests.processes import start_web
+
+    # given a gateway as `make run` serves it, a key allowed 5 requests a minute, and
+    # another key's bodies of 15 MiB: one that is only brackets (5 million arrays, which
+    # took the event loop a second to parse), one that is a long prompt
+    up = Upstream("a")
+    server = start_web(tmp_path, **FAST)
+    msgs = [{"role": "user", "content": "hi"}]
+    brackets = {"model": "tiny", "messages": msgs, "x": [[]] * 5_000_000}
+    brackets = json.dumps(brackets, separators=(",", ":")).encode()
+    long = [{"role": "user", "content": "word " * 3_000_000}]
+    prompt = json.dumps({"model": "tiny", "messages": long}).encode()
+    try:
+        ready_model("tiny", [up])
+        _, limited = inference_key("limited", requests_per_minute=5)
+        _, big = inference_key("big-bodies")
+        t0 = time.time()
+        results = []
+
+        def hammer():
+            while not done:
+                results.append(post(server.url, limited, {"model": "tiny", "messages": msgs}))
+
+        # when the limited key asks again and again while the large bodies arrive
+        done = False
+        bodies = [brackets, prompt, brackets, brackets, brackets, brackets]
+        with ThreadPoolExecutor(6) as pool:
+            hammers = [pool.submit(hammer) for _ in range(6)]
+            try:
+                answers = [_post_raw(server.url, big, b) for b in bodies]
+            finally:
+                done = True
+            for h in hammers:
+                h.result()
+        minutes = int(time.time() // 60) - int(t0 // 60) + 1
+    finally:
+        server.stop()
+        up.stop()
+
+    # then the limited key got no more than its limit in each minute, the rest refused
+    statuses = [s for s, _, _ in results]
+    assert statuses.count(200) <= 5 * minutes
+    assert set(statuses) <= {200, 429}
+    # and the large bodies were answered: the brackets refused naming why, the prompt served
+    assert [s for s, _ in answers] == [400, 200, 400, 400, 400, 400]
+    assert "more than 100000 arrays and objects" in answers[0][1]
+
+
+def _post_raw(url: str, secret: str, body: bytes) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=body,
+        headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_body_with_more_arrays_and_objects_than_any_request_is_refused_naming_the_bound():
+    from fleet.gateway import validate
+
+    many = b'{"model": "m", "messages": [{"role": "user"}], "x": [' + b"[]," * 100_000 + b"[]]}"
+    with pytest.raises(GatewayError) as err:
+        validate.parse("chat/completions", many)
+    assert err.value.status == 400
+    assert "more than 100000 arrays and objects" in err.value.message
+
+
+def test_brackets_inside_strings_are_text_not_arrays():
+    from fleet.gateway import validate
+
+    # Code with brackets, escaped quotes and backslashes: one message, a few objects.
+    code = 'x = [{"a": [1]}] \\ "q" \\\\' * 40_000
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": code}]}).encode()
+    assert raw.count(b"[") + raw.count(b"{") > validate.MAX_CONTAINERS
+    req = validate.parse("chat/completions", raw)
+    assert req.body["messages"][0]["content"] == code
+
+
+async def test_a_large_body_reads_as_a_small_one_does():
+    from fleet.gateway import validate
+
+    body = {
+        "model": "m",
+        "prompt": [[7, 8.5, -1]] * 30_000,
+        "logit_bias": {"12": -100},
+        "stream": False,
+    }
+    raw = json.dumps(body).encode()
+    assert not validate.on_loop(raw)
+    assert (await validate.read("completions", raw)).body == body
+    with pytest.raises(GatewayError, match="not valid JSON"):
+        await validate.read("completions", raw[:-1])
