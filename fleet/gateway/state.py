@@ -410,10 +410,12 @@ class Gateway:
         if not counts:
             return
         try:
-            await database_sync_to_async(usage.write)(counts)
-        except Exception:  # noqa: BLE001 - kept for the next flush
-            self.usage.put_back(counts)
+            left = await database_sync_to_async(usage.write)(counts)
+        except Exception:  # noqa: BLE001 - nothing was written: all kept for the next flush
             logger.warning("could not write key usage (%d rows kept)", len(counts), exc_info=True)
+            left = counts
+        if left:
+            self.usage.put_back(left)
 
     async def _flush_usage(self) -> None:
         while True:
