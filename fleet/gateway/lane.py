@@ -243,7 +243,10 @@ class Exchange:
             return self._error(exc)
         headers = proxy.whole_headers(up, resp, body)
         if status < 400:
-            proxy.tally(self.gw, route, self.key, proxy.usage_of(body))
+            if validate.on_loop(body):
+                proxy.tally(self.gw, route, self.key, proxy.usage_of(body))
+            else:
+                proxy.tally_later(self.gw, route, self.key, body)
         self._let_go(reuse=True)
         self._answer(status, headers, body)
 

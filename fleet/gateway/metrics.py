@@ -4,10 +4,19 @@ Label children are cached per model, so a request pays for two or three
 increments, not for label lookups; what is in flight is read at scrape time.
 """
 
+import logging
+
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from fleet.metrics import REGISTRY
+
+logger = logging.getLogger(__name__)
+
+# The most tokens one answer may report, prompt or completion: a thousand times a
+# long context. More, a negative count or one that is not an integer is an
+# engine's fault (an overflow, a bug), not tokens served: the report is refused.
+MAX_TOKENS = 10**9
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -59,6 +68,13 @@ TOKENS = Counter(
     ["model", "kind"],
     registry=REGISTRY,
 )
+USAGE_REFUSED = Counter(
+    "llmgw_gateway_usage_refused",
+    "Engine usage reports refused, by model: a token count that is negative, not an "
+    "integer, or over 10^9; the answer counts as one that reported no usage.",
+    ["model"],
+    registry=REGISTRY,
+)
 COOLDOWNS = Counter(
     "llmgw_gateway_cooldowns",
     "Times a replica was set aside after repeated connect failures or a timeout.",
@@ -106,16 +122,16 @@ class RouteMetrics:
         child.inc()
 
     def tokens(self, usage: dict | None, events: int = 0) -> tuple[int, int]:
-        """Count an answer's tokens: from its ``usage``, else one per streamed event.
+        """Count an answer's tokens: from its ``usage``, else one per streamed event
+        delivered. An absurd usage (``counts``) is refused, logged and counted, and
+        the answer counts as one without usage.
 
         Returns (prompt, completion) as counted."""
-        prompt = completion = 0
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            prompt = prompt if isinstance(prompt, int) and prompt > 0 else 0
-            completion = completion if isinstance(completion, int) and completion > 0 else 0
+        counted = counts(usage, self.model) if usage is not None else None
+        if counted is None:
+            prompt, completion = 0, min(events, MAX_TOKENS)
         else:
-            completion = events
+            prompt, completion = counted
         if prompt:
             self.prompt.inc(prompt)
         if completion:
@@ -127,6 +143,32 @@ class RouteMetrics:
         if child is None:
             child = self.statuses[status] = REQUESTS.labels(self.model, str(status))
         child.inc()
+
+
+def counts(usage, model: str) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of an engine's ``usage`` object; a count it leaves
+    out (embeddings have no completion) is 0. None where there is no object, or where
+    a count is not an integer from 0 to ``MAX_TOKENS`` (refused: logged and counted)."""
+    if usage.__class__ is not dict:
+        return None
+    out = []
+    for name in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(name)
+        if value is None:
+            value = 0
+        elif value.__class__ is not int or not 0 <= value <= MAX_TOKENS:
+            USAGE_REFUSED.labels(model).inc()
+            logger.warning(
+                "engine usage refused model=%s %s=%.40r: not an integer from 0 to %d; "
+                "the answer counts as one without usage",
+                model,
+                name,
+                value,
+                MAX_TOKENS,
+            )
+            return None
+        out.append(value)
+    return out[0], out[1]
 
 
 def upstream_error(model: str, replica: str, kind: str) -> None:

@@ -34,22 +34,35 @@ def carries_text(event: bytes) -> bool:
     return any(k in event for k in _TEXT_KEYS) and not any(e in event for e in _NO_TEXT)
 
 
-_RAW_DECODER = json.JSONDecoder()  # one for every answer, not one each
+# Answers are the engine's JSON, which may hold -Infinity (a logprob) and the like:
+# no refused constants here, unlike a client's body.
+_ANSWER_DECODER = json.JSONDecoder()
+# The body thread's, calling Python per integer and object (validate.read says why).
+_YIELDING_ANSWER_DECODER = json.JSONDecoder(
+    parse_int=validate.yielding_int, object_pairs_hook=validate.yielding_object
+)
 
 
-def usage_of(body: bytes) -> dict | None:
-    """The ``usage`` object of an OpenAI-style answer, read without parsing the whole of it."""
-    at = body.rfind(_USAGE)
-    if at < 0:
-        return None
-    colon = body.find(b":", at + len(_USAGE))
-    if colon < 0:
-        return None
+def usage_of(body: bytes, decoder: json.JSONDecoder = _ANSWER_DECODER) -> dict | None:
+    """The ``usage`` object of an OpenAI-style answer (a whole one, or one streamed
+    event's JSON): the top-level key of the object the answer is, read from its
+    structure. Never found by searching its text: vLLM writes the client's own
+    prompt (``prompt_logprobs``) after the real usage. Any thread."""
+    if _USAGE not in body:
+        return None  # the common case without usage, at the cost of a search
     try:
-        value, _ = _RAW_DECODER.raw_decode(body[colon + 1 :].decode("utf-8").lstrip())
-    except (ValueError, UnicodeDecodeError):
+        answer = decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return value if isinstance(value, dict) else None
+    usage = answer.get("usage") if answer.__class__ is dict else None
+    return usage if usage.__class__ is dict else None
+
+
+async def answer_usage(body: bytes) -> dict | None:
+    """``usage_of`` a whole answer: on the loop where it is small, else on the body thread."""
+    if validate.on_loop(body):
+        return usage_of(body)
+    return await validate.off_loop(usage_of, body, _YIELDING_ANSWER_DECODER)
 
 
 _INCLUDE = {"include_usage": True}
@@ -65,13 +78,18 @@ def wants_usage_added(req) -> bool:
     return not (isinstance(options, dict) and options.get("include_usage") is True)
 
 
-def _is_usage_only(text: bytes) -> bool:
-    """The last event of a stream with include_usage: no choices, only usage."""
+def _event(text: bytes, decoder: json.JSONDecoder = _ANSWER_DECODER) -> dict | None:
+    """A ``data:`` line's event object; None for one that is not a JSON object."""
     try:
-        event = json.loads(text[5:])
-    except ValueError:
-        return False
-    return isinstance(event, dict) and event.get("choices") == [] and "usage" in event
+        event = decoder.decode(text[5:].decode("utf-8", "surrogatepass"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return event if event.__class__ is dict else None
+
+
+def _usage_in(event: dict | None) -> dict | None:
+    usage = event.get("usage") if event is not None else None
+    return usage if usage.__class__ is dict else None
 
 
 class SSECheck:
@@ -81,13 +99,16 @@ class SSECheck:
     so an error event can always follow cleanly.
     """
 
-    __slots__ = ("tail", "done", "events", "usage", "strip_usage", "_dropped")
+    __slots__ = ("tail", "done", "events", "usage", "strip_usage", "_dropped", "later")
 
     def __init__(self, strip_usage: bool = False):
         self.tail = b""
         self.done = False
         self.events = 0  # events carrying text: one token each, for engines that send
         self.usage = None  # no usage (the last event's, where they send it)
+        # Events that name usage, in order, for ``settle``: a line too large to
+        # parse on the loop, or a usage (a dict) read after one.
+        self.later: list = []
         # Take out the usage-only event (``"choices": []``) the gateway asked for.
         self.strip_usage = strip_usage
         self._dropped = False
@@ -110,9 +131,20 @@ class SSECheck:
                 self.done = True
             elif text.startswith(b"data:"):
                 if _USAGE in text:
-                    self.usage = usage_of(text) or self.usage
-                    if self.strip_usage and _is_usage_only(text):
-                        drop = True
+                    # The event's own top-level "usage", from its JSON: text that only
+                    # mentions usage (an echoed prompt, a token) is not a report.
+                    if len(text) > validate.ON_LOOP_MAX_BYTES:
+                        self.later.append(text)
+                    else:
+                        event = _event(text)
+                        usage = _usage_in(event)
+                        if usage is not None:
+                            if self.later:
+                                self.later.append(usage)
+                            else:
+                                self.usage = usage
+                            # The usage-only last event (no choices) the gateway asked for.
+                            drop = self.strip_usage and event.get("choices") == []
                 if carries_text(text):
                     self.events += 1
             elif not text and self._dropped:
@@ -128,6 +160,16 @@ class SSECheck:
         if len(self.tail) > _MAX_LINE:
             return complete, f"an event line longer than {_MAX_LINE} bytes"
         return complete, None
+
+
+async def settle(check: SSECheck) -> None:
+    """Read the usage of the events ``feed`` left for later, on the body thread."""
+    for item in check.later:
+        if item.__class__ is not dict:
+            item = _usage_in(await validate.off_loop(_event, item, _YIELDING_ANSWER_DECODER))
+        if item is not None:
+            check.usage = item
+    check.later.clear()
 
 
 class Reply:
@@ -522,16 +564,19 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
     except UpstreamError as exc:
         raise broken_whole(route, up, exc) from None
     status, body = whole_answer(route, up, resp, body)
+    usage = await answer_usage(body) if status < 400 else None
     if reply.sse_open:
-        await _whole_as_events(gw, route, key, reply, status, body)
+        await _whole_as_events(gw, route, key, reply, status, body, usage)
         return
     await reply.start(status, whole_headers(up, resp, body))
-    charge = tally(gw, route, key, usage_of(body)) if status < 400 else None
+    charge = tally(gw, route, key, usage) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": body})
     await _charge(gw, key, charge)
 
 
-async def _whole_as_events(gw, route, key, reply: Reply, status: int, body: bytes) -> None:
+async def _whole_as_events(
+    gw, route, key, reply: Reply, status: int, body: bytes, usage: dict | None
+) -> None:
     """A whole answer on a stream already open (the request waited): as events, then [DONE]."""
     if status < 400:
         out = b"data: " + b" ".join(body.split(b"\n")) + b"\n\n"
@@ -541,7 +586,7 @@ async def _whole_as_events(gw, route, key, reply: Reply, status: int, body: byte
         except (ValueError, KeyError, TypeError):
             message = body[:300].decode("utf-8", "replace")
         out = sse_error_event(str(message), "upstream_error")
-    charge = tally(gw, route, key, usage_of(body)) if status < 400 else None
+    charge = tally(gw, route, key, usage) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": out + b"data: [DONE]\n\n"})
     await _charge(gw, key, charge)
 
@@ -559,6 +604,25 @@ def tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
 async def _charge(gw, key, charge: tuple[int, float] | None) -> None:
     if charge is not None:
         await gw.charge(key, *charge)
+
+
+_BACKGROUND: set[asyncio.Task] = set()  # referenced until done, so none is collected
+
+
+def _in_background(coro) -> None:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+def tally_later(gw, route, key, body: bytes) -> None:
+    """``tally`` an answer already sent whose usage is read on the body thread (the lane's
+    large answers)."""
+
+    async def later():
+        await _charge(gw, key, tally(gw, route, key, await answer_usage(body)))
+
+    _in_background(later())
 
 
 async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool) -> None:
@@ -581,6 +645,8 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
                 route.metrics.ttft.observe(time.perf_counter() - t0)
                 first = False
             good, problem = check.feed(chunk)
+            if check.later:
+                await settle(check)
             if good:
                 await send({"type": "http.response.body", "body": good, "more_body": True})
             if problem:
@@ -590,6 +656,12 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
         problem = f"replica {up.replica_id} of model '{route.name}': {exc}"
     except UpstreamError:
         pass
+    except BaseException:
+        # The client went away (its request cancelled) or could not be written to:
+        # what it was sent is charged all the same, from the usage if one came,
+        # else one token per event with text. Not waited for: the task is ending.
+        _in_background(_charge(gw, key, tally(gw, route, key, check.usage, check.events)))
+        raise
     if problem is None and (check.tail or not check.done):
         problem = (
             f"replica {up.replica_id} of model '{route.name}' closed the stream before it finished"
