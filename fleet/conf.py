@@ -126,7 +126,7 @@ class FleetSettings:
     # The history keeps at most one point per node per this many seconds, for an hour.
     history_step_s: float = 15.0
 
-    # Daphne's HTTP parser (llmgw_site/http_limits.py): the whole head of a
+    # The web process's HTTP parser (llmgw_site/serve.py): the whole head of a
     # request must arrive within this, and have at most this many header lines.
     http_head_timeout_s: float = 10.0
     http_max_headers: int = 100

@@ -1,7 +1,7 @@
 """ASGI entry point: the gateway (/v1/*), /metrics, HTTP (admin, API) and the agents' WebSocket.
 
-Served by uvicorn through ``python -m llmgw_site.serve`` (the default: `make run`,
-production), or by ``daphne llmgw_site.asgi:application``.
+Served by uvicorn through ``python -m llmgw_site.serve`` (`make run`, production);
+``manage.py runserver`` serves it on Daphne in development.
 """
 
 import os
@@ -42,25 +42,9 @@ if (
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from fleet.conf import fleet_settings  # noqa: E402
-from fleet.gateway import daphne as gateway_daphne  # noqa: E402
 from fleet.gateway.app import application as gateway_app  # noqa: E402
 from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
-from llmgw_site import http_limits, peer  # noqa: E402
-
-# The three below patch Daphne's classes (Twisted's parser, its request, its
-# server) and are inert under uvicorn, where llmgw_site/serve.py does the same.
-# Daphne's HTTP parser, bounded in time and strict about framing (http_limits.py).
-http_limits.install(
-    fleet_settings().http_head_timeout_s, max_headers=fleet_settings().http_max_headers
-)
-
-# Under Daphne, /v1/* requests are checked before their bodies are read.
-gateway_daphne.install()
-
-# Under Daphne, a socket's own address, which --proxy-headers replaces in 'client'.
-peer.install()
 
 
 async def http_app(scope, receive, send):
@@ -76,8 +60,8 @@ async def http_app(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        # uvicorn's start and stop (Daphne sends none): the gateway's usage
-        # counts are written on a clean stop.
+        # The server's start and stop: the gateway's usage counts are written on
+        # a clean stop.
         "lifespan": gateway_app,
         # No origin check: agents are not browsers, and each one authenticates
         # with its own bearer credential before the socket is accepted.

@@ -8,15 +8,15 @@ One port serves everything: the admin and the console, the API, static files,
 the agents' WebSocket, the gateway (/v1/*) and /metrics. uvicorn on uvloop and
 httptools passes the gateway's requests with a fraction of Daphne's CPU and
 without its tail latency (docs/gateway.md, "Serving"; docs/benchmarks.md).
-Daphne still serves the same app (``daphne llmgw_site.asgi:application``).
+Daphne serves it only under ``manage.py runserver``, in development.
 
 What llmgw needs that uvicorn does not do by itself (some of it Daphne did), done here:
 
 - The request head is bounded in time, lines and bytes, and framing is strict
-  (``HeadLimitsProtocol``; Daphne's equivalent is ``http_limits.py``).
+  (``HeadLimitsProtocol``).
 - Proxy headers are trusted only from the addresses ``--forwarded-allow-ips``
   names (``LLMGW_FORWARDED_ALLOW_IPS``), and the connection's own address is
-  kept for the client-certificate check (``peer.py``), as under Daphne.
+  kept for the client-certificate check (``peer.py``).
 - WebSocket messages are at most 1 MiB, pinged every 20 s, not compressed.
 - SIGTERM: in-flight requests are given ``--graceful-timeout`` seconds, agent
   sockets are closed (1012, "service restart": agents reconnect), then the

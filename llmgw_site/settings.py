@@ -8,6 +8,7 @@ and a private Redis that ``make run`` and ``make test`` start themselves
 
 import os
 import secrets
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -77,6 +78,8 @@ METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 API_DOCS_PUBLIC = _env_bool("API_DOCS_PUBLIC")
 
 INSTALLED_APPS = [
+    # First, so `manage.py runserver` serves the ASGI app (agent sockets included)
+    # in development; production runs uvicorn (llmgw_site/serve.py).
     "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
@@ -123,8 +126,8 @@ AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
 AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")))
 AXES_LOCKOUT_PARAMETERS = "fleet.api.authentication.lockout_parameters"
 # The client's address is the connection's: a header can be forged by the client.
-# Behind a proxy, run Daphne with --proxy-headers so the connection's address is
-# the one the proxy saw (README, "Running in production").
+# Behind a proxy, run the web process with --forwarded-allow-ips naming it, so the
+# connection's address is the one the proxy saw (README, "Running in production").
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 ROOT_URLCONF = "llmgw_site.urls"
@@ -251,6 +254,14 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
+# WhiteNoise answers with a file iterator Django reads in a thread under ASGI, and
+# Django says so once per process. The files are the admin's and the console's CSS
+# and scripts, tens of KiB each and cached for a year by browsers: nothing to act on.
+warnings.filterwarnings(
+    "ignore",
+    message="StreamingHttpResponse must consume synchronous iterators",
+    module="django.core.handlers.asgi",
+)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

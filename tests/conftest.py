@@ -5,7 +5,7 @@ import pytest
 
 # Fixtures that start real processes: a test using one is `live` whether or not
 # its module says so (tests/processes/ holds what they start).
-PROCESS_FIXTURES = {"web_server", "live_web", "stack", "stack_on_postgres", "postgres"}
+PROCESS_FIXTURES = {"live_web", "stack", "stack_on_postgres", "postgres"}
 E2E_DIR = Path(__file__).parent / "e2e"
 # The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
 BROWSER_DIR = Path(__file__).parent / "browser"
@@ -21,12 +21,12 @@ def pytest_configure(config):
     os.environ["LLMGW_CHANNEL_PREFIX"] = prefix  # for the processes tests start
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = prefix
     # With DEBUG off, llmgw_site.asgi refuses to start without ALLOWED_HOSTS; tests
-    # import it, and the Daphnes they start serve on loopback.
+    # import it, and the web processes they start serve on loopback.
     if not settings.ALLOWED_HOSTS:
         os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
         settings.ALLOWED_HOSTS = os.environ["ALLOWED_HOSTS"].split(",")
     # Pages rendered in this process name static files through the plain storage:
-    # the production one needs `collectstatic`'s manifest, which only the Daphnes
+    # the production one needs `collectstatic`'s manifest, which only the web processes
     # tests start are given (tests.processes.collect_static), as they serve the files.
     settings.STORAGES = {
         **settings.STORAGES,
@@ -115,25 +115,12 @@ def _fresh_channel_layer():
     channel_layers.backends.clear()
 
 
-@pytest.fixture(params=("uvicorn", "daphne"))
-def web_server(request, transactional_db, tmp_path):
-    """The web process on each server llmgw runs on (``llmgw_site.serve`` on uvicorn, the
-    default; Daphne), on a free loopback port and the test database; ``.kind`` says which."""
-    from tests.processes import start_web
-
-    server = start_web(tmp_path, server=request.param)
-    server.kind = request.param
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def live_web(transactional_db, tmp_path):
     """The web process as users run it (``llmgw_site.serve``, uvicorn) on a free loopback
-    port and the test database; ``web_server`` runs a test on each supported server."""
+    port and the test database."""
     from tests.processes import start_web
 
     server = start_web(tmp_path)
-    server.kind = "uvicorn"
     yield server
     server.stop()

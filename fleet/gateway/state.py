@@ -1,6 +1,6 @@
 """What one gateway process keeps in memory, and the tasks that keep it fresh.
 
-One ``Gateway`` per event loop (a Daphne or uvicorn process has one). It loads
+One ``Gateway`` per event loop (a web process has one). It loads
 the routing table and the API keys on the first request, then refreshes them
 when the channel layer rings (``fleet.services.doorbells``) and periodically in
 case a ring was lost. Requests only read what is in memory; the one write they
@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import socket
-import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -176,7 +175,6 @@ class Gateway:
                 asyncio.ensure_future(waiting.report_load(self)),
             ]
             self.started = True
-            _close_before_twisted_stops(self)
             logger.info(
                 "gateway started models=%d ready_replicas=%d keys=%d",
                 len(self.routes),
@@ -447,22 +445,6 @@ class Gateway:
         while True:
             await asyncio.sleep(self.limits.last_used_flush_s)
             await self._write_used()
-
-
-def _close_before_twisted_stops(gw: Gateway) -> None:
-    """Under Daphne (no ASGI lifespan): make Twisted's shutdown wait for ``gw.close()``,
-    so a SIGTERM still writes the usage and last-used times counted since the last flush."""
-    reactor = sys.modules.get("twisted.internet.reactor")
-    if reactor is None or not hasattr(reactor, "addSystemEventTrigger"):
-        return
-    from twisted.internet.defer import Deferred
-
-    def before_shutdown():
-        if not gw.started:
-            return None
-        return Deferred.fromFuture(asyncio.ensure_future(gw.close()))
-
-    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
 
 
 _gateways: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway]" = (

@@ -1,5 +1,5 @@
-"""The admin's and the API's CSS and JavaScript come from Daphne itself, with no web
-server in front: any 404 on a static file a page names fails, and so does one served
+"""The admin's and the API's CSS and JavaScript come from the web process itself, with no
+web server in front: any 404 on a static file a page names fails, and so does one served
 uncompressed or without a far-future cache for its hashed name."""
 
 import gzip
@@ -15,7 +15,7 @@ from http.cookiejar import CookieJar
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.processes import ROOT, free_port, start_daphne, subprocess_env
+from tests.processes import ROOT, free_port, start_web, subprocess_env
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -70,18 +70,23 @@ def log_in(base: str, username: str, password: str) -> urllib.request.OpenerDire
     return opener
 
 
+def _lower(headers) -> dict[str, str]:
+    """Header names as uvicorn sends them, lower-case, whatever the server wrote."""
+    return {name.lower(): value for name, value in headers.items()}
+
+
 def fetch(opener, url: str, **headers) -> tuple[int, dict[str, str], bytes]:
     try:
         with opener.open(urllib.request.Request(url, headers=headers), timeout=10) as resp:
-            return resp.status, dict(resp.headers), resp.read()
+            return resp.status, _lower(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
-        return err.code, dict(err.headers), err.read()
+        return err.code, _lower(err.headers), err.read()
 
 
 def test_every_static_file_a_page_names_is_served_compressed_and_cached(tmp_path):
-    # given: a superuser, and a Daphne whose static files were collected afresh
+    # given: a superuser, and a web process whose static files were collected afresh
     get_user_model().objects.create_superuser("root", password="pw-for-tests")
-    server = start_daphne(tmp_path, LLMGW_STATE_DIR=tmp_path / "state")
+    server = start_web(tmp_path, LLMGW_STATE_DIR=tmp_path / "state")
     try:
         opener = log_in(server.url, "root", "pw-for-tests")
         refs: set[str] = set()
@@ -97,8 +102,8 @@ def test_every_static_file_a_page_names_is_served_compressed_and_cached(tmp_path
         wrong = []
         for url in sorted(refs):
             status, headers, body = fetch(opener, server.url + url, **{"Accept-Encoding": "gzip"})
-            encoding = headers.get("Content-Encoding")
-            max_age = re.search(r"max-age=(\d+)", headers.get("Cache-Control", ""))
+            encoding = headers.get("content-encoding")
+            max_age = re.search(r"max-age=(\d+)", headers.get("cache-control", ""))
             if status != 200:
                 wrong.append(f"{url}: {status}")
             elif encoding not in ("gzip", "br") and len(body) >= COMPRESSIBLE_BYTES:
@@ -106,7 +111,7 @@ def test_every_static_file_a_page_names_is_served_compressed_and_cached(tmp_path
             elif not HASHED.search(url):
                 wrong.append(f"{url}: no content hash in its name")
             elif not max_age or int(max_age[1]) < YEAR_S:
-                wrong.append(f"{url}: Cache-Control {headers.get('Cache-Control')!r}")
+                wrong.append(f"{url}: Cache-Control {headers.get('cache-control')!r}")
             elif encoding == "gzip" and not gzip.decompress(body):
                 wrong.append(f"{url}: empty")
 
@@ -114,19 +119,15 @@ def test_every_static_file_a_page_names_is_served_compressed_and_cached(tmp_path
         assert wrong == [], "\n".join(wrong)
     finally:
         server.stop()
-    # and Daphne said nothing about them (no warnings, no errors)
+    # and the web process said nothing about them (no warnings, no errors)
     assert "Warning" not in server.output() and "Error" not in server.output(), server.output()
 
 
-@pytest.mark.parametrize("server", ["llmgw_site.serve", "daphne"])
-def test_without_collected_static_files_the_web_process_refuses_to_start(tmp_path, server):
+def test_without_collected_static_files_the_web_process_refuses_to_start(tmp_path):
     # given: a state dir nobody ran collectstatic for
     state = tmp_path / "state"
     port = str(free_port())
-    argv = {
-        "llmgw_site.serve": ["llmgw_site.serve", "--host", "127.0.0.1", "--port", port],
-        "daphne": ["daphne", "-b", "127.0.0.1", "-p", port, "llmgw_site.asgi:application"],
-    }[server]
+    argv = ["llmgw_site.serve", "--host", "127.0.0.1", "--port", port]
 
     # when: the web process starts
     done = subprocess.run(

@@ -16,7 +16,7 @@ from tests.factories import join_token
 from tests.processes import (
     ROOT,
     start_agent,
-    start_daphne,
+    start_web,
     subprocess_env,
     wait_until,
     write_config,
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def fast_daphne(transactional_db, tmp_path):
     """Daphne telling agents to heartbeat every half second, so the test is quick."""
-    server = start_daphne(tmp_path, LLMGW_HEARTBEAT_INTERVAL_S="0.5")
+    server = start_web(tmp_path, LLMGW_HEARTBEAT_INTERVAL_S="0.5")
     yield server
     server.stop()
 

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from agentd import state
 from tests.factories import join_token
-from tests.processes import free_port, start_agent, start_daphne, wait_until, write_config
+from tests.processes import free_port, start_agent, start_web, wait_until, write_config
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -24,7 +24,7 @@ NODE = "cpu-e2e-s1"
 
 @pytest.fixture
 def fast_daphne(transactional_db, tmp_path):
-    server = start_daphne(tmp_path, LLMGW_HEARTBEAT_INTERVAL_S="0.5")
+    server = start_web(tmp_path, LLMGW_HEARTBEAT_INTERVAL_S="0.5")
     yield server
     server.stop()
 

@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from fleet.models import ApiKeyScope
 from fleet.services import api_keys
 from tests.factories import LLAMACPP_CPU, add_model, add_node, add_replica
-from tests.processes import start_daphne
+from tests.processes import start_web
 from tests.processes.base import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
@@ -49,7 +49,7 @@ def test_the_api_does_what_its_schema_says(fleet_and_key, tmp_path):
     model, secret = fleet_and_key
     # The ignored-auth check sends unknown keys on purpose: lockout after five
     # (a 429 the schema documents) would stop the run, so this server allows more.
-    server = start_daphne(tmp_path, LOGIN_FAILURE_LIMIT="1000000")
+    server = start_web(tmp_path, LOGIN_FAILURE_LIMIT="1000000")
     try:
         # when schemathesis runs every phase with every check
         done = subprocess.run(

@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from fleet.services import history
 from tests.factories import inference_key, operator, ready_model
-from tests.processes import FakeEngine, start_daphne
+from tests.processes import FakeEngine, start_web
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +30,7 @@ def test_the_model_page_reads_what_the_gateway_recorded(tmp_path):
     engine = FakeEngine(tmp_path, "tiny")
     model, _ = ready_model("tiny", [engine])
     _, secret = inference_key()
-    server = start_daphne(tmp_path, LLMGW_HISTORY_STEP_S="0.2")
+    server = start_web(tmp_path, LLMGW_HISTORY_STEP_S="0.2")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=secret)
         ask = lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2)  # noqa: E731

@@ -2,12 +2,10 @@
 
 HAProxy runs the configuration docs/security.md documents (its own paths and
 ports swapped in) and verifies agents' certificates against a CA this test
-makes. The web process, on each server (``llmgw_site.serve`` on uvicorn, and
-Daphne), trusts ``X-Forwarded-For`` from anyone (uvicorn: ``--forwarded-allow-ips
-'*'``; Daphne: ``--proxy-headers``, which has no narrower form), the loosest a
-deployment could be, and the certificate header only from HAProxy's address
-(127.0.0.2: HAProxy's connections leave from there, so the test's own, from
-127.0.0.1, are "not the proxy").
+makes. The web process trusts ``X-Forwarded-For`` from anyone
+(``--forwarded-allow-ips '*'``), the loosest a deployment could be, and the
+certificate header only from HAProxy's address (127.0.0.2: HAProxy's connections
+leave from there, so the test's own, from 127.0.0.1, are "not the proxy").
 """
 
 import asyncio
@@ -22,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from agentd.protocol import CloseCode
 from fleet.models import JoinToken, Node
 from tests.factories import join_token
-from tests.processes import SERVERS, start_agent, start_web, wait_until, write_config
+from tests.processes import start_agent, start_web, wait_until, write_config
 from tests.processes.tls import CA, HAPROXY_MISSING, haproxy_binary, start_haproxy
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
@@ -58,12 +56,12 @@ class Site:
         )
 
 
-# What trusts X-Forwarded-For from any address, on each server.
-TRUST_ANY_PROXY = {"uvicorn": ["--forwarded-allow-ips", "*"], "daphne": ["--proxy-headers"]}
+# What trusts X-Forwarded-For from any address.
+TRUST_ANY_PROXY = ["--forwarded-allow-ips", "*"]
 
 
-@pytest.fixture(params=SERVERS)
-def site(request, transactional_db, tmp_path):
+@pytest.fixture
+def site(transactional_db, tmp_path):
     binary = haproxy_binary()
     if binary is None:
         pytest.fail(HAPROXY_MISSING)
@@ -74,8 +72,7 @@ def site(request, transactional_db, tmp_path):
     server_pem.write_bytes(cert.read_bytes() + key.read_bytes())
     web = start_web(
         tmp_path,
-        server=request.param,
-        args=TRUST_ANY_PROXY[request.param],
+        args=TRUST_ANY_PROXY,
         LLMGW_CLIENT_CERT_PROXIES=PROXY_SOURCE,
         LLMGW_HEARTBEAT_INTERVAL_S="0.5",
     )

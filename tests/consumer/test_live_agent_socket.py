@@ -1,5 +1,5 @@
-"""The agent socket through a real web process and a real WebSocket client, on each
-server llmgw runs on (uvicorn through ``llmgw_site.serve``, the default; Daphne).
+"""The agent socket through a real web process (uvicorn through ``llmgw_site.serve``)
+and a real WebSocket client.
 
 The server runs in its own process on the test database and Redis; requests to
 the agent (logs, desired set, revocation) come from this process, as they would
@@ -42,9 +42,10 @@ async def recv(ws, kind: str, timeout: float = 5) -> dict:
 async def closed_with(ws, timeout: float = 5) -> tuple[int, str]:
     """Wait for the server to close; returns the close code and the reason it gave.
 
-    Daphne drops a close frame's reason (django/daphne#374); the reason comes in
-    the `closing` message sent just before, which must name the same code. uvicorn
-    sends the frame's reason too: then it is the message's, cut to fit a frame.
+    The reason comes in the `closing` message sent just before, which must name the
+    same code (a server may drop a close frame's reason: Daphne does,
+    django/daphne#374). uvicorn sends the frame's reason too: then it is the
+    message's, cut to fit a frame.
     """
     closing = None
     with pytest.raises(ConnectionClosed) as info:
@@ -84,8 +85,8 @@ async def enrol(server, node_id: str):
     return ack["credential"]
 
 
-async def test_an_agent_lives_its_life_over_a_real_server(web_server):
-    server = web_server
+async def test_an_agent_lives_its_life_over_a_real_server(live_web):
+    server = live_web
     # Refused before the socket opens: the server answers the handshake with 403.
     assert await refused_status(server, None) == 403
     assert await refused_status(server, "lgn_deadbeef_notarealcredential") == 403
@@ -152,12 +153,11 @@ async def test_an_agent_lives_its_life_over_a_real_server(web_server):
     assert node.connected is False and node.state == "ready"
 
 
-async def test_bad_frames_over_a_real_server(web_server):
-    server = web_server
+async def test_bad_frames_over_a_real_server(live_web):
+    server = live_web
     # What a message over 1 MiB costs the agent: uvicorn (websockets) closes with
-    # 1009 "message too big"; Daphne (autobahn with failByDrop) drops the TCP
-    # connection without a close frame, so the agent sees 1006.
-    too_big = {"uvicorn": 1009, "daphne": 1006}[server.kind]
+    # 1009 "message too big".
+    too_big = 1009
     credential = await enrol(server, "gpu-01")
 
     async def registered():

@@ -1,25 +1,23 @@
-"""The request head on a real server, each that serves llmgw (uvicorn through
-llmgw_site.serve, the default; Daphne): bounded in time, lines and size, strict about framing."""
+"""The request head on a real web process (uvicorn through llmgw_site.serve): bounded in
+time, lines and size, strict about framing."""
 
 import socket
 import time
 
 import pytest
 
-from tests.processes import SERVERS, start_web
+from tests.processes import start_web
 
 pytestmark = pytest.mark.live
 
 
-@pytest.fixture(scope="module", params=SERVERS)
-def server(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
     server = start_web(
-        tmp_path_factory.mktemp(request.param),
-        server=request.param,
+        tmp_path_factory.mktemp("web"),
         LLMGW_HTTP_HEAD_TIMEOUT_S=1,
         LLMGW_HTTP_MAX_HEADERS=20,
     )
-    server.kind = request.param
     yield server
     server.stop()
 
@@ -95,10 +93,7 @@ def test_a_head_too_large_is_refused(server):
     except (BrokenPipeError, ConnectionResetError):
         pass  # refused while it was still sending: the answer is already in
     raw = _read_all(sock)
-    if server.kind == "daphne":
-        assert raw == b""  # Twisted hangs up without an answer
-    else:
-        assert _status(raw) == 431
+    assert _status(raw) == 431
     sock.close()
 
 

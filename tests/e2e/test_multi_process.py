@@ -1,8 +1,6 @@
 """More than one of every process (issue 15): two web processes and two Celery workers
 on one database and one Redis, HAProxy in front with docs/scaling.md's configuration;
-one agent behind the balancer, one naming both web processes. The web processes are
-one of each supported server, the default (``llmgw_site.serve``, uvicorn) and Daphne,
-so Daphne stays covered and a fleet mid-way between the two is shown to work.
+one agent behind the balancer, one naming both web processes.
 
 - a change made through one web process reaches agents connected to the other (their
   doorbells cross processes through the channel layer);
@@ -96,7 +94,7 @@ def _connected(stack, node_id: str) -> None:
 def test_two_web_processes_and_two_workers_serve_one_fleet(stack, tiny_model, record):
     # given: a second web process and a second worker beside the stack's own, and
     # HAProxy in front of both
-    webs = [stack.web, start_web(stack.tmp, server="daphne", **stack.env)]
+    webs = [stack.web, start_web(stack.tmp, **stack.env)]
     stack.celery.append(start_celery(stack.tmp, "worker-b", CELERY_WORKER, **stack.env))
     proxy = _balancer(stack.tmp, webs)
     try:

@@ -68,18 +68,18 @@ def test_the_gateway_only_entry_point_on_uvicorn(transactional_db, tmp_path, eng
         server.stop()
 
 
-def test_the_gateway_with_the_fake_engine(web_server, engines):
+def test_the_gateway_with_the_fake_engine(live_web, engines):
     ready_model("tiny", [engines()])
     _, secret = inference_key()
-    use_every_endpoint(openai.OpenAI(base_url=web_server.url + "/v1", api_key=secret))
+    use_every_endpoint(openai.OpenAI(base_url=live_web.url + "/v1", api_key=secret))
 
 
-def test_a_killed_engine_costs_no_request_that_had_not_started(web_server, engines):
+def test_a_killed_engine_costs_no_request_that_had_not_started(live_web, engines):
     # given two ready replicas, both in use
     a, b = engines(), engines()
     _, (ra, rb) = ready_model("tiny", [a, b])
     _, secret = inference_key()
-    c = openai.OpenAI(base_url=web_server.url + "/v1", api_key=secret, max_retries=0)
+    c = openai.OpenAI(base_url=live_web.url + "/v1", api_key=secret, max_retries=0)
 
     def ask():
         return c.chat.completions.with_raw_response.create(
@@ -103,11 +103,11 @@ def test_a_killed_engine_costs_no_request_that_had_not_started(web_server, engin
     for _ in range(30):
         resp = ask()
         assert resp.status_code == 200 and resp.headers["x-llmgw-replica"] == rb.pk
-    metrics = urllib.request.urlopen(web_server.url + "/metrics").read().decode()
+    metrics = urllib.request.urlopen(live_web.url + "/metrics").read().decode()
     assert 'llmgw_gateway_cooldowns_total{model="tiny",replica="' + ra.pk in metrics
 
 
-def test_a_client_that_hangs_up_cancels_the_engines_request(web_server, engines):
+def test_a_client_that_hangs_up_cancels_the_engines_request(live_web, engines):
     # given an engine that takes its time over each token
     engine = engines("--token-delay", "0.3")
     ready_model("tiny", [engine])
@@ -116,7 +116,7 @@ def test_a_client_that_hangs_up_cancels_the_engines_request(web_server, engines)
         b'{"model": "tiny", "stream": true, "max_tokens": 50, '
         b'"messages": [{"role": "user", "content": "x"}]}'
     )
-    with socket.create_connection(("127.0.0.1", web_server.port)) as sock:
+    with socket.create_connection(("127.0.0.1", live_web.port)) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Authorization: Bearer {secret}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
@@ -134,7 +134,7 @@ def test_a_client_that_hangs_up_cancels_the_engines_request(web_server, engines)
         time.sleep(0.1)
 
 
-def test_the_real_llama_cpp_engine_through_the_gateway(web_server, tmp_path):
+def test_the_real_llama_cpp_engine_through_the_gateway(live_web, tmp_path):
     from agentd.engines.llamacpp import LlamaCpp
     from fleet.devstack.tinymodel import write_tiny_model
     from tests.engines.helpers import profile, shard
@@ -160,7 +160,7 @@ def test_the_real_llama_cpp_engine_through_the_gateway(web_server, tmp_path):
 
         ready_model("tiny", [SimpleNamespace(port=port)], served_name="tiny-llama")
         _, secret = inference_key()
-        c = openai.OpenAI(base_url=web_server.url + "/v1", api_key=secret, max_retries=0)
+        c = openai.OpenAI(base_url=live_web.url + "/v1", api_key=secret, max_retries=0)
 
         # when the unmodified openai client asks through the gateway
         msgs = [{"role": "user", "content": "hello"}]
@@ -179,7 +179,7 @@ def test_the_real_llama_cpp_engine_through_the_gateway(web_server, tmp_path):
         # streamed event that carried text, as the client saw them
         streamed = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
         expected = chat.usage.completion_tokens + streamed + completion.usage.completion_tokens
-        metrics = urllib.request.urlopen(web_server.url + "/metrics").read().decode()
+        metrics = urllib.request.urlopen(live_web.url + "/metrics").read().decode()
         line = f'llmgw_gateway_tokens_total{{kind="completion",model="tiny"}} {expected:.1f}'
         assert line in metrics, [m for m in metrics.splitlines() if "tokens_total" in m]
     finally:

@@ -1,5 +1,4 @@
-"""Limits and usage through real gateways (Daphne; uvicorn where the server matters)
-sharing one Redis, with the openai client."""
+"""Limits and usage through real gateways sharing one Redis, with the openai client."""
 
 import json
 import time
@@ -14,7 +13,7 @@ from tests.factories import inference_key, ready_model
 from tests.gateway.helpers import Upstream
 from tests.gateway.live import client, wait_until
 from tests.gateway.test_limits import OPENAI_HEADERS
-from tests.processes import SERVERS, start_daphne, start_web
+from tests.processes import start_web
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -53,8 +52,8 @@ def test_two_gateways_on_one_redis_let_through_no_more_than_the_limit(
     transactional_db, tmp_path, upstream
 ):
     # given two gateway processes and a key allowed 6 requests a minute
-    a = start_daphne(tmp_path, **FAST)
-    b = start_daphne(tmp_path, **FAST)
+    a = start_web(tmp_path, **FAST)
+    b = start_web(tmp_path, **FAST)
     try:
         ready_model("tiny", [upstream])
         _, secret = inference_key("team-a", requests_per_minute=6)
@@ -93,7 +92,7 @@ def test_a_stream_s_usage_is_counted_once_and_the_client_sees_what_it_asked_for(
 ):
     from fleet.models import KeyUsage
 
-    server = start_daphne(tmp_path, **FAST)
+    server = start_web(tmp_path, **FAST)
     try:
         ready_model("tiny", [upstream])
         key, secret = inference_key("team-a", tokens_per_minute=1000)
@@ -142,7 +141,7 @@ def test_a_stream_s_usage_is_counted_once_and_the_client_sees_what_it_asked_for(
 def test_over_a_token_budget_the_openai_client_sees_a_rate_limit_error(
     transactional_db, tmp_path, upstream
 ):
-    server = start_daphne(tmp_path, **FAST)
+    server = start_web(tmp_path, **FAST)
     try:
         ready_model("tiny", [upstream])
         _, secret = inference_key("small", tokens_per_day=10)
@@ -159,16 +158,15 @@ def test_over_a_token_budget_the_openai_client_sees_a_rate_limit_error(
     assert upstream.served == 2
 
 
-@pytest.mark.parametrize("server_kind", SERVERS)
 def test_a_gateway_stopped_cleanly_writes_the_usage_it_had_not_flushed_yet(
-    transactional_db, tmp_path, upstream, server_kind
+    transactional_db, tmp_path, upstream
 ):
     from fleet.models import KeyUsage
 
-    # given a gateway that would write usage only once a minute (uvicorn: through
-    # the ASGI lifespan's shutdown; Daphne: through Twisted's shutdown trigger)
+    # given a gateway that would write usage only once a minute (written through
+    # the ASGI lifespan's shutdown)
     env = {**FAST, "LLMGW_GATEWAY_USAGE_FLUSH_S": "60"}
-    server = start_web(tmp_path, server=server_kind, **env)
+    server = start_web(tmp_path, **env)
     try:
         ready_model("tiny", [upstream])
         key, secret = inference_key("team-a")
@@ -193,7 +191,7 @@ def test_redis_away_keys_with_limits_get_503_others_are_served_and_counting_resu
     # a key without limits
     (tmp_path / "r").mkdir()
     redis = PrivateRedis(tmp_path / "r").start()
-    server = start_daphne(tmp_path, REDIS_URL=redis.url, **FAST)
+    server = start_web(tmp_path, REDIS_URL=redis.url, **FAST)
     try:
         ready_model("tiny", [upstream])
         _, secret = inference_key("team-a", requests_per_minute=100)

@@ -1,5 +1,5 @@
-"""Everything in the tests that starts a real process: the web process (uvicorn, or
-Daphne), a Celery worker and beat,
+"""Everything in the tests that starts a real process: the web process (uvicorn), a
+Celery worker and beat,
 agentd, the fake engine, and the whole stack for tests/e2e/.
 
 A test that uses anything here is ``live`` (see tests/conftest.py) and stays out of
@@ -7,8 +7,8 @@ A test that uses anything here is ``live`` (see tests/conftest.py) and stays out
 them and export it here.
 
 - ``base``: the repository root, the test database's environment, ports, waits;
-- ``servers``: the web process (``start_web``: ``llmgw_site.serve`` on uvicorn by
-  default, or Daphne; static files collected first), Celery, the fake engine;
+- ``servers``: the web process (``start_web``: ``llmgw_site.serve`` on uvicorn;
+  static files collected first), Celery, the fake engine;
 - ``agents``: an agentd process and its config;
 - ``stack``: all of them together, with a private Redis, for the e2e scenarios;
 - ``postgres``: a PostgreSQL server of a test's own, which it may stop (imported
@@ -33,13 +33,11 @@ from tests.processes.base import (
 from tests.processes.browser import missing_browser, start_chromium
 from tests.processes.load import Load, Outcome
 from tests.processes.servers import (
-    SERVERS,
     FakeEngine,
     LiveServer,
     collect_static,
     start_asgi,
     start_celery,
-    start_daphne,
     start_uvicorn,
     start_web,
     stop_all,
@@ -49,7 +47,6 @@ from tests.processes.stack import FAST, TENTH, Agent, Stack
 __all__ = [
     "FAST",
     "ROOT",
-    "SERVERS",
     "Agent",
     "AgentProcess",
     "FakeEngine",
@@ -67,7 +64,6 @@ __all__ = [
     "start_asgi",
     "start_celery",
     "start_chromium",
-    "start_daphne",
     "start_uvicorn",
     "start_web",
     "stop_all",

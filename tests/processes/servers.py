@@ -1,8 +1,8 @@
 """Control-plane processes and engines for tests: the web process (uvicorn through
-``llmgw_site.serve``, as `make run` and production run it, or Daphne), a Celery worker
+``llmgw_site.serve``, as `make run` and production run it), a Celery worker
 and beat, and the project's fake engine, each on the test database and Redis.
 
-Use the ``live_web`` or ``web_server`` fixture (registered in conftest.py) with
+Use the ``live_web`` fixture (registered in conftest.py) with
 ``pytest.mark.django_db(transaction=True)`` so what the test writes is committed
 where the server can read it.
 """
@@ -69,7 +69,7 @@ _collected: set[str] = set()
 def collect_static(**env) -> None:
     """``manage.py collectstatic`` into the state dir ``env`` names (else the run's), once.
 
-    Daphne runs the production settings: a page naming a static file needs the
+    The web process runs the production settings: a page naming a static file needs the
     manifest collectstatic writes, or it is a 500, as at a deploy that skipped it.
     """
     state_dir = str(subprocess_env(**env).get("LLMGW_STATE_DIR", ""))
@@ -89,31 +89,12 @@ def collect_static(**env) -> None:
     _collected.add(state_dir)
 
 
-def start_daphne(log_dir: Path, port: int | None = None, args=(), **env) -> LiveServer:
-    """Daphne on loopback; ``args`` go before the application (``--proxy-headers``)."""
-    # A given port lets a restarted Daphne come back where its agents reconnect.
-    port = port or free_port()
-    collect_static(**env)
-    argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), *args, "llmgw_site.asgi:application"]
-    return start_asgi(log_dir, "daphne", argv, port, **env)
+def start_web(log_dir: Path, port: int | None = None, args=(), **env) -> LiveServer:
+    """The whole app as users run it: ``python -m llmgw_site.serve`` (uvicorn).
 
-
-# The servers the whole app runs on: the default (`make run`, production) first.
-SERVERS = ("uvicorn", "daphne")
-
-
-def start_web(
-    log_dir: Path, port: int | None = None, server: str = "uvicorn", args=(), **env
-) -> LiveServer:
-    """The whole app as users run it: ``python -m llmgw_site.serve`` (uvicorn), or Daphne.
-
-    ``args`` go to the server's command line (``--forwarded-allow-ips 127.0.0.5``
-    for ``llmgw_site.serve``, ``--proxy-headers`` for Daphne).
+    ``args`` go to its command line (``--forwarded-allow-ips 127.0.0.5``). A given
+    ``port`` lets a restarted web process come back where its agents reconnect.
     """
-    if server == "daphne":
-        return start_daphne(log_dir, port=port, args=args, **env)
-    if server != "uvicorn":
-        raise ValueError(f"server is one of {', '.join(SERVERS)}, not {server!r}")
     port = port or free_port()
     collect_static(**env)
     argv = ["llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port), *args]

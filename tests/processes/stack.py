@@ -1,5 +1,5 @@
 """The whole stack as real processes, for tests/e2e/: a private Redis, the web process
-(``llmgw_site.serve`` on uvicorn, as `make run` and production run it; or Daphne), a
+(``llmgw_site.serve`` on uvicorn, as `make run` and production run it), a
 Celery worker and beat, agentd processes and the llama.cpp engines they start.
 
 Every control-plane process shares the test database (``subprocess_env``) and a
@@ -22,7 +22,7 @@ from agentd import state
 from fleet.devstack.redis import PrivateRedis
 from tests.processes.agents import AgentProcess, start_agent, write_config
 from tests.processes.base import port_block, wait_for
-from tests.processes.servers import SERVERS, LiveServer, start_celery, start_web
+from tests.processes.servers import LiveServer, start_celery, start_web
 
 # Short intervals for the scenarios; replacement stays far off so nothing in a
 # test is replaced by accident while a process is being restarted.
@@ -139,18 +139,12 @@ class Stack:
     ``database_url``: the control plane's database, when not the test database
     (a ``PrivatePostgres`` the test stops; the test process's ORM must be on it too).
     ``clock``: LLMGW_* settings over FAST for every control-plane process (``TENTH``).
-    ``server``: what serves the web process: uvicorn (the default users run) or daphne.
     """
 
-    def __init__(
-        self, tmp: Path, database_url: str | None = None, server: str = "uvicorn", **clock: str
-    ):
+    def __init__(self, tmp: Path, database_url: str | None = None, **clock: str):
         bad = sorted(k for k in clock if not k.startswith("LLMGW_"))
         if bad:
             raise ValueError(f"clock settings are LLMGW_* variables, not {', '.join(bad)}")
-        if server not in SERVERS:
-            raise ValueError(f"server is one of {', '.join(SERVERS)}, not {server!r}")
-        self.server = server
         self.tmp = tmp
         (tmp / "redis").mkdir(parents=True, exist_ok=True)
         self.redis = PrivateRedis(tmp / "redis").start()
@@ -167,7 +161,7 @@ class Stack:
     # ---- control plane ---------------------------------------------------------------
 
     def start_web(self) -> None:
-        self.web = start_web(self.tmp, port=self.port, server=self.server, **self.env)
+        self.web = start_web(self.tmp, port=self.port, **self.env)
         self.port = self.web.port
 
     def start_celery(self) -> None:
@@ -248,7 +242,7 @@ class Stack:
     def logs(self) -> list[Path]:
         paths = [log for _, log in self.celery]
         if self.web is not None:
-            paths += sorted(self.tmp.glob("web-*.log")) + sorted(self.tmp.glob("daphne-*.log"))
+            paths += sorted(self.tmp.glob("web-*.log"))
         for agent in self.agents:
             paths += agent.logs()
         return paths
