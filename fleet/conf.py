@@ -126,10 +126,6 @@ class FleetSettings:
     # The history keeps at most one point per node per this many seconds, for an hour.
     history_step_s: float = 15.0
 
-    # The web process's HTTP parser (llmgw_site/serve.py): the whole head of a
-    # request must arrive within this, and have at most this many header lines.
-    http_head_timeout_s: float = 10.0
-    http_max_headers: int = 100
 
     # The gateway (/v1/*; docs/gateway.md).
     # Request bodies: a larger one is refused with 413 before it is read, from

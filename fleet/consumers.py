@@ -180,10 +180,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def try_later(self, why: str, kind: str) -> None:
         """Turn the handshake away for now, saying when to come back.
 
-        uvicorn can answer a handshake with a status of its own: 503 and
-        Retry-After, for nearly nothing. Daphne cannot (its refusal is a 403,
-        which agentd takes as "this credential is refused" and stops): there the
-        socket is accepted and closed with 4013, and the agent backs off.
+        A server with ASGI's denial-response extension (uvicorn) answers the
+        handshake with a status of its own: 503 and Retry-After, for nearly
+        nothing. One without it (Daphne, under ``runserver``) would refuse with a
+        403, which agentd takes as "this credential is refused" and stops: there
+        the socket is accepted and closed with 4013, and the agent backs off.
 
         Counted and logged by ``admission.turn_away``.
         """

@@ -42,9 +42,8 @@ AGENT_LOGS_REPLIES_DROPPED = Counter(
 
 # Agents told to come back later at the handshake (fleet.services.admission.turned_away):
 # a web process with more agents knocking than it takes through registration at once
-# ("busy", LLMGW_AGENT_HANDSHAKES_MAX), a request read 5 s or more after it arrived
-# ("late", llmgw_site.serve), or a credential check that waited past the agent's
-# own wait ("slow_check").
+# ("busy", LLMGW_AGENT_HANDSHAKES_MAX), or a credential check that waited past the
+# agent's own wait ("slow_check").
 AGENT_HANDSHAKES_TURNED_AWAY = Counter(
     "llmgw_agent_handshakes_turned_away",
     "Agent handshakes told to come back later (503 with Retry-After, or closed with 4013).",

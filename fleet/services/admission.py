@@ -10,12 +10,9 @@ to come back later (HTTP 503 with ``Retry-After``), at an appointment: the
 refused come back spread over what the process takes a second.
 
 Where the web process is slower than the knocks, a queue can form before any of
-this: in the kernel's listen queue, or behind a busy event loop. A handshake read
-``LATE_S`` or more after it arrived is told to come back too (under uvicorn,
-``llmgw_site.serve``, by the HTTP protocol before the WebSocket handshake, for
-nearly nothing) instead of taken with little of its agent's wait left: served,
-it was seconds of work for nothing once its agent had given up, and that agent
-then backed off for 15-30 s.
+this, in the kernel's listen queue: the web process takes it a batch a turn of its
+loop (``llmgw_site.serve``), and behind the balancer of docs/scaling.md the
+balancer holds the rest.
 
 One instance per process (``admission()``), used from its event loop only.
 """
@@ -38,9 +35,6 @@ RATE_WINDOW_S = 5.0
 START_RATE_PER_S = 50.0
 # Never longer than agentd's own backoff cap.
 RETRY_AFTER_MAX_S = int(RECONNECT_BACKOFF_CAP_S)
-# A handshake that waited this long in the listen queue is turned away: agentd
-# gives a handshake 10 s, and half of it gone means the queue is long.
-LATE_S = 5.0
 # Appointments a second, as a share of the pace registrations go at: more than it,
 # so the pace measured can grow to what the process takes.
 BOOKED_OVER_PACE = 1.5

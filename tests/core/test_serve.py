@@ -1,13 +1,15 @@
 """The web process's command (llmgw_site.serve): its options, and what it does to each
 connection's scope before the app sees it. The server itself runs in the live tests
-(tests/core/test_http_limits.py, tests/consumer/, tests/e2e/)."""
+(tests/gateway/test_edge_haproxy_live.py, tests/consumer/, tests/e2e/)."""
 
 import asyncio
+import re
 
 import pytest
 
 from llmgw_site import serve
 from llmgw_site.peer import connection_peer
+from tests.processes import ROOT
 
 
 @pytest.mark.parametrize(
@@ -93,36 +95,6 @@ def test_uvicorns_line_for_every_socket_is_left_out_and_the_rest_kept(caplog):
         ("INFO", "Uvicorn running on http://127.0.0.1:8000"),
         ("WARNING", "connection closed"),
     ]
-
-
-def test_a_request_s_time_in_the_listen_queue_is_read_from_the_kernel(tmp_path):
-    import socket
-    import time
-
-    class Transport:
-        def __init__(self, sock):
-            self.sock = sock
-
-        def get_extra_info(self, name):
-            return self.sock if name == "socket" else None
-
-    # given a listener nobody accepts from for a while, and a client that sends at once
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        with socket.create_connection(listener.getsockname()) as client:
-            client.sendall(b"GET /ws/agent/ HTTP/1.1\r\n\r\n")
-            time.sleep(1.2)
-            accepted, _ = listener.accept()
-            with accepted:
-                # then the accepted connection says how long its request waited
-                waited = serve.queued_s(Transport(accepted))
-    assert 1.1 <= waited < 30  # the kernel counts in its ticks (4 ms at HZ=250)
-    # and where the kernel keeps no such figure (a unix socket), nothing waited
-    a, b = socket.socketpair()
-    with a, b:
-        assert serve.queued_s(Transport(a)) == 0.0
-    assert serve.queued_s(Transport(None)) == 0.0
 
 
 class _Counted(asyncio.Protocol):
@@ -223,3 +195,18 @@ def test_connections_taken_as_the_server_closes_are_shut_down_too():
         loop.run_until_complete(server.wait_closed())
     finally:
         loop.close()
+
+
+def test_the_uvicorn_pinned_is_the_one_serve_py_was_checked_against():
+    # llmgw_site.serve relies on uvicorn's options and on the protocol's shutdown()
+    # being there for connections its acceptor takes; an upgrade is read here first.
+    pinned = re.search(r"^uvicorn==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M)
+    assert pinned, "requirements.txt pins no uvicorn"
+    assert pinned[1] == serve.UVICORN_CHECKED, (
+        f"requirements.txt pins uvicorn {pinned[1]}; llmgw_site/serve.py was checked against "
+        f"{serve.UVICORN_CHECKED}: read its docstring against the new release, then update "
+        "UVICORN_CHECKED"
+    )
+    import uvicorn
+
+    assert uvicorn.__version__ == pinned[1], "the virtualenv's uvicorn is not the one pinned"

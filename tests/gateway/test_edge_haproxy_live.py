@@ -191,3 +191,53 @@ def test_a_client_leaving_a_pipelined_stream_ends_the_engines_request(edge, upst
     wait_until(lambda: up.cancelled == 1, what="the engine's request ended")
     up.release.set()
     assert up.in_flight == 0 and len(up.requests) == 2
+
+
+def test_a_head_that_trickles_in_is_cut_off_with_408(edge):
+    _, proxy = edge
+    with _connect(proxy) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        for i in range(4 * CLOSED_WITHIN_S):  # a header line every 0.25 s, never ending
+            try:
+                sock.sendall(f"X-Slow-{i}: y\r\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.25)
+        said = _closed(sock)
+    assert said.startswith(b"HTTP/1.1 408"), said[:200]
+
+
+def test_too_many_header_lines_are_refused(edge):
+    _, proxy = edge
+    lines = "".join(f"X-H-{i}: y\r\n" for i in range(120))
+    with _connect(proxy) as sock:
+        sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\n{lines}\r\n".encode())
+        said = _closed(sock)
+    assert said.startswith(b"HTTP/1.1 400"), said[:200]
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n",
+        b"Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n",
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+        b"Transfer-Encoding: gzip\r\n",
+    ],
+)
+def test_ambiguous_body_framing_is_refused(edge, upstreams, framing):
+    # RFC 9112: a proxy reading the last Transfer-Encoding would frame this body
+    # differently from a server reading the first; the balancer refuses it.
+    _, proxy = edge
+    up = upstreams()
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    with _connect(proxy) as sock:
+        sock.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n".encode()
+            + framing
+            + b"\r\n0\r\n\r\n"
+        )
+        said = _closed(sock)
+    assert said[:12] in (b"HTTP/1.1 400", b"HTTP/1.1 422"), said[:200]
+    assert up.requests == []
