@@ -1,5 +1,27 @@
 """The OpenAI-compatible gateway: /v1/* routed to ready replicas from an in-memory table.
 
 ``app.application`` is the ASGI app; ``fleet.services.doorbells.ring_gateways()``
-tells every gateway process to refresh its table and keys.
+tells every gateway process to refresh its table and keys. Every /v1 request takes
+one path, through the ASGI app, so each rule below exists once.
+
+The modules, in the order a request meets them:
+
+- ``app``: the ASGI entry; reads the body within its endpoint's limit, admits the
+  request, watches for its client going away, and answers /v1/models.
+- ``keys``: API keys from an in-memory cache; checked before the body is read.
+- ``validate``: the body's shape, a clear 400 before it goes anywhere.
+- ``ratelimit``: the per-key limits, one Redis round trip, shared by every process.
+- ``table``: the routing table (ready replicas per model, and why others are not).
+- ``waiting``: the wait for a replica of a model scaled to zero, and the load
+  each process reports for the autoscaler.
+- ``prefix``: which replica has the prompt's prefix cached.
+- ``proxy``: the attempt at a replica, retries, streaming the answer back, and
+  counting its tokens; ``upstream``, the HTTP client to the engines.
+- ``usage``: tokens per key, model and hour, counted in memory, written in batches.
+- ``engines``: what the engines say is queued, scraped for the queue depth.
+- ``state``: one ``Gateway`` per event loop and the tasks that keep it fresh.
+- ``errors`` and ``metrics``: OpenAI's error shape, and the figures on /metrics.
+
+Adding a rule: put it where the request meets it above, in the ASGI path, and
+test it through a real web process (tests/gateway/).
 """
