@@ -30,6 +30,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from agentd import tables
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AUTH, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(6)
 CONFIG_PATH = Path("~/.config/llmgw/cli.yaml")
 TIMEOUT_S = 30.0
@@ -185,20 +187,7 @@ def _detail_text(detail) -> str:
 
 
 def _table(rows: list[list[str]], out) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
-
-
-NODE_COLUMNS = (
-    ("NODE", "node"),
-    ("STATE", "state"),
-    ("CPU %", "cpu_percent"),
-    ("MEM (GB)", "memory_gb"),
-    ("GPUS", "gpus"),
-    ("ENGINES", "engines"),
-    ("SHARDS (READY/ALL)", "shards"),
-)
+    out.writelines(line + "\n" for line in tables.lines(rows))
 
 
 def _nodes(api: Api, args, out):
@@ -208,9 +197,7 @@ def _nodes(api: Api, args, out):
     if not rows:
         out.write("no nodes yet: enrol one with a join token (manage.py create_join_token)\n")
         return None
-    _table(
-        [[h for h, _ in NODE_COLUMNS]] + [[str(r[k]) for _, k in NODE_COLUMNS] for r in rows], out
-    )
+    out.writelines(line + "\n" for line in tables.node_lines(rows))
     return None
 
 

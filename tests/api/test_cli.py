@@ -67,8 +67,9 @@ def test_nodes_prints_the_table_with_unknown_memory_as_a_dash(cli):
 
     assert (status, err) == (0, "")
     header, *rows = out.splitlines()
+    # the same columns as manage.py nodes (agentd.tables)
     assert header.split() == ["NODE", "STATE", "CPU", "%", "MEM", "(GB)", "GPUS", "ENGINES",
-                              "SHARDS", "(READY/ALL)"]  # fmt: skip
+                              "SHARDS", "(READY/ALL)", "VLLM", "BUILD", "INSTALLS"]  # fmt: skip
     by_node = {r.split()[0]: r.split() for r in rows}
     assert by_node["gpu-01"][2:4] == ["-", "-"], "CPU and memory unknown: '-'"
     assert by_node["gpu-02"][2:4] == ["41", "256"]

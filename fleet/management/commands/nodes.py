@@ -1,18 +1,9 @@
+from dataclasses import asdict
+
 from django.core.management.base import BaseCommand
 
+from agentd import tables
 from fleet.services import nodes as node_service
-
-COLUMNS = (
-    ("NODE", "node"),
-    ("STATE", "state"),
-    ("CPU %", "cpu_percent"),
-    ("MEM (GB)", "memory_gb"),
-    ("GPUS", "gpus"),
-    ("ENGINES", "engines"),
-    ("SHARDS (READY/ALL)", "shards"),
-    ("VLLM BUILD", "vllm_build"),
-    ("INSTALLS", "installs"),
-)
 
 
 class Command(BaseCommand):
@@ -23,11 +14,5 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("no nodes yet: enrol one with a join token (create_join_token)")
             return
-        table = [[h for h, _ in COLUMNS]] + [
-            [str(getattr(row, attr)) for _, attr in COLUMNS] for row in rows
-        ]
-        widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
-        for r in table:
-            self.stdout.write(
-                "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            )
+        for line in tables.node_lines([asdict(row) for row in rows]):
+            self.stdout.write(line)
