@@ -332,6 +332,15 @@ def main(argv=None) -> int:
     # Read by every worker as it imports this module (they are spawned, not forked).
     os.environ[ENV_TRUSTED] = args.forwarded_allow_ips.strip()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    # Once, here: a worker refusing to start would be started again and again.
+    import django
+
+    django.setup()
+    from llmgw_site.startup import refusal
+
+    if (why := refusal()) is not None:
+        print(f"llmgw: not starting: {why}", file=sys.stderr)
+        return 2
     uvicorn.run(
         "llmgw_site.serve:application",
         host=args.host,

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,10 +69,21 @@ def test_without_the_https_settings_check_deploy_fails(tmp_path):
         assert f"security.{warning}" in result.stderr
 
 
-def test_daphne_refuses_to_start_without_allowed_hosts(tmp_path):
+def test_any_server_importing_the_app_refuses_to_start_without_allowed_hosts(tmp_path):
     env = clean_env(tmp_path, REDIS_URL="redis://127.0.0.1:1/0")
 
     result = run(["-c", "import llmgw_site.asgi"], env)
 
     assert result.returncode != 0
     assert "ALLOWED_HOSTS is not set and DEBUG is off" in result.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_web_process_says_why_it_will_not_start_and_exits(tmp_path, workers):
+    # with several workers too: none is started, so none is started again and again
+    env = clean_env(tmp_path, REDIS_URL="redis://127.0.0.1:1/0")
+
+    result = run(["-m", "llmgw_site.serve", "--port", "1", "--workers", workers], env)
+
+    assert result.returncode == 2
+    assert "llmgw: not starting: ALLOWED_HOSTS is not set and DEBUG is off" in result.stderr

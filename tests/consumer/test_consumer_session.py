@@ -1,7 +1,7 @@
 """A socket's life: logs on request, reconnects, revocation and the desired set.
 
 Requests come from outside the consumer through the channel layer (Redis), as
-they would from another Daphne process, a Celery worker or a page.
+they would from another web process, a Celery worker or a page.
 """
 
 import asyncio

@@ -1,7 +1,7 @@
 """The gateway tests' OpenAI-shaped upstream on loopback.
 
 ``Upstream`` is a real HTTP server (aiohttp) on its own thread and event loop,
-so the test's own loop, a synchronous openai client and a Daphne process can
+so the test's own loop, a synchronous openai client and a web process can
 all talk to it. Its ``mode`` forces the faults a test needs.
 """
 

@@ -1,5 +1,5 @@
-"""The gateway in front of the project's fake engine process, on each server the whole app
-runs on (uvicorn through llmgw_site.serve, Daphne) and gateway-only on uvicorn."""
+"""The gateway in front of the project's fake engine process, in the web process
+(uvicorn through llmgw_site.serve) and gateway-only on uvicorn."""
 
 import socket
 import subprocess

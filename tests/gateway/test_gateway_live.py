@@ -1,4 +1,4 @@
-"""The gateway on a real Daphne, driven by the official openai client."""
+"""The gateway on a real web process, driven by the official openai client."""
 
 import urllib.request
 

@@ -1,4 +1,4 @@
-"""Prefix-aware routing on a real Daphne, over engines that say which replica answered."""
+"""Prefix-aware routing on a real web process, over engines that say which replica answered."""
 
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
