@@ -126,7 +126,6 @@ class FleetSettings:
     # The history keeps at most one point per node per this many seconds, for an hour.
     history_step_s: float = 15.0
 
-
     # The gateway (/v1/*; docs/gateway.md).
     # Request bodies: a larger one is refused with 413 before it is read, from
     # Content-Length or as it streams. This one is chat's (images travel inline)

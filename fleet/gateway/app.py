@@ -22,9 +22,6 @@ logger = logging.getLogger(__name__)
 # costs a task per request; most short answers are over before.
 _WATCH_AFTER_S = 0.1
 
-# A scope key: what the lane did with a request it handed over (proxy.Before).
-LANE = "llmgw.lane"
-
 PROXIED = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
@@ -38,8 +35,7 @@ async def application(scope, receive, send) -> None:
         return
     if scope["type"] != "http":
         return
-    before = scope.get(LANE)
-    t0 = time.perf_counter() if before is None else before.t0
+    t0 = time.perf_counter()
     reply = proxy.Reply(send)
     route = None
     try:
@@ -232,7 +228,7 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
     try:
         if not route.upstreams:
             route = await waiting.wait_for_replica(gw, route, req, reply)
-        await proxy.forward(gw, route, req, reply, t0, key, scope.get(LANE))
+        await proxy.forward(gw, route, req, reply, t0, key)
     except asyncio.CancelledError:
         if not w.gone:
             raise

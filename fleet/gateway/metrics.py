@@ -40,15 +40,6 @@ TTFT = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-LANE = Counter(
-    "llmgw_gateway_lane_requests",
-    "Proxied requests by the way they went under llmgw_site.serve: answered in the lane "
-    "(served), or handed to the ASGI path for something to wait on (handed_over).",
-    ["way"],
-    registry=REGISTRY,
-)
-LANE_SERVED = LANE.labels("served")
-LANE_HANDED_OVER = LANE.labels("handed_over")
 UPSTREAM_ERRORS = Counter(
     "llmgw_gateway_upstream_errors",
     "Failures talking to replicas, by kind: connect, status (502/503), timeout, protocol.",

@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 
 from . import metrics, prefix, table, validate
 from .errors import GatewayError, error_body, sse_error_event
@@ -272,15 +271,6 @@ def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, 
     return changed, strip_usage
 
 
-def upstream_body(route: table.Route, req, up: table.Upstream) -> tuple[bytes, bool]:
-    """The body the engine gets, and whether the gateway asked it for usage on its own.
-    On the loop: for a body ``validate.on_loop`` lets it parse there (the lane's)."""
-    changed, strip_usage = _changed(route, req, up)
-    if changed is None:
-        return req.raw, strip_usage
-    return json.dumps(changed, allow_nan=False).encode(), strip_usage
-
-
 # Written out in Python, not C: slower, but the interpreter can switch to the loop.
 _YIELDING_ENCODER = json.JSONEncoder(allow_nan=False)
 
@@ -289,8 +279,9 @@ def _encode_yielding(body: dict) -> bytes:
     return "".join(_YIELDING_ENCODER.iterencode(body)).encode()
 
 
-async def upstream_body_off_loop(route: table.Route, req, up: table.Upstream):
-    """``upstream_body``, written on the body thread where the body is large."""
+async def upstream_body(route: table.Route, req, up: table.Upstream):
+    """The body the engine gets, and whether the gateway asked it for usage on its own;
+    written on the body thread where the body is large."""
     changed, strip_usage = _changed(route, req, up)
     if changed is None:
         return req.raw, strip_usage
@@ -396,39 +387,18 @@ def _replica_header(up: table.Upstream) -> tuple[bytes, bytes]:
     return (b"x-llmgw-replica", up.replica_id.encode())
 
 
-@dataclass(slots=True)
-class Before:
-    """What the lane (fleet.gateway.lane) did with a request it handed to the ASGI path."""
-
-    t0: float  # time.perf_counter() at the request's arrival: its latency counts from there
-    tried: list = field(default_factory=list)  # replicas that failed it; count as attempts
-    why: str = ""  # how the last of them failed
-    sent_at: float = 0.0  # time.monotonic() it first went to an engine; the total timeout's start
-    routed: bool = False  # its prefix route is counted already
-
-
-async def forward(
-    gw, route: table.Route, req, reply: Reply, t0: float, key=None, before: Before | None = None
-) -> None:
-    """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts.
-
-    ``before``: what the lane did first; its attempts count against ``max_retries``
-    and its time against ``total_timeout_s``.
-    """
+async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None) -> None:
+    """Serve ``req`` from a replica of ``route``. Raises GatewayError before the reply starts."""
     limits = gw.limits
-    tried: list[table.Upstream] = list(before.tried) if before else []
-    last = before.why if before else ""
-    budget = limits.total_timeout_s
-    if before is not None and before.sent_at:
-        budget = max(0.0, budget - (time.monotonic() - before.sent_at))
-    routed = before is not None and before.routed
+    tried: list[table.Upstream] = []
+    last = ""
     # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
     at = ring_key(gw, route, req)
     try:
-        async with _Deadline(budget):
+        async with _Deadline(limits.total_timeout_s):
             for attempt in range(len(tried), limits.max_retries + 1):
                 up, how = choose(gw, route, at, tried)
-                if not attempt and how and not routed:
+                if not attempt and how:
                     route.metrics.prefix_routed(how)
                 if up is None:
                     break
@@ -475,7 +445,7 @@ async def _attempt(
 ) -> None:
     limits = gw.limits
 
-    body, strip_usage = await upstream_body_off_loop(route, req, up)
+    body, strip_usage = await upstream_body(route, req, up)
     up.outstanding += 1
     try:
         try:
@@ -512,7 +482,7 @@ async def _attempt(
 
 
 # How an attempt failed before anything reached the client, counted; each says
-# why another replica is tried (forward, and the lane's first attempt).
+# why another replica is tried.
 
 
 def not_connected(gw, route, up: table.Upstream, exc: ConnectFailed) -> str:
@@ -613,16 +583,6 @@ def _in_background(coro) -> None:
     task = asyncio.ensure_future(coro)
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
-
-
-def tally_later(gw, route, key, body: bytes) -> None:
-    """``tally`` an answer already sent whose usage is read on the body thread (the lane's
-    large answers)."""
-
-    async def later():
-        await _charge(gw, key, tally(gw, route, key, await answer_usage(body)))
-
-    _in_background(later())
 
 
 async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool) -> None:

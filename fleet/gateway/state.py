@@ -126,10 +126,6 @@ class Gateway:
         self._wake_what: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._miss_reload: asyncio.Future | None = None
-        # The lane's requests at an engine, oldest first, and the task that
-        # checks their deadlines (fleet.gateway.lane).
-        self.lane: dict = {}
-        self.lane_sweeper: asyncio.Task | None = None
         self.retired: list[tuple[str, table.Upstream]] = []
         self._channel: str | None = None
         # Scale to zero and autoscaling (fleet.gateway.waiting): requests waiting
@@ -183,8 +179,6 @@ class Gateway:
             )
 
     async def close(self) -> None:
-        if self.lane_sweeper is not None:
-            self.lane_sweeper.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -460,12 +454,6 @@ metrics.register_in_flight(live_gateways)
 
 
 _last: tuple = (None, None)  # (a weak reference to a loop, its gateway): the usual answer
-
-
-def gateway_of(loop) -> Gateway | None:
-    """The gateway of ``loop``, if a request has made it: the lane's way to it, which
-    does not ask for the running loop (a system call)."""
-    return _gateways.get(loop)
 
 
 def gateway() -> Gateway:

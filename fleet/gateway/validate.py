@@ -11,7 +11,7 @@ other requests (their limit checks included). The thread's decoder calls
 Python for every number and object, so the interpreter can switch back to the
 loop while it works; arrays have no such hook, so a body may hold at most
 ``MAX_CONTAINERS`` arrays and objects (a 400 past it). Every door that parses
-a body (the ASGI path, the lane) asks ``on_loop`` first.
+a body asks ``on_loop`` first.
 """
 
 import asyncio

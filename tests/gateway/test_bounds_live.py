@@ -2,6 +2,7 @@
 answers."""
 
 import json
+import re
 import socket
 import socketserver
 import threading
@@ -22,7 +23,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture
 def server(transactional_db, tmp_path):
-    """The web process, with small bounds (whole answers take the lane)."""
+    """The web process, with small bounds."""
     s = start_web(
         tmp_path,
         LLMGW_GATEWAY_MAX_BODY_BYTES="65536",
@@ -87,7 +88,7 @@ def raw_exchange(server, head: bytes, body_pieces=(), wait_s: float = 10.0) -> b
                 break  # refused and closed: what matters is the answer
         got = b""
         deadline = time.monotonic() + wait_s
-        while b"\r\n\r\n" not in got and time.monotonic() < deadline:
+        while not _whole(got) and time.monotonic() < deadline:
             try:
                 data = sock.recv(65536)
             except TimeoutError:
@@ -100,6 +101,15 @@ def raw_exchange(server, head: bytes, body_pieces=(), wait_s: float = 10.0) -> b
         return got
     finally:
         sock.close()
+
+
+def _whole(answer: bytes) -> bool:
+    """Whether ``answer`` holds a head and the body its Content-Length announces."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return length is None or len(body) >= int(length[1])
 
 
 def status_of(answer: bytes) -> int:
