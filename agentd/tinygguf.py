@@ -1,15 +1,20 @@
-"""A tiny llama GGUF written with the standard library, to verify a llama.cpp install.
+"""A tiny llama GGUF with random weights, written with the standard library.
 
-The agent has no numpy or gguf package (agentd/requirements.txt), yet a llama.cpp
-server only starts with a model, so verification needs one. This writes the same
-kind of model as fleet/devstack/tinymodel.py (random weights, a SentencePiece-style
-vocabulary with byte fallback) straight in the GGUF v3 layout: a header, key-value
-metadata, tensor descriptions, then each tensor's float32 data aligned to 32 bytes
-(ggml's docs/gguf.md). About 150 KB; llama.cpp loads it in milliseconds.
+``python -m agentd.tinygguf OUT.gguf [--layers N --embd N --ff N --ctx N --seed N]``
+
+What it says is noise, but real llama.cpp loads and serves it on a CPU in
+milliseconds, so every byte of the path a request takes is real: the agent starts
+llama.cpp's server on it to verify an install (the agent has no numpy or gguf
+package), and the dev stack, the tests and the benchmarks serve it. The tokenizer is
+a SentencePiece-style vocabulary with byte fallback, so any text tokenizes; the same
+seed gives the same bytes. The file is the GGUF v3 layout (ggml's docs/gguf.md): a
+header, key-value metadata, tensor descriptions, then each tensor's float32 data
+aligned to 32 bytes. About half a megabyte at the default sizes.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import struct
@@ -17,12 +22,31 @@ import sys
 from array import array
 from pathlib import Path
 
-N_EMBD, N_HEAD, N_FF, N_LAYER, N_CTX = 32, 4, 64, 1, 512
+N_EMBD, N_HEAD, N_FF, N_LAYER, N_CTX, VOCAB_SIZE = 64, 4, 128, 2, 2048, 512
 ALIGN = 32
 # GGUF value types
 U32, I32, F32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
 # llama.cpp token types
-NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+NORMAL, UNKNOWN, CONTROL, UNUSED, BYTE = 1, 2, 3, 5, 6
+# Common pieces after the byte tokens; the rest of the text falls back to bytes.
+WORDS = (
+    "the of and to in is it you that he was for on are with as his they at be this from "
+    "have or by one had not but what all were when we there can an your which their said "
+    "if do will each about how up out them then she many some so these would other into "
+    "has more her two like him see time could no make than first been its who now people "
+    "my made over did down only way find use may water long little very after words called "
+    "just where most know get through back much before go good new write our used me man "
+    "too any day same right look think also around another came come work three word must "
+    "because does part even place well such here take why things help put years different "
+    "away again off went old number great tell men say small every found still between name "
+    "should home big give air line set own under read last never us left end along while "
+    "might next sound below saw something thought both few those always looked show large "
+    "often together asked house don world going want school important until form food keep "
+    "children feet land side without boy once animals life enough took sometimes four head "
+    "above kind began almost live page got earth need far hand high year mother light parts "
+    "country father let night following picture being study second eyes soon times story "
+    "boys since white days ever paper hard near sentence better best across during today"
+).split()
 
 
 def _str(text: str) -> bytes:
@@ -31,63 +55,74 @@ def _str(text: str) -> bytes:
 
 
 def _value(kind: int, value) -> bytes:
-    if kind == U32:
-        return struct.pack("<I", value)
-    if kind == I32:
-        return struct.pack("<i", value)
-    if kind == F32:
-        return struct.pack("<f", value)
-    if kind == BOOL:
-        return struct.pack("<?", value)
     if kind == STRING:
         return _str(value)
-    raise ValueError(kind)
+    return struct.pack({U32: "<I", I32: "<i", F32: "<f", BOOL: "<?"}[kind], value)
 
 
 def _kv(key: str, kind: int, value) -> bytes:
+    if isinstance(value, list):
+        out = _str(key) + struct.pack("<IIQ", ARRAY, kind, len(value))
+        return out + b"".join(_value(kind, v) for v in value)
     return _str(key) + struct.pack("<I", kind) + _value(kind, value)
 
 
-def _kv_array(key: str, kind: int, values: list) -> bytes:
-    out = _str(key) + struct.pack("<IIQ", ARRAY, kind, len(values))
-    return out + b"".join(_value(kind, v) for v in values)
-
-
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types: control tokens, 256 byte tokens, then pieces."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256
-    pieces = ["▁"] + [chr(c) for c in range(97, 123)] + ["▁" + chr(c) for c in range(97, 123)]
-    tokens += pieces
-    types += [NORMAL] * len(pieces)
-    scores = [0.0] * 3 + [-1000.0] * 256 + [float(len(p)) for p in pieces]
+    scores = [0.0] * 3 + [-1000.0] * 256  # SentencePiece prefers the higher score
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = ["▁", *letters, *("▁" + c for c in letters), *"0123456789.,!?'\"-:;()"]
+    for piece in list(dict.fromkeys(pieces + ["▁" + w for w in WORDS]))[: VOCAB_SIZE - 259]:
+        tokens.append(piece)
+        types.append(NORMAL)
+        scores.append(float(len(piece)))  # longer pieces first, bytes last
+    while len(tokens) < VOCAB_SIZE:  # a round size; the spare ids never come up
+        tokens.append(f"<unused{len(tokens)}>")
+        types.append(UNUSED)
+        scores.append(-1e9)
     return tokens, scores, types
 
 
-def write(path: Path | str, seed: int = 0) -> Path:
-    """Write the model to ``path`` (whole, then renamed into place) and return it."""
+def write(
+    path: Path | str,
+    seed: int = 0,
+    *,
+    layers: int = N_LAYER,
+    embd: int = N_EMBD,
+    ff: int = N_FF,
+    ctx: int = N_CTX,
+) -> Path:
+    """Write the model to ``path`` (whole, then renamed into place) and return it.
+
+    Larger sizes (bench/prefix.py takes blocks of 256) make prompt processing cost
+    enough to measure.
+    """
+    if embd % N_HEAD:
+        raise ValueError(f"the embedding length must be a multiple of {N_HEAD}, not {embd}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     tokens, scores, types = vocabulary()
-    vocab = len(tokens)
     meta = [
         _kv("general.architecture", STRING, "llama"),
-        _kv("general.name", STRING, "llmgw verification model"),
+        _kv("general.name", STRING, "llmgw tiny llama"),
         _kv("general.alignment", U32, ALIGN),
         _kv("general.file_type", U32, 0),  # all F32
-        _kv("llama.context_length", U32, N_CTX),
-        _kv("llama.embedding_length", U32, N_EMBD),
-        _kv("llama.block_count", U32, N_LAYER),
-        _kv("llama.feed_forward_length", U32, N_FF),
+        _kv("llama.context_length", U32, ctx),
+        _kv("llama.embedding_length", U32, embd),
+        _kv("llama.block_count", U32, layers),
+        _kv("llama.feed_forward_length", U32, ff),
         _kv("llama.attention.head_count", U32, N_HEAD),
         _kv("llama.attention.head_count_kv", U32, N_HEAD),
-        _kv("llama.rope.dimension_count", U32, N_EMBD // N_HEAD),
+        _kv("llama.rope.dimension_count", U32, embd // N_HEAD),
         _kv("llama.rope.freq_base", F32, 10000.0),
         _kv("llama.attention.layer_norm_rms_epsilon", F32, 1e-5),
         _kv("tokenizer.ggml.model", STRING, "llama"),
-        _kv_array("tokenizer.ggml.tokens", STRING, tokens),
-        _kv_array("tokenizer.ggml.scores", F32, scores),
-        _kv_array("tokenizer.ggml.token_type", I32, types),
+        _kv("tokenizer.ggml.tokens", STRING, tokens),
+        _kv("tokenizer.ggml.scores", F32, scores),
+        _kv("tokenizer.ggml.token_type", I32, types),
         _kv("tokenizer.ggml.unknown_token_id", U32, 0),
         _kv("tokenizer.ggml.bos_token_id", U32, 1),
         _kv("tokenizer.ggml.eos_token_id", U32, 2),
@@ -95,53 +130,71 @@ def write(path: Path | str, seed: int = 0) -> Path:
         _kv("tokenizer.ggml.add_eos_token", BOOL, False),
     ]
 
-    def weight(rows: int, cols: int) -> array:
-        return array("f", (rng.gauss(0.0, 0.02) for _ in range(rows * cols)))
+    def weight(cols: int, rows: int) -> tuple[tuple[int, int], array]:
+        # GGUF dims are columns first. Small values keep the activations finite
+        # through the norms: noise, not NaNs.
+        return (cols, rows), array("f", (rng.gauss(0.0, 0.02) for _ in range(rows * cols)))
 
-    def ones(n: int) -> array:
-        return array("f", [1.0] * n)
+    def ones(n: int) -> tuple[tuple[int], array]:
+        return (n,), array("f", [1.0] * n)
 
-    # (name, GGUF dims: columns first, data)
-    tensors = [
-        ("token_embd.weight", (N_EMBD, vocab), weight(vocab, N_EMBD)),
-        ("output_norm.weight", (N_EMBD,), ones(N_EMBD)),
-        ("output.weight", (N_EMBD, vocab), weight(vocab, N_EMBD)),
-    ]
-    for i in range(N_LAYER):
-        tensors += [
-            (f"blk.{i}.attn_norm.weight", (N_EMBD,), ones(N_EMBD)),
-            (f"blk.{i}.attn_q.weight", (N_EMBD, N_EMBD), weight(N_EMBD, N_EMBD)),
-            (f"blk.{i}.attn_k.weight", (N_EMBD, N_EMBD), weight(N_EMBD, N_EMBD)),
-            (f"blk.{i}.attn_v.weight", (N_EMBD, N_EMBD), weight(N_EMBD, N_EMBD)),
-            (f"blk.{i}.attn_output.weight", (N_EMBD, N_EMBD), weight(N_EMBD, N_EMBD)),
-            (f"blk.{i}.ffn_norm.weight", (N_EMBD,), ones(N_EMBD)),
-            (f"blk.{i}.ffn_gate.weight", (N_EMBD, N_FF), weight(N_FF, N_EMBD)),
-            (f"blk.{i}.ffn_up.weight", (N_EMBD, N_FF), weight(N_FF, N_EMBD)),
-            (f"blk.{i}.ffn_down.weight", (N_FF, N_EMBD), weight(N_EMBD, N_FF)),
-        ]
+    tensors = {
+        "token_embd.weight": weight(embd, VOCAB_SIZE),
+        "output_norm.weight": ones(embd),
+        "output.weight": weight(embd, VOCAB_SIZE),
+    }
+    for i in range(layers):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            tensors[f"blk.{i}.{name}.weight"] = weight(embd, embd)
+        tensors[f"blk.{i}.attn_norm.weight"] = ones(embd)
+        tensors[f"blk.{i}.ffn_norm.weight"] = ones(embd)
+        tensors[f"blk.{i}.ffn_gate.weight"] = weight(embd, ff)
+        tensors[f"blk.{i}.ffn_up.weight"] = weight(embd, ff)
+        tensors[f"blk.{i}.ffn_down.weight"] = weight(ff, embd)
     infos, offset = [], 0
-    for name, dims, data in tensors:
+    for name, (dims, data) in tensors.items():
         infos.append(
             _str(name)
-            + struct.pack("<I", len(dims))
-            + b"".join(struct.pack("<Q", d) for d in dims)
+            + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
             + struct.pack("<IQ", 0, offset)  # type F32, offset in the data section
         )
         offset += _padded(len(data) * 4)
     head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
     body = head + b"".join(meta) + b"".join(infos)
-    body += b"\0" * (_padded(len(body)) - len(body))
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        fh.write(body)
-        for _name, _dims, data in tensors:
+        fh.write(body.ljust(_padded(len(body)), b"\0"))
+        for _dims, data in tensors.values():
             if sys.byteorder == "big":  # GGUF is little-endian
                 data.byteswap()
             raw = data.tobytes()
-            fh.write(raw + b"\0" * (_padded(len(raw)) - len(raw)))
+            fh.write(raw.ljust(_padded(len(raw)), b"\0"))
     os.replace(tmp, path)
     return path
 
 
 def _padded(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentd.tinygguf", description=__doc__)
+    parser.add_argument("out", type=Path, help="where to write the .gguf file")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=N_LAYER, help="transformer blocks")
+    parser.add_argument("--embd", type=int, default=N_EMBD, help="embedding length")
+    parser.add_argument("--ff", type=int, default=N_FF, help="feed-forward length")
+    parser.add_argument("--ctx", type=int, default=N_CTX, help="context length")
+    args = parser.parse_args(argv)
+    try:
+        path = write(
+            args.out, args.seed, layers=args.layers, embd=args.embd, ff=args.ff, ctx=args.ctx
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"{path} ({path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -181,7 +181,7 @@ def load_step(stack) -> dict:
 def child(rounds: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-autoscale-"))
     setup(work)
-    from fleet.devstack.tinymodel import write_tiny_model
+    from agentd.tinygguf import write as write_tiny_model
     from tests.processes import Stack
 
     tiny = write_tiny_model(work / "weights" / "tiny-llama.gguf")

@@ -119,7 +119,7 @@ def setup_db(spec: str) -> None:
 
 
 def system_prompts(n: int, words: int) -> list[str]:
-    from fleet.devstack.tinymodel import WORDS
+    from agentd.tinygguf import WORDS
 
     out = []
     for i in range(n):
@@ -178,7 +178,7 @@ def state_bytes(model: Path, text: str, layers: int) -> int:
 
 
 def ttft_run(args, work: Path, procs: Procs, env: dict) -> dict:
-    from fleet.devstack.tinymodel import write_tiny_model
+    from agentd.tinygguf import write as write_tiny_model
 
     model = write_tiny_model(work / "bench.gguf", layers=args.layers, embd=EMBD, ff=FF, ctx=CTX)
     prompts = system_prompts(args.prefixes, args.words)

@@ -130,7 +130,7 @@ def demo_model(directory: Path) -> tuple[str, Path]:
             raise SystemExit(f"LLMGW_DEMO_MODEL: {given} is not a file")
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-._").lower()[:100] or "demo"
         return name, path
-    from fleet.devstack.tinymodel import write_tiny_model
+    from agentd.tinygguf import write as write_tiny_model
 
     path = directory / "models" / f"{TINY_MODEL_NAME}.gguf"
     if not path.exists():

@@ -83,7 +83,7 @@ def live_fleet(browser_test_database, django_db_blocker, tmp_path_factory):
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from fleet.devstack.tinymodel import write_tiny_model
+    from agentd.tinygguf import write as write_tiny_model
     from tests.e2e.helpers import apply_model, wait_serving
 
     tmp = tmp_path_factory.mktemp("live-fleet")

@@ -15,7 +15,7 @@ from tests.processes.postgres import PrivatePostgres
 @pytest.fixture
 def tiny_model(tmp_path) -> Path:
     """The generated tiny llama GGUF, served by real llama.cpp on the CPU."""
-    from fleet.devstack.tinymodel import write_tiny_model
+    from agentd.tinygguf import write as write_tiny_model
 
     return write_tiny_model(tmp_path / "weights" / "tiny-llama.gguf")
 

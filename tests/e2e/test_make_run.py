@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from agentd import state
+from agentd.tinygguf import write as write_tiny_model
 from fleet.devstack.redis import _ping
-from fleet.devstack.tinymodel import write_tiny_model
 from fleet.models import Model
 from tests.processes import ROOT, free_port, port_block, subprocess_env
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from agentd.engines.llamacpp import LlamaCpp
-from fleet.devstack.tinymodel import write_tiny_model
+from agentd.tinygguf import write as write_tiny_model
 from tests.engines.helpers import Recorder, desired, fake_supervisor, http_post, profile, shard
 
 pytestmark = pytest.mark.live

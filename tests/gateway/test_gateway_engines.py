@@ -136,7 +136,7 @@ def test_a_client_that_hangs_up_cancels_the_engines_request(live_web, engines):
 
 def test_the_real_llama_cpp_engine_through_the_gateway(live_web, tmp_path):
     from agentd.engines.llamacpp import LlamaCpp
-    from fleet.devstack.tinymodel import write_tiny_model
+    from agentd.tinygguf import write as write_tiny_model
     from tests.engines.helpers import profile, shard
 
     # given the generated tiny model served by llama.cpp, as the agent would start it
