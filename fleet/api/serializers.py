@@ -610,7 +610,31 @@ class JoinTokenRequestSerializer(serializers.Serializer):
     uses = serializers.IntegerField(default=1, min_value=1, max_value=100_000)
 
 
-class ApiKeyRequestSerializer(serializers.Serializer):
+# The columns' ranges: a larger number is a 400 naming the field, not a database error.
+_INT_MAX = 2**31 - 1
+_BIGINT_MAX = 2**63 - 1
+
+
+class ApiKeyLimitsSerializer(serializers.Serializer):
+    requests_per_minute = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=_INT_MAX,
+        help_text="0: none; null: the default.",
+    )
+    tokens_per_minute = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=_INT_MAX
+    )
+    tokens_per_day = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=_BIGINT_MAX
+    )
+    tokens_per_month = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=_BIGINT_MAX
+    )
+
+
+class ApiKeyRequestSerializer(ApiKeyLimitsSerializer):
     name = StrictCharField(max_length=100, help_text="Who or what it is for.")
     scope = serializers.ChoiceField(choices=["inference", "manage"], default="inference")
     user = StrictCharField(
@@ -627,21 +651,6 @@ class ApiKeyRequestSerializer(serializers.Serializer):
     expires = StrictCharField(
         required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
     )
-    requests_per_minute = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, help_text="0: none; null: the default."
-    )
-    tokens_per_minute = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    tokens_per_day = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    tokens_per_month = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-
-
-class ApiKeyLimitsSerializer(serializers.Serializer):
-    requests_per_minute = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, help_text="0: none; null: the default."
-    )
-    tokens_per_minute = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    tokens_per_day = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    tokens_per_month = serializers.IntegerField(required=False, allow_null=True, min_value=0)
 
 
 class ApiKeyRotateSerializer(serializers.Serializer):

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from fleet.gateway import keys, usage
 from fleet.gateway.errors import GatewayError
-from fleet.models import ApiKey
+from fleet.models import ApiKey, KeyUsage
 from fleet.services import api_keys
 from tests.factories import inference_key
 
@@ -118,7 +118,8 @@ def _usage_rows():
     counts.add(a.pk, "tiny", 3, 4, now)
     counts.add(a.pk, "big", 10, 1, now)
     counts.add(b.pk, "tiny", 1, 1, now - 10 * 86400)
-    assert usage.write(counts.take()) == 3
+    assert usage.write(counts.take()) == {}  # every row written, none left to retry
+    assert KeyUsage.objects.count() == 3
     # a second batch adds to the same hour's row
     counts.add(a.pk, "tiny", 1, 2, now)
     usage.write(counts.take())
@@ -191,3 +192,23 @@ def test_a_revoked_key_cannot_be_rotated_and_is_told_so_as_a_conflict(api):
     assert resp.json() == {"detail": f"API key 'team-r' ({key.prefix}) is revoked"}
     key.refresh_from_db()
     assert key.previous_secret_hash == ""
+
+
+def test_a_limit_past_its_column_is_a_400_naming_it_not_a_database_error(api):
+    key, _ = api_keys.create_api_key("team-big")
+
+    resp = api.patch(
+        f"/api/v1/api-keys/{key.prefix}/",
+        {"tokens_per_minute": 2**31},
+        content_type="application/json",
+    )
+    made = api.post(
+        "/api/v1/api-keys/",
+        {"name": "huge", "requests_per_minute": 2**40},
+        content_type="application/json",
+    )
+
+    assert resp.status_code == 400 and "tokens_per_minute" in resp.json(), resp.content
+    assert made.status_code == 400 and "requests_per_minute" in made.json(), made.content
+    key.refresh_from_db()
+    assert key.tokens_per_minute is None and not ApiKey.objects.filter(name="huge").exists()
