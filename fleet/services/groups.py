@@ -88,7 +88,7 @@ class Groups:
         layer = self.layer
         pipe = layer.connection(index).pipeline(transaction=False)
         for op, group, channel, _ in entries:
-            key = layer._group_key(group)
+            key = group_key(layer, group)
             if op == "add":
                 pipe.zadd(key, {channel: now})
                 pipe.expire(key, layer.group_expiry)
@@ -100,8 +100,17 @@ class Groups:
 _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Groups] = weakref.WeakKeyDictionary()
 
 
+def group_key(layer, group: str) -> bytes:
+    """The Redis key of ``group``'s sorted set, as channels_redis 4.x names it.
+
+    The layer's own function for it is private. In tests/core/test_groups.py the
+    layer's ``group_send`` rings sockets joined here, so a release that names the
+    key otherwise fails there, not in production."""
+    return f"{layer.prefix}:group:{group}".encode()
+
+
 def _batched(layer) -> bool:
-    return all(hasattr(layer, name) for name in ("_group_key", "consistent_hash", "connection"))
+    return all(hasattr(layer, name) for name in ("prefix", "consistent_hash", "connection"))
 
 
 def _groups(layer) -> Groups:

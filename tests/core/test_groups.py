@@ -52,7 +52,7 @@ def test_thousands_join_and_leave_at_once_and_rings_follow():
             stayed = await _heard(layer, channels[0])
             conn = layer.connection(0)
             members = sum(
-                [await conn.zcard(layer._group_key(doorbells.node_group(n))) for n in nodes]
+                [await conn.zcard(groups.group_key(layer, doorbells.node_group(n))) for n in nodes]
             )
             return joined, after_leaving, stayed, members
         finally:
@@ -75,11 +75,11 @@ def test_a_join_and_leave_in_one_batch_keep_their_order():
             await asyncio.gather(
                 groups.join(layer, group, channel), groups.leave(layer, group, channel)
             )
-            left = await layer.connection(0).zcard(layer._group_key(group))
+            left = await layer.connection(0).zcard(groups.group_key(layer, group))
             await asyncio.gather(
                 groups.leave(layer, group, channel), groups.join(layer, group, channel)
             )
-            rejoined = await layer.connection(0).zcard(layer._group_key(group))
+            rejoined = await layer.connection(0).zcard(groups.group_key(layer, group))
             return left, rejoined
         finally:
             await layer.flush()
@@ -118,10 +118,12 @@ def test_a_redis_host_away_fails_only_the_sockets_whose_groups_it_holds():
                 *(groups.join(layer, g, channel) for g in groups_on[0] + groups_on[1]),
                 return_exceptions=True,
             )
-            members = [await layer.connection(0).zcard(layer._group_key(g)) for g in groups_on[0]]
+            members = [
+                await layer.connection(0).zcard(groups.group_key(layer, g)) for g in groups_on[0]
+            ]
             return outcomes, len(groups_on[0]), members
         finally:
-            await layer.connection(0).delete(*(layer._group_key(g) for g in groups_on[0]))
+            await layer.connection(0).delete(*(groups.group_key(layer, g) for g in groups_on[0]))
 
     outcomes, on_good, members = asyncio.run(scenario())
     assert outcomes[:on_good] == [None] * on_good
@@ -156,7 +158,7 @@ def test_a_bad_name_fails_alone_and_says_which(op):
                 groups.join(layer, "node.fine", channel),
                 return_exceptions=True,
             )
-            return bad, good, await layer.connection(0).zcard(layer._group_key("node.fine"))
+            return bad, good, await layer.connection(0).zcard(groups.group_key(layer, "node.fine"))
         finally:
             await layer.flush()
 
