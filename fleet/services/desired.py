@@ -67,6 +67,15 @@ def lag_s(lag_since: datetime | None, now: datetime) -> float:
 # ---- versions and the set ----------------------------------------------------------
 
 
+def lock_nodes(ids) -> None:
+    """Lock these nodes' rows, in id order, until the transaction ends.
+
+    Every write to many nodes at once takes them in this order first (the
+    heartbeat statement in the same order), so two such writes wait for each
+    other instead of deadlocking."""
+    list(Node.objects.filter(pk__in=ids).order_by("pk").select_for_update().values_list("pk"))
+
+
 def bump_desired(node_ids) -> None:
     """Say that these nodes' desired sets changed: a new version, then a doorbell after commit."""
     ids = sorted(set(node_ids))
@@ -74,6 +83,7 @@ def bump_desired(node_ids) -> None:
         return
     # acked_version never passes desired_version, so the node is behind now;
     # one already behind keeps the time it fell behind.
+    lock_nodes(ids)
     Node.objects.filter(pk__in=ids).update(
         desired_version=F("desired_version") + 1,
         desired_lag_since=Coalesce(F("desired_lag_since"), Value(timezone.now())),

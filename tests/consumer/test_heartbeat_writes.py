@@ -7,6 +7,7 @@ runs on every path the database offers, so the two cannot drift apart.
 
 import logging
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from agentd import protocol
 from fleet.models import GPU, Node, NodeCredential, NodeLoad, NodeState, ShardLoad, Storage
 from fleet.services import inventory
 from fleet.services.heartbeat import apply as heartbeat_apply
+from tests.consumer.conftest import ON_POSTGRES
 from tests.factories import H100_GPUS, heartbeat_msg, make_shard, register_msg
 
 pytestmark = pytest.mark.django_db
@@ -451,3 +453,61 @@ def _run_catching(fn, errors):
         fn()
     except Exception as exc:  # noqa: BLE001 - the test reports it
         errors.append(exc)
+
+
+# ---- beside the reconciler's writes --------------------------------------------------
+
+if ON_POSTGRES:
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_batch_and_a_pass_writing_the_same_nodes_both_finish():
+        # The reconciler holds one node and then wants the others; a heartbeat
+        # batch names them all. Rows taken in whatever order the statement's plan
+        # found them, the two deadlocked and PostgreSQL failed one: every socket
+        # of the batch ended (seen with 5,000 agents as 200 replicas were placed).
+        from django.db import connection, transaction
+
+        from fleet.services.desired import lock_nodes
+
+        nodes = [f"gpu-{i:02}" for i in range(20)]
+        creds = {n: node_with_credential(n) for n in nodes}
+        holding, waiting = threading.Event(), threading.Event()
+        outcome: dict[str, object] = {}
+
+        def reconciler():
+            try:
+                with transaction.atomic():
+                    lock_nodes(nodes[:1])
+                    holding.set()
+                    waiting.wait(5)
+                    time.sleep(0.5)  # the batch is inside its statement by now
+                    with connection.cursor() as cur:
+                        cur.execute("SET LOCAL deadlock_timeout = '100ms'")
+                        cur.execute("SET LOCAL lock_timeout = '10s'")
+                    lock_nodes(nodes[1:])
+                outcome["reconciler"] = "done"
+            except Exception as exc:  # noqa: BLE001 - the assertion names it
+                outcome["reconciler"] = exc
+            finally:
+                connection.close()
+
+        def batch():
+            holding.wait(5)
+            waiting.set()
+            try:
+                now = timezone.now()
+                written = heartbeat_apply.apply_heartbeats(
+                    [(n, creds[n], hb(), now) for n in reversed(nodes)]
+                )
+                outcome["batch"] = sorted(node for node, _ in written)
+            except Exception as exc:  # noqa: BLE001 - the assertion names it
+                outcome["batch"] = exc
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=reconciler), threading.Thread(target=batch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert outcome == {"reconciler": "done", "batch": nodes}

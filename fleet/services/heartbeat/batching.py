@@ -107,6 +107,15 @@ def _prepare_connection() -> None:
         _async_commit.add(raw)
 
 
+# PostgreSQL's deadlock_detected and serialization_failure: the transaction was
+# rolled back and may simply be run again.
+_RETRYABLE_SQLSTATES = {"40P01", "40001"}
+
+
+def _retryable(exc: DatabaseError) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) in _RETRYABLE_SQLSTATES
+
+
 class HeartbeatBatcher:
     def __init__(self, linger: float = 0.0):
         self.linger = linger
@@ -157,7 +166,15 @@ class HeartbeatBatcher:
         failed = False
         try:
             _prepare_connection()
-            return apply.apply_heartbeats(items)
+            try:
+                return apply.apply_heartbeats(items)
+            except DatabaseError as exc:
+                if not _retryable(exc):
+                    raise
+                # Chosen as a deadlock's victim, or a serialization failure:
+                # nothing was written; once more rather than fail every socket.
+                logger.warning("writing %d heartbeats: %s; once more", len(items), exc)
+                return apply.apply_heartbeats(items)
         except DatabaseError:
             failed = True
             raise

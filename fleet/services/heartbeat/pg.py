@@ -48,7 +48,9 @@ def _excluded(cols) -> str:
 # heartbeat, or a removed node's, writes nothing (not even "seen"). Each node
 # comes with one credential (``_rounds``), so ``old`` has a node at most once.
 # A heartbeat's desired version (0: says nothing) moves the acknowledged one,
-# never past the node's desired version.
+# never past the node's desired version. The node rows are locked in id order
+# (``old``), as every other write to many nodes takes them (``desired.lock_nodes``):
+# taken in the update's own order, a batch deadlocked with the reconciler's.
 _ACK_MOVES = "seen.dv > 0 AND seen.dv <> n.acked_version"
 _NEW_ACKED = "LEAST(seen.dv, n.desired_version)"
 
@@ -63,6 +65,8 @@ old AS (
     JOIN seen ON seen.id = n.id
     JOIN fleet_nodecredential c
         ON c.id = seen.cred AND c.node_id = n.id AND c.revoked_at IS NULL
+    ORDER BY n.id
+    FOR UPDATE OF n
 ),
 touched AS (
     UPDATE fleet_node n
