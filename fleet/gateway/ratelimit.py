@@ -6,11 +6,12 @@ budgets per UTC day and per UTC calendar month. Each is a counter in a fixed
 window whose name carries the window (``…:rq:<key>:m<minute>``), so a window
 ends by itself at its boundary and the counters expire after it.
 
-A request costs one round trip: a Lua script that reads the token counters,
-refuses the request if one is spent or the request counter is full, and counts
-the request otherwise, atomically, so two gateway processes can never let more
-through between them than the limit. Tokens are charged when the engine
-reports them (its ``usage``), in one more round trip after the answer has gone.
+A request costs one round trip through redis-py's asyncio client: a Lua script
+that reads the token counters, refuses the request if one is spent or the
+request counter is full, and counts the request otherwise, atomically, so two
+gateway processes can never let more through between them than the limit.
+Tokens are charged when the engine reports them (its ``usage``), in one more
+round trip after the answer has gone.
 A key without limits costs nothing: Redis is not asked.
 
 Redis away or slow: the request whose check got no answer, and only that
@@ -25,7 +26,6 @@ ask Redis, so they are served whatever Redis does.
 """
 
 import asyncio
-import hashlib
 import logging
 import math
 import time
@@ -34,10 +34,12 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from prometheus_client import Counter
+from redis import asyncio as aioredis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from fleet.metrics import REGISTRY
 
-from . import resp
 from .errors import GatewayError
 
 logger = logging.getLogger(__name__)
@@ -62,8 +64,7 @@ REFUSED = Counter(
 
 # KEYS: requests this minute, tokens this minute, this day, this month.
 # ARGV: the four limits (0: none), then the request counter's expiry in seconds.
-# Expiries are set when a counter is made and outlast its window: constant, so a
-# key's command is the same bytes all minute long and is encoded once.
+# Expiries are set when a counter is made and outlast its window.
 # Returns {refused, requests, tokens minute, tokens day, tokens month}; refused
 # names the limit (1 requests, 2 tokens/min, 3 day, 4 month) or is 0.
 _CHECK = """
@@ -99,8 +100,6 @@ return 0
 _MINUTE_TTL_S = 120
 _DAY_TTL_S = 2 * 86400
 _MONTH_TTL_S = 33 * 86400
-
-_SHA = {s: hashlib.sha1(s.encode()).hexdigest() for s in (_CHECK, _CHARGE)}
 
 _NAMES = {
     1: "requests_per_minute",
@@ -187,11 +186,20 @@ def reset_text(seconds: float) -> str:
     return f"{s}s"
 
 
-_FAILURES = (resp.ReplyError, OSError, TimeoutError)
+_FAILURES = (RedisError, OSError, TimeoutError)
+
+# A command that has got no answer this long is abandoned by redis-py itself (its
+# connection closed): the request it was for got its 503 long before.
+_ABANDON_S = 10.0
+# A deadline timer this late means the event loop was busy, not Redis slow.
+_LOOP_LATE_S = 0.05
+# Connections to Redis per gateway process; a check that waits for one past the
+# deadline is a check Redis did not answer.
+_CONNECTIONS = 64
 
 
 class Limiter:
-    """One per gateway (event loop), with its own Redis connection (``resp.Client``)."""
+    """One per gateway (event loop), with its own redis-py asyncio client."""
 
     def __init__(
         self,
@@ -199,6 +207,7 @@ class Limiter:
         prefix: str | None = None,
         retry_s: float = 2.0,
         fail_open: bool = False,
+        timeout: float = 0.25,
     ):
         self.url = url or settings.REDIS_URL
         if prefix is None:
@@ -206,60 +215,55 @@ class Limiter:
         self.prefix = f"{prefix}:limits"
         self.retry_s = retry_s  # the Retry-After of a request whose check got no answer
         self.fail_open = fail_open
-        self._redis: resp.Client | None = None
-        # Encoded commands by (key id, limits, minute), for the minute at hand.
-        self._commands: dict[tuple, bytes] = {}
-        self._minute = ""
-        self._pending: set[asyncio.Task] = set()
+        self.timeout = timeout  # how long a check waits for Redis
+        self._redis: aioredis.Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+        # Commands past their deadline, left to finish (their connection with them).
+        self._late: set[asyncio.Task] = set()
         self.down = False  # the last call to Redis failed: logged once, until one works
 
     async def close(self) -> None:
+        for task in list(self._late):
+            task.cancel()
         if self._redis is not None:
-            self._redis.close()
-            self._redis = None
+            client, self._redis = self._redis, None
+            await client.aclose(close_connection_pool=True)
 
-    def _command(self, kind: str, entry, lim: KeyLimits, w: Windows) -> bytes:
-        if w.minute != self._minute:
-            self._commands.clear()
-            self._minute = w.minute
-        cached = self._commands.get((kind, entry.id, lim))
-        if cached is not None:
-            return cached
-        rq, tk_min, tk_day, tk_month = self._keys(entry.id, w)
-        if kind == "check":
-            args = ["EVALSHA", _SHA[_CHECK], 4, rq, tk_min, tk_day, tk_month]
-            args += [*_limits(lim), _MINUTE_TTL_S]
-        else:
-            keys, ttls = [], []
-            for limit, k, ttl in (
-                (lim.tokens_per_minute, tk_min, _MINUTE_TTL_S),
-                (lim.tokens_per_day, tk_day, _DAY_TTL_S),
-                (lim.tokens_per_month, tk_month, _MONTH_TTL_S),
-            ):
-                if limit:
-                    keys.append(k)
-                    ttls.append(ttl)
-            # The tokens go last, appended per call.
-            args = ["EVALSHA", _SHA[_CHARGE], len(keys), *keys, *ttls]
-        command = self._commands[(kind, entry.id, lim)] = resp.encode(args)
-        return command
-
-    def _client(self) -> resp.Client:
+    def _client(self) -> aioredis.Redis:
         if self._redis is None:
-            self._redis = resp.Client(self.url)
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url,
+                max_connections=_CONNECTIONS,
+                timeout=self.timeout,
+                socket_connect_timeout=self.timeout,
+                socket_timeout=_ABANDON_S,
+            )
+            self._redis = aioredis.Redis(connection_pool=pool)
+            # EVALSHA, loading the script first where Redis lacks it (a restart).
+            self._scripts = {s: self._redis.register_script(s) for s in (_CHECK, _CHARGE)}
         return self._redis
 
-    async def _run(self, command: bytes):
-        """EVALSHA, loading the scripts first where Redis does not have them (a restart)."""
-        client = self._client()
-        try:
-            return await client.call_raw(command)
-        except resp.ReplyError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-        for script in (_CHECK, _CHARGE):
-            await client.call("SCRIPT", "LOAD", script)
-        return await client.call_raw(command)
+    async def _run(self, script: str, keys: list[str], args: list) -> list:
+        """The script's answer within the deadline, else TimeoutError.
+
+        The deadline is Redis's, not the event loop's: where the loop was busy elsewhere
+        past it (the command not yet sent, or its reply not yet read), Redis gets a
+        deadline of its own again. A command past its deadline is not cancelled (its
+        connection would be lost mid-reply): it finishes on its own, and its request
+        has had its answer.
+        """
+        self._client()
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(self._scripts[script](keys=keys, args=args))
+        end = loop.time() + self.timeout
+        await asyncio.wait((task,), timeout=self.timeout)
+        if not task.done() and loop.time() - end > _LOOP_LATE_S:
+            await asyncio.wait((task,), timeout=self.timeout)
+        if task.done():
+            return task.result()
+        self._late.add(task)
+        task.add_done_callback(_forget(self._late))
+        raise TimeoutError(f"Redis did not answer within {self.timeout * 1000:.0f} ms")
 
     def _keys(self, key_id: int, w: Windows) -> list[str]:
         p = self.prefix
@@ -297,7 +301,8 @@ class Limiter:
         now = time.time() if now is None else now
         w = Windows.at(now)
         try:
-            refused, rq, tm, td, tmo = await self._run(self._command("check", entry, lim, w))
+            args = [*_limits(lim), _MINUTE_TTL_S]
+            refused, rq, tm, td, tmo = await self._run(_CHECK, self._keys(entry.id, w), args)
         except _FAILURES as exc:
             self._unavailable(exc)
             if self.fail_open:
@@ -319,41 +324,40 @@ class Limiter:
         return headers
 
     async def charge(self, entry, tokens: int, now: float | None = None) -> None:
-        """Count ``tokens`` against the key's token limits, once the engine has reported them."""
+        """Count ``tokens`` against the key's token limits, once the engine has reported them.
+
+        Called after the answer has gone, so waiting for Redis costs the client nothing.
+        """
         lim: KeyLimits = entry.limits
         if tokens <= 0 or not lim.tokens_on:
             return
         now = time.time() if now is None else now
-        command = _with_tokens(self._command("charge", entry, lim, Windows.at(now)), tokens)
-        # Not waited for where the connection is up: the answer has gone already, and
-        # commands on one connection run in order, so the next check sees these tokens.
-        fut = self._client().send_nowait(command)
-        if fut is not None:
-            fut.add_done_callback(lambda f: self._charged(f, command))
-            return
-        await self._charge_waiting(command)
-
-    async def _charge_waiting(self, command: bytes) -> None:
+        w = Windows.at(now)
+        _, tk_min, tk_day, tk_month = self._keys(entry.id, w)
+        keys, ttls = [], []
+        for limit, k, ttl in (
+            (lim.tokens_per_minute, tk_min, _MINUTE_TTL_S),
+            (lim.tokens_per_day, tk_day, _DAY_TTL_S),
+            (lim.tokens_per_month, tk_month, _MONTH_TTL_S),
+        ):
+            if limit:
+                keys.append(k)
+                ttls.append(ttl)
         try:
-            await self._run(command)
+            await self._run(_CHARGE, keys, [*ttls, tokens])
         except _FAILURES as exc:
             self._unavailable(exc)
             return
         self._available()
 
-    def _charged(self, fut: asyncio.Future, command: bytes) -> None:
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is None and isinstance(fut.result(), resp.ReplyError):
-            if str(fut.result()).startswith("NOSCRIPT"):
-                # Redis restarted: load the scripts and charge again, waiting this time.
-                self._pending.add(task := asyncio.ensure_future(self._charge_waiting(command)))
-                task.add_done_callback(self._pending.discard)
-                return
-            exc = fut.result()
-        if exc is not None:
-            self._unavailable(exc)
+
+def _forget(tasks: set):
+    def done(task: asyncio.Task) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a late command's failure is not news
+
+    return done
 
 
 def _limits(lim: KeyLimits) -> tuple[int, int, int, int]:
@@ -363,13 +367,6 @@ def _limits(lim: KeyLimits) -> tuple[int, int, int, int]:
         lim.tokens_per_day,
         lim.tokens_per_month,
     )
-
-
-def _with_tokens(command: bytes, tokens: int) -> bytes:
-    """A cached charge command (``*N`` args, the tokens missing) with the tokens added."""
-    head, rest = command.split(b"\r\n", 1)
-    t = str(tokens).encode()
-    return b"*%d\r\n%b$%d\r\n%b\r\n" % (int(head[1:]) + 1, rest, len(t), t)
 
 
 def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int):

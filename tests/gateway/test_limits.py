@@ -132,19 +132,3 @@ def test_a_stream_that_did_not_ask_for_usage_gets_it_asked_for_and_taken_out():
     assert check.usage == {"prompt_tokens": 3, "completion_tokens": 1}
     kept = proxy.SSECheck()
     assert b"".join(kept.feed(e)[0] for e in events) == b"".join(events)
-
-
-def test_the_resp_reader_waits_for_whole_replies_and_reads_every_kind():
-    from fleet.gateway import resp
-
-    data = b"*5\r\n:0\r\n:12\r\n$3\r\nabc\r\n$-1\r\n*1\r\n+OK\r\n-NOSCRIPT no script\r\n"
-    # every cut short of the end of the first reply is incomplete, never a wrong value
-    for cut in range(1, data.index(b"-NOSCRIPT")):
-        assert resp.parse(data[:cut], 0)[0] is resp._INCOMPLETE
-    value, end = resp.parse(data, 0)
-    assert value == [0, 12, b"abc", None, ["OK"]]
-    error, _ = resp.parse(data, end)
-    assert isinstance(error, resp.ReplyError) and str(error).startswith("NOSCRIPT")
-    assert resp.encode(["EVALSHA", "ab", 1, "k"]) == (
-        b"*4\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n"
-    )
