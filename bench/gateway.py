@@ -321,7 +321,12 @@ def main() -> int:
 
         add("llmgw (serve)", "serve", limits=True)
         if args.compare_tree:
-            add("llmgw (serve, compared)", "serve", tree=Path(args.compare_tree).resolve())
+            add(
+                "llmgw (serve, compared)",
+                "serve",
+                limits=True,
+                tree=Path(args.compare_tree).resolve(),
+            )
         if args.serve_workers:
             workers = args.serve_workers
             add(f"llmgw (serve, {workers} workers)", "serve", ("--workers", str(workers)))
