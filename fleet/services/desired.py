@@ -9,6 +9,7 @@ a duplicate changes nothing.
 """
 
 import asyncio
+from contextlib import contextmanager
 from datetime import datetime
 
 from django.db import transaction
@@ -67,13 +68,17 @@ def lag_s(lag_since: datetime | None, now: datetime) -> float:
 # ---- versions and the set ----------------------------------------------------------
 
 
-def lock_nodes(ids) -> None:
-    """Lock these nodes' rows, in id order, until the transaction ends.
+@contextmanager
+def locked_nodes(ids):
+    """A transaction (the caller's, else one of its own) holding these nodes' rows
+    locked, taken in id order.
 
     Every write to many nodes at once takes them in this order first (the
     heartbeat statement in the same order), so two such writes wait for each
     other instead of deadlocking."""
-    list(Node.objects.filter(pk__in=ids).order_by("pk").select_for_update().values_list("pk"))
+    with transaction.atomic(savepoint=False):
+        list(Node.objects.filter(pk__in=ids).order_by("pk").select_for_update().values_list("pk"))
+        yield
 
 
 def bump_desired(node_ids) -> None:
@@ -83,11 +88,11 @@ def bump_desired(node_ids) -> None:
         return
     # acked_version never passes desired_version, so the node is behind now;
     # one already behind keeps the time it fell behind.
-    lock_nodes(ids)
-    Node.objects.filter(pk__in=ids).update(
-        desired_version=F("desired_version") + 1,
-        desired_lag_since=Coalesce(F("desired_lag_since"), Value(timezone.now())),
-    )
+    with locked_nodes(ids):
+        Node.objects.filter(pk__in=ids).update(
+            desired_version=F("desired_version") + 1,
+            desired_lag_since=Coalesce(F("desired_lag_since"), Value(timezone.now())),
+        )
 
     async def ring_all():
         # One event loop for every doorbell: a loop (and a Redis connection)

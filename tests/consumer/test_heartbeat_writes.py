@@ -467,7 +467,7 @@ if ON_POSTGRES:
         # of the batch ended (seen with 5,000 agents as 200 replicas were placed).
         from django.db import connection, transaction
 
-        from fleet.services.desired import lock_nodes
+        from fleet.services.desired import locked_nodes
 
         nodes = [f"gpu-{i:02}" for i in range(20)]
         creds = {n: node_with_credential(n) for n in nodes}
@@ -476,15 +476,15 @@ if ON_POSTGRES:
 
         def reconciler():
             try:
-                with transaction.atomic():
-                    lock_nodes(nodes[:1])
+                with transaction.atomic(), locked_nodes(nodes[:1]):
                     holding.set()
                     waiting.wait(5)
                     time.sleep(0.5)  # the batch is inside its statement by now
                     with connection.cursor() as cur:
                         cur.execute("SET LOCAL deadlock_timeout = '100ms'")
                         cur.execute("SET LOCAL lock_timeout = '10s'")
-                    lock_nodes(nodes[1:])
+                    with locked_nodes(nodes[1:]):
+                        pass
                 outcome["reconciler"] = "done"
             except Exception as exc:  # noqa: BLE001 - the assertion names it
                 outcome["reconciler"] = exc

@@ -49,7 +49,7 @@ def _excluded(cols) -> str:
 # comes with one credential (``_rounds``), so ``old`` has a node at most once.
 # A heartbeat's desired version (0: says nothing) moves the acknowledged one,
 # never past the node's desired version. The node rows are locked in id order
-# (``old``), as every other write to many nodes takes them (``desired.lock_nodes``):
+# (``old``), as every other write to many nodes takes them (``desired.locked_nodes``):
 # taken in the update's own order, a batch deadlocked with the reconciler's.
 _ACK_MOVES = "seen.dv > 0 AND seen.dv <> n.acked_version"
 _NEW_ACKED = "LEAST(seen.dv, n.desired_version)"

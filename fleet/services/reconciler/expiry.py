@@ -23,7 +23,7 @@ from django.utils import timezone
 from agentd.protocol import RECONNECT_BACKOFF_CAP_S
 from fleet.conf import fleet_settings
 from fleet.models import FleetStatus, Node, NodeState
-from fleet.services.desired import lock_nodes
+from fleet.services.desired import locked_nodes
 
 from .rows import node_silence_rows
 
@@ -183,10 +183,10 @@ def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
         nid for nid, state, _ in rows if state == NodeState.READY and silence[nid] >= suspect_s
     ]
     if to_suspect:
-        lock_nodes(to_suspect)
-        Node.objects.filter(pk__in=to_suspect, state=NodeState.READY).update(
-            state=NodeState.SUSPECT
-        )
+        with locked_nodes(to_suspect):
+            Node.objects.filter(pk__in=to_suspect, state=NodeState.READY).update(
+                state=NodeState.SUSPECT
+            )
         for nid in to_suspect:
             logger.warning("node suspect node=%s silent_s=%.0f", nid, silence[nid])
         result.suspected = to_suspect
@@ -195,10 +195,10 @@ def expire_nodes(status: FleetStatus, now: datetime) -> Expiry:
             nid for nid, state, _ in rows if state != NodeState.LOST and silence[nid] >= lost_s
         ]
         if to_lose:
-            lock_nodes(to_lose)
-            Node.objects.filter(pk__in=to_lose).exclude(state=NodeState.LOST).update(
-                state=NodeState.LOST
-            )
+            with locked_nodes(to_lose):
+                Node.objects.filter(pk__in=to_lose).exclude(state=NodeState.LOST).update(
+                    state=NodeState.LOST
+                )
             for nid in to_lose:
                 logger.error("node lost node=%s silent_s=%.0f", nid, silence[nid])
             result.lost = to_lose
