@@ -44,12 +44,12 @@ class FleetSettings:
     # comes ~40 ms later: docs/benchmarks.md, Agent sockets).
     heartbeat_flush_s: float = 0.05
     # Threads (each with its own database connection) a web process runs its
-    # agent sockets' database calls on (fleet/services/socket_db.py): that many
+    # agent sockets' database calls on (fleet/sockets/db.py): that many
     # registrations overlap their round trips. SQLite takes one writer at a
     # time, so there it is always 1.
     agent_db_threads: int = 4
     # Agent sockets one web process takes between the knock and the register's
-    # ack at a time (fleet/services/admission.py); the next is answered 503 with
+    # ack at a time (fleet/sockets/admission.py); the next is answered 503 with
     # a Retry-After at once, not queued past the agent's 10 s handshake wait
     # (after a restart the whole fleet knocks together). 0: no limit.
     agent_handshakes_max: int = 256
@@ -58,7 +58,7 @@ class FleetSettings:
     # while no WantedEngine rows exist (fleet.services.engines; docs/engines.md).
     # Sent to each agent as a provision message. Empty: none.
     engines: dict[str, str] = field(default_factory=dict)
-    # What one agent socket may send (token buckets, fleet/consumers.py): a
+    # What one agent socket may send (token buckets, fleet/sockets/consumer.py): a
     # sustained rate and a burst saved up, in messages and in bytes; past either
     # the socket is closed with 4029. A healthy agent sends a heartbeat every
     # 10 s, a burst at registration and on shard changes, and a log reply (up

@@ -31,7 +31,7 @@ FLEET_GAUGES = (
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 
-# The agents' sockets (fleet.consumers). A log reply whose asker's channel is full
+# The agents' sockets (fleet.sockets.consumer). A log reply whose asker's channel is full
 # (the asker stopped reading) is dropped and counted, never fatal to the socket.
 AGENT_LOGS_REPLIES_DROPPED = Counter(
     "llmgw_agent_logs_replies_dropped",
@@ -40,7 +40,7 @@ AGENT_LOGS_REPLIES_DROPPED = Counter(
 )
 
 
-# Agents told to come back later at the handshake (fleet.services.admission.turned_away):
+# Agents told to come back later at the handshake (fleet.sockets.admission.turned_away):
 # a web process with more agents knocking than it takes through registration at once
 # ("busy", LLMGW_AGENT_HANDSHAKES_MAX), or a credential check that waited past the
 # agent's own wait ("slow_check").

@@ -1,5 +1,5 @@
 from django.urls import path
 
-from fleet.consumers import AgentConsumer
+from fleet.sockets.consumer import AgentConsumer
 
 websocket_urlpatterns = [path("ws/agent/", AgentConsumer.as_asgi())]

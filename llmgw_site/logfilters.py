@@ -4,7 +4,7 @@ import logging
 
 # What uvicorn says of every WebSocket at INFO, three lines a socket. The agent
 # consumer logs each agent socket's open and end itself, with its node
-# (fleet/consumers.py); after a restart 5,000 agents made 30,000 of these lines,
+# (fleet/sockets/consumer.py); after a restart 5,000 agents made 30,000 of these lines,
 # a write each, on the event loop that was registering them.
 _SOCKET_CHATTER = {"connection open", "connection closed", '%s - "WebSocket %s" [accepted]'}
 

@@ -212,7 +212,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 def _with_peer(app, trusted: str):
     """``app`` behind uvicorn's proxy-header handling for ``trusted``; the socket's own
     address kept in WebSocket scopes first (``peer.PEER_KEY``)."""
-    from llmgw_site.peer import PEER_KEY
+    from fleet.sockets.peer import PEER_KEY
 
     inner = app
     if trusted:

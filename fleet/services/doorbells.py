@@ -73,7 +73,7 @@ async def aring_gateways(what: str = "all") -> None:
 
 
 # The web process's event loop, once an agent socket has opened on it. Its agent
-# sockets' database work runs in threads beside it (fleet.services.socket_db, the
+# sockets' database work runs in threads beside it (fleet.sockets.db, the
 # heartbeat and registration writers), and what they commit rings doorbells. From
 # such a thread async_to_sync would make a new event loop and new Redis connections
 # for every ring (redis-py reads its own version from the installed packages for

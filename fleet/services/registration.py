@@ -26,8 +26,6 @@ time, so one bad registration never costs the others theirs.
 
 import json
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -37,7 +35,7 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import Node, NodeCredential
 
-from . import access, desired, engines, inventory, socket_db
+from . import access, desired, engines, inventory
 from .heartbeat import changes
 
 logger = logging.getLogger(__name__)
@@ -52,8 +50,8 @@ class Registration:
     credential_id: int
     msg: protocol.Register
     channel_name: str
-    # Monotonic time past which the agent has stopped waiting: not written then
-    # (socket_db.TooLate). None: written whatever the wait (a credential was just issued).
+    # Monotonic time past which the agent has stopped waiting: its socket does not
+    # write it then (fleet.sockets.consumer). None: written whatever the wait.
     deadline: float | None = None
 
     @property
@@ -76,17 +74,10 @@ def register_many(regs: list[Registration]) -> dict[str, Registered | Exception]
     """Write these registrations (one per node) and read what each agent is sent next.
 
     Returns, by node id, what the agent is sent, or the exception its
-    registration ended with (``access.Revoked``, ``socket_db.TooLate``), having
-    written nothing of it.
+    registration ended with (``access.Revoked``), having written nothing of it.
     """
     results: dict[str, Registered | Exception] = {}
-    now_mono = time.monotonic()
-    live = []
-    for reg in regs:
-        if reg.deadline is not None and now_mono > reg.deadline:
-            results[reg.node_id] = socket_db.TooLate(f"registration of {reg.node_id} waited")
-        else:
-            live.append(reg)
+    live = regs
     written: dict[str, Node | Exception] | None = None
     if together() and len(live) > 1:
         try:
@@ -255,10 +246,3 @@ def _write_gpu_telemetry(nodes_and_gpus) -> None:
             'WHERE g.node_id = u.node_id AND g."index" = u.idx',
             [node_ids, idx, used, ecc, temp],
         )
-
-
-def batcher(write: Callable[[list[Registration]], dict] = register_many) -> socket_db.NodeBatcher:
-    """The current event loop's batcher; ``write`` is what it writes a batch with.
-
-    Raises what ``register_many`` ended a registration with."""
-    return socket_db.node_batcher("registrations", write, MAX_BATCH)

@@ -27,7 +27,7 @@ from agentd.protocol import RECONNECT_BACKOFF_CAP_S
 from fleet.conf import fleet_settings
 from fleet.metrics import AGENT_HANDSHAKES_TURNED_AWAY
 
-logger = logging.getLogger("fleet.consumers")  # where operators read about agent sockets
+logger = logging.getLogger("fleet.sockets.consumer")  # where operators read about agent sockets
 
 # Registrations finished in this window set the pace the Retry-After is drawn from.
 RATE_WINDOW_S = 5.0

@@ -16,22 +16,14 @@ from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
 from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
 from fleet.models.access import bearer_secret
-from fleet.services import (
-    access,
-    admission,
-    desired,
-    doorbells,
-    engines,
-    groups,
-    heartbeat,
-    inventory,
-    registration,
-    socket_db,
-)
+from fleet.services import access, desired, doorbells, engines, heartbeat, inventory, registration
 from fleet.services.heartbeat import ReportMemo, batcher
 from fleet.services.reconciler import expiry
 from fleet.services.weights_gc import delivery
-from llmgw_site.peer import connection_peer
+
+from . import admission, groups
+from . import db as socket_db
+from .peer import connection_peer
 
 logger = logging.getLogger(__name__)
 
@@ -89,15 +81,27 @@ _rejoin = expiry.Rejoin()
 
 
 def _register_batch(regs: list[registration.Registration]) -> dict:
-    """A batch of registrations (``registration.register_many``); each one written moves
-    the grace period while the fleet is coming back."""
+    """A batch of registrations (``registration.register_many``), less those whose agent
+    has stopped waiting (``socket_db.TooLate``: nothing of them written); each one
+    written moves the grace period while the fleet is coming back."""
     # Taken before the write, so the batch's own rows count as registered since the
     # wave began when the first batch starts it.
     now = timezone.now()
-    results = registration.register_many(regs)
+    now_mono = time.monotonic()
+    late = {
+        r.node_id: socket_db.TooLate(f"registration of {r.node_id} waited")
+        for r in regs
+        if r.deadline is not None and now_mono > r.deadline
+    }
+    results = registration.register_many([r for r in regs if r.node_id not in late])
     if any(isinstance(r, registration.Registered) for r in results.values()):
         _rejoin.registered(now)
-    return results
+    return results | late
+
+
+def _registrations() -> socket_db.NodeBatcher:
+    """The current event loop's batcher of registrations."""
+    return socket_db.node_batcher("registrations", _register_batch, registration.MAX_BATCH)
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -119,7 +123,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     acked_version = 0  # the node's acknowledged version as this socket's registration wrote it
     closing = False
     released = False
-    admitted = False  # counted against this process's admission limit (fleet.services.admission)
+    admitted = False  # counted against this process's admission limit (fleet.sockets.admission)
     foreign_shards: tuple[str, ...] = ()  # last logged: shard loads dropped as not this node's
 
     async def connect(self):
@@ -240,7 +244,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # Channels would first close stale database connections, with a hop to
         # the shared database thread, before every message: a heartbeat would
         # queue behind other agents' registrations just to be read. Every
-        # database call here goes through fleet.services.socket_db (or the
+        # database call here goes through fleet.sockets.db (or the
         # heartbeat writer), which looks after its connections itself.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
@@ -369,7 +373,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # registrations arriving meanwhile (fleet.services.registration).
         # Once a credential is issued it must reach the agent: no deadline then.
         try:
-            sent = await registration.batcher(_register_batch).submit(
+            sent = await _registrations().submit(
                 registration.Registration(
                     credential_id=self.identity.credential_id,
                     msg=msg,

@@ -33,8 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, close_old_connections, connection
 
 from fleet.conf import fleet_settings
-
-from .heartbeat import batching
+from fleet.services.heartbeat import batching
 
 logger = logging.getLogger(__name__)
 # A connection idle this long is checked before use: the database may have

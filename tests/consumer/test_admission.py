@@ -1,9 +1,9 @@
 """How many agents a web process takes through registration at once, and when it tells
-the rest to come back (fleet.services.admission)."""
+the rest to come back (fleet.sockets.admission)."""
 
 import random
 
-from fleet.services.admission import RETRY_AFTER_MAX_S, START_RATE_PER_S, Admission
+from fleet.sockets.admission import RETRY_AFTER_MAX_S, START_RATE_PER_S, Admission
 
 
 class Clock:

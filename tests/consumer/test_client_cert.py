@@ -11,7 +11,7 @@ import pytest
 from agentd.protocol import CloseCode
 from fleet.models import JoinToken, Node
 from fleet.services import access
-from llmgw_site.peer import PEER_KEY, connection_peer
+from fleet.sockets.peer import PEER_KEY, connection_peer
 from tests.consumer.helpers import communicator, db, enrol, expect_close, register, send, snapshot
 from tests.factories import join_token, register_msg
 

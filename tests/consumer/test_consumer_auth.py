@@ -179,7 +179,7 @@ async def test_a_join_token_cannot_take_over_an_enrolled_node(caplog):
 
 
 async def test_register_is_required_within_the_deadline(monkeypatch):
-    monkeypatch.setattr("fleet.consumers.REGISTER_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("fleet.sockets.consumer.REGISTER_TIMEOUT_S", 0.2)
     _, secret = await db(join_token)()
     comm = communicator(secret)
     assert (await comm.connect())[0]

@@ -16,7 +16,7 @@ async def test_a_register_that_arrived_in_time_is_not_refused_while_it_waits(mon
     # A thousand agents reconnecting at once queue up behind each other's
     # registrations; one that sent its register in time must not be closed as
     # overdue, or it retries with a join token that has already enrolled it.
-    monkeypatch.setattr("fleet.consumers.REGISTER_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("fleet.sockets.consumer.REGISTER_TIMEOUT_S", 0.2)
     enrol = access.enrol
 
     def slow_enrol(identity, node_id):

@@ -5,7 +5,8 @@ import pytest
 from django.db import transaction
 
 from fleet.models import Node
-from fleet.services import desired, doorbells, socket_db
+from fleet.services import desired, doorbells
+from fleet.sockets import db as socket_db
 from tests.consumer.helpers import db, enrol
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from agentd.protocol import CloseCode
-from fleet.consumers import TokenBucket
 from fleet.models import Node, Storage
 from fleet.services import node_logs
+from fleet.sockets.consumer import TokenBucket
 from tests.consumer.helpers import db, enrol, expect_close
 from tests.factories import heartbeat_msg
 

@@ -6,7 +6,7 @@ from asgiref.sync import sync_to_async
 from agentd.protocol import CloseCode
 from fleet.metrics import REGISTRY
 from fleet.models import Node
-from fleet.services import admission
+from fleet.sockets import admission
 from tests.consumer.helpers import communicator, db, enrol, expect_close, recv_type, send
 from tests.factories import register_msg
 
@@ -21,7 +21,7 @@ async def test_a_registration_its_agent_has_stopped_waiting_for_is_not_written(m
 
     # when: its registration waits for the database longer than the agent waits for
     # the ack (here: any wait at all)
-    monkeypatch.setattr("fleet.consumers.REGISTER_DEADLINE_S", -1)
+    monkeypatch.setattr("fleet.sockets.consumer.REGISTER_DEADLINE_S", -1)
     comm = communicator(first.credential)
     connected, _ = await comm.connect()
     assert connected
@@ -39,7 +39,7 @@ async def test_a_registration_its_agent_has_stopped_waiting_for_is_not_written(m
 async def test_a_handshake_that_waited_too_long_is_told_to_come_back(monkeypatch):
     first = await enrol("gpu-01")
     await first.close()
-    monkeypatch.setattr("fleet.consumers.HANDSHAKE_DEADLINE_S", -1)
+    monkeypatch.setattr("fleet.sockets.consumer.HANDSHAKE_DEADLINE_S", -1)
 
     comm = communicator(first.credential)
     connected, _ = await comm.connect()
@@ -98,7 +98,7 @@ async def test_agents_turned_away_are_each_counted_and_logged_once_in_a_while(
     for c in creds:
         await c.close()
     settings.LLMGW = {**settings.LLMGW, "AGENT_HANDSHAKES_MAX": 1}
-    monkeypatch.setattr("fleet.services.admission._turned_away_log", admission._TurnedAwayLog())
+    monkeypatch.setattr("fleet.sockets.admission._turned_away_log", admission._TurnedAwayLog())
     knocking = communicator(creds[0].credential)
     assert (await knocking.connect())[0]
     before = await turned_away("busy")

@@ -4,9 +4,9 @@ through the agents' real sockets."""
 
 import pytest
 
-from fleet import consumers
 from fleet.models import FleetStatus
 from fleet.services.reconciler import expiry
+from fleet.sockets import consumer as consumers
 from tests.consumer.helpers import connect_as, db, enrol
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""Agent sockets joining and leaving their nodes' groups in batches (fleet.services.groups),
+"""Agent sockets joining and leaving their nodes' groups in batches (fleet.sockets.groups),
 on the test run's real Redis: what a ring reaches afterwards is what a node would notice."""
 
 import asyncio
@@ -8,7 +8,8 @@ from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from fleet.services import doorbells, groups
+from fleet.services import doorbells
+from fleet.sockets import groups
 
 SOCKETS = 2000
 

@@ -124,7 +124,7 @@ def test_the_agent_imports_nothing_of_the_control_plane():
 def test_models_and_services_import_nothing_above_them():
     graph = _graph()
     above = [
-        "fleet.consumers",
+        "fleet.sockets",
         "fleet.gateway",
         "fleet.api",
         "fleet.admin",

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from fleet.sockets.peer import connection_peer
 from llmgw_site import serve
-from llmgw_site.peer import connection_peer
 from tests.processes import ROOT
 
 
