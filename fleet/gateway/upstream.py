@@ -101,7 +101,6 @@ class Response:
         "_max_body",
         "_head_bytes",
         "_head_count",
-        "listener",
     )
 
     def __init__(self, conn):
@@ -120,10 +119,6 @@ class Response:
         self._max_body: int | None = None  # set by read(): a whole answer is bounded
         self._head_bytes = 0  # status lines, headers and trailers, interim answers included
         self._head_count = 0
-        # Called (no arguments) after every read from the connection and when it
-        # closes, in place of awaiting: the gateway's lane (fleet.gateway.lane)
-        # follows the answer by callbacks, with no task or future per request.
-        self.listener = None
 
     def header(self, name: bytes) -> str | None:
         for key, value in self._headers:
@@ -239,10 +234,6 @@ class _Conn(asyncio.Protocol):
             self.abort()  # bytes nobody asked for: this connection is not reusable
             return
         self._feed(resp, data)
-        # After the parser is done with the bytes, never from inside its callbacks:
-        # the listener may hand this connection back to the pool.
-        if resp.listener is not None:
-            resp.listener()
 
     def _feed(self, resp: Response, data: bytes) -> None:
         self.body_fed = False
@@ -300,8 +291,6 @@ class _Conn(asyncio.Protocol):
             resp._fail(Incomplete("the connection closed before the answer was complete"))
         else:
             resp._fail(Disconnected(f"the connection closed before any answer ({exc or 'EOF'})"))
-        if resp.listener is not None:
-            resp.listener()
 
     # ---- httptools ---------------------------------------------------------------
 
@@ -474,26 +463,6 @@ class Client:
         for one timer instead of two.
         """
         return await self._send(host, port, _framed(head, body), first_byte_s)
-
-    def start(self, host: str, port: int, head: bytes, body: bytes) -> Response | None:
-        """``post`` without waiting: the request on an idle pooled connection, its
-        ``Response`` to follow by ``listener``; None when no connection is idle
-        (a new one is a wait: ``post`` makes it).
-
-        A pooled connection the engine closed meanwhile fails the answer with
-        ``Disconnected`` and nothing answered; the caller sends again (``post``
-        does that on a new connection).
-        """
-        conn = self._pool(host, port).take()
-        return None if conn is None else _begin(conn, _framed(head, body))
-
-    async def open_and_start(
-        self, host: str, port: int, head: bytes, body: bytes, deadline: float = 0.0
-    ) -> Response:
-        """``start`` on a new connection: ``ConnectFailed``, or ``NoAnswer`` when
-        ``deadline`` (time.monotonic(); 0: none) passes while connecting."""
-        conn = await self._connect(self._pool(host, port), deadline)
-        return _begin(conn, _framed(head, body))
 
     async def get(self, host: str, port: int, path: str) -> Response:
         name = f"[{host}]" if ":" in host else host
