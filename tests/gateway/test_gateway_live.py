@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from tests.factories import inference_key, ready_model
-from tests.gateway.live import client, wait_until
+from tests.gateway.live import FAST_REFRESH, client, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -242,3 +242,27 @@ def test_without_redis_the_gateway_serves_and_still_hears_revocations(start_gate
     wait_until(refused, what="the revocation without Redis")
     # and the operator is told once, not on every retry
     assert server.output().count("gateway cannot hear the channel layer") == 1
+
+
+def test_an_exchange_past_the_total_timeout_is_cut_with_the_reason(start_gateway, upstreams):
+    # given a gateway whose exchanges may last 1 s, and an engine that takes 2.4 s
+    server = start_gateway(**FAST_REFRESH, LLMGW_GATEWAY_TOTAL_TIMEOUT_S="1")
+    up = upstreams("a", token_delay=0.6)
+    ready_model("tiny", [up])
+    _, secret = inference_key()
+    c = client(server, secret, timeout=30)
+    # when a whole answer is asked for, then it is a 504 that says why
+    with pytest.raises(openai.APIStatusError) as whole:
+        chat(c)
+    assert whole.value.status_code == 504
+    assert whole.value.body["code"] == "upstream_timeout"
+    assert "no complete answer within 1 s" in whole.value.body["message"]
+    # when a stream is asked for, then what came in time is kept and it ends with the reason
+    stream = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    first = next(iter(stream))
+    assert first.choices[0].delta.content == "Hello"
+    with pytest.raises(openai.APIError, match="no complete answer within 1 s"):
+        for _ in stream:
+            pass
