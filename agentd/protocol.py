@@ -401,6 +401,9 @@ class ProfileSpec(_Part):
     weights_sha256: Annotated[
         dict[Annotated[str, Field(max_length=1024)], Sha256Hex], Field(max_length=4096)
     ] = {}
+    # GB of each GPU the engine may use where the profile shares GPUs (the shard's
+    # gpu_memory_fraction says it as a part of the GPU); None: whole GPUs.
+    gpu_memory_gb: Annotated[float, Field(gt=0, le=1024)] | None = None
 
 
 class DesiredShard(_Part):
@@ -421,6 +424,9 @@ class DesiredShard(_Part):
     fabric: ShortStr = ""
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     startup_timeout_s: Annotated[float, Field(gt=0)] = 1800
+    # A profile that shares GPUs (gpu_memory_gb): the part of each of this shard's
+    # GPUs its engine may use, its budget over the GPU's total. 0: whole GPUs.
+    gpu_memory_fraction: Annotated[float, Field(ge=0, le=1)] = 0
     profile: ProfileSpec
 
 

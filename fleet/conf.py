@@ -97,6 +97,9 @@ class FleetSettings:
     failures_before_moving: int = 3  # failed starts on a node before others go first
     fetch_stall_s: float = 120.0  # a start still receiving fetch progress is not hung
     drain_timeout_s: float = 60.0  # in-flight requests' time before a drained shard stops
+    # GPU memory never promised to shares of a GPU (profiles with gpu_memory_gb):
+    # the driver's and CUDA contexts' own, and headroom.
+    gpu_memory_reserve_gb: float = 1.0
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 

@@ -58,6 +58,9 @@ class SGLang(Engine):
         ]
         if profile.pp > 1:
             argv += ["--pp-size", str(profile.pp)]
+        if shard.gpu_memory_fraction:
+            # A share of the GPU: weights and the KV cache pool within it.
+            argv += ["--mem-fraction-static", f"{shard.gpu_memory_fraction:.4f}"]
         if shard.nnodes > 1:
             # Every node gets the same tp/pp and the leader's host:port, where
             # torch.distributed meets; --node-rank says which part of the model is ours.

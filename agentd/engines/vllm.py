@@ -40,6 +40,9 @@ class VLLM(Engine):
             "--pipeline-parallel-size",
             str(profile.pp),
         ]
+        if shard.gpu_memory_fraction:
+            # A share of the GPU: vLLM's limit is per instance, of the GPU's total.
+            argv += ["--gpu-memory-utilization", f"{shard.gpu_memory_fraction:.4f}"]
         if shard.nnodes > 1:
             # Multi-node without Ray: every node runs `vllm serve` with the same
             # parallel sizes, its rank and the leader's address; followers run

@@ -29,7 +29,7 @@ class EngineProfileInline(admin.StackedInline):
     show_change_link = True
     fields = (
         ("name", "engine"),
-        ("tp", "pp", "gpus_per_node", "nodes"),
+        ("tp", "pp", "gpus_per_node", "gpu_memory_gb", "nodes"),
         ("gpu_class", "min_memory_gb", "node_selector"),
         ("model_path", "weights_sha256"),
         "served_model_name",
@@ -140,6 +140,7 @@ class EngineProfileAdmin(admin.ModelAdmin):
         "tp",
         "pp",
         "gpus_per_node",
+        "gpu_memory_gb",
         "nodes",
         "min_memory_gb",
         "node_selector",

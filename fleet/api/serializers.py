@@ -31,6 +31,7 @@ from fleet.models import (
     VllmBuild,
     WantedEngine,
 )
+from fleet.models.catalog import GPU_MEMORY_GB_MAX
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
@@ -418,6 +419,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "tp",
             "pp",
             "gpus_per_node",
+            "gpu_memory_gb",
             "nodes",
             "gpus_total",
             "args",
@@ -440,6 +442,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
                 name: {"max_value": SMALLINT_MAX} for name in ("tp", "pp", "gpus_per_node", "nodes")
             },
             **{name: {"max_value": INT_MAX} for name in ("min_memory_gb", "startup_timeout_s")},
+            "gpu_memory_gb": {"min_value": 0.001, "max_value": GPU_MEMORY_GB_MAX},
         }
         read_only_fields = (
             "args_env_changed_by",

@@ -186,6 +186,10 @@ class Model(models.Model):
         return errors
 
 
+# More than any GPU has: a typo, not a share.
+GPU_MEMORY_GB_MAX = 1024
+
+
 class EngineProfile(models.Model):
     """How to run a model: the engine, its parallelism, GPUs, arguments and requirements.
 
@@ -209,6 +213,14 @@ class EngineProfile(models.Model):
         "pipeline parallel", default=1, validators=[MinValueValidator(1)]
     )
     gpus_per_node = models.PositiveSmallIntegerField(default=0)
+    gpu_memory_gb = models.FloatField(
+        "GPU memory per GPU (GB)",
+        null=True,
+        blank=True,
+        help_text="A share of each GPU instead of whole GPUs: the memory each shard may use "
+        "on each of its gpus_per_node GPUs, so several models can share a GPU. "
+        "Empty: whole GPUs, never shared.",
+    )
     nodes = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
     args = models.JSONField(default=list, blank=True, help_text="Extra engine arguments.")
     env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables.")
@@ -294,21 +306,26 @@ class EngineProfile(models.Model):
         "model_path",
         "served_model_name",
         "weights_sha256",
+        "gpu_memory_gb",
     )
+    # Left out of the spec and its hash while empty: profiles from before they
+    # existed keep their hash, and their running replicas are not rolled by an upgrade.
+    SPEC_OPTIONAL = ("weights_sha256", "gpu_memory_gb")
 
     def spec(self) -> dict:
         """What a shard of this profile runs, as its desired set carries it."""
         spec = {f: getattr(self, f) for f in ("name", *self.SPEC_FIELDS)}
         spec["served_model_name"] = self.served_model_name or self.model.name
+        if spec["gpu_memory_gb"] is None:
+            del spec["gpu_memory_gb"]
         return {"model": self.model.name, "profile": spec}
 
     @property
     def spec_hash(self) -> str:
         spec = {f: getattr(self, f) for f in self.SPEC_FIELDS}
-        if not spec["weights_sha256"]:
-            # Left out when empty: profiles from before it existed keep their hash,
-            # and their running replicas are not rolled by an upgrade.
-            del spec["weights_sha256"]
+        for name in self.SPEC_OPTIONAL:
+            if spec[name] in (None, {}):
+                del spec[name]
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
     def clean(self) -> None:
@@ -326,6 +343,16 @@ class EngineProfile(models.Model):
             )
         if not gpn and nodes > 1:
             errors["nodes"] = "a CPU profile (gpus_per_node 0) runs on one node"
+        if self.gpu_memory_gb is not None:
+            if not gpn:
+                errors["gpu_memory_gb"] = (
+                    "a share of GPU memory needs GPUs: set gpus_per_node to 1 or more"
+                )
+            elif not 0 < self.gpu_memory_gb <= GPU_MEMORY_GB_MAX:
+                errors["gpu_memory_gb"] = (
+                    f"gpu_memory_gb must be more than 0 and at most {GPU_MEMORY_GB_MAX}, "
+                    f"not {self.gpu_memory_gb:g}"
+                )
         if not gpn and self.engine in (Engine.VLLM, Engine.SGLANG):
             errors["gpus_per_node"] = f"{self.get_engine_display()} needs at least one GPU"
         try:

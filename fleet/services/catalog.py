@@ -68,6 +68,7 @@ PROFILE_KEYS = {
     "tp",
     "pp",
     "gpus_per_node",
+    "gpu_memory_gb",
     "nodes",
     "args",
     "env",

@@ -148,6 +148,7 @@ def desired_sets(versions: dict[str, int]) -> dict[str, protocol.Desired]:
                 fabric=spec.get("fabric", ""),
                 port=s.port or 0,
                 startup_timeout_s=p.startup_timeout_s,
+                gpu_memory_fraction=spec.get("gpu_memory_fraction", 0),
                 profile=protocol.ProfileSpec(**spec["profile"]),
             )
         )

@@ -29,7 +29,7 @@ from .placement_types import (  # noqa: F401 - re-exported: callers import them 
     ShardPlacement,
     Verdict,
 )
-from .units import gb_text, size_text
+from .units import MB_PER_GB, gb_text, size_text
 
 
 class Snapshot:
@@ -40,9 +40,16 @@ class Snapshot:
     first node that fits instead of scoring the whole fleet.
     """
 
-    def __init__(self, nodes: list[NodeInfo], port_range: tuple[int, int] = DEFAULT_PORT_RANGE):
+    def __init__(
+        self,
+        nodes: list[NodeInfo],
+        port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
+        gpu_reserve_mb: int = 1000,
+    ):
         self.nodes: dict[str, NodeInfo] = {n.id: n for n in nodes}
         self.port_range = port_range
+        # Memory of each GPU never promised to shares (LLMGW_GPU_MEMORY_RESERVE_GB).
+        self.gpu_reserve_mb = gpu_reserve_mb
         self.max_gpus = max((len(n.gpus) for n in nodes), default=0)
         self._buckets: list[dict[str, None]] = [{} for _ in range(self.max_gpus + 1)]
         self._free: dict[str, int] = {}
@@ -60,18 +67,20 @@ class Snapshot:
         """Take what a placement uses, so later decisions see it."""
         for s in placement.shards:
             node = self.nodes[s.node_id]
-            node.used_gpus.update(s.gpu_uuids)
+            _hold_gpus(node, s.gpu_uuids, request.gpu_memory_mb)
             node.used_ports.add(s.port)
             node.promised_mb += request.need_mb
             node.shards += 1
             self._rebucket(node)
 
-    def release(self, node_id: str, gpu_uuids, port: int | None, need_mb: int) -> None:
+    def release(
+        self, node_id: str, gpu_uuids, port: int | None, need_mb: int, gpu_memory_mb: int = 0
+    ) -> None:
         """Give back what a shard held (it is being stopped in this pass)."""
         node = self.nodes.get(node_id)
         if node is None:
             return
-        node.used_gpus.difference_update(gpu_uuids)
+        _hold_gpus(node, gpu_uuids, -gpu_memory_mb, give_back=True)
         node.used_ports.discard(port)
         node.promised_mb = max(0, node.promised_mb - need_mb)
         node.shards = max(0, node.shards - 1)
@@ -100,6 +109,20 @@ class Snapshot:
         reason = _static_reason(node, req)
         cache[node.id] = reason
         return reason
+
+
+def _hold_gpus(node: NodeInfo, uuids, share_mb: int, give_back: bool = False) -> None:
+    """Whole GPUs taken (or given back), or ``share_mb`` promised on each of them."""
+    if not share_mb:
+        if give_back:
+            node.used_gpus.difference_update(uuids)
+        else:
+            node.used_gpus.update(uuids)
+        return
+    wanted = set(uuids)
+    for g in node.gpus:
+        if g.uuid in wanted:
+            g.promised_mb = max(0, g.promised_mb + share_mb)
 
 
 def _weights_index(nodes) -> dict[str, set[str]]:
@@ -189,10 +212,32 @@ def _class_gpus(node: NodeInfo, req: Request) -> list[GpuInfo]:
     return got
 
 
-def _choose_gpus(node: NodeInfo, req: Request) -> tuple[tuple[str, ...], bool] | None:
-    """Free healthy GPUs for one shard, an NVLink-connected set when one exists."""
+def _open_gpus(node: NodeInfo, req: Request, reserve_mb: int) -> list[GpuInfo]:
+    """The healthy GPUs a shard of ``req`` could have, best first.
+
+    Whole GPUs: those nothing uses. A share: those not held whole with room for it;
+    packing takes GPUs already shared first, the fullest first, so whole GPUs stay
+    free for the models that need them; spreading, the most room first.
+    """
+    held = node.used_gpus
+    gpus = [g for g in _class_gpus(node, req) if g.healthy and g.uuid not in held]
+    need = req.gpu_memory_mb
+    if not need:
+        return [g for g in gpus if not g.promised_mb]
+    gpus = [g for g in gpus if g.room_mb(reserve_mb) >= need]
+    if req.policy == BINPACK:
+        gpus.sort(key=lambda g: (not g.promised_mb, g.room_mb(reserve_mb), g.index))
+    else:
+        gpus.sort(key=lambda g: (-g.room_mb(reserve_mb), g.index))
+    return gpus
+
+
+def _choose_gpus(
+    node: NodeInfo, req: Request, reserve_mb: int
+) -> tuple[tuple[str, ...], bool] | None:
+    """GPUs for one shard (``_open_gpus``), an NVLink-connected set when one exists."""
     n = req.gpus_per_node
-    free = [g for g in _class_gpus(node, req) if g.healthy and g.uuid not in node.used_gpus]
+    free = _open_gpus(node, req, reserve_mb)
     if len(free) < n:
         return None
     if n == 1:
@@ -209,7 +254,9 @@ def _choose_gpus(node: NodeInfo, req: Request) -> tuple[tuple[str, ...], bool] |
                 chosen.append(g)
                 if len(chosen) == n:
                     return tuple(c.uuid for c in chosen), True
-    # No linked set: keep to one NUMA node where possible.
+    # No linked set: keep to one NUMA node where possible (a share: in packing order).
+    if req.gpu_memory_mb:
+        return tuple(g.uuid for g in free[:n]), False
     free.sort(key=lambda g: (g.numa_node is None, g.numa_node or 0, g.index))
     return tuple(g.uuid for g in free[:n]), False
 
@@ -225,10 +272,12 @@ def free_port(node: NodeInfo, snapshot: Snapshot) -> int | None:
 
 def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason | None:
     nid = node.id
-    if req.gpus_per_node:
-        free = len(
-            [g for g in _class_gpus(node, req) if g.healthy and g.uuid not in node.used_gpus]
-        )
+    if req.gpu_memory_mb:
+        reason = _share_reason(node, req, snapshot.gpu_reserve_mb)
+        if reason is not None:
+            return reason
+    elif req.gpus_per_node:
+        free = len(_open_gpus(node, req, snapshot.gpu_reserve_mb))
         if free < req.gpus_per_node:
             return Reason(nid, "gpus", f"{nid}: has {free} free GPUs, needs {req.gpus_per_node}")
     if req.min_memory_gb and node.memory_mb is not None and node.promised_mb:
@@ -247,6 +296,36 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
             return Reason(nid, "ports", f"{nid}: its port range label is not LO-HI")
         return Reason(nid, "ports", f"{nid}: no free port in {lo}-{hi}")
     return None
+
+
+def _gb(mb: int) -> str:
+    return f"{mb / MB_PER_GB:.1f}"
+
+
+def _share_reason(node: NodeInfo, req: Request, reserve_mb: int) -> Reason | None:
+    """Why this node's GPUs have no room for a share of ``req``, naming the nearest GPU."""
+    nid, n, need = node.id, req.gpus_per_node, req.gpu_memory_mb
+    fitting = len(_open_gpus(node, req, reserve_mb))
+    if fitting >= n:
+        return None
+    held = node.used_gpus
+    rest = [
+        g
+        for g in _class_gpus(node, req)
+        if g.healthy and g.uuid not in held and g.room_mb(reserve_mb) < need
+    ]
+    lead = f"{nid}: {fitting} of the {n} GPUs needed have room; " if fitting else ""
+    if not rest:
+        every = "every other GPU" if fitting else "every GPU"
+        return Reason(nid, "gpus", f"{lead}{nid}: {every} is held whole")
+    g = max(rest, key=lambda g: (g.room_mb(reserve_mb), -g.index))
+    return Reason(
+        nid,
+        "gpu_memory",
+        f"{lead}{nid} GPU {g.index}: {_gb(g.promised_mb)} of {_gb(g.memory_mb)} GB promised, "
+        f"{_gb(g.other_mb)} GB used by other processes, {_gb(reserve_mb)} GB reserved, "
+        f"needs {_gb(need)}",
+    )
 
 
 def _removing_reason(node: NodeInfo, req: Request) -> Reason | None:
@@ -277,7 +356,7 @@ def _shard_on(node: NodeInfo, req: Request, snapshot: Snapshot, rank: int, hcas=
     gpus: tuple[str, ...] = ()
     nvlink = False
     if req.gpus_per_node:
-        chosen = _choose_gpus(node, req)
+        chosen = _choose_gpus(node, req, snapshot.gpu_reserve_mb)
         if chosen is None:
             return None
         gpus, nvlink = chosen
@@ -335,7 +414,8 @@ def _place_single(snapshot: Snapshot, req: Request, avoid: bool) -> ShardPlaceme
         best = min(holders, key=lambda n: _rank(snapshot, n, req))
         return _shard_on(best, req, snapshot, 0)
 
-    if not req.gpus_per_node:
+    if not req.gpus_per_node or req.gpu_memory_mb:
+        # CPU, or a share of GPUs: the free-GPU buckets do not say where a share fits.
         fitting = [n for n in nodes.values() if _fits(snapshot, n, req, avoid)]
         if not fitting:
             return None
@@ -361,7 +441,7 @@ def _place_single(snapshot: Snapshot, req: Request, avoid: bool) -> ShardPlaceme
 def _rank(snapshot: Snapshot, node: NodeInfo, req: Request):
     nvlink = False
     if req.gpus_per_node > 1:
-        chosen = _choose_gpus(node, req)
+        chosen = _choose_gpus(node, req, snapshot.gpu_reserve_mb)
         nvlink = bool(chosen and chosen[1])
     return (not nvlink, _policy_key(snapshot, node, req), node.id)
 
@@ -424,8 +504,15 @@ def explain(snapshot: Snapshot, req: Request) -> tuple[list[Verdict], Placement 
             verdicts.append(Verdict(node.id, False, reason.text))
             continue
         notes = []
-        if req.gpus_per_node:
-            gpus, nvlink = _choose_gpus(node, req)
+        if req.gpu_memory_mb:
+            reserve = snapshot.gpu_reserve_mb
+            gpus, _ = _choose_gpus(node, req, reserve)
+            by_uuid = {g.uuid: g for g in node.gpus}
+            notes += [
+                f"GPU {by_uuid[u].index}: {_gb(by_uuid[u].room_mb(reserve))} GB left" for u in gpus
+            ]
+        elif req.gpus_per_node:
+            gpus, nvlink = _choose_gpus(node, req, snapshot.gpu_reserve_mb)
             notes.append(f"{snapshot.free(node.id)} free GPUs")
             if len(gpus) > 1:
                 notes.append("an NVLink-connected set" if nvlink else "no NVLink-connected set")

@@ -27,6 +27,13 @@ class GpuInfo:
     healthy: bool = True
     nvlink_peers: frozenset[int] = frozenset()
     numa_node: int | None = None
+    memory_mb: int = 0  # the GPU's total, as NVML reports it
+    other_mb: int = 0  # in use by what llmgw did not promise (other processes)
+    promised_mb: int = 0  # promised to shards that share it (profiles with gpu_memory_gb)
+
+    def room_mb(self, reserve_mb: int) -> int:
+        """What a share may still be promised here."""
+        return self.memory_mb - reserve_mb - self.other_mb - self.promised_mb
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,10 @@ class NodeInfo:
 
     @property
     def free_gpus(self) -> int:
-        return sum(1 for g in self.gpus if g.healthy and g.uuid not in self.used_gpus)
+        """Healthy GPUs nothing uses: neither a whole-GPU shard nor a share."""
+        return sum(
+            1 for g in self.gpus if g.healthy and g.uuid not in self.used_gpus and not g.promised_mb
+        )
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class Request:
     model: str
     engine: str
     gpus_per_node: int = 0
+    # A share of each of those GPUs, in MB (gpu_memory_gb); 0: whole GPUs.
+    gpu_memory_mb: int = 0
     nodes: int = 1
     tp: int = 1
     gpu_class: str = ""
@@ -104,6 +116,7 @@ class Request:
         return (
             self.engine,
             self.gpus_per_node,
+            self.gpu_memory_mb,
             self.gpu_class,
             self.min_memory_gb,
             self.selector,
@@ -174,6 +187,7 @@ _KIND_TEXT = {
     "engine": "lack the engine",
     "gpu_class": "lack the GPU class",
     "gpus": "have too few free GPUs",
+    "gpu_memory": "have no GPU with that much memory left",
     "ports": "have no free port",
     "avoid": "failed this replica before",
     "fabric": "share no fabric with enough nodes",

@@ -107,9 +107,10 @@ def build() -> Snapshot:
         )
     peers: dict[str, frozenset] = {}
     index_col = connection.ops.quote_name("index")
-    for nid, uuid, index, name, problems, nvlink, numa in _rows(
-        f"SELECT node_id, uuid, {index_col}, name, problems, nvlink_peers, numa_node "
-        f"FROM {t[GPU]} ORDER BY node_id, {index_col}"
+    used_mb: dict[str, int] = {}  # GPU uuid -> memory in use, as the last heartbeat said
+    for nid, uuid, index, name, problems, nvlink, numa, total, used in _rows(
+        f"SELECT node_id, uuid, {index_col}, name, problems, nvlink_peers, numa_node, "
+        f"memory_total_mb, memory_used_mb FROM {t[GPU]} ORDER BY node_id, {index_col}"
     ):
         node = nodes.get(nid)
         if node is None:
@@ -120,7 +121,8 @@ def build() -> Snapshot:
         if linked is None:
             linked = peers[key] = frozenset(decode(nvlink, ()))
         healthy = problems in ("[]", None) or not decode(problems, ())
-        node.gpus.append(GpuInfo(uuid, index, name, healthy, linked, numa))
+        node.gpus.append(GpuInfo(uuid, index, name, healthy, linked, numa, memory_mb=total or 0))
+        used_mb[uuid] = used or 0
     for nid, fabric, hcas in _rows(f"SELECT node_id, fabric, hcas FROM {t[FabricAttachment]}"):
         if nid in nodes:
             nodes[nid].fabrics[fabric] = list(decode(hcas, ()))
@@ -161,20 +163,46 @@ def build() -> Snapshot:
     # it ever started (still pending) holds nothing.
     held = Shard.objects.filter(node__isnull=False).exclude(state__in=SHARD_FINISHED)
     held = held.exclude(desired_state=DesiredState.STOPPED, state=ShardState.PENDING)
-    for nid, gpu_uuids, port, min_gb, rank, spec in held.values_list(
-        "node_id", "gpu_uuids", "port", "replica__profile__min_memory_gb", "rank", "spec"
+    shares: dict[str, int] = {}  # GPU uuid -> MB promised to shares there
+    for nid, gpu_uuids, port, min_gb, share_gb, rank, spec in held.values_list(
+        "node_id",
+        "gpu_uuids",
+        "port",
+        "replica__profile__min_memory_gb",
+        "replica__profile__gpu_memory_gb",
+        "rank",
+        "spec",
     ):
         node = nodes.get(nid)
         if node is None:
             continue
-        node.used_gpus.update(gpu_uuids or ())
+        if share_gb:
+            for uuid in gpu_uuids or ():
+                shares[uuid] = shares.get(uuid, 0) + share_mb(share_gb)
+        else:
+            node.used_gpus.update(gpu_uuids or ())
         if port:
             node.used_ports.add(port)
         if rank == 0 and (spec or {}).get("leader_port"):
             node.used_ports.add(spec["leader_port"])  # a multi-node replica's rendezvous
         node.promised_mb += (min_gb or 0) * MB_PER_GB
         node.shards += 1
-    return Snapshot(list(nodes.values()), port_range=default_port_range())
+    for node in nodes.values():
+        for g in node.gpus:
+            if g.uuid in node.used_gpus:
+                continue
+            # What the engines sharing it were promised is theirs, used or not; what is
+            # used beyond that belongs to processes llmgw did not start (or a shard over
+            # its budget): either way, not there to promise.
+            g.promised_mb = shares.get(g.uuid, 0)
+            g.other_mb = max(0, used_mb.get(g.uuid, 0) - g.promised_mb)
+    reserve_mb = round(fleet_settings().gpu_memory_reserve_gb * MB_PER_GB)
+    return Snapshot(list(nodes.values()), default_port_range(), reserve_mb)
+
+
+def share_mb(gpu_memory_gb: float | None) -> int:
+    """A profile's share of each GPU in MB; 0: whole GPUs."""
+    return round(gpu_memory_gb * MB_PER_GB) if gpu_memory_gb else 0
 
 
 def request_for(model, profile, replica=None, prefer=()) -> Request:
@@ -187,6 +215,7 @@ def request_for(model, profile, replica=None, prefer=()) -> Request:
         model=model.name,
         engine=profile.engine,
         gpus_per_node=profile.gpus_per_node,
+        gpu_memory_mb=share_mb(profile.gpu_memory_gb),
         nodes=profile.nodes,
         tp=profile.tp,
         gpu_class=profile.gpu_class,
@@ -242,6 +271,8 @@ def _needs(model, profile) -> str:
     parts = [profile.engine]
     if profile.gpus_per_node:
         gpu = f"{profile.gpus_per_node} {profile.gpu_class or ''} GPU(s)".replace("  ", " ")
+        if profile.gpu_memory_gb:
+            gpu += f" with {profile.gpu_memory_gb:g} GB of each"
         parts.append(f"{gpu} on each of {profile.nodes} node(s)" if profile.nodes > 1 else gpu)
     else:
         parts.append("CPU")

@@ -46,6 +46,9 @@ def _consistent_profile(body: dict) -> None:
         gpus = max(gpus, 1)
     # A PATCH may leave out any of these; sending all five keeps the stored ones out of it.
     body.update(engine=engine, gpus_per_node=gpus, nodes=1, tp=max(gpus, 1), pp=1)
+    # A share of GPU memory is a share of GPUs: a CPU profile has none.
+    if not gpus:
+        body["gpu_memory_gb"] = None
     # Checksums are for weights the node fetches, named as the URL names its file.
     sums = body.get("weights_sha256")
     if "model_path" in body and "weights_sha256" not in body:

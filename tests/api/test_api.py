@@ -238,6 +238,13 @@ def test_model_and_profile_crud(api):
         ({"args": "--tp 8"}, "args", "args must be a list of strings"),
         ({"env": {"A": 1}}, "env", "env must map names to string values"),
         ({"tp": 0}, "tp", "greater than or equal to 1"),
+        (
+            {"gpus_per_node": 0, "engine": "llamacpp", "tp": 1, "gpu_memory_gb": 8},
+            "gpu_memory_gb",
+            "a share of GPU memory needs GPUs: set gpus_per_node to 1 or more",
+        ),
+        ({"gpu_memory_gb": 4096}, "gpu_memory_gb", "less than or equal to 1024"),
+        ({"gpu_memory_gb": 0}, "gpu_memory_gb", "greater than or equal to 0.001"),
     ],
 )
 def test_profile_rules_give_field_errors(api, change, field, words):

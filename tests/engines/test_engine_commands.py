@@ -54,6 +54,14 @@ VLLM_CASES = [
          "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
          "--master-addr", "10.0.0.11", "--master-port", "29500", "--headless"],
     ),
+    (
+        "a share of its GPU: vLLM's per-instance part of the GPU's total",
+        dict(gpu_memory_gb=30),
+        dict(gpu_uuids=H100_UUIDS[:1], gpu_memory_fraction=0.3678),
+        ["serve", "/models/llama-70b", "--host", "0.0.0.0", "--port", "8001",
+         "--served-model-name", "llama-70b", "--tensor-parallel-size", "1",
+         "--pipeline-parallel-size", "1", "--gpu-memory-utilization", "0.3678"],
+    ),
 ]  # fmt: skip
 
 
@@ -72,6 +80,14 @@ SGLANG_CASES = [
         dict(),
         ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
          "30000", "--served-model-name", "llama-8b", "--tp-size", "4", "--enable-metrics"],
+    ),
+    (
+        "a share of its GPU: weights and KV cache within it",
+        dict(gpu_memory_gb=20),
+        dict(gpu_memory_fraction=0.2452),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "1", "--enable-metrics",
+         "--mem-fraction-static", "0.2452"],
     ),
     (
         "pipeline parallel",

@@ -75,6 +75,13 @@ class Placing:
         profile = r.profile
         profile.model = self.models[profile.model_id]  # no query per profile
         spec = profile.spec()
+        if share := snapshots.share_mb(profile.gpu_memory_gb):
+            # The engines are told their budget as a part of the GPU's total (the
+            # smallest of the GPUs placed on, where a replica spans several).
+            by_uuid = {g.uuid: g for s in result.shards for g in snap.nodes[s.node_id].gpus}
+            totals = [by_uuid[u].memory_mb for s in result.shards for u in s.gpu_uuids]
+            if totals and min(totals) > 0:
+                spec["gpu_memory_fraction"] = round(min(1.0, share / min(totals)), 4)
         if len(result.shards) > 1:
             # The other ranks find rank 0 here: its management address and a
             # port of its own for the engines' rendezvous. Each node's engines
