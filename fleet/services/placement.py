@@ -29,7 +29,7 @@ from .placement_types import (  # noqa: F401 - re-exported: callers import them 
     ShardPlacement,
     Verdict,
 )
-from .units import MB_PER_GB, gb_text, size_text
+from .units import MIB_PER_GIB, gb_text, size_text
 
 
 class Snapshot:
@@ -44,7 +44,7 @@ class Snapshot:
         self,
         nodes: list[NodeInfo],
         port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
-        gpu_reserve_mb: int = 1000,
+        gpu_reserve_mb: int = 1024,
     ):
         self.nodes: dict[str, NodeInfo] = {n.id: n for n in nodes}
         self.port_range = port_range
@@ -298,8 +298,9 @@ def _dynamic_reason(node: NodeInfo, req: Request, snapshot: Snapshot) -> Reason 
     return None
 
 
-def _gb(mb: int) -> str:
-    return f"{mb / MB_PER_GB:.1f}"
+def _gb(mib: int) -> str:
+    """GPU memory (MiB, as NVML counts it) in GB of 1,024 MiB, to a tenth."""
+    return f"{mib / MIB_PER_GIB:.1f}"
 
 
 def _share_reason(node: NodeInfo, req: Request, reserve_mb: int) -> Reason | None:

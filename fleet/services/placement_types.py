@@ -27,7 +27,7 @@ class GpuInfo:
     healthy: bool = True
     nvlink_peers: frozenset[int] = frozenset()
     numa_node: int | None = None
-    memory_mb: int = 0  # the GPU's total, as NVML reports it
+    memory_mb: int = 0  # the GPU's total in MiB, as NVML reports it (so are the two below)
     other_mb: int = 0  # in use by what llmgw did not promise (other processes)
     promised_mb: int = 0  # promised to shards that share it (profiles with gpu_memory_gb)
 
@@ -91,7 +91,7 @@ class Request:
     model: str
     engine: str
     gpus_per_node: int = 0
-    # A share of each of those GPUs, in MB (gpu_memory_gb); 0: whole GPUs.
+    # A share of each of those GPUs, in MiB (gpu_memory_gb); 0: whole GPUs.
     gpu_memory_mb: int = 0
     nodes: int = 1
     tp: int = 1

@@ -36,7 +36,7 @@ from .placement import (
     Verdict,
     explain,
 )
-from .units import MB_PER_GB
+from .units import MB_PER_GB, MIB_PER_GIB
 from .weights_gc.facts import ts as unix_seconds
 
 PORTS_LABEL = "llmgw.io/ports"
@@ -196,13 +196,16 @@ def build() -> Snapshot:
             # its budget): either way, not there to promise.
             g.promised_mb = shares.get(g.uuid, 0)
             g.other_mb = max(0, used_mb.get(g.uuid, 0) - g.promised_mb)
-    reserve_mb = round(fleet_settings().gpu_memory_reserve_gb * MB_PER_GB)
+    reserve_mb = share_mb(fleet_settings().gpu_memory_reserve_gb)
     return Snapshot(list(nodes.values()), default_port_range(), reserve_mb)
 
 
 def share_mb(gpu_memory_gb: float | None) -> int:
-    """A profile's share of each GPU in MB; 0: whole GPUs."""
-    return round(gpu_memory_gb * MB_PER_GB) if gpu_memory_gb else 0
+    """A profile's share of each GPU in MiB, as NVML counts GPU memory; 0: whole GPUs.
+
+    GPU memory is in binary units, as drivers and engines report it: an "80 GB"
+    H100 has 81,559 MiB, 79.6 GB here."""
+    return round(gpu_memory_gb * MIB_PER_GIB) if gpu_memory_gb else 0
 
 
 def request_for(model, profile, replica=None, prefer=()) -> Request:

@@ -14,6 +14,8 @@ the console alike.
 import math
 
 MB_PER_GB = 1000
+# GPU memory is counted as NVML and the engines count it: MiB, and GiB of 1,024.
+MIB_PER_GIB = 1024
 
 
 def gb_text(mb: int) -> str:

@@ -8,9 +8,10 @@ GPU is never handed out whole.
 import pytest
 
 from fleet.services.placement import GpuInfo, NoPlacement, Placement, Request, Snapshot, place
-from tests.reconciler.test_placement import GB, gpus, node
+from tests.reconciler.test_placement import gpus, node
 
-H100 = 80 * GB  # as NVML reports an H100 80GB, rounded here to the GB
+GB = 1024  # GPU memory is in MiB, a GB of it 1,024 (fleet/services/units.py)
+H100 = 80 * GB  # an H100 80GB, rounded here to the GB
 
 
 def share(gb, n=1, **kw):
@@ -52,7 +53,7 @@ def test_two_shares_go_on_one_gpu_and_the_others_stay_whole():
 
 def test_a_gpu_never_promises_more_than_it_holds_less_the_reserve_and_others_use():
     # 80 GB, 1 reserved, 12.4 used by another process, 30 promised: 36.6 left
-    gpu = card(3, promised=30 * GB, other=12_400)
+    gpu = card(3, promised=30 * GB, other=round(12.4 * GB))
     s = snap(node("gpu-07", gpus=[gpu]))
     assert isinstance(place(s, share(36.6)), Placement)
     refused = place(s, share(40))

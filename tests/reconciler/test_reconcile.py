@@ -430,10 +430,10 @@ def test_a_change_that_does_not_touch_the_engine_rolls_nothing():
 def test_models_with_a_share_of_a_gpu_are_placed_together_and_counted_across_passes():
     from fleet.models import GPU
 
-    # given a node of 8 H100s (81.5 GB each) where another process uses 10 GB of GPU 0,
-    # and three models asking for 30 GB of one GPU each
+    # given a node of 8 H100s (81,559 MiB, 79.6 GB each) where another process uses 10 GB
+    # of GPU 0, and three models asking for 30 GB of one GPU each
     add_node("gpu-01")
-    GPU.objects.filter(node_id="gpu-01", index=0).update(memory_used_mb=10_000)
+    GPU.objects.filter(node_id="gpu-01", index=0).update(memory_used_mb=10 * 1024)
     models = [
         add_model(f"m{i}", gpus_per_node=1, tp=1, engine="vllm", gpu_memory_gb=30) for i in range(3)
     ]
@@ -441,7 +441,7 @@ def test_models_with_a_share_of_a_gpu_are_placed_together_and_counted_across_pas
 
     clock.pass_()
 
-    # then the two that fit beside the other process share GPU 0 (81.5 - 1 - 10 = 70.5 GB),
+    # then the two that fit beside the other process share GPU 0 (79.6 - 1 - 10 = 68.6 GB),
     # and the third, which does not, takes the next GPU rather than a promise too many
     gpu0 = GPU.objects.get(node_id="gpu-01", index=0).uuid
     gpu1 = GPU.objects.get(node_id="gpu-01", index=1).uuid
@@ -452,7 +452,7 @@ def test_models_with_a_share_of_a_gpu_are_placed_together_and_counted_across_pas
         s.model: (s.gpu_memory_fraction, s.profile.gpu_memory_gb)
         for s in desired_set("gpu-01").shards
     }
-    assert told == {f"m{i}": (0.3678, 30.0) for i in range(3)}
+    assert told == {f"m{i}": (0.3767, 30.0) for i in range(3)}
     # and a pass later counts what the shards hold: a whole-GPU model takes neither
     big = add_model("big", gpus_per_node=6, tp=6, engine="vllm")
     clock.pass_()
