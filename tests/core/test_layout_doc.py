@@ -19,7 +19,7 @@ def _paths(text: str) -> set[str]:
         t
         for t in tokens
         if ("/" in t or re.fullmatch(r"[\w-]+\.(py|md|txt|yaml|json|html)", t))
-        and not t.startswith(("http", "-", "/"))
+        and not t.startswith(("http", "-", "/", "var/"))  # var/: made at run time
     }
 
 
