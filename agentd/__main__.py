@@ -172,6 +172,7 @@ def _shards(cfg, agent):
             allow_env=list(cfg.engines.allow_env),
             on_event=agent.on_shard_event,
             fetcher=fetcher,
+            gpu_memory=agent.gpu_memory,
         )
     )
 

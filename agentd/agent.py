@@ -292,6 +292,10 @@ class Agent:
 
     # ---- what goes to the control plane ---------------------------------------
 
+    def gpu_memory(self) -> dict[str, tuple[int, int]]:
+        """Each GPU's (total, used) MiB by UUID, as NVML says now. Blocking."""
+        return {g.uuid: (g.memory_total_mb, g.memory_used_mb) for g in self.machine.gpus()}
+
     def shard_facts(self) -> dict:
         """What the supervisor knows, read on the event loop: its state changes there, and
         reading it from the thread that collects a heartbeat could catch it mid-change."""

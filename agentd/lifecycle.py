@@ -47,7 +47,10 @@ class EngineLifecycle:
         sh.spec, sh.failed_spec, sh.error = spec, None, ""
         sh.engine = name = spec.profile.engine
         engine = self._engines.get(name)
+        short = await self._gpu_room(spec) if spec.profile.gpu_memory_gb else ""
         try:
+            if short:
+                raise EngineUnavailable(short)
             if name in self._disabled:
                 raise EngineUnavailable(f"engine {name} is disabled on this node")
             if engine is None:
@@ -95,6 +98,26 @@ class EngineLifecycle:
         logger.info("shard %s: started %s as pid %s on port %s", sh.shard_id, name, sh.pid, port)
         await self._set(sh, ShardState.STARTING)
         self._spawn(self._monitor(sh, sh.gen))
+
+    async def _gpu_room(self, spec: DesiredShard) -> str:
+        """Why the shard's GPUs do not have its budget free now, or "" (a share of GPUs:
+        the engine would otherwise fail on its own, later, and less clearly)."""
+        if self._gpu_memory is None:
+            return ""
+        try:
+            now = await asyncio.to_thread(self._gpu_memory)
+        except Exception as exc:  # noqa: BLE001 - NVML's own errors; the engine will say
+            logger.warning("shard %s: could not read GPU memory: %s", spec.shard_id, exc)
+            return ""
+        budget = spec.profile.gpu_memory_gb
+        for uuid in spec.gpu_uuids:
+            total, used = now.get(uuid, (0, 0))
+            if total and (total - used) < budget * 1024:
+                return (
+                    f"GPU {uuid} has {(total - used) / 1024:.1f} GB free of "
+                    f"{total / 1024:.1f}; this shard's budget is {budget:g} GB"
+                )
+        return ""
 
     def _free_port(self, shard_id: str) -> int:
         lo, hi = self.port_range

@@ -69,7 +69,9 @@ class Supervisor(EngineLifecycle):
     SIGKILL after ``stop_grace_s``; drain waits up to ``drain_timeout_s`` for
     requests in flight. Engines listen on ``host``. ``fetcher`` fetches weights
     that profiles name by URL or hub repository (``agentd.fetch``); without
-    one, such a shard fails saying so.
+    one, such a shard fails saying so. ``gpu_memory`` says each GPU's (total,
+    used) MiB by UUID, now (NVML; blocking): a shard with a share of its GPUs
+    starts only where each has its budget free.
 
     Call ``start()`` once before anything else, and ``close()`` at the end.
     """
@@ -88,6 +90,7 @@ class Supervisor(EngineLifecycle):
         drain_timeout_s: float = 300,
         host: str = "0.0.0.0",
         fetcher: Fetcher | None = None,
+        gpu_memory: Callable[[], dict[str, tuple[int, int]]] | None = None,
     ):
         lo, hi = port_range
         if not (1 <= lo <= hi <= 65535):
@@ -106,6 +109,7 @@ class Supervisor(EngineLifecycle):
         self._allow_env = frozenset(allow_env or [])
         self._on_event = on_event
         self._fetcher = fetcher
+        self._gpu_memory = gpu_memory
         self._shards: dict[str, Shard] = {}
         self._version = 0
         self._versions: dict[str, str] = {}

@@ -9,7 +9,7 @@ import pytest
 
 from agentd import state
 from agentd.engines.base import http_get
-from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
+from tests.engines.helpers import Recorder, desired, fake_supervisor, profile, shard
 from tests.processes import pid_alive
 
 pytestmark = pytest.mark.live
@@ -284,5 +284,32 @@ async def test_a_multi_node_follower_is_ready_once_running(state_dir):
         await rec.wait_for("r1-s0", "ready")
         assert rec.states("r1-s0") == ["pending", "starting", "ready"]
         assert sup.running_shards()[0].port > 0
+    finally:
+        await sup.close()
+
+
+@pytest.mark.parametrize(
+    "free_gb, fails",
+    [(20, "GPU GPU-a has 20.0 GB free of 80.0; this shard's budget is 30 GB"), (30, None)],
+)
+async def test_a_share_of_a_gpu_starts_only_where_its_budget_is_free_now(state_dir, free_gb, fails):
+    # given a GPU of 80 GB with free_gb free, as NVML says at the start
+    def gpu_memory():
+        return {"GPU-a": (80 * 1024, (80 - free_gb) * 1024)}
+
+    spec = shard(
+        gpu_uuids=["GPU-a"],
+        gpu_memory_fraction=0.375,
+        profile=profile(gpu_memory_gb=30),
+    )
+    sup, rec = await started(state_dir, spec, gpu_memory=gpu_memory)
+    try:
+        if fails:
+            # then a shard whose budget is 30 GB fails at once, saying why
+            failed = await rec.wait_for("r1-s0", "failed")
+            assert failed.error == fails
+            assert sup.process_groups() == {}
+        else:
+            await rec.wait_for("r1-s0", "ready")
     finally:
         await sup.close()
