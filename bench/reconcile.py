@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 LEVELS = ["100x50", "1000x500", "5000x2000"]
 REPLICAS_PER_MODEL = 50
+SHARED_ENV = "LLMGW_BENCH_SHARED_GPUS"  # --shared, as the parent tells each level's process
 
 
 def parent(args) -> int:
@@ -172,6 +173,7 @@ def populate(n_nodes: int, n_replicas: int):
     from fleet.models import GPU, EngineProfile, FabricAttachment, LocalWeights, Model, Node
 
     now = timezone.now()
+    shared = os.environ.get(SHARED_ENV) == "1"
     n_models = max(1, n_replicas // REPLICAS_PER_MODEL)
     Node.objects.bulk_create(
         Node(
@@ -223,6 +225,8 @@ def populate(n_nodes: int, n_replicas: int):
             gpu_class="H100",
             tp=(1, 2, 4)[m % 3],
             gpus_per_node=(1, 2, 4)[m % 3],
+            # --shared: every other model asks for 20 GB of each GPU, not whole ones.
+            gpu_memory_gb=20 if shared and m % 2 else None,
             model_path=f"org/model-{m:03d}",
             min_memory_gb=64,
         )
@@ -253,7 +257,14 @@ def main() -> int:
         metavar="N",
         help="Instead: N samples of apply → desired set at the agent, over real processes",
     )
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="every other model asks for 20 GB of each GPU instead of whole GPUs (issue 31)",
+    )
     args = parser.parse_args()
+    if args.shared:
+        os.environ[SHARED_ENV] = "1"
     if args.child:
         child(args.child)
         return 0
