@@ -355,3 +355,23 @@ def test_node_and_model_pages_do_not_query_per_shard(client):
     many.append(_queries(client, reverse("console:model", args=[model.pk])))
 
     assert few == many
+
+
+def test_each_gpu_says_which_shards_it_holds_and_what_is_promised_of_it(client):
+    from fleet.models import GPU, Shard
+
+    # given two models sharing GPU 0 of an H100 node and one holding GPU 1 whole
+    add_node("gpu-01")
+    gpu0, gpu1 = (GPU.objects.get(node_id="gpu-01", index=i).uuid for i in (0, 1))
+    for name, budget, uuid in (("qwen", 30, gpu0), ("llama", 20.5, gpu0), ("big", None, gpu1)):
+        model = add_model(name, engine="vllm", gpu_memory_gb=budget)
+        replica = add_replica(model, model.active_profile, ["gpu-01"])
+        Shard.objects.filter(replica=replica).update(gpu_uuids=[uuid])
+    client.force_login(operator())
+
+    html = client.get(node_url()).content.decode()
+
+    rows = dict(re.findall(r'data-gpu-index="(\d+)".*?class="gpu-use">([^<]*)<', html, re.S))
+    assert rows["0"] == "llama 20.5 GB, qwen 30 GB; 50.5 of 79.6 GB promised"
+    assert rows["1"] == "big (whole)"
+    assert rows["2"] == "-"

@@ -65,6 +65,8 @@ class GPULine:
     bar: Bar
     problems: list
     temperature_c: int | None
+    # The node page: the shards on it, and what shares of it are promised.
+    use: str = ""
 
 
 @dataclass
