@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from fleet.models import FleetStatus, Node, ReplicaState
 from tests.console.helpers import simulated_fleet
-from tests.factories import add_model, add_node, operator, report_load, staff_user
+from tests.factories import add_model, add_node, add_replica, operator, report_load, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -191,3 +191,20 @@ def test_staff_without_the_view_permission_are_refused(client):
     assert client.get(CLUSTER).status_code == 200
     assert client.get(FRAGMENT).status_code == 200
     assert client.get(reverse("console:model", args=[model.pk])).status_code == 200
+
+
+def test_a_gpu_s_bar_names_the_shards_on_it(client):
+    from fleet.models import GPU, Shard
+
+    add_node("gpu-01")
+    gpu0 = GPU.objects.get(node_id="gpu-01", index=0).uuid
+    for name in ("qwen", "llama"):
+        model = add_model(name, engine="vllm", gpu_memory_gb=30)
+        replica = add_replica(model, model.active_profile, ["gpu-01"])
+        Shard.objects.filter(replica=replica).update(gpu_uuids=[gpu0])
+    client.force_login(operator())
+
+    html = client.get(CLUSTER).content.decode()
+
+    bar = html[html.index('data-gpu-index="0"') :]
+    assert "; llama 30 GB, qwen 30 GB; 60.0 of 79.6 GB promised" in bar[: bar.index(">")]

@@ -27,7 +27,7 @@ from fleet.models import (
 
 from ..autoscaler.status import scaling_status
 from ..reconciler.expiry import fleet_warnings
-from .lines import FETCHING, NodeLine, node_line
+from .lines import FETCHING, NodeLine, gpu_use, node_line
 
 PAGE_SIZE = 100
 # Pending replicas listed on the cluster page; the total is always given.
@@ -153,8 +153,22 @@ def node_queryset(where: Q | None = None):
     )
 
 
-def totals() -> Totals:
-    """Fleet-wide counts, four aggregate queries."""
+def _holders() -> dict[str, list[tuple]]:
+    """By node, (model, gpu_memory_gb, GPU UUIDs) of each shard that is not finished."""
+    held: dict[str, list[tuple]] = {}
+    for node_id, uuids, model, budget in (
+        Shard.objects.exclude(state__in=SHARD_FINISHED)
+        .exclude(node=None)
+        .values_list(
+            "node_id", "gpu_uuids", "replica__model__name", "replica__profile__gpu_memory_gb"
+        )
+    ):
+        held.setdefault(node_id, []).append((model, budget, uuids))
+    return held
+
+
+def totals(holders: dict[str, list[tuple]] | None = None) -> Totals:
+    """Fleet-wide counts, four aggregate queries (three given ``_holders()``)."""
     n = Node.objects.aggregate(
         total=Count("id"),
         connected=Count("id", filter=Q(connected=True)),
@@ -163,14 +177,11 @@ def totals() -> Totals:
         **{s: Count("id", filter=Q(state=s)) for s in NodeState.values},
     )
     g = GPU.objects.aggregate(total=Count("id"), sick=Count("id", filter=~Q(problems=[])))
-    # A GPU is used while a shard that is not finished holds it.
+    # A GPU is used while a shard that is not finished holds it, whole or a share of it.
     used = set()
-    for uuids in (
-        Shard.objects.exclude(state__in=SHARD_FINISHED)
-        .exclude(node=None)
-        .values_list("gpu_uuids", flat=True)
-    ):
-        used.update(str(u) for u in uuids or ())
+    for held in (_holders() if holders is None else holders).values():
+        for _, _, uuids in held:
+            used.update(str(u) for u in uuids or ())
     by_state = dict(
         Replica.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n")
     )
@@ -188,6 +199,15 @@ def totals() -> Totals:
     )
 
 
+def _with_gpu_use(nodes, lines, holders: dict[str, list[tuple]]):
+    """The shards on each GPU of these nodes (``gpu_use``), from ``_holders()``."""
+    for node, line in zip(nodes, lines, strict=True):
+        use = gpu_use(node.gpus.all(), holders.get(node.pk, ()))
+        for g in line.gpus:
+            g.use = use.get(g.index, "")
+    return lines
+
+
 def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = None) -> Cluster:
     """The cluster page: totals, warnings, one page of nodes, pending replicas."""
     now = now or timezone.now()
@@ -195,17 +215,19 @@ def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = 
     state = state if state in STATE_FILTERS else ""
     paginator = Paginator(node_queryset(_node_filter(q, state)), PAGE_SIZE)
     current = paginator.get_page(page)
-    t = totals()
+    holders = _holders()
+    t = totals(holders)
     pending = [
         PendingLine(r.pk, r.model.name, r.model_id, r.reason, r.state_changed_at or r.created_at)
         for r in Replica.objects.filter(state=ReplicaState.PENDING)
         .select_related("model")
         .order_by("created_at")[:PENDING_SHOWN]
     ]
+    page_nodes = list(current.object_list)
     return Cluster(
         totals=t,
         warnings=fleet_warnings(now),
-        nodes=[node_line(n, now) for n in current.object_list],
+        nodes=_with_gpu_use(page_nodes, [node_line(n, now) for n in page_nodes], holders),
         page=current.number,
         pages=paginator.num_pages,
         count=paginator.count,

@@ -10,6 +10,7 @@ from datetime import datetime
 from fleet.models import GPU, Node
 
 from .. import nodes
+from ..units import MIB_PER_GIB
 from ..units import bytes_text as human_bytes
 
 
@@ -183,3 +184,34 @@ def disk_line(s) -> DiskLine:
         else Bar(None, "-")
     )
     return DiskLine(s.path, bar, human_bytes(s.free_bytes), human_bytes(s.total_bytes), s.shared)
+
+
+def gpu_use(gpus, holders_of) -> dict[int, str]:
+    """Per GPU index, the shards on it: "qwen-72b (whole)", or the shares of it with
+    their budgets and what is promised of the GPU's total (placement's count).
+
+    ``holders_of``: (model, its profile's gpu_memory_gb, the shard's GPU UUIDs) for
+    each shard on the node that is not finished, by model name."""
+    by_uuid = {g.uuid: g for g in gpus}
+    holders: dict[int, list[str]] = {}
+    promised: dict[int, float] = {}
+    for model, budget, uuids in sorted(holders_of, key=lambda h: h[0]):
+        for uuid in uuids or ():
+            g = by_uuid.get(uuid)
+            if g is None:
+                continue
+            holders.setdefault(g.index, []).append(
+                f"{model} {budget:g} GB" if budget else f"{model} (whole)"
+            )
+            if budget:
+                promised[g.index] = promised.get(g.index, 0) + budget
+    out = {}
+    for g in gpus:
+        if g.index not in holders:
+            continue
+        text = ", ".join(holders[g.index])
+        if g.index in promised:
+            total = g.memory_total_mb / MIB_PER_GIB
+            text += f"; {promised[g.index]:.1f} of {total:.1f} GB promised"
+        out[g.index] = text
+    return out

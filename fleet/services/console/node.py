@@ -9,11 +9,10 @@ from django.utils import timezone
 from fleet.models import SHARD_FINISHED, Node, Shard, ShardLoad
 
 from .. import nodes
-from ..units import MIB_PER_GIB
 from ..units import bytes_text as human_bytes
 from ..weights_gc import inventory as weights_inventory
 from .cluster import node_queryset
-from .lines import DiskLine, NodeLine, disk_line, fetch_text, node_line
+from .lines import DiskLine, NodeLine, disk_line, fetch_text, gpu_use, node_line
 
 
 @dataclass
@@ -123,7 +122,14 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
         )
     live = [s for s in lines if s.state not in SHARD_FINISHED]
     line = node_line(node, now)
-    use = gpu_use(node.gpus.all(), [s for s in shards if s.state not in SHARD_FINISHED])
+    use = gpu_use(
+        node.gpus.all(),
+        [
+            (s.replica.model.name, s.replica.profile.gpu_memory_gb, s.gpu_uuids)
+            for s in shards
+            if s.state not in SHARD_FINISHED
+        ],
+    )
     for g in line.gpus:
         g.use = use.get(g.index, "")
     return NodeDetail(
@@ -139,36 +145,6 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
         log_sources=[("agent", "the agent")] + [(s.id, f"{s.model} (shard {s.id})") for s in live],
         weights=weights_lines(node.pk) if weights else None,
     )
-
-
-def gpu_use(gpus, shards) -> dict[int, str]:
-    """Per GPU index, the shards on it: "qwen-72b (whole)", or the shares of it with
-    their budgets and what is promised of the GPU's total (placement's count)."""
-    by_uuid = {g.uuid: g for g in gpus}
-    holders: dict[int, list[str]] = {}
-    promised: dict[int, float] = {}
-    for s in shards:
-        budget = s.replica.profile.gpu_memory_gb
-        for uuid in s.gpu_uuids or ():
-            g = by_uuid.get(uuid)
-            if g is None:
-                continue
-            model = s.replica.model.name
-            holders.setdefault(g.index, []).append(
-                f"{model} {budget:g} GB" if budget else f"{model} (whole)"
-            )
-            if budget:
-                promised[g.index] = promised.get(g.index, 0) + budget
-    out = {}
-    for g in gpus:
-        if g.index not in holders:
-            continue
-        text = ", ".join(holders[g.index])
-        if g.index in promised:
-            total = g.memory_total_mb / MIB_PER_GIB
-            text += f"; {promised[g.index]:.1f} of {total:.1f} GB promised"
-        out[g.index] = text
-    return out
 
 
 def models_on_node(node_id: str) -> list[str]:
