@@ -40,7 +40,10 @@ MAX_CONN_PER_ADDRESS = 6
 
 
 @pytest.fixture
-def edge(transactional_db, tmp_path):
+def edge(request, transactional_db, tmp_path):
+    """The web process behind docs/scaling.md's HAProxy; ``request.param`` may give the
+    head's timeout (``http_request_s``) a test needs longer than the others do."""
+    http_request_s = getattr(request, "param", {}).get("http_request_s", HTTP_REQUEST_S)
     binary = haproxy_binary()
     if binary is None:
         pytest.fail(HAPROXY_MISSING)
@@ -51,7 +54,7 @@ def edge(transactional_db, tmp_path):
         ("bind :8000", f"bind 127.0.0.1:{port}"),
         ("server web1 10.0.0.10:8000", f"server web1 127.0.0.1:{web.port}"),
         ("    server web2 10.0.0.11:8000 check inter 2s fall 2 rise 2\n", ""),
-        ("timeout http-request 10s", f"timeout http-request {HTTP_REQUEST_S}s"),
+        ("timeout http-request 10s", f"timeout http-request {http_request_s}s"),
         ("timeout http-keep-alive 10s", f"timeout http-keep-alive {HTTP_REQUEST_S}s"),
         ("sc0_conn_cur gt 256", f"sc0_conn_cur gt {MAX_CONN_PER_ADDRESS}"),
     ):
@@ -155,6 +158,9 @@ def test_an_oversized_head_in_one_write_is_refused(edge, upstreams, kib):
     assert up.served == 0
 
 
+# The held connections send nothing: under a 1 s head timeout a slow machine saw them
+# closed, and their count gone, before the one more was judged.
+@pytest.mark.parametrize("edge", [{"http_request_s": 60}], indirect=True)
 def test_one_address_cannot_hold_every_connection(edge, upstreams):
     _, proxy = edge
     ready_model("tiny", [upstreams()])
