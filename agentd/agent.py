@@ -359,7 +359,7 @@ class Agent:
             fetchstore.sweep_abandoned(m.weights_dirs)
         memory = m.memory_total_mb()
         engines, provision = facts["engines"], facts["provision"]
-        load = self.sampler.sample(facts["groups"])
+        load = self.sampler.sample(facts["groups"], session.process_memory() if session else None)
         with self._lock:
             self._seq += 1
             hb = {"type": "heartbeat", "seq": self._seq, "storage": storage, "load": load}

@@ -52,8 +52,15 @@ class LoadSampler:
         self._groups: dict[str, _GroupSample] = {}
         self._cpu_count = psutil.cpu_count(logical=True) or 1
 
-    def sample(self, groups: dict[str, int] | None = None) -> protocol.Load:
-        """The machine's load, and each shard's from its process group (shard id -> pgid)."""
+    def sample(
+        self,
+        groups: dict[str, int] | None = None,
+        gpu_processes: dict[int, dict[str, int]] | None = None,
+    ) -> protocol.Load:
+        """The machine's load, and each shard's from its process group (shard id -> pgid).
+
+        ``gpu_processes`` is NVML's GPU memory by pid (``NVML.process_memory``).
+        """
         vm = psutil.virtual_memory()
         load1, load5, load15 = os.getloadavg()
         return protocol.Load(
@@ -64,10 +71,12 @@ class LoadSampler:
             load15=load15,
             memory_used_bytes=vm.total - vm.available,
             memory_available_bytes=vm.available,
-            shards=self._shards(groups or {}),
+            shards=self._shards(groups or {}, gpu_processes or {}),
         )
 
-    def _shards(self, groups: dict[str, int]) -> list[protocol.ShardLoad]:
+    def _shards(
+        self, groups: dict[str, int], gpu_processes: dict[int, dict[str, int]]
+    ) -> list[protocol.ShardLoad]:
         now = time.monotonic()
         out = []
         seen = {}
@@ -77,6 +86,10 @@ class LoadSampler:
                 continue  # gone: no figure is better than a zero that looks measured
             cpu: dict[int, float] = {}
             rss = 0
+            on_gpu: dict[str, int] = {}  # uuid -> bytes of the group's processes
+            for p in procs:
+                for uuid, used in gpu_processes.get(p.pid, {}).items():
+                    on_gpu[uuid] = on_gpu.get(uuid, 0) + used
             for p in procs:
                 try:
                     with p.oneshot():
@@ -95,6 +108,14 @@ class LoadSampler:
                 )
                 cores = used / (now - prev.at)
             seen[shard_id] = _GroupSample(at=now, cpu_s=cpu)
-            out.append(protocol.ShardLoad(shard_id=shard_id, cpu_cores=cores, rss_bytes=rss))
+            out.append(
+                protocol.ShardLoad(
+                    shard_id=shard_id,
+                    cpu_cores=cores,
+                    rss_bytes=rss,
+                    # Its budget is per GPU, so the GPU it uses most is the figure.
+                    gpu_memory_mb=max(on_gpu.values()) // 2**20 if on_gpu else None,
+                )
+            )
         self._groups = seen
         return out

@@ -227,6 +227,31 @@ class NVML:
                 out.append(0)
         return out
 
+    def process_memory(self) -> dict[int, dict[str, int]]:
+        """GPU memory by process, as the driver lists compute processes: pid -> {uuid: bytes}.
+
+        The pids are the driver's, from the host's PID namespace: an agent in a
+        container without it finds none of its engines here, and its shards show
+        no figure rather than a wrong one. A process whose use the driver cannot
+        say (None) is left out.
+        """
+        out: dict[int, dict[str, int]] = {}
+        for d in self.devices:
+            if d.handle is None:
+                continue
+            try:
+                uuid = d.extra.get("uuid") or self.lib.nvmlDeviceGetUUID(d.handle)
+                d.extra["uuid"] = uuid
+                procs = self.lib.nvmlDeviceGetComputeRunningProcesses(d.handle)
+            except pynvml.NVMLError:
+                continue
+            for proc in procs:
+                if proc.usedGpuMemory is None:
+                    continue
+                per = out.setdefault(int(proc.pid), {})
+                per[uuid] = per.get(uuid, 0) + int(proc.usedGpuMemory)
+        return out
+
     def problems(self, checks: Checks) -> dict[int, list[str]]:
         """Current problems by GPU index. The texts are stable, so a repeat is not news."""
         return {d.index: self._problems(d, checks) for d in self.devices}

@@ -23,12 +23,21 @@ or lose memory rows under a running agent. Its shape::
                "retired_pages_pending": null, "retired_pages": null,
                "nvlinks": [{"active": true, "remote_type": "switch",
                             "remote_pci_bus_id": "00000000:05:00.0"}],
-               "lost": false}]}                     # true: every call says GPU is lost
+               "lost": false}],                     # true: every call says GPU is lost
+     "processes": [{"pid": 4242, "gpu": 0, "used_bytes": 13314398208}]}
+
+Processes hold GPU memory as a driver lists them: ``processes`` in the file
+(someone else's job, say), and claims that running programs write as
+``<file>.processes/<pid>.json`` (``{"GPU-uuid": bytes}``; ``claim()`` below,
+which the fake engine calls). A claim counts while its process lives, as the
+driver frees a process's memory when it exits; each GPU's memory used is
+``memory_used_bytes`` plus what its processes hold.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pynvml
@@ -38,6 +47,29 @@ _REMOTE_TYPES = {
     "switch": pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH,
     "ibmnpu": pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU,
 }
+
+
+def claims_dir(path: Path) -> Path:
+    return Path(f"{path}.processes")
+
+
+def claim(path: Path, pid: int, by_uuid: dict[str, int]) -> None:
+    """Record that process ``pid`` holds ``by_uuid`` bytes on those GPUs (replaces its claim)."""
+    folder = claims_dir(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{pid}.tmp"
+    tmp.write_text(json.dumps(by_uuid))
+    tmp.replace(folder / f"{pid}.json")  # whole or not at all, for a reader mid-write
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fail(code: int):
@@ -83,6 +115,27 @@ class FakeNVML:
         if gpu.get("lost"):
             _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
         return gpu
+
+    def _processes(self, gpu: dict) -> list[tuple[int, int]]:
+        """(pid, bytes) of every process holding memory on this GPU."""
+        index = self.spec["gpus"].index(gpu)
+        out = [
+            (int(p["pid"]), int(p["used_bytes"]))
+            for p in self.spec.get("processes", [])
+            if p.get("gpu") in (index, gpu.get("uuid"))
+        ]
+        folder = claims_dir(self.path)
+        for entry in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            pid = int(entry.stem)
+            if not _alive(pid):
+                continue
+            try:
+                held = json.loads(entry.read_text()).get(gpu.get("uuid"), 0)
+            except (OSError, ValueError):
+                continue  # gone between listing and reading
+            if held:
+                out.append((pid, int(held)))
+        return out
 
     def _fact(self, handle, key: str):
         value = self._gpu(handle).get(key)
@@ -144,9 +197,18 @@ class FakeNVML:
         gpu = self._gpu(handle)
         mem = pynvml.c_nvmlMemory_t()
         mem.total = gpu["memory_total_bytes"]
-        mem.used = gpu.get("memory_used_bytes", 0)
+        held = sum(used for _pid, used in self._processes(gpu))
+        mem.used = min(mem.total, gpu.get("memory_used_bytes", 0) + held)
         mem.free = mem.total - mem.used
         return mem
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [
+            pynvml.nvmlStructToFriendlyObject(
+                pynvml.c_nvmlProcessInfo_v3_t(pid=pid, usedGpuMemory=used)
+            )
+            for pid, used in self._processes(self._gpu(handle))
+        ]
 
     def nvmlDeviceGetCudaComputeCapability(self, handle):
         major, minor = self._fact(handle, "compute_capability")

@@ -211,6 +211,9 @@ class ShardLoad(_Part):
     shard_id: ShardId
     cpu_cores: Annotated[float, Field(ge=0)]
     rss_bytes: Count
+    # GPU memory the group's processes hold on the GPU where they hold the most
+    # (NVML, per process). None: not measured (no GPU process of this group seen).
+    gpu_memory_mb: SmallCount | None = None
 
 
 class Load(_Part):

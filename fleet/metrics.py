@@ -26,6 +26,9 @@ FLEET_GAUGES = (
     "llmgw_node_memory_available_bytes",
     "llmgw_shard_cpu_cores",
     "llmgw_shard_memory_bytes",
+    "llmgw_shard_gpu_memory_bytes",
+    "llmgw_shard_gpu_memory_budget_bytes",
+    "llmgw_shard_over_gpu_budget",
 )
 
 REGISTRY = CollectorRegistry(auto_describe=True)

@@ -5,7 +5,10 @@ ordered on the command line: a slow load (``--load-time``), a crash
 (``--crash-after``), a hang (``--hang``: it accepts connections, never answers,
 and ignores SIGTERM), slow tokens (``--token-delay``), a weight download that
 makes progress (``--fetch-to``), a worker child in its process group
-(``--spawn-worker``), and a flood of log lines on stdout (``--log-flood``). It
+(``--spawn-worker``), and a flood of log lines on stdout (``--log-flood``).
+Under the NVML double (``LLMGW_FAKE_NVML``) it holds GPU memory on the GPUs in
+CUDA_VISIBLE_DEVICES while it runs, as vLLM does: ``--gpu-memory-utilization``
+of each GPU's total, or ``--gpu-memory-bytes`` on each. It
 answers /health (503 while loading), /v1/models, /v1/chat/completions and
 /v1/completions (streamed or not), /v1/embeddings and /metrics. Plain asyncio,
 no dependencies, so it is also the gateway benchmark's stub. Use the real
@@ -59,14 +62,11 @@ class FakeEngine(Engine):
         return env
 
     def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
-        return [
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--served-model-name",
-            served_name(profile, shard),
-        ]
+        argv = ["--host", host, "--port", str(port)]
+        argv += ["--served-model-name", served_name(profile, shard)]
+        if shard.gpu_memory_fraction:
+            argv += ["--gpu-memory-utilization", f"{shard.gpu_memory_fraction:.4f}"]
+        return argv
 
 
 # ---- the server ---------------------------------------------------------------
@@ -264,6 +264,23 @@ class FakeServer:
                 await asyncio.sleep(self.opts.fetch_time / steps)
         print(f"fake engine: fetched {self.opts.fetch_bytes} bytes into {target}", flush=True)
 
+    def hold_gpu_memory(self) -> None:
+        """Take GPU memory in the NVML double, as an engine allocates its budget on load."""
+        nvml_file = os.environ.get("LLMGW_FAKE_NVML")
+        uuids = [u for u in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if u]
+        share, fixed = self.opts.gpu_memory_utilization, self.opts.gpu_memory_bytes
+        if not nvml_file or not uuids or not (share or fixed):
+            return
+        from agentd import nvml_double
+
+        totals = {
+            g.get("uuid"): g.get("memory_total_bytes", 0)
+            for g in json.loads(Path(nvml_file).read_text()).get("gpus", [])
+        }
+        held = {u: fixed or int(share * totals.get(u, 0)) for u in uuids}
+        nvml_double.claim(Path(nvml_file), os.getpid(), held)
+        print(f"fake engine: holding {held} bytes of GPU memory", flush=True)
+
     async def run(self) -> None:
         opts = self.opts
         loop = asyncio.get_running_loop()
@@ -286,6 +303,7 @@ class FakeServer:
             print("fake engine: hanging", flush=True)
         else:
             print(f"fake engine: loading for {opts.load_time:g} s", flush=True)
+            self.hold_gpu_memory()
             await asyncio.sleep(opts.load_time)
             self.ready = True
             print(f"fake engine: ready, serving {opts.served_model_name}", flush=True)
@@ -332,6 +350,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fetch-time", type=float, default=1.0)
     p.add_argument("--spawn-worker", action="store_true", help="a child in the same group")
     p.add_argument("--log-flood", type=float, default=0.0, help="log lines a second on stdout")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.0, help="share of each GPU to hold"
+    )
+    p.add_argument("--gpu-memory-bytes", type=int, default=0, help="bytes to hold on each GPU")
     p.add_argument("--log-flood-line-bytes", type=int, default=200, help="each flood line's size")
     return p.parse_args(argv)
 

@@ -2,7 +2,7 @@
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from fleet.models import (
@@ -23,6 +23,7 @@ from fleet.services import access, permissions
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
+from fleet.services.units import gpu_use_text
 
 from .common import ReadOnlyAdmin, ReadOnlyTabularInline, count_message, human_bytes
 
@@ -51,13 +52,30 @@ class GPUInline(ReadOnlyTabularInline):
 class ShardInline(ReadOnlyTabularInline):
     model = Shard
     fk_name = "node"
-    fields = ("id", "replica", "rank", "state", "desired_state", "port", "restarts", "error")
+    fields = (
+        "id",
+        "replica",
+        "rank",
+        "state",
+        "desired_state",
+        "port",
+        "restarts",
+        "gpu_memory",
+        "error",
+    )
     readonly_fields = fields
     verbose_name_plural = "shards on this node"
+
+    def get_queryset(self, request):
+        return node_service.with_gpu_use(super().get_queryset(request))
 
     @admin.display(description="replica restarts")
     def restarts(self, obj):
         return obj.replica.restarts
+
+    @admin.display(description="GPU memory (used of budget)")
+    def gpu_memory(self, obj):
+        return gpu_use_text(obj.gpu_memory_used_mb, obj.gpu_memory_budget_gb)
 
 
 class FabricInline(ReadOnlyTabularInline):
@@ -454,12 +472,23 @@ class NodeLoadAdmin(ReadOnlyAdmin):
 
 @admin.register(ShardLoad)
 class ShardLoadAdmin(ReadOnlyAdmin):
-    list_display = ("node", "shard_id", "sampled_at", "cpu_cores", "rss")
+    list_display = ("node", "shard_id", "sampled_at", "cpu_cores", "rss", "gpu_memory")
     search_fields = ("node__id", "shard_id")
+
+    def get_queryset(self, request):
+        # The budget is the profile's share, per GPU; the shard may be gone.
+        budget = Shard.objects.filter(pk=OuterRef("shard_id")).values(
+            "replica__profile__gpu_memory_gb"
+        )[:1]
+        return super().get_queryset(request).annotate(gpu_budget_gb=Subquery(budget))
 
     @admin.display(description="RSS", ordering="rss_bytes")
     def rss(self, obj):
         return human_bytes(obj.rss_bytes)
+
+    @admin.display(description="GPU memory (used of budget)", ordering="gpu_memory_mb")
+    def gpu_memory(self, obj):
+        return gpu_use_text(obj.gpu_memory_mb, obj.gpu_budget_gb)
 
 
 @admin.register(WantedEngine)

@@ -36,6 +36,7 @@ from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
 from fleet.services.autoscaler.status import scaling_status
+from fleet.services.units import over_gpu_budget
 
 SMALLINT_MAX = 32767
 INT_MAX = 2**31 - 1
@@ -477,6 +478,24 @@ class ShardSerializer(serializers.ModelSerializer):
     fetch_percent = serializers.SerializerMethodField(
         help_text="Share of the weights fetched (0-100); null when no fetch or no known total."
     )
+    gpu_memory_budget_gb = serializers.FloatField(
+        read_only=True,
+        allow_null=True,
+        help_text="GPU memory this shard may use on each of its GPUs (its profile's "
+        "gpu_memory_gb); null: whole GPUs.",
+    )
+    gpu_memory_used_mb = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="MiB its processes hold on the GPU where they hold the most, from the "
+        "node's latest sample (NVML); null: not measured in the last minute.",
+    )
+    over_gpu_budget = serializers.SerializerMethodField(
+        help_text="Whether it holds more GPU memory than its budget."
+    )
+
+    def get_over_gpu_budget(self, obj) -> bool:
+        return over_gpu_budget(obj.gpu_memory_used_mb, obj.gpu_memory_budget_gb)
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_fetch_percent(self, obj) -> int | None:
@@ -504,6 +523,9 @@ class ShardSerializer(serializers.ModelSerializer):
             "fetch_bytes_total",
             "fetch_percent",
             "fetch_updated_at",
+            "gpu_memory_budget_gb",
+            "gpu_memory_used_mb",
+            "over_gpu_budget",
             "state_changed_at",
             "created_at",
         )

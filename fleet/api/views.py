@@ -5,7 +5,7 @@ from datetime import UTC
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Count, ProtectedError, Q
+from django.db.models import Count, Prefetch, ProtectedError, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -383,8 +383,13 @@ class EngineProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
 class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     """Serving copies of models and their shards. The reconciler owns them."""
 
-    queryset = Replica.objects.select_related("model").prefetch_related("shards")
+    queryset = Replica.objects.select_related("model")
     serializer_class = serializers.ReplicaSerializer
+
+    def get_queryset(self):
+        shards = node_service.with_gpu_use(Shard.objects.all())
+        return super().get_queryset().prefetch_related(Prefetch("shards", queryset=shards))
+
     filterset_class = filters.ReplicaFilterSet
     ordering_fields = ("created_at", "state")
 
@@ -403,6 +408,10 @@ class ShardViewSet(viewsets.ReadOnlyModelViewSet):
 
     queryset = Shard.objects.all()
     serializer_class = serializers.ShardSerializer
+
+    def get_queryset(self):
+        return node_service.with_gpu_use(super().get_queryset())
+
     filterset_class = filters.ShardFilterSet
     search_fields = ("id", "node__id", "error")
     ordering_fields = ("created_at", "state", "node")

@@ -324,13 +324,20 @@ class NodeLoad(models.Model):
 
 
 class ShardLoad(models.Model):
-    """The latest CPU and memory of one engine's process group."""
+    """The latest CPU and memory of one engine's process group, and its GPU memory."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="shard_loads")
     shard_id = models.CharField(max_length=100)
     sampled_at = models.DateTimeField()
     cpu_cores = models.FloatField("CPU cores")
     rss_bytes = models.PositiveBigIntegerField("RSS (bytes)")
+    gpu_memory_mb = models.PositiveIntegerField(
+        "GPU memory (MiB)",
+        null=True,
+        blank=True,
+        help_text="What the group's processes hold on the GPU where they hold the most, "
+        "as NVML lists them. Empty: not measured.",
+    )
 
     class Meta:
         constraints = [

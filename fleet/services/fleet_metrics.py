@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from . import desired
 from .nodes import LOAD_MAX_AGE
+from .units import over_gpu_budget
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,21 @@ def _families():
         "shard_mem": GaugeMetricFamily(
             "llmgw_shard_memory_bytes",
             "Resident memory of an engine's process group.",
+            labels=["node", "shard", "model"],
+        ),
+        "shard_gpu_mem": GaugeMetricFamily(
+            "llmgw_shard_gpu_memory_bytes",
+            "GPU memory an engine's process group holds on the GPU where it holds the most.",
+            labels=["node", "shard", "model"],
+        ),
+        "shard_gpu_budget": GaugeMetricFamily(
+            "llmgw_shard_gpu_memory_budget_bytes",
+            "GPU memory a shard may use on each of its GPUs (a profile that shares GPUs).",
+            labels=["node", "shard", "model"],
+        ),
+        "shard_over_budget": GaugeMetricFamily(
+            "llmgw_shard_over_gpu_budget",
+            "1 when a shard holds more GPU memory than its budget, else 0.",
             labels=["node", "shard", "model"],
         ),
         "lag": GaugeMetricFamily(
@@ -98,15 +114,23 @@ def collect_fleet(now=None) -> list:
     samples = list(ShardLoad.objects.filter(sampled_at__gte=since))
     # A process the agent measures may belong to no shard the control plane
     # knows (yet); it is still using the machine, so it is shown without a model.
-    models = dict(
-        Shard.objects.filter(id__in={s.shard_id for s in samples}).values_list(
-            "id", "replica__model__name"
-        )
-    )
+    known = {
+        shard_id: (model, budget)
+        for shard_id, model, budget in Shard.objects.filter(
+            id__in={s.shard_id for s in samples}
+        ).values_list("id", "replica__model__name", "replica__profile__gpu_memory_gb")
+    }
     for s in samples:
-        labels = [s.node_id, s.shard_id, models.get(s.shard_id, "")]
+        model, budget = known.get(s.shard_id, ("", None))
+        labels = [s.node_id, s.shard_id, model]
         f["shard_cpu"].add_metric(labels, s.cpu_cores)
         f["shard_mem"].add_metric(labels, s.rss_bytes)
+        if s.gpu_memory_mb is not None:
+            f["shard_gpu_mem"].add_metric(labels, s.gpu_memory_mb * 2**20)
+        if budget:
+            f["shard_gpu_budget"].add_metric(labels, round(budget * 2**30))
+            over = over_gpu_budget(s.gpu_memory_mb, budget)
+            f["shard_over_budget"].add_metric(labels, int(over))
     return list(f.values())
 
 

@@ -6,10 +6,10 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, F, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from fleet.models import GPU, Node, NodeLoad, ShardState
+from fleet.models import GPU, Node, NodeLoad, ShardLoad, ShardState
 from fleet.services import desired
 from fleet.services.engines import installs_summary
 from fleet.services.reconciler.ask import request_reconcile
@@ -71,6 +71,19 @@ def desired_sync(node: Node, now: datetime) -> str:
 def node_not_keeping_up(node: Node, now: datetime) -> bool:
     """``desired.not_keeping_up`` for a node row."""
     return desired.not_keeping_up(node.connected, node.desired_lag_since, now)
+
+
+def with_gpu_use(shards: QuerySet, now: datetime | None = None) -> QuerySet:
+    """Shards with ``gpu_memory_used_mb`` (their latest fresh sample; None: none) and
+    ``gpu_memory_budget_gb`` (their profile's share; None: whole GPUs), in the same query."""
+    since = (now or timezone.now()) - LOAD_MAX_AGE
+    sample = ShardLoad.objects.filter(
+        node_id=OuterRef("node_id"), shard_id=OuterRef("pk"), sampled_at__gte=since
+    )
+    return shards.annotate(
+        gpu_memory_used_mb=Subquery(sample.values("gpu_memory_mb")[:1]),
+        gpu_memory_budget_gb=F("replica__profile__gpu_memory_gb"),
+    )
 
 
 def fresh_load(node: Node, now: datetime | None = None) -> NodeLoad | None:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from django.db import connection
+from django.utils import timezone
 
 from agentd.ports import parse_port_range
 from fleet.conf import fleet_settings
@@ -21,10 +22,12 @@ from fleet.models import (
     LocalWeights,
     Node,
     Shard,
+    ShardLoad,
     ShardState,
 )
 from fleet.selectors import effective_labels, parse_selector
 
+from .nodes import LOAD_MAX_AGE
 from .placement import (
     GpuInfo,
     InstallInfo,
@@ -164,7 +167,15 @@ def build() -> Snapshot:
     held = Shard.objects.filter(node__isnull=False).exclude(state__in=SHARD_FINISHED)
     held = held.exclude(desired_state=DesiredState.STOPPED, state=ShardState.PENDING)
     shares: dict[str, int] = {}  # GPU uuid -> MB promised to shares there
-    for nid, gpu_uuids, port, min_gb, share_gb, rank, spec in held.values_list(
+    # GPU uuid -> what those shares hold of their budget now, as their nodes measured it.
+    holding: dict[str, int] = {}
+    measured = dict(
+        ShardLoad.objects.filter(
+            sampled_at__gte=timezone.now() - LOAD_MAX_AGE, gpu_memory_mb__isnull=False
+        ).values_list("shard_id", "gpu_memory_mb")
+    )
+    for shard_id, nid, gpu_uuids, port, min_gb, share_gb, rank, spec in held.values_list(
+        "id",
         "node_id",
         "gpu_uuids",
         "port",
@@ -177,8 +188,12 @@ def build() -> Snapshot:
         if node is None:
             continue
         if share_gb:
+            share = share_mb(share_gb)
+            # Not yet measured: taken as holding all of it, as before it was measured.
+            holds = min(share, measured.get(shard_id, share))
             for uuid in gpu_uuids or ():
-                shares[uuid] = shares.get(uuid, 0) + share_mb(share_gb)
+                shares[uuid] = shares.get(uuid, 0) + share
+                holding[uuid] = holding.get(uuid, 0) + holds
         else:
             node.used_gpus.update(gpu_uuids or ())
         if port:
@@ -191,11 +206,11 @@ def build() -> Snapshot:
         for g in node.gpus:
             if g.uuid in node.used_gpus:
                 continue
-            # What the engines sharing it were promised is theirs, used or not; what is
-            # used beyond that belongs to processes llmgw did not start (or a shard over
-            # its budget): either way, not there to promise.
+            # What the engines sharing it were promised is theirs, used or not. What
+            # is used beyond what they hold of it belongs to processes llmgw did not
+            # start (or to a shard over its budget): either way, not there to promise.
             g.promised_mb = shares.get(g.uuid, 0)
-            g.other_mb = max(0, used_mb.get(g.uuid, 0) - g.promised_mb)
+            g.other_mb = max(0, used_mb.get(g.uuid, 0) - holding.get(g.uuid, 0))
     reserve_mb = share_mb(fleet_settings().gpu_memory_reserve_gb)
     return Snapshot(list(nodes.values()), default_port_range(), reserve_mb)
 

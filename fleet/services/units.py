@@ -26,6 +26,23 @@ def gb_text(mb: int) -> str:
     return f"{tenths // 10}.{tenths % 10}"
 
 
+def over_gpu_budget(used_mb: int | None, budget_gb: float | None) -> bool:
+    """Whether a shard holds more GPU memory than its profile's share (never for whole GPUs)."""
+    return bool(budget_gb and used_mb is not None and used_mb > budget_gb * MIB_PER_GIB)
+
+
+def gpu_use_text(used_mb: int | None, budget_gb: float | None) -> str:
+    """A shard's GPU memory against its budget: "28.1 of 30 GB", "31.2 of 30 GB: over its
+    budget", "28.1 GB" on whole GPUs, "-" when not measured."""
+    if used_mb is None:
+        return "-" if not budget_gb else f"- of {budget_gb:g} GB"
+    used = f"{used_mb / MIB_PER_GIB:.1f}"
+    if not budget_gb:
+        return f"{used} GB"
+    text = f"{used} of {budget_gb:g} GB"
+    return text + ": over its budget" if over_gpu_budget(used_mb, budget_gb) else text
+
+
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 

@@ -78,3 +78,18 @@ def test_machine_load():
     assert 0 <= load.cpu_percent <= 100
     assert load.memory_used_bytes + load.memory_available_bytes == vm.total
     assert load.load1 >= 0 and load.shards == []
+
+
+@pytest.mark.live
+def test_a_shards_gpu_memory_is_its_groups_on_the_gpu_it_uses_most(engine):
+    """NVML lists pids; the shard's figure is its group's sum on its busiest GPU, in MiB."""
+    child = next(p.pid for p in group_processes(engine.pid) if p.pid != engine.pid)
+    by_pid = {
+        engine.pid: {"GPU-a": 10 * 2**30, "GPU-b": 3 * 2**30},
+        child: {"GPU-a": 2 * 2**30},
+        4242: {"GPU-a": 50 * 2**30},  # not the engine's
+    }
+    load = LoadSampler().sample({"shard-a": engine.pid}, by_pid)
+    assert load.shards[0].gpu_memory_mb == 12 * 1024
+    # No GPU process of the group listed: not measured, rather than a zero.
+    assert LoadSampler().sample({"shard-a": engine.pid}, {}).shards[0].gpu_memory_mb is None

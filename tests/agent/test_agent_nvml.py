@@ -202,3 +202,33 @@ def test_the_double_fails_like_pynvml(fake):
     with pytest.raises(pynvml.NVMLError_NotSupported):
         lib.nvmlDeviceGetRetiredPagesPendingStatus(h)
     assert isinstance(lib.nvmlDeviceGetPciInfo(h), pynvml.nvmlPciInfo_t)
+
+
+def test_processes_hold_memory_as_the_driver_lists_them(fake, tmp_path):
+    """Someone else's job from the file, and a live engine's claim; a dead one's is freed."""
+    spec = nvml_data.hgx(count=2)
+    uuid0, uuid1 = spec["gpus"][0]["uuid"], spec["gpus"][1]["uuid"]
+    spec["processes"] = [{"pid": 4242, "gpu": 1, "used_bytes": 12 * 2**30}]
+    path = fake(spec)
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        from agentd.nvml_double import claim
+
+        claim(path, engine.pid, {uuid0: 30 * 2**30, uuid1: 2 * 2**30})
+        claim(path, gone.pid, {uuid0: 40 * 2**30})  # exited: the driver freed it
+        session = NVML.open()
+        assert session.process_memory() == {
+            engine.pid: {uuid0: 30 * 2**30, uuid1: 2 * 2**30},
+            4242: {uuid1: 12 * 2**30},
+        }
+        # The GPU's own figure counts them too (535 MiB is the board's own use).
+        assert session.memory_used_mb() == [535 + 30 * 1024, 535 + 14 * 1024]
+        engine.kill()
+        engine.wait()
+        assert session.process_memory() == {4242: {uuid1: 12 * 2**30}}
+        assert session.memory_used_mb() == [535, 535 + 12 * 1024]
+    finally:
+        engine.kill()
+        engine.wait()

@@ -107,7 +107,15 @@ def exposed_names() -> set[str]:
     add_node("gpu-01", memory_total_mb=2063500, as_reported=True)
     model = add_model("qwen-7b", **LLAMACPP_CPU)
     shard = add_replica(model, model.active_profile, ["gpu-01"]).shards.get()
-    report_load("gpu-01", shards=[{"shard_id": shard.pk, "cpu_cores": 1.5, "rss_bytes": 2**33}])
+    shared = add_model("phi", engine="vllm", gpu_memory_gb=20)
+    on_gpu = add_replica(shared, shared.active_profile, ["gpu-01"]).shards.get()
+    report_load(
+        "gpu-01",
+        shards=[
+            {"shard_id": shard.pk, "cpu_cores": 1.5, "rss_bytes": 2**33},
+            {"shard_id": on_gpu.pk, "cpu_cores": 1, "rss_bytes": 2**30, "gpu_memory_mb": 9000},
+        ],
+    )
     FleetStatus.objects.update_or_create(
         pk=1, defaults={"last_pass_at": timezone.now(), "passes": 3, "last_pass_ms": 12}
     )

@@ -10,6 +10,7 @@ from fleet.models import SHARD_FINISHED, Node, Shard, ShardLoad
 
 from .. import nodes
 from ..units import bytes_text as human_bytes
+from ..units import gpu_use_text, over_gpu_budget
 from ..weights_gc import inventory as weights_inventory
 from .cluster import node_queryset
 from .lines import DiskLine, NodeLine, disk_line, fetch_text, gpu_use, node_line
@@ -31,6 +32,8 @@ class ShardLine:
     memory: str
     error: str
     fetch: str = ""  # source and progress while its weights are fetched
+    gpu_memory: str = "-"  # used of its budget ("28.1 of 30 GB")
+    over_gpu_budget: bool = False
 
 
 @dataclass
@@ -102,6 +105,7 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
     lines = []
     for s in shards:
         sl = shard_loads.get(s.pk)
+        gpu_used, budget = sl.gpu_memory_mb if sl else None, s.replica.profile.gpu_memory_gb
         lines.append(
             ShardLine(
                 id=s.pk,
@@ -118,6 +122,8 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
                 memory=human_bytes(sl.rss_bytes) if sl else "-",
                 error=s.error,
                 fetch=fetch_text(s),
+                gpu_memory=gpu_use_text(gpu_used, budget) if s.gpu_uuids else "-",
+                over_gpu_budget=over_gpu_budget(gpu_used, budget),
             )
         )
     live = [s for s in lines if s.state not in SHARD_FINISHED]

@@ -18,4 +18,5 @@ NODE_LOAD = (
 SHARD_LOAD = (
     ("cpu_cores", "float8"),
     ("rss_bytes", "bigint"),
+    ("gpu_memory_mb", "integer"),
 )
