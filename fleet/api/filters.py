@@ -32,7 +32,9 @@ def _valid_selector(value: str) -> None:
     try:
         parse_selector(value)
     except ValueError as exc:
-        raise ValidationError(str(exc)) from None
+        # As params, never in the message: django-filter %-formats the message, and a
+        # '%' in what was asked would make a 400 a 500.
+        raise ValidationError("%(problem)s", params={"problem": str(exc)}) from None
 
 
 class StrictBooleanField(forms.Field):
@@ -47,7 +49,9 @@ class StrictBooleanField(forms.Field):
         try:
             return self.VALUES[str(value).lower()]
         except KeyError:
-            raise ValidationError(f"must be true or false, not {value!r}") from None
+            raise ValidationError(
+                "must be true or false, not %(value)r", params={"value": value}
+            ) from None
 
     def validate(self, value):
         pass  # None (no filter), True or False: each is valid

@@ -504,3 +504,11 @@ def test_a_node_not_keeping_up_says_so(api):
     )
     assert resp.status_code in (200, 405)
     assert Node.objects.get(pk="gpu-02").desired_lag_since is not None
+
+
+def test_a_filter_value_with_a_percent_sign_is_a_400_naming_it(api):
+    # django-filter %-formats its errors: a '%' in what was asked must not make it a 500
+    for query in ("cordoned=%25s%25", "selector=%25zone", "connected=100%25"):
+        resp = api.get(f"/api/v1/nodes/?{query}")
+        assert resp.status_code == 400, (query, resp.content)
+    assert "not '100%'" in api.get("/api/v1/nodes/?connected=100%25").json()["connected"][0]
