@@ -10,6 +10,7 @@ a wait, it never judges speed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -65,12 +66,26 @@ CELERY_WORKER = [
 class Agent:
     """One agentd process with its own state dir and port range, as a node of the fleet."""
 
-    def __init__(self, directory: Path, node_id: str, url: str, join_token: str, **config):
+    def __init__(
+        self,
+        directory: Path,
+        node_id: str,
+        url: str,
+        join_token: str,
+        nvml: dict | None = None,
+        **config,
+    ):
         self.dir = directory
         self.node_id = node_id
         self.ports = port_block()
         self.state_dir = (directory / "state").resolve()
         directory.mkdir(parents=True, exist_ok=True)
+        # The NVML double's file (agentd/nvml_double.py): a GPU node without a GPU. Its
+        # engines inherit it, so the fake engine holds GPU memory in it.
+        self.nvml_file: Path | None = None
+        if nvml is not None:
+            self.nvml_file = directory / "nvml.json"
+            self.nvml_file.write_text(json.dumps(nvml))
         lo, hi = self.ports
         self.config = write_config(
             directory,
@@ -112,7 +127,7 @@ class Agent:
         self.frozen = []
 
     def start(self) -> None:
-        self.proc = start_agent(self.config)
+        self.proc = start_agent(self.config, self.nvml_file)
 
     def kill_9(self) -> None:
         self.proc.proc.send_signal(signal.SIGKILL)
@@ -197,13 +212,17 @@ class Stack:
 
     # ---- agents ------------------------------------------------------------------------
 
-    def add_agent(self, node_id: str, **config) -> Agent:
+    def add_agent(self, node_id: str, nvml: dict | None = None, **config) -> Agent:
         """An agent enrolled with a join token of its own; ``config``: more agent.yaml fields
-        (``engines={"binaries": {"fake": sys.executable}}`` to run the fake engine)."""
+        (``engines={"binaries": {"fake": sys.executable}}`` to run the fake engine).
+
+        ``nvml``: the GPUs it sees, as a spec for the NVML double (``tests.agent.nvml_data``);
+        none by default, a CPU node.
+        """
         from tests.factories import join_token
 
         _, secret = join_token(name=f"e2e {node_id}", uses=1)
-        agent = Agent(self.tmp / node_id, node_id, self.web.ws_url, secret, **config)
+        agent = Agent(self.tmp / node_id, node_id, self.web.ws_url, secret, nvml, **config)
         agent.start()
         self.agents.append(agent)
         return agent

@@ -447,12 +447,13 @@ def test_models_with_a_share_of_a_gpu_are_placed_together_and_counted_across_pas
     gpu1 = GPU.objects.get(node_id="gpu-01", index=1).uuid
     placed = [running(m)[0].gpu_uuids for m in models]
     assert placed == [[gpu0], [gpu0], [gpu1]]
-    # and each engine is told its budget as a part of the GPU's 81,559 MB
+    # and each engine is told its budget as a part of the GPU's 81,559 MiB, rounded
+    # down (0.3767 would let it take 30,723 of its 30,720)
     told = {
         s.model: (s.gpu_memory_fraction, s.profile.gpu_memory_gb)
         for s in desired_set("gpu-01").shards
     }
-    assert told == {f"m{i}": (0.3767, 30.0) for i in range(3)}
+    assert told == {f"m{i}": (0.3766, 30.0) for i in range(3)}
     # and a pass later counts what the shards hold: a whole-GPU model takes neither
     big = add_model("big", gpus_per_node=6, tp=6, engine="vllm")
     clock.pass_()

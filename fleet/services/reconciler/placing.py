@@ -7,10 +7,23 @@ pure function of the snapshot.
 """
 
 import logging
+import math
+from datetime import timedelta
 
-from fleet.models import DesiredState, Node, Replica, ReplicaState, Shard, ShardState
+from fleet.conf import fleet_settings
+from fleet.models import (
+    SHARD_FINISHED,
+    DesiredState,
+    Event,
+    EventKind,
+    Node,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+)
 
-from .. import placement
+from .. import placement, preemption
 from .. import snapshot as snapshots
 
 logger = logging.getLogger(__name__)
@@ -25,8 +38,14 @@ class Placing:
         ]
         if not todo:
             return
+        # Higher priorities first: room that frees goes to them before the replicas
+        # they took it from (a stable sort: otherwise the order they asked in).
+        todo.sort(key=lambda r: -self.models[r.model_id].priority)
         snap = snapshots.build()
         unplaceable: dict[tuple, str] = {}
+        self._holders: list[preemption.Holder] | None = None
+        self._preempting: dict[str, list[str]] | None = None
+        self._preemptions_left: int | None = None
         for r in todo:
             model = self.models[r.model_id]
             prefer = self.prefer.get(r.pk)
@@ -39,9 +58,10 @@ class Placing:
                 continue
             result = placement.place(snap, req)
             if isinstance(result, placement.NoPlacement):
-                if key is not None:
+                if key is not None and not model.priority:
                     unplaceable[key] = result.summary
-                self.unplaced(r, result.summary)
+                if not self.make_room(r, req, snap):
+                    self.unplaced(r, result.summary)
                 continue
             snap.commit(result, req)
             spec = self.spec_of(r, result, snap)
@@ -61,7 +81,7 @@ class Placing:
                 for s in result.shards
             )
             self.touched.update(result.node_ids)
-            self.set_replica(r, ReplicaState.STARTING)
+            self.set_replica(r, ReplicaState.STARTING, preempted_by="")
             logger.info(
                 "replica placed replica=%s model=%s nodes=%s",
                 r.pk,
@@ -81,7 +101,9 @@ class Placing:
             by_uuid = {g.uuid: g for s in result.shards for g in snap.nodes[s.node_id].gpus}
             totals = [by_uuid[u].memory_mb for s in result.shards for u in s.gpu_uuids]
             if totals and min(totals) > 0:
-                spec["gpu_memory_fraction"] = round(min(1.0, share / min(totals)), 4)
+                # Rounded down: an engine that takes all it is told stays in budget.
+                fraction = math.floor(share / min(totals) * 10_000) / 10_000
+                spec["gpu_memory_fraction"] = min(1.0, fraction)
         if len(result.shards) > 1:
             # The other ranks find rank 0 here: its management address and a
             # port of its own for the engines' rendezvous. Each node's engines
@@ -104,7 +126,135 @@ class Placing:
             )
         return spec
 
+    # ---- preemption ----------------------------------------------------------------
+
+    def make_room(self, r: Replica, req, snap) -> bool:
+        """Drain replicas of lower priority so ``r`` fits once they are gone.
+
+        True when ``r`` waits for room (its reason says for what); False when no
+        room can be made, and it is unplaced as usual.
+        """
+        model = self.models[r.model_id]
+        if not model.priority or not req.gpus_per_node or req.nodes > 1:
+            return False
+        waiting = self.preempting().get(r.pk)
+        if waiting:
+            # Its room is being made: more would stop replicas for nothing.
+            self.unplaced(r, f"making room: waiting for {', '.join(waiting)} to stop")
+            return True
+        if self.exp.paused:
+            return False  # the mass-failure brake: nothing is stopped on purpose
+        room = preemption.choose_victims(snap, req, model.priority, self.holders())
+        if room is None:
+            return False
+        left = self.preemptions_left()
+        if len(room.victims) > left:
+            limit = fleet_settings().preemptions_per_minute
+            self.unplaced(
+                r,
+                f"would preempt {len(room.victims)} on {room.node_id}, but at most {limit} "
+                "replicas are preempted a minute (LLMGW_PREEMPTIONS_PER_MINUTE): waiting",
+            )
+            return True
+        by = f"{model.name} (priority {model.priority})"
+        for victim in room.victims:
+            self.preempt(victim, r, by)
+        names = ", ".join(f"{v.model} (priority {v.priority})" for v in room.victims)
+        self.unplaced(r, f"making room on {room.node_id}: preempting {names}")
+        self._preempting[r.pk] = [v.model for v in room.victims]
+        return True
+
+    def preempt(self, victim: preemption.Holder, r: Replica, by: str) -> None:
+        replica = next(x for x in self.replicas if x.pk == victim.replica_id)
+        vmodel = self.models[replica.model_id]
+        why = f"preempted by {by}"
+        self.retire(replica, why)
+        self.set_replica(replica, replica.state, why, preempted_for=r.pk)
+        # The model keeps its count: a replica in its place waits for room.
+        comeback = self.create(vmodel)
+        comeback.preempted_by = by
+        comeback.reason = f"{why}; waiting for room"
+        self._holders = [h for h in self._holders if h.replica_id != victim.replica_id]
+        self._preemptions_left -= 1
+        self.report.preempted += 1
+        Event.objects.create(
+            created_at=self.now,
+            kind=EventKind.PREEMPT,
+            model_id=vmodel.pk,
+            model_name=vmodel.name,
+            reason=f"replica {replica.pk} on {victim.node_id} drained to make room for {by}",
+        )
+        logger.warning(
+            "replica preempted replica=%s model=%s node=%s for=%s by=%s",
+            replica.pk,
+            vmodel,
+            victim.node_id,
+            r.pk,
+            by,
+        )
+
+    def holders(self) -> list[preemption.Holder]:
+        """Replicas running on one node with GPUs, that a preemption could stop."""
+        if self._holders is None:
+            found: dict[str, list] = {}
+            rows = (
+                Shard.objects.filter(
+                    replica__state__in=[ReplicaState.READY, ReplicaState.STARTING],
+                    node__isnull=False,
+                )
+                .exclude(state__in=SHARD_FINISHED)
+                .values_list(
+                    "replica_id",
+                    "node_id",
+                    "gpu_uuids",
+                    "replica__model__name",
+                    "replica__model__priority",
+                    "replica__profile__gpu_memory_gb",
+                )
+            )
+            for replica_id, node_id, uuids, name, prio, share_gb in rows:
+                found.setdefault(replica_id, []).append((node_id, uuids, name, prio, share_gb))
+            self._holders = [
+                preemption.Holder(
+                    replica_id=replica_id,
+                    model=name,
+                    priority=prio,
+                    node_id=node_id,
+                    gpu_uuids=tuple(uuids or ()),
+                    share_mb=snapshots.share_mb(share_gb),
+                )
+                for replica_id, shards in found.items()
+                if len(shards) == 1  # a multi-node replica is not preempted
+                for node_id, uuids, name, prio, share_gb in shards
+                if replica_id not in self.to_place and uuids
+            ]
+        return self._holders
+
+    def preempting(self) -> dict[str, list[str]]:
+        """By the replica room is made for, the models of its victims not yet stopped."""
+        if self._preempting is None:
+            self._preempting = {}
+            rows = (
+                Shard.objects.exclude(replica__preempted_for="")
+                .exclude(state__in=SHARD_FINISHED)
+                .values_list("replica__preempted_for", "replica__model__name")
+                .distinct()
+            )
+            for for_id, name in rows:
+                self._preempting.setdefault(for_id, []).append(name)
+        return self._preempting
+
+    def preemptions_left(self) -> int:
+        if self._preemptions_left is None:
+            recent = Event.objects.filter(
+                kind=EventKind.PREEMPT, created_at__gt=self.now - timedelta(minutes=1)
+            ).count()
+            self._preemptions_left = max(0, fleet_settings().preemptions_per_minute - recent)
+        return self._preemptions_left
+
     def unplaced(self, r: Replica, summary: str) -> None:
+        if getattr(r, "preempted_by", ""):
+            summary = f"preempted by {r.preempted_by}; {summary}"
         if r.reason != summary:
             logger.warning("replica cannot be placed replica=%s reason=%s", r.pk, summary)
         self.set_replica(r, ReplicaState.PENDING, summary)
