@@ -100,6 +100,9 @@ class FleetSettings:
     # GPU memory never promised to shares of a GPU (profiles with gpu_memory_gb):
     # the driver's and CUDA contexts' own, and headroom.
     gpu_memory_reserve_gb: float = 1.0
+    # Replicas drained to make room for a higher priority, at most this many in any
+    # minute (0: never). None while the mass-failure brake is on.
+    preemptions_per_minute: int = 2
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 

@@ -51,6 +51,7 @@ class ModelAdmin(admin.ModelAdmin):
         "scaling_display",
         "active_profile",
         "placement_policy",
+        "priority",
         "prefix_routing",
         "updated_at",
     )
@@ -67,7 +68,7 @@ class ModelAdmin(admin.ModelAdmin):
     )
     fieldsets = (
         (None, {"fields": ("name", "description", "active_profile", "placement_policy")}),
-        ("Replicas", {"fields": ("desired_replicas", "replace_after_s")}),
+        ("Replicas", {"fields": ("desired_replicas", "priority", "replace_after_s")}),
         ("Routing and weights", {"fields": ("prefix_routing", "weights_retention_s")}),
         (
             "Autoscaling and scale to zero",

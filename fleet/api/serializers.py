@@ -31,7 +31,7 @@ from fleet.models import (
     VllmBuild,
     WantedEngine,
 )
-from fleet.models.catalog import GPU_MEMORY_GB_MAX
+from fleet.models.catalog import GPU_MEMORY_GB_MAX, PRIORITY_MAX
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
 from fleet.services import profiles
@@ -262,6 +262,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "last_request_at",
             "last_scaled_at",
             "placement_policy",
+            "priority",
             "prefix_routing",
             "replace_after_s",
             "weights_retention_s",
@@ -290,6 +291,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "scale_to_zero_after_s": {"min_value": 1, "max_value": INT_MAX},
             "max_waiting": {"min_value": 1, "max_value": INT_MAX},
             "max_wait_s": {"min_value": 1, "max_value": INT_MAX},
+            "priority": {"min_value": 0, "max_value": PRIORITY_MAX},
         }
 
     scaling = serializers.SerializerMethodField(
@@ -546,6 +548,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "state",
             "reason",
             "restarts",
+            "preempted_by",
             "shards",
             "created_at",
             "updated_at",

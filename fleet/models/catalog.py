@@ -5,7 +5,7 @@ import json
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
 
@@ -13,6 +13,8 @@ from agentd.fetch import sources
 from fleet.selectors import parse_selector
 
 from .choices import Engine, PlacementPolicy
+
+PRIORITY_MAX = 100
 
 name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
@@ -91,6 +93,13 @@ class Model(models.Model):
     )
     placement_policy = models.CharField(
         max_length=16, choices=PlacementPolicy.choices, default=PlacementPolicy.BINPACK
+    )
+    priority = models.PositiveSmallIntegerField(
+        default=0,
+        validators=[MaxValueValidator(PRIORITY_MAX)],
+        help_text=f"0 to {PRIORITY_MAX}. A replica that finds no GPU memory may take the "
+        "place of replicas of lower priority (they drain first, then wait for room); "
+        "never of equal or higher.",
     )
     prefix_routing = models.BooleanField(
         "prefix-aware routing",

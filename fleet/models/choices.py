@@ -69,3 +69,4 @@ class ApiKeyScope(models.TextChoices):
 
 class EventKind(models.TextChoices):
     AUTOSCALE = "autoscale"  # the autoscaler changed a model's desired replicas
+    PREEMPT = "preempt"  # a replica drained to make room for one of higher priority

@@ -51,6 +51,17 @@ class Replica(models.Model):
         blank=True,
         help_text="Failed starts per node. A node with too many is tried last.",
     )
+    # Preemption (docs/operations.md, "Priorities"): a replica drained to make room
+    # names the replica it made room for; its replacement says by whom it waits.
+    preempted_for = models.CharField(
+        max_length=32, blank=True, help_text="The replica this one was drained to make room for."
+    )
+    preempted_by = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Who took this model's place, e.g. 'qwen-72b (priority 90)'; "
+        "cleared once it is placed again.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -52,6 +52,7 @@ MODEL_KEYS = {
     "description": "description",
     "replicas": "desired_replicas",
     "placement_policy": "placement_policy",
+    "priority": "priority",
     "prefix_routing": "prefix_routing",
     "replace_after_s": "replace_after_s",
     "min_replicas": "min_replicas",

@@ -20,6 +20,7 @@ class PassReport:
     drains_finished: int = 0
     deleted: int = 0
     scaled: int = 0  # autoscaler decisions
+    preempted: int = 0  # replicas drained to make room for a higher priority
     paused: bool = False
     nodes_notified: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
@@ -40,6 +41,7 @@ class PassReport:
                 self.unclaimed,
                 self.drains_finished,
                 self.scaled,
+                self.preempted,
             )
         )
 
@@ -53,6 +55,7 @@ class PassReport:
             "replaced",
             "retired",
             "scaled",
+            "preempted",
         )
         parts = [f"{f}={getattr(self, f)}" for f in fields if getattr(self, f)]
         parts += [f"nodes_notified={len(self.nodes_notified)}", f"ms={self.duration_ms:.1f}"]

@@ -50,6 +50,8 @@ class ReplicaRow:
         "node_failures",
         "created_at",
         "updated_at",
+        "preempted_by",
+        "preempted_for",
     )
 
     def __init__(self, row, profiles):
@@ -67,6 +69,8 @@ class ReplicaRow:
             failures,
             created,
             updated,
+            self.preempted_by,
+            self.preempted_for,
         ) = row
         self.profile = profiles[self.profile_id]
         self.state_changed_at = dt(changed)
@@ -125,8 +129,8 @@ def live_replicas(profiles: dict) -> list[ReplicaRow]:
         ReplicaRow(row, profiles)
         for row in _rows(
             "SELECT id, model_id, profile_id, state, reason, state_changed_at, failures, "
-            "restarts, retry_at, spec_hash, node_failures, created_at, updated_at "
-            f"FROM {table} WHERE state <> %s ORDER BY created_at, id",
+            "restarts, retry_at, spec_hash, node_failures, created_at, updated_at, "
+            f"preempted_by, preempted_for FROM {table} WHERE state <> %s ORDER BY created_at, id",
             [ReplicaState.STOPPED],
         )
     ]
