@@ -63,7 +63,7 @@ def opener(ca_file: str | None = None) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx), _Redirect())
 
 
-def _request(url: str, headers: dict[str, str], method: str = "GET") -> urllib.request.Request:
+def http_request(url: str, headers: dict[str, str], method: str = "GET") -> urllib.request.Request:
     req = urllib.request.Request(url, method=method)
     req.add_header("Accept-Encoding", "identity")  # the size on the wire is the file's
     for key, value in headers.items():
@@ -74,7 +74,7 @@ def _request(url: str, headers: dict[str, str], method: str = "GET") -> urllib.r
     return req
 
 
-def _describe(url: str, exc: BaseException, stall_s: float) -> str:
+def describe_error(url: str, exc: BaseException, stall_s: float) -> str:
     host = urlsplit(url).netloc
     if isinstance(exc, urllib.error.HTTPError):
         return f"{url}: the server answered {exc.code} {exc.reason}"
@@ -99,14 +99,14 @@ def size_of(url: str, headers: dict[str, str], *, op, stall_s: float) -> int | N
     is then learnt from the GET. A missing file or an unreachable host is.
     """
     try:
-        with op.open(_request(url, headers, "HEAD"), timeout=stall_s) as resp:
+        with op.open(http_request(url, headers, "HEAD"), timeout=stall_s) as resp:
             length = resp.headers.get("Content-Length")
     except urllib.error.HTTPError as exc:
         if exc.code in (403, 405, 501):
             return None
-        raise FetchError(_describe(url, exc, stall_s)) from None
+        raise FetchError(describe_error(url, exc, stall_s)) from None
     except (OSError, urllib.error.URLError) as exc:
-        raise FetchError(_describe(url, exc, stall_s)) from None
+        raise FetchError(describe_error(url, exc, stall_s)) from None
     return int(length) if length and length.isdigit() else None
 
 
@@ -144,7 +144,7 @@ def download(
     prefix = hashlib.sha256() if sha256 else None
     if prefix is not None and have:
         _hash_into(prefix, partial, have, cancel)
-    req = _request(url, headers or {})
+    req = http_request(url, headers or {})
     if have:
         req.add_header("Range", f"bytes={have}-")
     try:
@@ -156,9 +156,9 @@ def download(
             return download(url, partial, headers=headers, expected_size=expected_size, op=op,
                             stall_s=stall_s, cancel=cancel, on_bytes=on_bytes,
                             sha256=sha256)  # fmt: skip
-        raise FetchError(_describe(url, exc, stall_s)) from None
+        raise FetchError(describe_error(url, exc, stall_s)) from None
     except (OSError, urllib.error.URLError) as exc:
-        raise FetchError(_describe(url, exc, stall_s)) from None
+        raise FetchError(describe_error(url, exc, stall_s)) from None
     with resp:
         total = _total(resp, have)
         if resp.status != 206:
@@ -182,7 +182,7 @@ def download(
                 try:
                     chunk = resp.read1(CHUNK)  # what has arrived: progress and cancel stay prompt
                 except (OSError, urllib.error.URLError) as exc:
-                    raise FetchError(_describe(url, exc, stall_s)) from None
+                    raise FetchError(describe_error(url, exc, stall_s)) from None
                 if not chunk:
                     break
                 out.write(chunk)

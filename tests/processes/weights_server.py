@@ -178,7 +178,8 @@ class WeightsServer:
         if rng.startswith("bytes=") and not head and not self.ignore_range:
             first, _, last = rng[len("bytes=") :].partition("-")
             start = int(first or 0)
-            end = int(last) if last else len(data) - 1
+            # A range past the end is cut to the file (RFC 9110), as a header read asks for more.
+            end = min(int(last), len(data) - 1) if last else len(data) - 1
             if start >= len(data):
                 return self._plain(h, 416, b"", head, {"Content-Range": f"bytes */{len(data)}"})
             status = 206
