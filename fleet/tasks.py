@@ -17,3 +17,11 @@ def gc_weights() -> None:
     from fleet.services.weights_gc import cleanup
 
     cleanup.run_locked()
+
+
+@shared_task(ignore_result=True)
+def estimate_profiles() -> None:
+    """Estimate what new or changed profiles' models need, from their weights' headers."""
+    from fleet.services import estimate
+
+    estimate.refresh_profiles()

@@ -230,6 +230,13 @@ CELERY_BEAT_SCHEDULE: dict = {
         "schedule": LLMGW["WEIGHTS_GC_INTERVAL_S"],
         "options": {"expires": LLMGW["WEIGHTS_GC_INTERVAL_S"]},
     },
+    # What new or changed profiles' models need (fleet.services.estimate): reads
+    # weights' headers, so in the worker, never in a request or a pass.
+    "estimate-profiles": {
+        "task": "fleet.tasks.estimate_profiles",
+        "schedule": 10.0,
+        "options": {"expires": 10.0},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import Count, Q
 
 from fleet.models import EngineProfile, Event, Model, ReplicaState
-from fleet.services import profiles
+from fleet.services import estimate, profiles
 from fleet.services.autoscaler.status import scaling_status
 
 ARGS_ENV = ("args", "env")
@@ -31,6 +31,7 @@ class EngineProfileInline(admin.StackedInline):
         ("name", "engine"),
         ("tp", "pp", "gpus_per_node", "gpu_memory_gb", "nodes"),
         ("gpu_class", "min_memory_gb", "node_selector"),
+        ("context_tokens", "sequences", "memory_estimate"),
         ("model_path", "weights_sha256"),
         "served_model_name",
         ("args", "env"),
@@ -39,7 +40,11 @@ class EngineProfileInline(admin.StackedInline):
     )
 
     def get_readonly_fields(self, request, obj=None):
-        return (*ARGS_ENV_RECORD, *args_env_read_only(request))
+        return (*ARGS_ENV_RECORD, *args_env_read_only(request), "memory_estimate")
+
+    @admin.display(description="memory estimate")
+    def memory_estimate(self, obj):
+        return estimate.profile_text(obj) if obj.pk else "-"
 
 
 @admin.register(Model)
@@ -144,6 +149,7 @@ class EngineProfileAdmin(admin.ModelAdmin):
         "gpu_memory_gb",
         "nodes",
         "min_memory_gb",
+        "memory_estimate",
         "node_selector",
         "updated_at",
     )
@@ -154,7 +160,18 @@ class EngineProfileAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # A profile belongs to its model for life (replicas point at it).
         fixed = () if obj is None else ("model",)
-        return (*fixed, *args_env_read_only(request), *ARGS_ENV_RECORD, "created_at", "updated_at")
+        return (
+            *fixed,
+            *args_env_read_only(request),
+            *ARGS_ENV_RECORD,
+            "memory_estimate",
+            "created_at",
+            "updated_at",
+        )
+
+    @admin.display(description="memory estimate")
+    def memory_estimate(self, obj):
+        return estimate.profile_text(obj) if obj.pk else "-"
 
     def save_model(self, request, obj, form, change):
         stamp_if_args_env_changed(request, form)

@@ -431,6 +431,9 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "weights_sha256",
             "served_model_name",
             "min_memory_gb",
+            "context_tokens",
+            "sequences",
+            "estimate",
             "node_selector",
             "startup_timeout_s",
             "args_env_changed_by",
@@ -444,10 +447,16 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             **{
                 name: {"max_value": SMALLINT_MAX} for name in ("tp", "pp", "gpus_per_node", "nodes")
             },
-            **{name: {"max_value": INT_MAX} for name in ("min_memory_gb", "startup_timeout_s")},
+            **{
+                name: {"max_value": INT_MAX}
+                for name in ("min_memory_gb", "startup_timeout_s", "context_tokens")
+            },
+            "context_tokens": {"min_value": 1, "max_value": INT_MAX},
+            "sequences": {"min_value": 1, "max_value": SMALLINT_MAX},
             "gpu_memory_gb": {"min_value": 0.001, "max_value": GPU_MEMORY_GB_MAX},
         }
         read_only_fields = (
+            "estimate",
             "args_env_changed_by",
             "args_env_changed_at",
             "created_at",

@@ -254,7 +254,29 @@ class EngineProfile(models.Model):
         "minimum memory (GB)",
         null=True,
         blank=True,
-        help_text="Node RAM the engine needs. Empty: fits anywhere.",
+        help_text="Node RAM the engine needs. Empty: the estimate for a CPU profile (below), "
+        "else fits anywhere.",
+    )
+    context_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The context length the memory estimate counts the KV cache for. "
+        "Empty: the model's own.",
+    )
+    sequences = models.PositiveSmallIntegerField(
+        "concurrent sequences",
+        default=1,
+        validators=[MinValueValidator(1)],
+        help_text="Sequences at once the memory estimate counts the KV cache for.",
+    )
+    # fleet.services.estimate, refreshed by beat when model_path, context_tokens or
+    # sequences change: {"key", "total_bytes", "text", ...} or {"key", "error"}.
+    estimate = models.JSONField(
+        "memory estimate",
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="What the model needs, read from its weights' headers before placement.",
     )
     node_selector = models.CharField(
         max_length=1024,

@@ -77,6 +77,8 @@ PROFILE_KEYS = {
     "weights_sha256",
     "served_model_name",
     "min_memory_gb",
+    "context_tokens",
+    "sequences",
     "node_selector",
     "startup_timeout_s",
 }

@@ -402,3 +402,67 @@ def _parse_gguf(buf: bytes) -> tuple[dict, list[tuple[str, int]]]:
         num("Q")  # the data's offset
         tensors.append((name, prod(dims) // block * size))
     return meta, tensors
+
+
+def estimate_key(profile) -> str:
+    """What a profile's estimate was made from; a change of any of it makes a new one."""
+    return json.dumps([profile.model_path, profile.context_tokens, profile.sequences])
+
+
+def refresh_profiles(limit: int = 20) -> int:
+    """Estimate the profiles whose estimate is missing or was made from other inputs.
+
+    Reads weights' headers over the network, so beat runs it in the worker
+    (``fleet.tasks.estimate_profiles``), never a request or the reconciler. A
+    profile whose weights cannot be read gets the reason, shown where the estimate
+    would be. Returns how many were estimated.
+    """
+    from fleet.models import EngineProfile
+
+    done = 0
+    for profile in EngineProfile.objects.only(
+        "model_path", "context_tokens", "sequences", "env", "estimate"
+    ).iterator():
+        key = estimate_key(profile)
+        if profile.estimate.get("key") == key:
+            continue
+        try:
+            found = estimate(
+                profile.model_path,
+                context_tokens=profile.context_tokens,
+                sequences=profile.sequences,
+                hf_endpoint=profile.env.get("HF_ENDPOINT"),
+                hf_token=profile.env.get("HF_TOKEN"),
+            )
+        except EstimateError as exc:
+            value = {"key": key, "error": str(exc)}
+        else:
+            value = {"key": key, **found.as_dict()}
+        # Only if its inputs did not change meanwhile: the next run estimates those.
+        EngineProfile.objects.filter(
+            pk=profile.pk,
+            model_path=profile.model_path,
+            context_tokens=profile.context_tokens,
+            sequences=profile.sequences,
+        ).update(estimate=value)
+        done += 1
+        if done >= limit:
+            break
+    return done
+
+
+def needed_text(estimate_value: dict) -> str:
+    """The stored estimate for people: its text, why there is none, or "" before the first."""
+    if estimate_value.get("text"):
+        return estimate_value["text"]
+    if estimate_value.get("error"):
+        return f"no estimate: {estimate_value['error']}"
+    return ""
+
+
+def profile_text(profile) -> str:
+    """A profile's estimate as explain, the admin and the console say it."""
+    found = profile.estimate or {}
+    if found.get("key") != estimate_key(profile):
+        return "memory not estimated yet"
+    return needed_text(found)

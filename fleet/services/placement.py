@@ -175,6 +175,16 @@ def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
                 "gpus",
                 f"{nid}: has {len(gpus)} GPUs{with_problems}, needs {req.gpus_per_node} healthy",
             )
+        big = sum(1 for g in healthy if g.memory_mb >= req.min_gpu_mb)
+        if big < req.gpus_per_node:
+            most = max(g.memory_mb for g in healthy) / MIB_PER_GIB
+            need = req.min_gpu_mb / MIB_PER_GIB
+            return Reason(
+                nid,
+                "gpu_memory",
+                f"{nid}: its GPUs have at most {most:.1f} GB, needs {need:.1f} on each of "
+                f"{req.gpus_per_node} (the model's estimate)",
+            )
     return None
 
 
@@ -223,7 +233,7 @@ def _open_gpus(node: NodeInfo, req: Request, reserve_mb: int) -> list[GpuInfo]:
     gpus = [g for g in _class_gpus(node, req) if g.healthy and g.uuid not in held]
     need = req.gpu_memory_mb
     if not need:
-        return [g for g in gpus if not g.promised_mb]
+        return [g for g in gpus if not g.promised_mb and g.memory_mb >= req.min_gpu_mb]
     gpus = [g for g in gpus if g.room_mb(reserve_mb) >= need]
     if req.policy == BINPACK:
         gpus.sort(key=lambda g: (not g.promised_mb, g.room_mb(reserve_mb), g.index))

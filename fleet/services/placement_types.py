@@ -97,6 +97,8 @@ class Request:
     tp: int = 1
     gpu_class: str = ""
     min_memory_gb: int | None = None
+    # Whole GPUs: the memory each must have, from the model's estimate (0: any).
+    min_gpu_mb: int = 0
     selector: tuple[Requirement, ...] = ()
     selector_text: str = ""
     model_path: str = ""
@@ -119,6 +121,7 @@ class Request:
             self.gpu_memory_mb,
             self.gpu_class,
             self.min_memory_gb,
+            self.min_gpu_mb,
             self.selector,
         )
 

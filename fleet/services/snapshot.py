@@ -5,6 +5,7 @@ with 40,000 GPUs must stay well under a second.
 """
 
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from fleet.models import (
 )
 from fleet.selectors import effective_labels, parse_selector
 
+from .estimate import estimate_key, profile_text
 from .nodes import LOAD_MAX_AGE
 from .placement import (
     GpuInfo,
@@ -223,12 +225,27 @@ def share_mb(gpu_memory_gb: float | None) -> int:
     return round(gpu_memory_gb * MIB_PER_GIB) if gpu_memory_gb else 0
 
 
+def estimated_bytes(profile) -> int:
+    """What the profile's model needs by its estimate (0: none, or made from other inputs)."""
+    found = profile.estimate or {}
+    if found.get("total_bytes") and found.get("key") == estimate_key(profile):
+        return found["total_bytes"]
+    return 0
+
+
 def request_for(model, profile, replica=None, prefer=()) -> Request:
     """What a replica of ``model`` on ``profile`` needs. ``replica`` adds its failure history."""
     avoid: tuple = ()
     if replica is not None and replica.node_failures:
         limit = fleet_settings().failures_before_moving
         avoid = tuple(sorted((n, c) for n, c in replica.node_failures.items() if c >= limit))
+    min_memory_gb, min_gpu_mb = profile.min_memory_gb, 0
+    if total := estimated_bytes(profile):
+        # The estimate stands in for what the operator left blank.
+        if not profile.gpus_per_node and min_memory_gb is None:
+            min_memory_gb = math.ceil(total / 10**9)
+        elif profile.gpus_per_node and not profile.gpu_memory_gb:
+            min_gpu_mb = math.ceil(total / profile.gpus_total / 2**20)
     return Request(
         model=model.name,
         engine=profile.engine,
@@ -237,7 +254,8 @@ def request_for(model, profile, replica=None, prefer=()) -> Request:
         nodes=profile.nodes,
         tp=profile.tp,
         gpu_class=profile.gpu_class,
-        min_memory_gb=profile.min_memory_gb,
+        min_memory_gb=min_memory_gb,
+        min_gpu_mb=min_gpu_mb,
         selector=tuple(parse_selector(profile.node_selector)),
         selector_text=profile.node_selector,
         model_path=profile.model_path,
@@ -299,7 +317,8 @@ def _needs(model, profile) -> str:
     if profile.node_selector:
         parts.append(f"nodes matching '{profile.node_selector}'")
     parts.append(f"policy {model.placement_policy}")
-    return ", ".join(parts)
+    text = ", ".join(parts)
+    return f"{text}; {profile_text(profile)}"
 
 
 def explain_model(model_name: str, profile_name: str | None = None) -> Explanation:

@@ -31,7 +31,10 @@ def test_explain_lists_every_node_with_its_reason():
 
     lines = explain("qwen")
 
-    assert lines[0] == "model qwen, profile default: llamacpp, CPU, 24 GB of memory, policy binpack"
+    assert lines[0] == (
+        "model qwen, profile default: llamacpp, CPU, 24 GB of memory, policy binpack; "
+        "memory not estimated yet"
+    )
     assert lines[1].startswith("a new replica: would go to ")
     assert lines[2:] == [
         "coder: fits (CPU)",

@@ -1,0 +1,108 @@
+"""The estimate before placement: made for new and changed profiles, shown by explain, the
+admin and the API, and standing in for the memory an operator left blank."""
+
+import pytest
+from django.urls import reverse
+
+from agentd import tinygguf
+from fleet.models import EngineProfile
+from fleet.services import estimate, snapshot
+from tests.factories import H100_GPUS, LLAMACPP_CPU, add_model, add_node, grant, staff_user
+from tests.reconciler.helpers import Clock, replicas, running
+
+pytestmark = pytest.mark.django_db
+
+# A tinygguf llama whose KV cache at 131,072 tokens x 512 sequences is what counts:
+# 2 (K, V) x 3 layers x 4 heads x 32 x 2 bytes = 1,536 bytes a token: 103 GB.
+KV_BYTES = 1536 * 131072 * 512
+
+
+@pytest.fixture
+def gguf(tmp_path):
+    return str(tinygguf.write(tmp_path / "tiny.gguf", layers=3, embd=128, ff=96, ctx=4096))
+
+
+def estimated(model_name):
+    estimate.refresh_profiles()
+    return EngineProfile.objects.get(model__name=model_name)
+
+
+def test_a_new_profile_is_estimated_once_and_again_when_its_inputs_change(gguf):
+    add_model("tiny", **{**LLAMACPP_CPU, "model_path": gguf})
+
+    profile = estimated("tiny")
+    first = profile.estimate
+    assert first["kv_bytes"] == 1536 * 4096  # the model's own context, one sequence
+    assert first["text"].startswith("needs ") and "4,096 tokens × 1 sequence" in first["text"]
+    assert estimate.refresh_profiles() == 0  # nothing changed: nothing read again
+
+    EngineProfile.objects.filter(pk=profile.pk).update(context_tokens=8192, sequences=4)
+    assert estimated("tiny").estimate["kv_bytes"] == 1536 * 8192 * 4
+
+
+def test_explain_the_admin_and_the_api_show_the_estimate_before_placement(gguf, client):
+    add_model("tiny", **{**LLAMACPP_CPU, "model_path": gguf})
+    assert "memory not estimated yet" in snapshot.explain_model("tiny").summary
+    text = estimated("tiny").estimate["text"]
+
+    summary = snapshot.explain_model("tiny").summary
+    client.force_login(grant(staff_user(), "fleet.view_engineprofile"))
+    admin = client.get(reverse("admin:fleet_engineprofile_changelist")).content.decode()
+
+    assert summary.endswith(f"; {text}")
+    assert text in admin
+
+
+def test_weights_that_cannot_be_read_say_why_where_the_estimate_would_be(tmp_path):
+    add_model("gone", **{**LLAMACPP_CPU, "model_path": str(tmp_path / "nope.gguf")})
+
+    profile = estimated("gone")
+
+    assert "nope.gguf" in profile.estimate["error"]
+    assert snapshot.explain_model("gone").summary.split("; ")[-1].startswith("no estimate: ")
+
+
+def test_a_cpu_profile_without_min_memory_needs_its_estimate_in_node_memory(gguf):
+    # given a 64 GB node and a model needing ~103 GB of KV cache at 131,072 x 512
+    add_node("cpu-01", gpus=[], memory_gb=64)
+    model = add_model(
+        "tiny", **{**LLAMACPP_CPU, "model_path": gguf, "context_tokens": 131072, "sequences": 512}
+    )
+    need = estimated("tiny").estimate["total_bytes"]
+    assert need > KV_BYTES
+
+    Clock().pass_()
+
+    assert running(model) == []
+    reason = replicas(model)[0].reason
+    assert f"needs {-(-need // 10**9)}" in reason and "cpu-01: has 64 GB of memory" in reason
+
+
+def test_a_whole_gpu_profile_goes_only_where_each_gpu_holds_its_share_of_the_estimate(gguf):
+    # given a node of 8 H100s (79.6 GB each) and one of 16 GB cards
+    add_node("gpu-01")
+    small = [
+        {**g, "uuid": f"GPU-small-{g['index']}", "name": "Tesla T4", "memory_total_mb": 15360}
+        for g in H100_GPUS
+    ]
+    add_node("t4-01", gpus=small)
+    # a model needing ~103 GB on 2 whole GPUs: ~52 each, more than a T4 holds
+    model = add_model(
+        "tiny",
+        engine="vllm",
+        gpus_per_node=2,
+        tp=2,
+        model_path=gguf,
+        context_tokens=131072,
+        sequences=512,
+    )
+    per_gpu = estimated("tiny").estimate["total_bytes"] / 2 / 2**30
+
+    verdicts = {v.node_id: v for v in snapshot.explain_model("tiny").verdicts}
+    Clock().pass_()
+
+    assert [s.node_id for s in running(model)] == ["gpu-01"]
+    assert f"t4-01: its GPUs have at most 15.0 GB, needs {per_gpu:.1f} on each of 2" in (
+        verdicts["t4-01"].text
+    )
+    assert verdicts["gpu-01"].fits
