@@ -430,6 +430,9 @@ class DesiredShard(_Part):
     # A profile that shares GPUs (gpu_memory_gb): the part of each of this shard's
     # GPUs its engine may use, its budget over the GPU's total. 0: whole GPUs.
     gpu_memory_fraction: Annotated[float, Field(ge=0, le=1)] = 0
+    # The same budget for llama.cpp, as the layers to offload to those GPUs (from the
+    # model's estimate); -1: not told (whole GPUs, or no estimate).
+    gpu_layers: Annotated[int, Field(ge=-1, le=100_000)] = -1
     profile: ProfileSpec
 
 

@@ -103,9 +103,15 @@ class LlamaCpp(Engine):
         model, name = gguf_in(model_of(profile, shard)), served_name(profile, shard)
         if flavour == "python":
             # llama_cpp.server takes its settings' field names as flags, underscores and all.
-            return ["--model", model, "--host", host, "--port", str(port), "--model_alias", name]
+            argv = ["--model", model, "--host", host, "--port", str(port), "--model_alias", name]
+            if shard.gpu_layers >= 0:  # a share of a GPU: the layers that fit its budget
+                argv += ["--n_gpu_layers", str(shard.gpu_layers)]
+            return argv
         # --metrics turns on /metrics, which drain reads for requests in flight.
-        return ["-m", model, "--host", host, "--port", str(port), "--alias", name, "--metrics"]
+        argv = ["-m", model, "--host", host, "--port", str(port), "--alias", name, "--metrics"]
+        if shard.gpu_layers >= 0:
+            argv += ["--n-gpu-layers", str(shard.gpu_layers)]
+        return argv
 
 
 _PART = re.compile(r"-(\d+)-of-\d+\.gguf$")

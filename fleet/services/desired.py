@@ -149,6 +149,7 @@ def desired_sets(versions: dict[str, int]) -> dict[str, protocol.Desired]:
                 port=s.port or 0,
                 startup_timeout_s=p.startup_timeout_s,
                 gpu_memory_fraction=spec.get("gpu_memory_fraction", 0),
+                gpu_layers=spec.get("gpu_layers", -1),
                 profile=protocol.ProfileSpec(**spec["profile"]),
             )
         )

@@ -233,6 +233,21 @@ def estimated_bytes(profile) -> int:
     return 0
 
 
+def layers_within(profile, share_mb_each: int) -> int | None:
+    """For llama.cpp, the layers a budget of ``share_mb_each`` on each GPU holds: each
+    offloaded layer brings its weights and its part of the KV cache. None: no estimate.
+
+    A tenth of the budget is left for llama.cpp's compute buffers, which the
+    headers do not state."""
+    if not estimated_bytes(profile):
+        return None
+    found = profile.estimate
+    layers = found["layers"]
+    per_layer = found["layer_bytes"] + found["kv_bytes"] // max(1, layers)
+    budget = share_mb_each * 2**20 * max(1, profile.gpus_per_node) * 0.9
+    return max(0, min(layers, int(budget // max(1, per_layer))))
+
+
 def request_for(model, profile, replica=None, prefer=()) -> Request:
     """What a replica of ``model`` on ``profile`` needs. ``replica`` adds its failure history."""
     avoid: tuple = ()

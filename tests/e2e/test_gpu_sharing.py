@@ -3,29 +3,49 @@ under the NVML double (an H100 80GB that is not there) and fake engines that hol
 memory in it as vLLM holds its budget, and the gateway.
 
 docs/operations.md, "Several models on one GPU": each share is told its budget, holds it,
-is measured by its node and shown against it; one that holds more is flagged.
+is measured by its node and shown against it; one that holds more is flagged. And
+"Priorities": a model of higher priority that does not fit drains one of lower priority
+(its requests in flight finish), takes its room, and gives it back when it scales down.
 """
 
+import json
 import math
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
 
 import pytest
+import requests
 
 from fleet.models import Node, NodeLoad, Shard
 from tests.agent import nvml_data
 from tests.e2e.helpers import answers, wait_serving
-from tests.processes import Stack
+from tests.processes import Load, Stack
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# Preempted replicas drain for at most this long: far past the 4 s streams below, so
+# nothing but the engine's own count of requests in flight ends the drain (the stack's
+# 5 s would race the streams on a busy machine).
+DRAIN_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def clock():
+    return {"LLMGW_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S)}
+
 
 MIB = 2**20
 H100_MIB = nvml_data.H100["memory_mib"]  # 81559: "80GB" as NVML counts it
 DRIVER_MIB = 535  # what the driver holds on an idle H100 (nvml_data.gpu)
 
 
-def shared_model(stack: Stack, name: str, gpu_memory_gb: float, args=()) -> None:
-    """A fake-engine model of one replica on a share of one GPU, declared through the API."""
-    model = stack.api("post", "models/", json={"name": name, "desired_replicas": 1})
+def shared_model(stack: Stack, name: str, gpu_memory_gb: float, args=(), **fields) -> int:
+    """A fake-engine model of one replica on a share of one GPU, declared through the API;
+    ``fields``: more of the model's (``priority=90``). Returns its id."""
+    model = stack.api("post", "models/", json={"name": name, "desired_replicas": 1, **fields})
     profile = stack.api(
         "post",
         "engine-profiles/",
@@ -41,6 +61,7 @@ def shared_model(stack: Stack, name: str, gpu_memory_gb: float, args=()) -> None
         },
     )
     stack.api("patch", f"models/{model['id']}/", json={"active_profile": profile["id"]})
+    return model["id"]
 
 
 def api_shard(stack: Stack, name: str) -> dict:
@@ -76,6 +97,70 @@ def next_heartbeats(stack: Stack, node_id: str, count: int = 2) -> None:
 
 def chat_failures(stack: Stack, name: str, count: int = 10) -> int:
     return sum(answers(stack, name) is None for _ in range(count))
+
+
+def api_replicas(stack: Stack, name: str, state: str) -> list[dict]:
+    return stack.api("get", f"replicas/?model_name={name}&state={state}")["results"]
+
+
+@dataclass
+class Stream:
+    """One streamed chat completion through the gateway: the words that came, how it ended."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    done: bool = False  # ended by ``data: [DONE]``
+    error: str = ""
+    ended_at: float | None = None  # time.time(), to set beside the control plane's clock
+    first_chunk: threading.Event = field(default_factory=threading.Event)
+
+    def complete(self, words: int) -> bool:
+        return (
+            self.done
+            and not self.error
+            and self.finish_reason == "length"
+            and len(self.text.split()) == words
+        )
+
+
+def stream_chat(stack: Stack, name: str, max_tokens: int, out: Stream) -> None:
+    """Read a streamed chat completion to its end into ``out`` (run in a thread)."""
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    try:
+        with requests.post(
+            f"{stack.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {stack.inference_key}"},
+            stream=True,
+            timeout=60,
+        ) as resp:
+            if resp.status_code != 200:
+                out.error = f"{resp.status_code} {resp.text[:200]}"
+                return
+            for line in resp.iter_lines():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    out.done = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    out.error = f"error event: {event['error']}"
+                    return
+                for choice in event["choices"]:
+                    out.text += (choice.get("delta") or {}).get("content") or ""
+                    out.finish_reason = choice.get("finish_reason") or out.finish_reason
+                out.first_chunk.set()
+    except (requests.RequestException, ValueError) as exc:
+        out.error = f"{type(exc).__name__} after {len(out.text.split())} words"
+    finally:
+        out.ended_at = time.time()
 
 
 def test_two_models_share_one_gpu_within_their_budgets_and_one_over_its_budget_is_flagged(
@@ -138,3 +223,111 @@ def test_two_models_share_one_gpu_within_their_budgets_and_one_over_its_budget_i
     # while the two within their budgets still serve and are not flagged
     assert [api_shard(stack, n)["over_gpu_budget"] for n in ("qwen", "llama")] == [False, False]
     assert chat_failures(stack, "qwen") == chat_failures(stack, "llama") == 0
+
+
+STREAMS = 4
+STREAM_TOKENS = 20  # at 0.2 s a token: ~4 s each
+
+
+def test_a_higher_priority_model_preempts_a_lower_one_after_its_requests_finish_and_it_returns(
+    stack,
+):
+    # given: one H100 80GB shared by "low" (priority 10, 40 GB, slow tokens) and "mid"
+    # (priority 20, 30 GB), both ready: 70 of its 79.6 GB promised
+    spec = nvml_data.hgx(nvml_data.H100, count=1)
+    (gpu,) = spec["gpus"]
+    stack.add_agent("gpu-a", nvml=spec, engines={"binaries": {"fake": sys.executable}})
+    stack.wait(
+        lambda: Node.objects.filter(pk="gpu-a", connected=True, gpus__isnull=False).exists(),
+        "the GPU node to register",
+    )
+    shared_model(stack, "low", 40, args=["--token-delay", "0.2"], priority=10)
+    shared_model(stack, "mid", 30, priority=20)
+    for name in ("low", "mid"):
+        wait_serving(stack, name, timeout=180)
+    low, mid = api_shard(stack, "low"), api_shard(stack, "mid")
+    assert low["gpu_uuids"] == mid["gpu_uuids"] == [gpu["uuid"]]
+
+    on_mid = Load(stack.url, stack.inference_key, "mid", clients=1, stream_every=0, pause_s=0.2)
+    with on_mid:
+        on_mid.wait_requests(5)
+        # and: streamed answers to low in flight
+        streams = [Stream() for _ in range(STREAMS)]
+        threads = [
+            threading.Thread(target=stream_chat, args=(stack, "low", STREAM_TOKENS, s))
+            for s in streams
+        ]
+        for t in threads:
+            t.start()
+        stack.wait(
+            lambda: all(s.first_chunk.is_set() or s.ended_at for s in streams),
+            "the first chunk of every stream to low",
+        )
+
+        # when: a model of priority 90 asks for 45 GB of the GPU, which has 9.6 free
+        high_id = shared_model(stack, "high", 45, priority=90)
+
+        # then: every request in flight to low ends with its whole answer
+        for t in threads:
+            t.join(180)
+        assert not any(t.is_alive() for t in threads)
+        failed = [s for s in streams if not s.complete(STREAM_TOKENS)]
+        assert not failed, failed
+        # and high takes low's room on the same GPU, and answers
+        wait_serving(stack, "high", timeout=180)
+        high = api_shard(stack, "high")
+        assert high["node"] == "gpu-a" and high["gpu_uuids"] == [gpu["uuid"]]
+        # and one preemption: low's replica, for high
+        (event,) = stack.api("get", "events/?kind=preempt")["results"]
+        assert event["model_name"] == "low"
+        assert f"replica {low['replica']} on gpu-a" in event["reason"], event
+        assert event["reason"].endswith("to make room for high (priority 90)"), event
+        # which began while the streams were still coming: the drain waited for them
+        preempted_at = datetime.fromisoformat(event["created_at"]).timestamp()
+        assert all(s.ended_at > preempted_at for s in streams), (
+            "the streams ended before low was preempted, so no drain waited for them: "
+            "make them longer",
+            preempted_at,
+            [s.ended_at for s in streams],
+        )
+        # and low keeps its count: its drained replica is gone, and one in its place waits
+        # for room, saying by whom
+        (waiting,) = stack.wait(
+            lambda: (
+                (r := stack.api("get", "replicas/?model_name=low")["results"])
+                and all(x["id"] != low["replica"] for x in r)
+                and r
+            ),
+            "low's drained replica to be gone",
+        )
+        assert waiting["state"] == "pending", waiting
+        assert waiting["preempted_by"] == "high (priority 90)"
+        assert waiting["reason"].startswith("preempted by high (priority 90)"), waiting
+        # and mid is untouched: the same engine, ready
+        assert api_shard(stack, "mid")["id"] == mid["id"]
+        assert [r["id"] for r in api_replicas(stack, "mid", "ready")] == [mid["replica"]]
+        on_mid.wait_requests(5)
+
+        # when: high scales to zero
+        stack.api("patch", f"models/{high_id}/", json={"desired_replicas": 0})
+
+        # then: low comes back on the GPU it left, and answers
+        wait_serving(stack, "low", timeout=180)
+        back = api_shard(stack, "low")
+        assert back["replica"] == waiting["id"]
+        assert back["node"] == "gpu-a" and back["gpu_uuids"] == [gpu["uuid"]]
+        (ready,) = api_replicas(stack, "low", "ready")
+        assert ready["id"] == waiting["id"] and ready["preempted_by"] == ""
+        stack.wait(
+            lambda: (
+                not stack.api("get", "shards/?model_name=high&desired_state=running")["results"]
+            ),
+            "high's shard to be retired",
+        )
+        on_mid.wait_requests(5)
+    # and mid answered every request throughout, from the engine it started with
+    figures = on_mid.summary()
+    assert figures["failed"] == figures["broken"] == 0, figures
+    assert api_shard(stack, "mid")["id"] == mid["id"]
+    # and nothing else was preempted
+    assert stack.api("get", "events/?kind=preempt")["count"] == 1

@@ -253,3 +253,16 @@ llamacpp:requests_processing 1
 )
 def test_in_flight_from_metrics(names, expected):
     assert metric_sum(METRICS, names) == expected
+
+
+def test_llama_cpp_sharing_a_gpu_is_told_the_layers_its_budget_holds(bins):
+    p = profile("llamacpp", model_path="/w/tiny.gguf", gpu_memory_gb=4)
+    s = shard(engine="llamacpp", profile=p, gpu_uuids=H100_UUIDS[:1], gpu_layers=17)
+    server = LlamaCpp(bins["llama-server"]).build(p, s, host="127.0.0.1", port=9000)
+    python = LlamaCpp(sys.executable).build(p, s, host="127.0.0.1", port=9000)
+    assert server.argv[-2:] == ["--n-gpu-layers", "17"]  # llama-server's flag
+    assert python.argv[-2:] == ["--n_gpu_layers", "17"]  # llama_cpp.server's setting
+    # not told (whole GPUs, or no estimate): llama.cpp's own default stands
+    whole = shard(engine="llamacpp", profile=p, gpu_uuids=H100_UUIDS[:1])
+    built = LlamaCpp(bins["llama-server"]).build(p, whole, host="127.0.0.1", port=9000)
+    assert "--n-gpu-layers" not in built.argv

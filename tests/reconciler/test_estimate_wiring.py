@@ -106,3 +106,28 @@ def test_a_whole_gpu_profile_goes_only_where_each_gpu_holds_its_share_of_the_est
         verdicts["t4-01"].text
     )
     assert verdicts["gpu-01"].fits
+
+
+def test_llama_cpp_sharing_a_gpu_is_told_as_many_layers_as_its_budget_holds(gguf):
+    from fleet.services.desired import desired_set
+
+    # given the tiny llama at 131,072 tokens x 512: each of its 3 layers ~34 GB of KV cache
+    add_node("gpu-01")
+    for name, budget in (("one-layer", 40), ("no-layer", 20)):
+        add_model(
+            name,
+            engine="llamacpp",
+            gpu_memory_gb=budget,
+            model_path=gguf,
+            context_tokens=131072,
+            sequences=512,
+        )
+    estimate.refresh_profiles()
+    per_layer = EngineProfile.objects.get(model__name="one-layer").estimate["kv_bytes"] / 3
+
+    Clock().pass_()
+
+    told = {s.model: s.gpu_layers for s in desired_set("gpu-01").shards}
+    # 36 of 40 GB (a tenth for compute buffers) hold one layer; 18 of 20 hold none
+    assert int(40 * 2**30 * 0.9 // per_layer) == 1
+    assert told == {"one-layer": 1, "no-layer": 0}

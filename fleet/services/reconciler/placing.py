@@ -104,6 +104,10 @@ class Placing:
                 # Rounded down: an engine that takes all it is told stays in budget.
                 fraction = math.floor(share / min(totals) * 10_000) / 10_000
                 spec["gpu_memory_fraction"] = min(1.0, fraction)
+            if profile.engine == "llamacpp":
+                layers = snapshots.layers_within(profile, share)
+                if layers is not None:
+                    spec["gpu_layers"] = layers
         if len(result.shards) > 1:
             # The other ranks find rank 0 here: its management address and a
             # port of its own for the engines' rendezvous. Each node's engines
