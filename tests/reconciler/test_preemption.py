@@ -206,3 +206,23 @@ def test_the_mass_failure_brake_stops_preemption():
     assert not Event.objects.filter(kind=EventKind.PREEMPT).exists()
     assert replicas(low)[0].state == ReplicaState.READY
     assert Replica.objects.exclude(preempted_by="").count() == 0
+
+
+@pytest.mark.django_db
+def test_a_replica_scaled_down_in_the_same_pass_is_not_preempted_again():
+    one_h100()
+    low = small("low", 1, gb=70)
+    clock = Clock()
+    clock.pass_()
+    make_ready(low)
+    clock.pass_()
+    # when low is scaled to zero as a higher priority arrives, in one pass
+    Model.objects.filter(pk=low.pk).update(desired_replicas=0)
+    small("big", 50, gb=70)
+    report_ = clock.pass_()
+
+    # then low drains for its scale-down only: no event, no replica waiting in its place
+    assert report_.preempted == 0
+    assert not Event.objects.filter(kind=EventKind.PREEMPT).exists()
+    assert [r.state for r in replicas(low)] == [ReplicaState.DRAINING]
+    assert replicas(low)[0].reason == "scaled down to 0"

@@ -216,8 +216,15 @@ class Placing:
                     "replica__profile__gpu_memory_gb",
                 )
             )
+            # As this pass left them: one it retired (scaled down, say) is not yet written.
+            running = {
+                r.pk
+                for r in self.replicas
+                if r.state in (ReplicaState.READY, ReplicaState.STARTING)
+            }
             for replica_id, node_id, uuids, name, prio, share_gb in rows:
-                found.setdefault(replica_id, []).append((node_id, uuids, name, prio, share_gb))
+                if replica_id in running:
+                    found.setdefault(replica_id, []).append((node_id, uuids, name, prio, share_gb))
             self._holders = [
                 preemption.Holder(
                     replica_id=replica_id,
