@@ -279,12 +279,13 @@ def _models(api: Api, args, out):
     if not models:
         out.write("no models in the catalog: llmgw apply -f catalog.yaml\n")
         return None
-    rows = [["MODEL", "REPLICAS", "SCALING", "PROFILE", "DESCRIPTION"]]
+    rows = [["MODEL", "REPLICAS", "PRIORITY", "SCALING", "PROFILE", "DESCRIPTION"]]
     for m in models:
         rows.append(
             [
                 m["name"],
                 str(m.get("desired_replicas", "-")),
+                str(m.get("priority", "-")),  # an older control plane has none
                 m.get("scaling") or "-",  # an older control plane has no such field
                 str(m.get("active_profile_name") or m.get("active_profile") or "-"),
                 (m.get("description") or "")[:60],

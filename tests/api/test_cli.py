@@ -33,10 +33,13 @@ CATALOG = """\
 models:
   - name: tiny
     replicas: 1
+    priority: 40
     profiles:
       - name: cpu
         engine: llamacpp
         model_path: /models/tiny.gguf
+        context_tokens: 8192
+        sequences: 4
 """
 
 
@@ -123,7 +126,9 @@ def test_apply_then_models_and_explain(cli, tmp_path):
     assert cli("apply", "-f", str(catalog))[1] == "nothing to change\n"
 
     status, out, _ = cli("models")
-    assert status == 0 and out.splitlines()[1].split()[:2] == ["tiny", "1"]
+    assert status == 0 and out.splitlines()[1].split()[:3] == ["tiny", "1", "40"]
+    profile = Model.objects.get(name="tiny").active_profile
+    assert (profile.context_tokens, profile.sequences) == (8192, 4)
 
     add_node("cpu-01")
     status, out, _ = cli("explain", "tiny")
