@@ -10,6 +10,7 @@ what a client holding connections open would do.
 """
 
 import json
+import re
 import socket
 import time
 
@@ -57,10 +58,16 @@ def edge(request, transactional_db, tmp_path):
         ("timeout http-request 10s", f"timeout http-request {http_request_s}s"),
         ("timeout http-keep-alive 10s", f"timeout http-keep-alive {HTTP_REQUEST_S}s"),
         ("sc0_conn_cur gt 256", f"sc0_conn_cur gt {MAX_CONN_PER_ADDRESS}"),
+        # Its runtime socket, where a test reads what the stick table counts.
+        (
+            "    log stdout format raw local0\n",
+            f"    log stdout format raw local0\n    stats socket {tmp_path}/haproxy.sock\n",
+        ),
     ):
         config = swap(config, old, new, DOC)
     proxy = run_haproxy(binary, tmp_path, config, port, name="haproxy-edge")
     proxy.url = f"http://127.0.0.1:{port}"
+    proxy.runtime = tmp_path / "haproxy.sock"
     yield web, proxy
     proxy.stop()
     web.stop()
@@ -70,6 +77,17 @@ def _connect(proxy) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", proxy.port))
     sock.settimeout(CLOSED_WITHIN_S)
     return sock
+
+
+def _tracked(proxy) -> int:
+    """The connections HAProxy's stick table counts now, from its runtime socket."""
+    with socket.socket(socket.AF_UNIX) as runtime:
+        runtime.connect(str(proxy.runtime))
+        runtime.sendall(b"show table llmgw\n")
+        said = b""
+        while chunk := runtime.recv(65536):
+            said += chunk
+    return sum(int(n) for n in re.findall(rb"conn_cur=(\d+)", said))
 
 
 def _closed(sock) -> bytes:
@@ -167,6 +185,9 @@ def test_one_address_cannot_hold_every_connection(edge, upstreams):
     _, secret = inference_key()
     held = [_connect(proxy) for _ in range(MAX_CONN_PER_ADDRESS)]
     try:
+        # Connected is not yet counted: HAProxy's threads take them from the backlog
+        # in their own time, and under load the next one could be counted first.
+        wait_until(lambda: _tracked(proxy) == MAX_CONN_PER_ADDRESS, 60, "all of them counted")
         with _connect(proxy) as one_more:
             try:
                 one_more.sendall(_head(secret, len(_chat())) + _chat())
