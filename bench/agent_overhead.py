@@ -1,6 +1,6 @@
 """What the agent costs its node: CPU (% of one core) and RSS, against a real control plane.
 
-Starts, in a temporary directory: an SQLite database (migrated), Daphne on a
+Starts, in a temporary directory: an SQLite database (migrated), the web process on a
 free port, and the real agent (`python -m agentd`) enrolled with a join token,
 with the NVML test double standing in for an 8-GPU HGX H100 node (or none with
 --cpu-node). Then it measures the agent process — its own CPU time plus any
@@ -88,8 +88,10 @@ class ControlPlane:
             "LLMGW_CHANNEL_PREFIX": f"llmgw-bench-agent-{os.getpid()}",
             "LLMGW_HEARTBEAT_INTERVAL_S": str(interval),
             "PYTHONUNBUFFERED": "1",
+            # The web process refuses to start without it unless DEBUG is on.
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
         }
-        for command in (["migrate"], ["collectstatic"]):  # Daphne refuses to start without it
+        for command in (["migrate"], ["collectstatic"]):
             subprocess.run(
                 [sys.executable, "manage.py", *command, "--no-input", "-v", "0"],
                 cwd=ROOT,
@@ -114,17 +116,17 @@ class ControlPlane:
         self.stop_daphne()
         self.env["LLMGW_HEARTBEAT_INTERVAL_S"] = str(interval)
         self.port = self.port or free_port()
-        log = open(self.tmp / "daphne.log", "ab")  # noqa: SIM115 - held for the process's life
+        log = open(self.tmp / "web.log", "ab")  # noqa: SIM115 - held for the process's life
         self.daphne = subprocess.Popen(
+            # The production server (make run): uvicorn through llmgw_site.serve.
             [
                 sys.executable,
                 "-m",
-                "daphne",
-                "-b",
+                "llmgw_site.serve",
+                "--host",
                 "127.0.0.1",
-                "-p",
+                "--port",
                 str(self.port),
-                "llmgw_site.asgi:application",
             ],
             cwd=ROOT,
             env=self.env,
