@@ -163,17 +163,22 @@ def stream_chat(stack: Stack, name: str, max_tokens: int, out: Stream) -> None:
         out.ended_at = time.time()
 
 
-def test_two_models_share_one_gpu_within_their_budgets_and_one_over_its_budget_is_flagged(
-    stack,
-):
-    # given: a node with one H100 80GB (the NVML double) that runs the fake engine
+def gpu_node(stack) -> dict:
+    """Agent gpu-a with one H100 80GB (the NVML double), running the fake engine; its GPU."""
     spec = nvml_data.hgx(nvml_data.H100, count=1)
-    (gpu,) = spec["gpus"]
     stack.add_agent("gpu-a", nvml=spec, engines={"binaries": {"fake": sys.executable}})
     stack.wait(
         lambda: Node.objects.filter(pk="gpu-a", connected=True, gpus__isnull=False).exists(),
         "the GPU node to register",
     )
+    return spec["gpus"][0]
+
+
+def test_two_models_share_one_gpu_within_their_budgets_and_one_over_its_budget_is_flagged(
+    stack,
+):
+    # given: a node with one H100 80GB (the NVML double) that runs the fake engine
+    gpu = gpu_node(stack)
 
     # when: two models ask for 30 and 20 GB of one GPU each
     shared_model(stack, "qwen", 30)
@@ -234,13 +239,7 @@ def test_a_higher_priority_model_preempts_a_lower_one_after_its_requests_finish_
 ):
     # given: one H100 80GB shared by "low" (priority 10, 40 GB, slow tokens) and "mid"
     # (priority 20, 30 GB), both ready: 70 of its 79.6 GB promised
-    spec = nvml_data.hgx(nvml_data.H100, count=1)
-    (gpu,) = spec["gpus"]
-    stack.add_agent("gpu-a", nvml=spec, engines={"binaries": {"fake": sys.executable}})
-    stack.wait(
-        lambda: Node.objects.filter(pk="gpu-a", connected=True, gpus__isnull=False).exists(),
-        "the GPU node to register",
-    )
+    gpu = gpu_node(stack)
     shared_model(stack, "low", 40, args=["--token-delay", "0.2"], priority=10)
     shared_model(stack, "mid", 30, priority=20)
     for name in ("low", "mid"):

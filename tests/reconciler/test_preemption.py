@@ -103,6 +103,17 @@ def small(name, prio, gb=30):
     return model
 
 
+def ready_low():
+    """One H100 held by "low" (priority 1, 70 GB), ready; and the clock of its passes."""
+    one_h100()
+    low = small("low", 1, gb=70)
+    clock = Clock()
+    clock.pass_()
+    make_ready(low)
+    clock.pass_()
+    return low, clock
+
+
 @pytest.mark.django_db
 def test_a_higher_priority_drains_a_lower_one_takes_its_place_and_gives_it_back():
     # given one H100 (79.6 GB) shared by two small models, both ready
@@ -137,7 +148,7 @@ def test_a_higher_priority_drains_a_lower_one_takes_its_place_and_gives_it_back(
     assert Event.objects.filter(kind=EventKind.PREEMPT).count() == 1
 
     # when low's engine has stopped
-    report(running(low)[0] if running(low) else drained.shards.get(), "stopped")
+    report(drained.shards.get(), "stopped")
     clock.pass_()
 
     # then big is placed on the GPU, and low waits for room
@@ -187,12 +198,7 @@ def test_no_preemption_beyond_the_limit_a_minute_nor_under_the_brake(settings):
 def test_the_mass_failure_brake_stops_preemption():
     from fleet.models import FleetStatus
 
-    one_h100()
-    low = small("low", 1, gb=70)
-    clock = Clock()
-    clock.pass_()
-    make_ready(low)
-    clock.pass_()
+    low, clock = ready_low()
     # more than half the fleet silent: replacement, and so preemption, is paused
     for i in range(3):
         add_node(f"gone-{i}", gpus=[])
@@ -210,12 +216,7 @@ def test_the_mass_failure_brake_stops_preemption():
 
 @pytest.mark.django_db
 def test_a_replica_scaled_down_in_the_same_pass_is_not_preempted_again():
-    one_h100()
-    low = small("low", 1, gb=70)
-    clock = Clock()
-    clock.pass_()
-    make_ready(low)
-    clock.pass_()
+    low, clock = ready_low()
     # when low is scaled to zero as a higher priority arrives, in one pass
     Model.objects.filter(pk=low.pk).update(desired_replicas=0)
     small("big", 50, gb=70)

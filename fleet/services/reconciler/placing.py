@@ -264,7 +264,7 @@ class Placing:
         return self._preemptions_left
 
     def unplaced(self, r: Replica, summary: str) -> None:
-        if getattr(r, "preempted_by", ""):
+        if r.preempted_by:
             summary = f"preempted by {r.preempted_by}; {summary}"
         if r.reason != summary:
             logger.warning("replica cannot be placed replica=%s reason=%s", r.pk, summary)
