@@ -164,6 +164,12 @@ class InstallConfig(BaseModel):
     torch_cu129_index: str = DEFAULT_TORCH_CU129_INDEX
     # CMAKE_ARGS for llama-cpp-python's CUDA build (it compiles llama.cpp).
     llamacpp_cuda_cmake_args: str = "-DGGML_CUDA=on"
+    # Also build llama.cpp's llama-server and ggml-rpc-server (RPC on), which
+    # multi-node llama.cpp replicas run: minutes of compiling, once per machine.
+    llamacpp_multinode: bool = True
+    # Where finished builds are kept for every agent of this user. Default:
+    # $XDG_CACHE_HOME/llmgw/builds (~/.cache/llmgw/builds).
+    build_cache: str = ""
     # How long one pip run may take, and one verification.
     pip_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     verify_timeout_s: Annotated[float, Field(gt=0)] = 300.0

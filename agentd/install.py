@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentd import builds, protocol, tinygguf
+from agentd import builds, llamatools, protocol, tinygguf
 from agentd.config import InstallConfig
 from agentd.engines.base import http_get
 from agentd.sources import Plan, PlanError, env_dir, pip_plan
@@ -159,6 +159,8 @@ class Installer:
         self.on_status = on_status or (lambda st: None)
         self.clock = clock
         self.python = cfg.python or sys.executable
+        cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        self.build_cache = Path(cfg.build_cache or os.path.join(cache_home, "llmgw", "builds"))
         self.statuses: dict[str, Status] = {}
         self.downloads = 0  # pip runs started: a test counts what was fetched
 
@@ -282,6 +284,34 @@ class Installer:
             env=plan.env,
             progress=lambda detail, pct: self._set(replace(base, detail=detail, progress=pct)),
         )
+        if plan.tools is not None:
+            await self._build_tools(plan, env, base)
+
+    async def _build_tools(self, plan: Plan, env: Path, base: Status) -> None:
+        """llama.cpp's server and rpc-server, from the source of the llama-cpp-python just
+        installed (agentd.llamatools)."""
+        version = tail(
+            await self._run(
+                [str(env / "bin" / "python"), "-c", DIST_VERSION.format(dist=plan.dist)],
+                timeout=self.cfg.verify_timeout_s,
+                what=f"reading {plan.dist}'s version",
+            ),
+            1,
+        )
+        try:
+            origin = await llamatools.build(
+                self._run,
+                env,
+                spec=f"{plan.dist}=={version}",
+                pip_args=[a for a in plan.args[1:] if a != "--no-cache-dir"],
+                cmake_args=plan.tools or "",
+                cache=self.build_cache,
+                timeout=self.cfg.pip_timeout_s,
+                note=lambda detail: self._set(replace(base, detail=detail)),
+            )
+        except OSError as exc:
+            raise StepFailed(f"building llama.cpp's server and rpc-server: {exc}") from None
+        logger.info("llama.cpp's llama-server and ggml-rpc-server %s", origin)
 
     async def _run(
         self,
@@ -376,52 +406,86 @@ class Installer:
         )
         if plan.engine == "llamacpp":
             await self._serve_once(python, timeout)
+            if plan.tools is not None:
+                await self._serve_over_rpc_once(env, timeout)
         elif plan.engine == "sglang":
             await self._run([python, "-c", "import sglang"], timeout=timeout, what="import sglang")
         return version
 
-    async def _serve_once(self, python: str, timeout: float) -> None:
-        """llama.cpp's server starts on a tiny model and answers, then is stopped."""
+    def _tiny_model(self) -> Path:
         model = self.root / "verify" / "tiny.gguf"
         if not model.exists():
             tinygguf.write(model)
+        return model
+
+    async def _serve_once(self, python: str, timeout: float) -> None:
+        """llama.cpp's server starts on a tiny model and answers, then is stopped."""
         port = _free_port()
-        log = self.root / "verify" / "llamacpp-server.log"
-        with open(log, "wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                python, "-m", "llama_cpp.server", "--model", str(model),
-                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "256",
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-                start_new_session=True,
-            )  # fmt: skip
+        server = [python, "-m", "llama_cpp.server", "--model", str(self._tiny_model()),
+                  "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "256"]  # fmt: skip
+        await self._answers([("llama.cpp's server", server)], port, "/v1/models", timeout)
+
+    async def _serve_over_rpc_once(self, env: Path, timeout: float) -> None:
+        """The multi-node pair on one machine: ggml-rpc-server, and llama-server holding
+        the tiny model's layers on it (``--rpc``), answering once it loaded."""
+        rpc_port, port = _free_port(), _free_port()
+        rpc = [str(env / "bin" / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port)]
+        server = [str(env / "bin" / "llama-server"), "-m", str(self._tiny_model()),
+                  "--rpc", f"127.0.0.1:{rpc_port}", "--n-gpu-layers", "all",
+                  "--host", "127.0.0.1", "--port", str(port), "-c", "256"]  # fmt: skip
+        procs = [("llama.cpp's ggml-rpc-server", rpc), ("llama-server over RPC", server)]
+        await self._answers(procs, port, "/health", timeout, wait_for=rpc_port)
+
+    async def _answers(
+        self,
+        commands: list[tuple[str, list[str]]],
+        port: int,
+        path: str,
+        timeout: float,
+        wait_for: int | None = None,
+    ) -> None:
+        """Start each command in turn (the next once ``wait_for`` listens, if given) until
+        the last answers 200 on ``path``; then stop them all. StepFailed says which did not."""
+        procs: list[tuple[str, asyncio.subprocess.Process, Path]] = []
+        deadline = self.clock_now() + timeout
         try:
-            deadline = self.clock_now() + timeout
-            while True:
+            for what, argv in commands:
+                log = self.root / "verify" / (Path(argv[0]).name + ".log")
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "wb") as out:
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                        stderr=asyncio.subprocess.STDOUT,
+                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                        start_new_session=True,
+                    )  # fmt: skip
+                procs.append((what, proc, log))
+                if wait_for is not None and len(procs) < len(commands):
+                    await self._until(procs, deadline, timeout, lambda: _listens(wait_for))
+            await self._until(procs, deadline, timeout, lambda: _answers_200(port, path))
+        finally:
+            for _what, proc, _log in procs:
+                if proc.returncode is None:
+                    _kill(proc.pid)
+                    await proc.wait()
+
+    async def _until(self, procs, deadline: float, timeout: float, check) -> None:
+        while True:
+            for what, proc, log in procs:
                 if proc.returncode is not None:
                     raise StepFailed(
-                        f"llama.cpp's server exited with {proc.returncode} before it answered\n"
+                        f"{what} exited with {proc.returncode} before it answered\n"
                         + tail(log.read_text(errors="replace"))
                     )
-                try:
-                    status, _ = await http_get("127.0.0.1", port, "/v1/models", 2.0)
-                    if status == 200:
-                        return
-                except (OSError, TimeoutError, ValueError):
-                    pass
-                if self.clock_now() > deadline:
-                    raise StepFailed(
-                        f"llama.cpp's server did not answer within {timeout:g} s\n"
-                        + tail(log.read_text(errors="replace"))
-                    )
-                try:
-                    await asyncio.wait_for(proc.wait(), 0.2)
-                except TimeoutError:
-                    pass
-        finally:
-            if proc.returncode is None:
-                _kill(proc.pid)
-                await proc.wait()
+            if await check():
+                return
+            if self.clock_now() > deadline:
+                what, _proc, log = procs[-1]
+                raise StepFailed(
+                    f"{what} did not answer within {timeout:g} s\n"
+                    + tail(log.read_text(errors="replace"))
+                )
+            await asyncio.sleep(0.2)
 
     @staticmethod
     def clock_now() -> float:
@@ -462,6 +526,23 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+async def _answers_200(port: int, path: str) -> bool:
+    try:
+        status, _ = await http_get("127.0.0.1", port, path, 2.0)
+    except (OSError, TimeoutError, ValueError):
+        return False
+    return status == 200
+
+
+async def _listens(port: int) -> bool:
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def _free_port() -> int:

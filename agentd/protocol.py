@@ -433,6 +433,9 @@ class DesiredShard(_Part):
     # The same budget for llama.cpp, as the layers to offload to those GPUs (from the
     # model's estimate); -1: not told (whole GPUs, or no estimate).
     gpu_layers: Annotated[int, Field(ge=-1, le=100_000)] = -1
+    # llama.cpp over nodes: the followers' ggml-rpc-servers, "address:port" by rank
+    # (1, 2, …), which the leader names in --rpc and each follower listens on.
+    rpc_servers: Annotated[list[ShortStr], Field(max_length=64)] = []
     profile: ProfileSpec
 
 

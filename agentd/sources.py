@@ -28,9 +28,13 @@ class Plan:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     dist: str = ""  # the distribution whose version is the engine's
+    # llama.cpp: also build llama-server and ggml-rpc-server (agentd.llamatools)
+    # with these cmake arguments; None builds nothing.
+    tools: str | None = None
 
     def fingerprint(self) -> str:
-        return json.dumps([self.args, self.env], sort_keys=True)
+        extra = [] if self.tools is None else [self.tools]
+        return json.dumps([self.args, self.env, *extra], sort_keys=True)
 
 
 class PlanError(ValueError):
@@ -66,8 +70,10 @@ def pip_plan(
             # from the same source file and would be reused: not for this one.
             env = {"CMAKE_ARGS": cfg.llamacpp_cuda_cmake_args, "FORCE_CMAKE": "1"}
             args = [spec, "--no-cache-dir", *common]
-            return Plan(engine, version, variant, args, env, "llama-cpp-python")
-        return Plan(engine, version, variant, [spec, *common], dist="llama-cpp-python")
+            tools = cfg.llamacpp_cuda_cmake_args if cfg.llamacpp_multinode else None
+            return Plan(engine, version, variant, args, env, "llama-cpp-python", tools)
+        tools = "" if cfg.llamacpp_multinode else None
+        return Plan(engine, version, variant, [spec, *common], {}, "llama-cpp-python", tools)
     if engine == "sglang":
         # SGLang's install page: `pip install sglang` (its default wheels are for CUDA).
         return Plan(engine, version, variant, [f"sglang{pin}", *common], dist="sglang")

@@ -4,6 +4,11 @@ Which of the two runs: the binary agent.yaml names (a Python interpreter means
 llama-cpp-python's server), else ``llama-server`` on PATH, else llama-cpp-python
 in the agent's own Python. Flags checked against llama.cpp's tools/server/README.md
 and llama-cpp-python's docs/server.md and llama_cpp/server/settings.py.
+
+Across nodes (llama.cpp's tools/rpc/README.md): each follower runs
+``ggml-rpc-server -H ADDR -p PORT``, and the leader ``llama-server --rpc
+ADDR:PORT,...``, which offloads layers to those servers as to local GPUs. Both
+come from the install's environment (agentd.llamatools), beside its Python.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
+from agentd import rpcwait
 from agentd.engines.base import (
     Engine,
     EngineUnavailable,
+    Launch,
     is_python,
     model_of,
     python_dist_version,
@@ -86,6 +93,45 @@ class LlamaCpp(Engine):
 
     def command(self) -> list[str]:
         return self.flavour()[1]
+
+    def tool(self, name: str) -> str:
+        """llama-server or ggml-rpc-server built with RPC: beside the configured binary (an
+        install's environment), else on PATH."""
+        if self.binary:
+            beside = os.path.join(os.path.dirname(which(self.binary)), name)
+            if os.access(beside, os.X_OK):
+                return beside
+        found = shutil.which(name)
+        if found:
+            return found
+        raise EngineUnavailable(
+            f"llama.cpp across nodes needs {name} built with RPC: none beside "
+            f"{self.binary or 'the agent'} nor on PATH (the agent's install of llama.cpp "
+            "builds it: install.llamacpp_multinode, docs/engines.md)"
+        )
+
+    def build(self, profile: ProfileSpec, shard: DesiredShard, *, host: str, port: int) -> Launch:
+        if shard.nnodes <= 1:
+            return super().build(profile, shard, host=host, port=port)
+        if len(shard.rpc_servers) != shard.nnodes - 1:
+            raise EngineUnavailable(
+                f"a llama.cpp replica over {shard.nnodes} nodes needs {shard.nnodes - 1} "
+                f"rpc-server addresses; the control plane sent {len(shard.rpc_servers)}"
+            )
+        env = self.env(profile, shard)
+        if shard.rank > 0:
+            # Only on the address the leader connects to: rpc-server has no
+            # authentication (its README: never on an open network).
+            bind = shard.rpc_servers[shard.rank - 1].rpartition(":")[0].strip("[]")
+            return Launch([self.tool("ggml-rpc-server"), "-H", bind, "-p", str(port)], env)
+        model, name = gguf_in(model_of(profile, shard)), served_name(profile, shard)
+        layers = str(shard.gpu_layers) if shard.gpu_layers >= 0 else "all"
+        argv = [self.tool("llama-server"), "-m", model, "--host", host, "--port", str(port),
+                "--alias", name, "--metrics", "--rpc", ",".join(shard.rpc_servers),
+                "--n-gpu-layers", layers, *profile.args]  # fmt: skip
+        # The script by its path: engines start without the agent's import path.
+        wait = [sys.executable, rpcwait.__file__, "--timeout", f"{shard.startup_timeout_s:g}"]
+        return Launch([*wait, *shard.rpc_servers, "--", *argv], env)
 
     def version(self) -> str:
         flavour, prefix = self.flavour()

@@ -372,8 +372,12 @@ class EngineProfile(models.Model):
                 f"tp × pp ({tp} × {pp} = {tp * pp}) must equal gpus_per_node × nodes "
                 f"({gpn} × {nodes} = {gpn * nodes})"
             )
-        if not gpn and nodes > 1:
-            errors["nodes"] = "a CPU profile (gpus_per_node 0) runs on one node"
+        if not gpn and nodes > 1 and self.engine != Engine.LLAMACPP:
+            # llama.cpp's RPC spreads layers over nodes' CPUs too; the others need GPUs.
+            errors["nodes"] = (
+                "a CPU profile (gpus_per_node 0) runs on one node; only llama.cpp spreads "
+                "one over nodes without GPUs"
+            )
         if self.gpu_memory_gb is not None:
             if not gpn:
                 errors["gpu_memory_gb"] = (

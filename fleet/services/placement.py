@@ -457,12 +457,23 @@ def _rank(snapshot: Snapshot, node: NodeInfo, req: Request):
     return (not nvlink, _policy_key(snapshot, node, req), node.id)
 
 
+# Engines whose ranks talk over plain TCP on the management network (llama.cpp's
+# RPC): their groups need no fabric and no HCAs.
+OVER_TCP = frozenset({"llamacpp"})
+MGMT = "the management network"
+
+
 def _place_multi(snapshot: Snapshot, req: Request) -> Placement | NoPlacement:
-    """A replica over several nodes: all on one fabric, each with HCAs on it."""
+    """A replica over several nodes: all on one fabric, each with HCAs on it (or, for
+    an engine in OVER_TCP, any nodes that fit)."""
     by_fabric: dict[str, list[NodeInfo]] = {}
     reasons: list[Reason] = []
+    tcp = req.engine in OVER_TCP
     for node in snapshot.nodes.values():
         reason = reason_for(snapshot, node, req)
+        if reason is None and tcp:
+            by_fabric.setdefault("", []).append(node)
+            continue
         if reason is None and not node.fabrics:
             reason = Reason(node.id, "fabric", f"{node.id}: is on no fabric")
         if reason is None and not any(node.fabrics.values()):
@@ -483,17 +494,36 @@ def _place_multi(snapshot: Snapshot, req: Request) -> Placement | NoPlacement:
         held = sum(n.id in holders for n in chosen)
         options.append((-held, _rank(snapshot, chosen[0], req), fabric, chosen))
     if not options:
-        sizes = ", ".join(f"{f} has {len(m)}" for f, m in sorted(by_fabric.items()))
-        extra = f"needs {req.nodes} fitting nodes on one fabric" + (f" ({sizes})" if sizes else "")
+        need = f"needs {req.nodes} nodes{_each(req)}"
+        if tcp:
+            extra = f"{need} on {MGMT}: {len(by_fabric.get('', []))} found"
+        elif by_fabric:
+            most = max(len(m) for m in by_fabric.values())
+            where = ", ".join(f for f, m in sorted(by_fabric.items()) if len(m) == most)
+            extra = f"{need} on one fabric: {most} found on {where}"
+        else:
+            extra = f"{need} on one fabric: none found"
         return NoPlacement(tuple(reasons), len(snapshot.nodes), extra)
     held, _, fabric, chosen = min(options)
     shards = []
     for rank, node in enumerate(chosen):
-        shard = _shard_on(node, req, snapshot, rank, node.fabrics[fabric])
+        shard = _shard_on(node, req, snapshot, rank, node.fabrics.get(fabric, ()))
         if shard is None:  # cannot happen: every member fitted a moment ago
             return NoPlacement(tuple(reasons), len(snapshot.nodes), f"{node.id} stopped fitting")
         shards.append(shard)
     return Placement(tuple(shards), fabric=fabric, holds_weights=held < 0)
+
+
+def _each(req: Request) -> str:
+    """What each node of a group must have, as the reason says it: " with 2 GPUs of 24 GB
+    each"."""
+    if req.gpus_per_node:
+        gpus = f"{req.gpus_per_node} GPU" + ("s" if req.gpus_per_node > 1 else "")
+        mb = req.gpu_memory_mb or req.min_gpu_mb
+        return f" with {gpus}" + (f" of {mb / 1024:.3g} GB" if mb else "") + " each"
+    if req.min_memory_gb:
+        return f" with {req.min_memory_gb} GB of memory each"
+    return ""
 
 
 def _no_placement(snapshot: Snapshot, req: Request) -> NoPlacement:

@@ -168,9 +168,12 @@ class NoPlacement:
     def summary(self) -> str:
         if not self.total_nodes:
             return "no nodes are registered"
-        lead = self.extra + "; " if self.extra else ""
+        if self.extra and not self.reasons:
+            return self.extra
+        lead = self.extra + " — " if self.extra else ""
         if len(self.reasons) <= REASONS_LISTED:
-            return f"{lead}no node fits: " + "; ".join(r.text for r in self.reasons)
+            head = "" if self.extra else "no node fits: "
+            return lead + head + "; ".join(r.text for r in self.reasons)
         by_kind: dict[str, list[Reason]] = {}
         for r in self.reasons:
             by_kind.setdefault(r.kind, []).append(r)
@@ -178,7 +181,12 @@ class NoPlacement:
             f"{len(rs)} {_KIND_TEXT.get(kind, kind)}, e.g. {rs[0].text}"
             for kind, rs in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))
         ]
-        return f"{lead}none of {self.total_nodes} nodes fits: " + "; ".join(parts)
+        head = (
+            f"of the others, {len(self.reasons)}"
+            if self.extra
+            else (f"none of {self.total_nodes} nodes fits")
+        )
+        return f"{lead}{head}: " + "; ".join(parts)
 
 
 _KIND_TEXT = {

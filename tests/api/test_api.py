@@ -244,6 +244,11 @@ def test_model_and_profile_crud(api):
             "a share of GPU memory needs GPUs: set gpus_per_node to 1 or more",
         ),
         ({"gpu_memory_gb": 4096}, "gpu_memory_gb", "less than or equal to 1024"),
+        (
+            {"engine": "sglang", "gpus_per_node": 0, "tp": 1, "nodes": 2},
+            "nodes",
+            "a CPU profile (gpus_per_node 0) runs on one node; only llama.cpp spreads one",
+        ),
         ({"gpu_memory_gb": 0}, "gpu_memory_gb", "greater than or equal to 0.001"),
     ],
 )
@@ -260,6 +265,16 @@ def test_profile_rules_give_field_errors(api, change, field, words):
     msgs = [m for v in msgs.values() for m in v] if isinstance(msgs, dict) else msgs
     assert any(words in msg for msg in msgs), errors
     assert not EngineProfile.objects.exists()
+
+
+def test_a_llamacpp_profile_spreads_over_nodes_without_gpus(api):
+    model = Model.objects.create(name="llama-70b")
+    body = {**PROFILE, "engine": "llamacpp", "gpus_per_node": 0, "tp": 1, "nodes": 2}
+
+    resp = _post(api, "/api/v1/engine-profiles/", {**body, "model": model.pk})
+
+    assert resp.status_code == 201, resp.json()
+    assert EngineProfile.objects.get().nodes == 2
 
 
 def test_profile_update_is_checked_against_the_whole_row(api):

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from agentd import rpcwait
 from agentd.engines import EngineUnavailable, make_engines
 from agentd.engines.base import metric_sum
 from agentd.engines.llamacpp import LlamaCpp
@@ -266,3 +267,46 @@ def test_llama_cpp_sharing_a_gpu_is_told_the_layers_its_budget_holds(bins):
     whole = shard(engine="llamacpp", profile=p, gpu_uuids=H100_UUIDS[:1])
     built = LlamaCpp(bins["llama-server"]).build(p, whole, host="127.0.0.1", port=9000)
     assert "--n-gpu-layers" not in built.argv
+
+
+RPC = ["10.0.0.12:50052", "[fd00::13]:50053"]
+
+
+def test_llama_cpp_over_three_nodes_leader_waits_for_its_rpc_servers_then_offloads_to_them(
+    tmp_path, bins
+):
+    # The install's environment: its Python, with llama-server and ggml-rpc-server beside it.
+    python = stub_binary(tmp_path, "python3", "exit 0")
+    rpc = stub_binary(tmp_path, "ggml-rpc-server", "exit 0")
+    engine = LlamaCpp(python)
+    p = profile("llamacpp", model_path="/w/tiny.gguf", nodes=3, args=["-c", "512"])
+    leader = engine.build(
+        p, shard(engine="llamacpp", profile=p, nnodes=3, rank=0, rpc_servers=RPC),
+        host="0.0.0.0", port=9000,
+    )  # fmt: skip
+    assert leader.argv == [
+        sys.executable, rpcwait.__file__, "--timeout", "1800", *RPC, "--",
+        str(tmp_path / "llama-server"), "-m", "/w/tiny.gguf",
+        "--host", "0.0.0.0", "--port", "9000", "--alias", "tiny-llama", "--metrics",
+        "--rpc", ",".join(RPC), "--n-gpu-layers", "all", "-c", "512",
+    ]  # fmt: skip
+    # Each follower's rpc-server listens only where the leader connects (it has no auth).
+    second = engine.build(
+        p, shard(engine="llamacpp", profile=p, nnodes=3, rank=2, rpc_servers=RPC),
+        host="0.0.0.0", port=50053,
+    )  # fmt: skip
+    assert second.argv == [rpc, "-H", "fd00::13", "-p", "50053"]
+
+
+def test_llama_cpp_over_nodes_without_the_rpc_tools_or_their_addresses_says_what_is_missing(
+    tmp_path,
+):
+    engine = LlamaCpp(sys.executable)
+    p = profile("llamacpp", model_path="/w/tiny.gguf", nodes=2)
+    with pytest.raises(EngineUnavailable, match="needs ggml-rpc-server built with RPC"):
+        engine.build(
+            p, shard(engine="llamacpp", profile=p, nnodes=2, rank=1, rpc_servers=RPC[:1]),
+            host="0.0.0.0", port=1,
+        )  # fmt: skip
+    with pytest.raises(EngineUnavailable, match="needs 1 rpc-server addresses; .* sent 0"):
+        engine.build(p, shard(engine="llamacpp", profile=p, nnodes=2), host="0.0.0.0", port=1)

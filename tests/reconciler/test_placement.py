@@ -305,8 +305,32 @@ def test_multi_node_without_enough_nodes_on_one_fabric_says_so():
     result = place(snap, req(engine="vllm", gpus_per_node=8, nodes=2, tp=8))
 
     assert isinstance(result, NoPlacement)
-    assert "needs 2 fitting nodes on one fabric (ib0 has 1, ib1 has 1)" in result.summary
-    assert "c: is on no fabric" in result.summary
+    assert result.summary == (
+        "needs 2 nodes with 8 GPUs each on one fabric: 1 found on ib0, ib1 — c: is on no fabric"
+    )
+
+
+def test_a_llamacpp_group_needs_no_fabric_and_its_ranks_follow_weights_and_load():
+    snap = Snapshot([node("a"), node("b", cordoned=True), node("c"), node("d")])
+
+    p = place(snap, req(engine="llamacpp", nodes=3, model_path="/m/tiny.gguf"))
+
+    assert isinstance(p, Placement)
+    assert len(set(p.node_ids)) == 3 and "b" not in p.node_ids
+    assert [s.rank for s in p.shards] == [0, 1, 2]
+    assert p.fabric == "" and all(s.hcas == () for s in p.shards)
+
+
+def test_a_llamacpp_group_too_big_for_the_fleet_says_how_many_fit_and_why_not_the_rest():
+    snap = Snapshot([node("a", memory_mb=64 * GB), node("b", memory_mb=8 * GB)])
+
+    result = place(snap, req(engine="llamacpp", nodes=2, min_memory_gb=24))
+
+    assert isinstance(result, NoPlacement)
+    assert result.summary == (
+        "needs 2 nodes with 24 GB of memory each on the management network: 1 found — "
+        "b: has 8 GB of memory, needs 24"
+    )
 
 
 def test_a_big_fleet_is_summarised_by_kind_with_an_example():

@@ -128,6 +128,12 @@ class Placing:
                 fabric=result.fabric,
                 mgmt_interfaces={pk: iface for pk, (_, iface) in nets.items() if iface},
             )
+            if profile.engine in placement.OVER_TCP:
+                # llama.cpp: each follower's ggml-rpc-server listens on its shard's
+                # port at its node's management address; the leader connects to them.
+                spec["rpc_servers"] = [
+                    f"{_host(nets.get(s.node_id, ('', ''))[0])}:{s.port}" for s in result.shards[1:]
+                ]
         return spec
 
     # ---- preemption ----------------------------------------------------------------
@@ -275,3 +281,8 @@ class Placing:
         """The nodes of a replica's last attempt, where a restart goes first."""
         last = Shard.objects.filter(replica_id=r.pk, node__isnull=False).order_by("-created_at")
         return list(last.values_list("node_id", flat=True)[: r.profile.nodes])
+
+
+def _host(addr: str) -> str:
+    """An address as host:port wants it: IPv6 in brackets."""
+    return f"[{addr}]" if ":" in addr else addr
