@@ -200,6 +200,9 @@ class RunningShard(_Part):
     rank: GpuIndex = 0
     gpu_uuids: Annotated[list[ShortStr], Field(max_length=64)] = []
     hcas: Annotated[list[ShortStr], Field(max_length=64)] = []
+    # A multi-node shard's group size and the fabric its HCAs are on ("": none).
+    nnodes: Annotated[int, Field(ge=1)] = 1
+    fabric: ShortStr = ""
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     state: Annotated[str, Field(max_length=32)]
     model: ShortStr = ""

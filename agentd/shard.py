@@ -111,6 +111,8 @@ class Shard:
             rank=spec.rank if spec else 0,
             gpu_uuids=list(spec.gpu_uuids) if spec else [],
             hcas=list(spec.hcas) if spec else [],
+            nnodes=spec.nnodes if spec else 1,
+            fabric=spec.fabric if spec else "",
             port=self.port,
             state=self.state.value,
             model=spec.model if spec else "",

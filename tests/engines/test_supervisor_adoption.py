@@ -57,6 +57,8 @@ async def test_kill_9_of_the_agent_then_the_same_engine_is_adopted(state_dir):
         (running,) = sup.running_shards()
         assert (running.shard_id, running.pid, running.state) == ("r1-s0", pid, "ready")
         assert running.replica_id == "r1" and running.model == "tiny-llama"
+        # and what the control plane adopts says which fabric its group is on
+        assert running.fabric == "ib0"
         assert sup.desired_version == 3
         assert sup.process_groups() == {"r1-s0": pid}
         adopted = sup._shards["r1-s0"].spec
