@@ -108,7 +108,7 @@ FIGURES = {
         "{restarts} restarts; {failed} failed + {broken} broken of {requests} requests "
         "({streamed} streamed, {rate_per_s}/s) through the web process that stayed"
     ),
-    "multi-node": (
+    "14": (
         "two-node llama.cpp (RPC): applied to serving in {apply_to_ready_s} s; follower's "
         "rpc-server killed: serving again as a new group in {rpc_server_killed_to_serving_s} "
         "s; follower's node silent (grace 10 s): serving from another pair in "

@@ -173,7 +173,7 @@ def test_a_two_node_llamacpp_replica_serves_restarts_moves_and_drains_as_one_gro
     assert figures["failed"] == 0 and figures["broken"] == 0, figures
 
     record(
-        "multi-node",
+        "14",
         apply_to_ready_s=round(ready_s, 1),
         rpc_server_killed_to_serving_s=round(restart_s, 1),
         follower_node_silent_to_serving_s=round(replaced_s, 1),
