@@ -42,6 +42,10 @@ $(LLAMA_STAMP): requirements.txt
 	done; \
 	wait $$pid || { tail -n 40 $(VENV)/llama-build.log; \
 	  echo "llama-cpp-python did not install; the whole log: $(VENV)/llama-build.log"; exit 1; }
+	@# llama.cpp's llama-server and ggml-rpc-server from the same source, with RPC on, for
+	@# replicas over several nodes (agentd/llamatools.py; kept in ~/.cache/llmgw/builds).
+	@echo "Building llama.cpp's llama-server and ggml-rpc-server: minutes the first time on a machine"
+	@$(PY) -m agentd.llamatools $(VENV)
 	@touch $@
 
 run:

@@ -162,3 +162,58 @@ async def _compile(
 def _extract(sdist: Path, into: Path) -> None:
     with tarfile.open(sdist) as tar:
         tar.extractall(into, filter="data")
+
+
+async def _run_logged(argv: list[str], *, timeout: float, what: str, log: Path, **_) -> str:
+    """``Run`` for the command line: output to ``log``; OSError naming the step if it fails."""
+    with open(log, "ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                code = await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            raise OSError(f"{what} took longer than {timeout:g} s (log: {log})") from None
+    if code != 0:
+        raise OSError(f"{what} exited with {code} (log: {log})")
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agentd.llamatools VENV``: the two tools for a virtualenv that has
+    llama-cpp-python already (``make venv`` does this for the local node)."""
+    import argparse
+    import functools
+    import subprocess
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m agentd.llamatools", description=main.__doc__)
+    ap.add_argument("venv", type=Path)
+    ap.add_argument("--cache", type=Path, default=None)
+    args = ap.parse_args(argv)
+    env = args.venv.resolve()
+    python = env / "bin" / "python"
+    code = "from importlib.metadata import version; print(version('llama-cpp-python'))"
+    version = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    cache = args.cache or Path(cache_home) / "llmgw" / "builds"
+    log = env / "llama-tools-build.log"
+    run = functools.partial(_run_logged, log=log)
+    try:
+        origin = asyncio.run(
+            build(run, env, spec=f"llama-cpp-python=={version}", pip_args=[], cmake_args="",
+                  cache=cache, timeout=3600, note=lambda d: print(f"  {d}", flush=True))
+        )  # fmt: skip
+    except OSError as exc:
+        print(f"llama.cpp's llama-server and ggml-rpc-server: {exc}", file=sys.stderr)
+        return 1
+    print(f"llama.cpp's llama-server and ggml-rpc-server in {env / 'bin'}: {origin}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

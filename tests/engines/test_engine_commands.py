@@ -299,9 +299,10 @@ def test_llama_cpp_over_three_nodes_leader_waits_for_its_rpc_servers_then_offloa
 
 
 def test_llama_cpp_over_nodes_without_the_rpc_tools_or_their_addresses_says_what_is_missing(
-    tmp_path,
+    tmp_path, monkeypatch
 ):
-    engine = LlamaCpp(sys.executable)
+    monkeypatch.setenv("PATH", str(tmp_path))  # none on PATH, none beside the Python
+    engine = LlamaCpp(stub_binary(tmp_path, "python3", "exit 0"))
     p = profile("llamacpp", model_path="/w/tiny.gguf", nodes=2)
     with pytest.raises(EngineUnavailable, match="needs ggml-rpc-server built with RPC"):
         engine.build(
