@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from agentd import __version__, install, logs, protocol, weights
+from agentd import __version__, install, logs, ports, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
 from agentd.fetch import store as fetchstore
@@ -314,9 +314,16 @@ class Agent:
         ``facts`` from ``shard_facts()`` taken on it.
         """
         facts = facts or self.shard_facts()
+        labels = dict(self.cfg.labels)
+        if self.cfg.engine_port_range != ports.DEFAULT_PORT_RANGE:
+            # The control plane picks each shard's port; a range of this node's own
+            # (two agents on one machine) reaches it as the label, unless one is set.
+            labels.setdefault(
+                ports.PORTS_LABEL, ports.format_port_range(self.cfg.engine_port_range)
+            )
         inv = self.machine.inventory(
             node_id=self.cfg.node_id,
-            labels=dict(self.cfg.labels),
+            labels=labels,
             mgmt_addr=self.cfg.mgmt_addr or mgmt_addr,
             engine_versions=facts["engines"],
         )

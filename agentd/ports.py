@@ -6,6 +6,8 @@ control plane, which picks each shard's port from the range
 """
 
 DEFAULT_PORT_RANGE = (30000, 30999)
+# A node's own range, as the control plane reads it from the node's labels.
+PORTS_LABEL = "llmgw.io/ports"
 LOWEST, HIGHEST = 1024, 65535
 
 

@@ -47,6 +47,8 @@ class VLLM(Engine):
             # Multi-node without Ray: every node runs `vllm serve` with the same
             # parallel sizes, its rank and the leader's address; followers run
             # headless (no API server). Ray would be one more cluster to keep alive.
+            # These flags are vLLM 0.11.1 and later (vllm/engine/arg_utils.py);
+            # 0.11.0 has only --headless and rejects the rest.
             argv += ["--nnodes", str(shard.nnodes), "--node-rank", str(shard.rank)]
             argv += ["--master-addr", shard.leader_addr]
             if shard.leader_port:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.utils import timezone
 
-from agentd.ports import parse_port_range
+from agentd.ports import PORTS_LABEL, parse_port_range
 from fleet.conf import fleet_settings
 from fleet.models import (
     GPU,
@@ -43,8 +43,6 @@ from .placement import (
 )
 from .units import MB_PER_GB, MIB_PER_GIB
 from .weights_gc.facts import ts as unix_seconds
-
-PORTS_LABEL = "llmgw.io/ports"
 
 
 def default_port_range() -> tuple[int, int]:

@@ -287,3 +287,19 @@ def test_remove_weights_checks_every_path_again(tmp_path):
     assert f"{w / 'serving'}: in use by a shard here" in detail
     assert f"{outside}: not inside a weights dir" in detail
     assert f"{w}: not inside a weights dir" in detail
+
+
+def test_an_agents_own_port_range_reaches_the_control_plane_unless_a_label_says_otherwise(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
+    # Two agents on one machine: the second's engines must listen elsewhere, and the
+    # control plane, which picks each shard's port, must know it.
+    second = make_agent(tmp_path, engine_port_range=[31000, 31999])
+    assert second.register_message().labels["llmgw.io/ports"] == "31000-31999"
+    # An operator's label wins; the default range adds none (the fleet's setting stands).
+    told = make_agent(
+        tmp_path, engine_port_range=[31000, 31999], labels={"llmgw.io/ports": "32000-32099"}
+    )
+    assert told.register_message().labels["llmgw.io/ports"] == "32000-32099"
+    assert "llmgw.io/ports" not in make_agent(tmp_path).register_message().labels
