@@ -471,6 +471,8 @@ def _place_multi(snapshot: Snapshot, req: Request) -> Placement | NoPlacement:
     tcp = req.engine in OVER_TCP
     for node in snapshot.nodes.values():
         reason = reason_for(snapshot, node, req)
+        if reason is not None and reason.kind == "avoid":
+            reason = None  # a last resort: ranked after every other node below
         if reason is None and tcp:
             by_fabric.setdefault("", []).append(node)
             continue
@@ -489,7 +491,13 @@ def _place_multi(snapshot: Snapshot, req: Request) -> Placement | NoPlacement:
     for fabric, members in by_fabric.items():
         if len(members) < req.nodes:
             continue
-        members.sort(key=lambda n: (n.id not in holders, *_rank(snapshot, n, req)))
+        members.sort(
+            key=lambda n: (
+                req.avoided.get(n.id, 0),
+                n.id not in holders,
+                *_rank(snapshot, n, req),
+            )
+        )
         chosen = members[: req.nodes]
         held = sum(n.id in holders for n in chosen)
         options.append((-held, _rank(snapshot, chosen[0], req), fabric, chosen))

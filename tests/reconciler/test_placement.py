@@ -393,3 +393,13 @@ def test_memory_message_and_decision_agree_at_the_boundary(memory_mb, fits, reas
 )
 def test_gigabytes_for_people_are_whole_or_rounded_down_to_a_tenth(mb, text):
     assert gb_text(mb) == text
+
+
+def test_a_group_uses_a_node_it_failed_on_only_when_no_other_completes_it():
+    snap = Snapshot([node("a"), node("b"), node("c")])
+    failed_on_b = req(engine="llamacpp", nodes=2, avoid=(("b", 3),))
+
+    assert sorted(place(snap, failed_on_b).node_ids) == ["a", "c"]
+    # two nodes only: the one it failed on is the last resort, not a reason to wait
+    two = Snapshot([node("a"), node("b")])
+    assert sorted(place(two, failed_on_b).node_ids) == ["a", "b"]
