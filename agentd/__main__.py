@@ -173,6 +173,7 @@ def _shards(cfg, agent):
             on_event=agent.on_shard_event,
             fetcher=fetcher,
             gpu_memory=agent.gpu_memory,
+            gpu_indices=agent.gpu_indices,
         )
     )
 

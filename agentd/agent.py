@@ -296,6 +296,10 @@ class Agent:
         """Each GPU's (total, used) MiB by UUID, as NVML says now. Blocking."""
         return {g.uuid: (g.memory_total_mb, g.memory_used_mb) for g in self.machine.gpus()}
 
+    def gpu_indices(self) -> dict[str, int]:
+        """Each GPU's NVML index by UUID. Blocking."""
+        return {g.uuid: g.index for g in self.machine.gpus()}
+
     def shard_facts(self) -> dict:
         """What the supervisor knows, read on the event loop: its state changes there, and
         reading it from the thread that collects a heartbeat could catch it mid-change."""

@@ -15,12 +15,13 @@ import logging
 import os
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from agentd import state
 from agentd.config import refused_env
 from agentd.engines import Engine, EngineUnavailable, Probe
-from agentd.engines.base import tree_size, weights_path
+from agentd.engines.base import Launch, tree_size, weights_path
 from agentd.protocol import DesiredShard, ShardState
 from agentd.shard import LIVE, Shard
 from agentd.shardproc import EngineProcess, exit_reason, port_taken
@@ -71,6 +72,8 @@ class EngineLifecycle:
             if model_path is not None:
                 profile = profile.model_copy(update={"model_path": str(model_path)})
             launch = engine.build(profile, spec, host=self.host, port=port)
+            if engine.gpus_by_index and spec.gpu_uuids:
+                launch = await self._by_index(launch, spec)
         except EngineUnavailable as exc:
             return await self._fail(sh, str(exc))
         env = {
@@ -98,6 +101,22 @@ class EngineLifecycle:
         logger.info("shard %s: started %s as pid %s on port %s", sh.shard_id, name, sh.pid, port)
         await self._set(sh, ShardState.STARTING)
         self._spawn(self._monitor(sh, sh.gen))
+
+    async def _by_index(self, launch: Launch, spec: DesiredShard) -> Launch:
+        """The shard's GPUs as NVML indices, CUDA counting in the same (PCI bus) order:
+        for an engine that reads CUDA_VISIBLE_DEVICES as integers."""
+        if self._gpu_indices is None:
+            return launch
+        try:
+            indices = await asyncio.to_thread(self._gpu_indices)
+        except Exception as exc:  # noqa: BLE001 - NVML's own errors
+            raise EngineUnavailable(f"could not read this node's GPUs: {exc}") from None
+        missing = [u for u in spec.gpu_uuids if u not in indices]
+        if missing:
+            raise EngineUnavailable(f"GPU {missing[0]} is not on this node")
+        visible = ",".join(str(indices[u]) for u in spec.gpu_uuids)
+        env = {**launch.env, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        return replace(launch, env=env)
 
     async def _gpu_room(self, spec: DesiredShard) -> str:
         """Why the shard's GPUs do not have its budget free now, or "" (a share of GPUs:

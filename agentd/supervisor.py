@@ -71,7 +71,8 @@ class Supervisor(EngineLifecycle):
     that profiles name by URL or hub repository (``agentd.fetch``); without
     one, such a shard fails saying so. ``gpu_memory`` says each GPU's (total,
     used) MiB by UUID, now (NVML; blocking): a shard with a share of its GPUs
-    starts only where each has its budget free.
+    starts only where each has its budget free. ``gpu_indices`` maps each GPU's
+    UUID to its NVML index, for engines that take GPUs by index only.
 
     Call ``start()`` once before anything else, and ``close()`` at the end.
     """
@@ -91,6 +92,7 @@ class Supervisor(EngineLifecycle):
         host: str = "0.0.0.0",
         fetcher: Fetcher | None = None,
         gpu_memory: Callable[[], dict[str, tuple[int, int]]] | None = None,
+        gpu_indices: Callable[[], dict[str, int]] | None = None,
     ):
         lo, hi = port_range
         if not (1 <= lo <= hi <= 65535):
@@ -110,6 +112,7 @@ class Supervisor(EngineLifecycle):
         self._on_event = on_event
         self._fetcher = fetcher
         self._gpu_memory = gpu_memory
+        self._gpu_indices = gpu_indices
         self._shards: dict[str, Shard] = {}
         self._version = 0
         self._versions: dict[str, str] = {}

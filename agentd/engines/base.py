@@ -145,6 +145,9 @@ class Engine:
     in_flight_series: ClassVar[tuple[str, ...]] = ()
     # Engines that are only run when agent.yaml names them (the fake engine).
     opt_in: ClassVar[bool] = False
+    # Engines that read CUDA_VISIBLE_DEVICES as integers: given NVML indices (with
+    # CUDA_DEVICE_ORDER=PCI_BUS_ID) instead of the UUIDs placement names.
+    gpus_by_index: ClassVar[bool] = False
 
     def __init__(self, binary: str | None = None):
         self.binary = binary

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 
 class VLLM(Engine):
+    # vLLM 0.11.x turns each CUDA_VISIBLE_DEVICES entry into an int
+    # (vllm/platforms/interface.py, device_id_to_physical_device_id) and fails on a
+    # UUID as it starts (vllm-project/vllm#13815); later releases map UUIDs by NVML.
+    gpus_by_index = True
     name = "vllm"
     # Counted by the API server; waiting requests are in flight too when draining.
     in_flight_series = ("vllm:num_requests_running", "vllm:num_requests_waiting")
