@@ -15,6 +15,9 @@ makes redundant is taken out when the later one comes in. The rule, by kind:
 - ``fetch_progress``: the newest per shard (progress, not a transition).
 - ``ack``: one per kind; for ``desired``, the newest version (the control plane
   moves its acknowledged version forward only, so an older ack says nothing).
+  A ``remove_weights`` reply answers one proposal (its ``request_id``) and says
+  what was removed and kept: each is kept until sent (the control plane has
+  few proposals out to a node at a time; a repeated one replaces its reply).
 - ``logs_reply``: the newest ``LOGS_REPLIES_KEPT``. Someone waits at most a few
   seconds for one; an older reply has no reader left.
 
@@ -60,6 +63,8 @@ class Outbox:
             self._put_status(msg)
         elif kind == "fetch_progress":
             self._replace(("progress", msg.shard_id), msg)
+        elif kind == "ack" and msg.of == "remove_weights":
+            self._replace(("ack", msg.of, msg.request_id), msg)
         elif kind == "ack":
             queued = self._queue.get(("ack", msg.of))
             if queued is not None and msg.of == "desired" and msg.version < queued.version:

@@ -116,6 +116,23 @@ def test_the_newest_desired_ack_supersedes_older_ones_and_an_older_one_changes_n
     assert brief(drain(box)) == [("ack", "desired", 499), ("ack", "remove_weights", 0)]
 
 
+def test_every_weights_removal_reply_is_kept_until_sent():
+    box = Outbox()
+    for request, path in (("rw-1", "/w/a.gguf"), ("rw-2", "/w/b.gguf")):
+        box.put(
+            protocol.AgentAck(type="ack", of="remove_weights", request_id=request, removed=[path])
+        )
+    box.put(ack(7))
+
+    sent = drain(box)
+
+    assert [(m.request_id, m.removed) for m in sent if m.of == "remove_weights"] == [
+        ("rw-1", ["/w/a.gguf"]),
+        ("rw-2", ["/w/b.gguf"]),
+    ]
+    assert box.coalesced["ack"] == 0
+
+
 def test_logs_replies_are_bounded_to_the_newest():
     box = Outbox()
     for i in range(20):
