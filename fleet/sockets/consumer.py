@@ -398,8 +398,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
         )
         self.through(registered=True)
-        if provision.engines:
-            await self.send_msg(provision)
+        # Always, empty too: a node away when the last wanted engine was removed
+        # restored its installs at start and would advertise them for ever.
+        await self.send_msg(provision)
         await self.send_msg(desired_set)
 
     async def on_heartbeat(self, msg: protocol.Heartbeat):

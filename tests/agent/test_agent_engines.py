@@ -311,3 +311,22 @@ def test_the_install_loop_acts_on_a_changed_build_at_once_not_at_its_next_pass(
             loop.cancel()
 
     asyncio.run(scenario())
+
+
+def test_an_install_restored_at_start_is_forgotten_once_no_engine_is_wanted(tmp_path, monkeypatch):
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
+    agent = make_agent(tmp_path)
+    # given: a verified llama.cpp install from before the restart, counted at start
+    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", agent.cfg.install)
+    env = sources.env_dir(agent.cfg.envs_dir, "llamacpp", "0.3.36", "cpu")
+    env.mkdir(parents=True)
+    agent.installer._write_mark(env, plan, "0.3.36")
+    agent.installer.restore([install.Want("llamacpp", "0.3.36")], [])
+    assert agent.engine_versions() == {"llamacpp": "0.3.36"}
+
+    # when: the control plane's provision at registration wants nothing
+    agent.on_provision(provision())
+    asyncio.run(agent.install_pass())
+
+    # then: the node neither reports nor advertises it any more
+    assert agent.provision() == [] and agent.engine_versions() == {}

@@ -45,7 +45,7 @@ async def recv(comm: WebsocketCommunicator, timeout: float = 3) -> dict:
 
 
 async def recv_type(comm: WebsocketCommunicator, kind: str, timeout: float = 3) -> dict:
-    """The next message of this type, skipping provision (sent only when engines are wanted)."""
+    """The next message of this type, skipping provision (sent at every registration)."""
     while True:
         msg = await recv(comm, timeout)
         if msg["type"] == kind:

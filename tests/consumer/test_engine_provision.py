@@ -98,3 +98,21 @@ async def test_a_changed_engine_version_reaches_every_connected_node():
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_node_is_told_the_wanted_engines_at_registration_even_when_there_are_none():
+    from tests.consumer.helpers import communicator, recv, register_msg, send
+    from tests.factories import join_token
+
+    # No engine is wanted (the last one was removed while this node was away).
+    _, secret = await db(join_token)()
+    comm = communicator(secret)
+    assert (await comm.connect())[0]
+    try:
+        await send(comm, register_msg("cpu-09"))
+        msgs = [await recv(comm) for _ in range(3)]
+        # An empty provision, before the desired set: the agent drops installs it restored.
+        assert [m["type"] for m in msgs] == ["ack", "provision", "desired"]
+        assert msgs[1]["engines"] == []
+    finally:
+        await comm.disconnect()

@@ -31,7 +31,7 @@ def connect(server, secret: str | None):
 
 
 async def recv(ws, kind: str, timeout: float = 5) -> dict:
-    """The next message of this type, skipping provision (sent only when engines are wanted)."""
+    """The next message of this type, skipping provision (sent at every registration)."""
     while True:
         msg = json.loads(await asyncio.wait_for(ws.recv(), timeout))
         if msg["type"] == kind:
