@@ -30,6 +30,15 @@ CPU, CUDA = "cpu", "cuda"
 # (build, the CUDA version it needs, the Linux driver branch that first supports it)
 CUDA_LINES = ((CU13, (13, 0), 580), (CU129, (12, 9), 575))
 GPU_ENGINES = ("vllm", "sglang")
+# CUDA 13 builds no code for compute capability below 7.5 (its release notes: Maxwell,
+# Pascal and Volta support removed); vLLM's CUDA 12.9 build still runs Volta (7.0).
+CU13_MIN_CAPABILITY = (7, 5)
+MIN_CAPABILITY = (7, 0)
+
+
+def fallback(variant: str) -> str | None:
+    """The build ``auto`` tries once when ``variant`` fails its install or GPU check here."""
+    return CU129 if variant == CU13 else None
 
 
 @dataclass(frozen=True)
@@ -64,14 +73,31 @@ def driver_cuda(gpus: list[protocol.GPU]) -> tuple[int, int] | None:
     return None
 
 
+def oldest_capability(gpus: list[protocol.GPU]) -> tuple[int, int] | None:
+    """The lowest compute capability among the node's GPUs; None where NVML did not say."""
+    known = [v for g in gpus if (v := _version(g.compute_capability))]
+    if not known:
+        return None
+    return min((v[0], v[1] if len(v) > 1 else 0) for v in known)
+
+
 def auto_vllm(gpus: list[protocol.GPU]) -> Choice:
-    """``auto``: the newest CUDA line the driver supports."""
+    """``auto``: the newest CUDA line the driver supports and every GPU runs."""
     if not gpus:
         return Choice(None, "no NVIDIA GPU on this node")
     cuda = driver_cuda(gpus)
     if cuda is None:
         return Choice(None, "the NVIDIA driver reports no version")
+    cc = oldest_capability(gpus)
+    if cc is not None and cc < MIN_CAPABILITY:
+        return Choice(
+            None,
+            f"compute capability {cc[0]}.{cc[1]}: vLLM's builds need "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer",
+        )
     for build, need, _branch in CUDA_LINES:
+        if build == CU13 and cc is not None and cc < CU13_MIN_CAPABILITY:
+            continue  # CUDA 13 dropped Maxwell, Pascal and Volta
         if cuda >= need:
             return Choice(build)
     have = f"CUDA {cuda[0]}.{cuda[1]}" if cuda != (0, 0) else "an older CUDA"

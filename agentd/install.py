@@ -162,6 +162,8 @@ class Installer:
         cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         self.build_cache = Path(cfg.build_cache or os.path.join(cache_home, "llmgw", "builds"))
         self.statuses: dict[str, Status] = {}
+        # (engine, version) -> the build ``auto`` settled on after its first choice failed.
+        self.settled: dict[tuple[str, str], str] = {}
         self.downloads = 0  # pip runs started: a test counts what was fetched
 
     # ---- what the agent reads -------------------------------------------------
@@ -183,18 +185,26 @@ class Installer:
             choice = builds.choose(want.engine, want.variant, gpus)
             if choice.variant is None or protocol.engine_version_problem(want.version):
                 continue
-            try:
-                plan = pip_plan(want.engine, want.version, choice.variant, self.cfg)
-            except PlanError:
-                continue
-            env = env_dir(self.root, want.engine, want.version, choice.variant)
-            mark = self._read_mark(env)
-            if mark is None or mark.get("plan") != plan.fingerprint():
-                continue
-            self._set(
-                Status(want.engine, mark.get("version") or want.version, choice.variant,
-                       INSTALLED, binary=self.binary(want.engine, env))
-            )  # fmt: skip
+            variants = [choice.variant]
+            auto = want.engine == "vllm" and (want.variant or builds.AUTO) == builds.AUTO
+            if auto and (fell_to := builds.fallback(choice.variant)):
+                variants.append(fell_to)  # where auto settled before the restart
+            for variant in variants:
+                try:
+                    plan = pip_plan(want.engine, want.version, variant, self.cfg)
+                except PlanError:
+                    continue
+                env = env_dir(self.root, want.engine, want.version, variant)
+                mark = self._read_mark(env)
+                if mark is None or mark.get("plan") != plan.fingerprint():
+                    continue
+                if variant != choice.variant:
+                    self.settled[(want.engine, want.version)] = variant
+                self._set(
+                    Status(want.engine, mark.get("version") or want.version, variant,
+                           INSTALLED, binary=self.binary(want.engine, env))
+                )  # fmt: skip
+                break
 
     # ---- one pass -------------------------------------------------------------
 
@@ -226,6 +236,25 @@ class Installer:
                 Status(want.engine, want.version, want.variant or "", UNSUPPORTED, choice.reason)
             )
         variant = choice.variant
+        key = (want.engine, want.version)
+        auto = want.engine == "vllm" and (want.variant or builds.AUTO) == builds.AUTO
+        if auto and key in self.settled:
+            variant = self.settled[key]
+        st = await self._attempt(want, variant)
+        fell_to = builds.fallback(variant) if auto and key not in self.settled else None
+        if st.state != FAILED or fell_to is None:
+            return st
+        # The seed's promise: a cu13 build that fails here (a GPU CUDA 13 does not
+        # run, a driver that says more than it does) is followed by cu129, once.
+        first = st.detail.splitlines()[0] if st.detail else "failed"
+        logger.warning("vllm %s failed here (%s): falling back to %s", variant, first, fell_to)
+        self.settled[key] = fell_to
+        st = await self._attempt(want, fell_to)
+        why = f"auto: {variant} failed here ({first}); fell back to {fell_to}"
+        return self._set(replace(st, detail=f"{why}\n{st.detail}" if st.detail else why))
+
+    async def _attempt(self, want: Want, variant: str) -> Status:
+        """Install (or re-check) one variant of a wanted engine, verified before it counts."""
         try:
             plan = pip_plan(want.engine, want.version, variant, self.cfg)
         except PlanError as exc:

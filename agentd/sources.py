@@ -100,4 +100,6 @@ def describe(
             text += f" ({', '.join(extra)})"
     elif state in ("failed", "unsupported") and first:
         text += f": {first}"
+    elif state == "installed" and first:
+        text += f" ({first})"  # e.g. the build auto settled on, and why
     return text

@@ -330,3 +330,53 @@ def test_an_install_restored_at_start_is_forgotten_once_no_engine_is_wanted(tmp_
 
     # then: the node neither reports nor advertises it any more
     assert agent.provision() == [] and agent.engine_versions() == {}
+
+
+V100 = {"name": "Tesla V100-SXM2-32GB", "memory_mib": 32510, "cc": [7, 0]}
+P100 = {"name": "Tesla P100-PCIE-16GB", "memory_mib": 16280, "cc": [6, 0]}
+
+
+@pytest.mark.parametrize(
+    "kind, build, reason",
+    [
+        (nvml_data.H100, "cu13", ""),
+        # CUDA 13 dropped Volta: on the same R580 driver, CUDA 12.9's build
+        (V100, "cu129", ""),
+        (P100, None, "compute capability 6.0: vLLM's builds need 7.0 or newer"),
+    ],
+)
+def test_auto_looks_at_the_gpus_compute_capability_as_well_as_the_driver(
+    tmp_path, monkeypatch, kind, build, reason
+):
+    spec = nvml_data.hgx(kind=kind, count=2, driver_version="580.82.07", cuda_driver_version=13000)
+    monkeypatch.setenv(nvml.FAKE_ENV, str(nvml_data.write(tmp_path / "nvml.json", spec)))
+    machine = Machine(state_dir=tmp_path)
+    try:
+        choice = builds.choose("vllm", "auto", machine.gpus())
+    finally:
+        machine.close()
+    assert (choice.variant, choice.reason) == (build, reason)
+
+
+def test_a_cu13_build_that_fails_here_falls_back_to_cu129_once_and_says_so(tmp_path, monkeypatch):
+    gpus = gpus_with(tmp_path, monkeypatch, "580.82.07", 13000)  # auto: cu13
+    # No index and no wheel: each build fails at its pip step, as a broken one would.
+    cfg = InstallConfig(pip_args=["--no-index"], vllm_cu129_wheel=str(tmp_path / "no.whl"))
+    seen = []
+    installer = install.Installer(tmp_path / "engines", cfg, on_status=seen.append)
+
+    (st,) = asyncio.run(installer.converge([install.Want("vllm", "0.11.2", "auto")], gpus))
+
+    assert (st.state, st.variant) == ("failed", "cu129")
+    assert st.detail.splitlines()[0] == (
+        "auto: cu13 failed here (pip install exited with 1); fell back to cu129"
+    )
+    assert [v for v in dict.fromkeys(s.variant for s in seen)] == ["cu13", "cu129"]
+    # once: the next pass tries the build auto settled on, not cu13 again
+    seen.clear()
+    asyncio.run(installer.converge([install.Want("vllm", "0.11.2", "auto")], gpus))
+    assert {s.variant for s in seen} == {"cu129"}
+    # an operator's cu13 is theirs: it is not replaced
+    seen.clear()
+    (mine,) = asyncio.run(installer.converge([install.Want("vllm", "0.11.2", "cu13")], gpus))
+    assert (mine.variant, {s.variant for s in seen}) == ("cu13", {"cu13"})
