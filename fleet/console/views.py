@@ -21,9 +21,10 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
-from fleet.models import Model, Node
+from fleet.models import Model, Node, VllmBuild
 from fleet.services import access, charts, console, node_logs
 from fleet.services import drain as drain_service
+from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
 
 from . import svg
@@ -147,11 +148,9 @@ def _detail(request, node_id: str) -> console.NodeDetail:
         raise Http404(str(exc)) from None
 
 
-def _can(user) -> dict:
-    return {
-        "drain": user.has_perm("fleet.drain_node"),
-        "revoke": user.has_perm("fleet.change_node"),
-    }
+def _allowed(user) -> dict:
+    """The node actions this user may take, in ACTIONS' order."""
+    return {name: a for name, a in ACTIONS.items() if user.has_perm(a[0])}
 
 
 @page(NODES)
@@ -165,11 +164,10 @@ def node(request, node_id: str):
             request,
             f"Node {node_id}",
             d=detail,
-            can=_can(request.user),
             refresh_s=REFRESH_S,
             charts_refresh_s=CHARTS_REFRESH_S,
             log_lines=LOG_LINES,
-            actions=ACTIONS,
+            actions=_allowed(request.user),
             weights_perm=WEIGHTS,
         ),
     )
@@ -244,7 +242,7 @@ async def node_logs_view(request, node_id: str):
 # ---- actions ----------------------------------------------------------------------------
 
 
-def _revoke(node: Node) -> tuple[bool, str]:
+def _revoke(node: Node, user) -> tuple[bool, str]:
     n = access.revoke_node(node)
     return bool(n), (
         f"revoked {n} credential(s) of {node.pk}; its agent must enrol again with a new join token"
@@ -252,11 +250,29 @@ def _revoke(node: Node) -> tuple[bool, str]:
 
 
 def _run(service, done: str, already: str):
-    def act(node: Node) -> tuple[bool, str]:
+    def act(node: Node, user) -> tuple[bool, str]:
         changed = service(node)
         return changed, (done if changed else already).format(node=node.pk)
 
     return act
+
+
+def _build(build: str):
+    def act(node: Node, user) -> tuple[bool, str]:
+        changed = engine_service.set_vllm_build([node], build, user)
+        if not changed:
+            return False, f"{node.pk}'s vLLM build was {build} already"
+        return True, f"{node.pk}'s vLLM build is {build}; the node was told at once"
+
+    return act
+
+
+BUILD_WORDS = {
+    VllmBuild.AUTO: "the newest build its driver and GPUs run (cu13, else cu129)",
+    VllmBuild.CU13: "vLLM's CUDA 13 build (needs driver 580 or newer)",
+    VllmBuild.CU129: "vLLM's CUDA 12.9 build (needs driver 575 or newer)",
+    VllmBuild.NONE: "no vLLM: it is not installed there, and replicas needing it go elsewhere",
+}
 
 
 # action: (permission, what it does in words, the confirmation's warning, how to do it)
@@ -287,6 +303,16 @@ ACTIONS = {
         "with a new join token.",
         _revoke,
     ),
+    **{
+        f"vllm-build-{build}": (
+            "fleet.change_node",
+            f"vLLM build: {build}",
+            f"{{node}} installs {words}. Replicas already running keep their engine; the "
+            "node is told at once and installs in the background.",
+            _build(build),
+        )
+        for build, words in BUILD_WORDS.items()
+    },
 }
 
 
@@ -303,7 +329,7 @@ def node_action(request, node_id: str, action: str):
     except node_service.NodeNotFound as exc:
         raise Http404(str(exc)) from None
     if request.method == "POST":
-        changed, text = act(target)
+        changed, text = act(target, request.user)
         messages.add_message(request, messages.SUCCESS if changed else messages.INFO, text)
         return redirect(reverse("console:node", args=[node_id]))
     return render(

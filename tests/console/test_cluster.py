@@ -208,3 +208,24 @@ def test_a_gpu_s_bar_names_the_shards_on_it(client):
 
     bar = html[html.index('data-gpu-index="0"') :]
     assert "; llama 30 GB, qwen 30 GB; 60.0 of 79.6 GB promised" in bar[: bar.index(">")]
+
+
+def test_each_row_says_the_nodes_vllm_build_and_what_it_installed(client):
+    from fleet.models import EngineInstall
+
+    add_node("gpu-01")
+    add_node("gpu-02")
+    Node.objects.filter(pk="gpu-02").update(vllm_build="none")
+    EngineInstall.objects.create(
+        node_id="gpu-01", engine="vllm", version="0.11.2", variant="cu129", state="installing"
+    )
+    client.force_login(operator())
+
+    html = client.get(CLUSTER).content.decode()
+
+    one = row(html, "gpu-01")
+    assert (
+        '<td class="node-vllm-build">auto <i class="vllm-installed">(cu129 installing)</i>' in one
+    )
+    assert "vllm 0.11.2 cu129 <i>installing</i>" in one
+    assert '<td class="node-vllm-build">none</td>' in row(html, "gpu-02")

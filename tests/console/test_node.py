@@ -131,6 +131,44 @@ def test_actions_need_their_permissions_and_csrf(client):
     assert not Node.objects.get(pk="gpu-01").cordoned
 
 
+def test_the_vllm_build_is_shown_and_set_on_the_page_telling_the_node(client, monkeypatch):
+    from fleet.models import EngineInstall
+    from fleet.services import engines as engine_service
+
+    add_node("gpu-01")
+    EngineInstall.objects.create(
+        node_id="gpu-01", engine="vllm", version="0.11.2", variant="cu129", state="installed",
+        detail="auto: cu13 failed here (the GPU check exited with 1); fell back to cu129",
+    )  # fmt: skip
+    told = []
+    monkeypatch.setattr(engine_service, "tell_nodes", lambda ids: told.extend(ids))
+    client.force_login(operator())
+
+    page = client.get(node_url()).content.decode()
+    assert "vLLM build: <b>auto</b>" in page
+    assert '<td class="engine-variant">cu129</td>' in page and "fell back to cu129" in page
+    assert 'id="action-vllm-build-cu13"' in page
+    confirm = client.get(node_url("node-action", "vllm-build-cu13")).content.decode()
+    assert "installs vLLM&#x27;s CUDA 13 build (needs driver 580 or newer)" in confirm
+    assert Node.objects.get(pk="gpu-01").vllm_build == "auto"  # asking changed nothing
+
+    client.post(node_url("node-action", "vllm-build-cu13"))
+
+    assert Node.objects.get(pk="gpu-01").vllm_build == "cu13"
+    assert told == ["gpu-01"]  # at once, as the admin's form and actions do
+
+
+def test_only_change_node_sets_the_build(client):
+    add_node("gpu-01")
+    drainer = grant(staff_user("drainer"), "fleet.view_node", "fleet.drain_node")
+    client.force_login(drainer)
+
+    page = client.get(node_url()).content.decode()
+    assert 'id="action-cordon"' in page and 'id="action-vllm-build-none"' not in page
+    assert client.post(node_url("node-action", "vllm-build-none")).status_code == 403
+    assert Node.objects.get(pk="gpu-01").vllm_build == "auto"
+
+
 def test_charts_and_logs_refuse_anonymous_and_non_staff_users(client):
     add_node("gpu-01")
     for user in (None, staff_user("guest", is_staff=False)):

@@ -76,6 +76,7 @@ class EngineLine:
     version: str
     state: str  # an install state from the agent, or "reported" for engine_versions only
     detail: str = ""
+    variant: str = ""  # the build installed or tried: cu13, cu129, cpu, cuda
 
 
 FETCHING = ("pending", "starting")
@@ -120,11 +121,15 @@ class NodeLine:
     last_seen: datetime | None
     agent_version: str
     fetch: str = ""  # the shards fetching weights there, summed
+    vllm_build: str = "auto"  # the operators' choice (auto, cu13, cu129, none)
 
 
 def _engines(node: Node) -> list[EngineLine]:
     installs = {i.engine: i for i in node.engine_installs.all()}
-    out = [EngineLine(i.engine, i.version, i.state, i.detail) for _, i in sorted(installs.items())]
+    out = [
+        EngineLine(i.engine, i.version, i.state, i.detail, i.variant)
+        for _, i in sorted(installs.items())
+    ]
     for engine, version in sorted((node.engine_versions or {}).items()):
         if engine not in installs:
             out.append(EngineLine(str(engine), str(version), "reported"))
@@ -154,6 +159,7 @@ def node_line(node: Node, now: datetime) -> NodeLine:
         last_seen=node.last_seen,
         agent_version=node.agent_version,
         fetch=_node_fetch(node),
+        vllm_build=node.vllm_build,
     )
 
 
