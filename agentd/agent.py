@@ -222,8 +222,11 @@ class Agent:
     async def start(self) -> None:
         """Adopt what a previous agent left running, before the first register reports it."""
         await self.shards.start()
-        if self._saved_wants:
-            wants = [install.Want(w.engine, w.version, w.variant) for w in self._saved_wants]
+        # Not an engine agent.yaml now disables or names by hand: the operator's say
+        # wins from the start, not only from the first provision.
+        saved = [w for w in self._saved_wants if not self._own_say(w.engine)]
+        if saved:
+            wants = [install.Want(w.engine, w.version, w.variant) for w in saved]
             gpus = await asyncio.to_thread(self.machine.gpus)
             self.installer.restore(wants, gpus)
             self._use_installed()

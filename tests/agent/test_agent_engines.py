@@ -380,3 +380,32 @@ def test_a_cu13_build_that_fails_here_falls_back_to_cu129_once_and_says_so(tmp_p
     seen.clear()
     (mine,) = asyncio.run(installer.converge([install.Want("vllm", "0.11.2", "cu13")], gpus))
     assert (mine.variant, {s.variant for s in seen}) == ("cu13", {"cu13"})
+
+
+def test_a_saved_install_of_an_engine_agent_yaml_now_names_is_not_restored_at_start(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
+    # given: before the restart the agent installed llama.cpp itself (verified, saved)
+    first = make_agent(tmp_path)
+    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", first.cfg.install)
+    env = sources.env_dir(first.cfg.envs_dir, "llamacpp", "0.3.36", "cpu")
+    env.mkdir(parents=True)
+    first.installer._write_mark(env, plan, "0.3.36")
+    first.on_provision(provision(("llamacpp", "0.3.36", "")))  # saved in its state file
+
+    # when: it starts again with agent.yaml now naming a llama.cpp of the operator's
+    shards = Versions({"llamacpp": "4567 (abc1234)"})
+    again = make_agent(
+        tmp_path, shards=shards, engines={"binaries": {"llamacpp": "/opt/llama/llama-server"}}
+    )
+
+    async def started():
+        await again.start()
+        try:
+            return again.engine_versions(), dict(shards.installed)
+        finally:
+            await again.close()
+
+    # then: the operator's engine is the one advertised and run, from the start
+    assert asyncio.run(started()) == ({"llamacpp": "4567 (abc1234)"}, {})

@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from fleet.models import Node, WantedEngine
 from fleet.services import catalog
+from tests.admin.helpers import form_data
 from tests.consumer.helpers import db, enrol, run_closing_connections
 from tests.factories import bearer, manage_key, operator
 
@@ -60,7 +61,7 @@ def prepared(how: str):
         # The node's change page as the operator's browser would send it back: every
         # field it shows (the inlines' management forms too), the build changed.
         url = reverse("admin:fleet_node_change", args=["gpu-07"])
-        data = form_fields(client.get(url).content.decode())
+        data = form_data(client.get(url).content.decode())
         assert data["vllm_build"] == "auto"
         data["vllm_build"] = "cu129"
         return lambda: client.post(url, data).status_code
@@ -70,48 +71,6 @@ def prepared(how: str):
             {"action": "vllm_build_cu129", "_selected_action": ["gpu-07"]},
         ).status_code
     )
-
-
-def form_fields(page: str) -> dict[str, str]:
-    """What a browser submits from the page's form: inputs (checked boxes only), each
-    select's selected option, textareas."""
-    from html.parser import HTMLParser
-
-    class Form(HTMLParser):
-        def __init__(self):
-            super().__init__()
-            self.data: dict[str, str] = {}
-            self.select: str | None = None
-            self.textarea: str | None = None
-
-        def handle_starttag(self, tag, attrs):
-            a = dict(attrs)
-            name = a.get("name")
-            if tag == "input" and name and a.get("type") not in ("submit", "button", "file"):
-                if a.get("type") in ("checkbox", "radio") and "checked" not in a:
-                    return
-                self.data[name] = a.get("value") or ("on" if a.get("type") == "checkbox" else "")
-            elif tag == "select" and name:
-                self.select = name
-            elif tag == "option" and self.select and "selected" in a:
-                self.data[self.select] = a.get("value") or ""
-            elif tag == "textarea" and name:
-                self.textarea = name
-                self.data[name] = ""
-
-        def handle_endtag(self, tag):
-            if tag == "select":
-                self.select = None
-            elif tag == "textarea":
-                self.textarea = None
-
-        def handle_data(self, data):
-            if self.textarea:
-                self.data[self.textarea] += data
-
-    form = Form()
-    form.feed(page)
-    return form.data
 
 
 @pytest.mark.parametrize("how", ["command", "api", "admin action", "admin form"])
