@@ -148,6 +148,7 @@ def test_the_vllm_build_is_shown_and_set_on_the_page_telling_the_node(client, mo
     assert "vLLM build: <b>auto</b>" in page
     assert '<td class="engine-variant">cu129</td>' in page and "fell back to cu129" in page
     assert 'id="action-vllm-build-cu13"' in page
+    assert '<b class="current-build" id="current-vllm-build">auto (now)</b>' in page
     confirm = client.get(node_url("node-action", "vllm-build-cu13")).content.decode()
     assert "installs vLLM&#x27;s CUDA 13 build (needs driver 580 or newer)" in confirm
     assert Node.objects.get(pk="gpu-01").vllm_build == "auto"  # asking changed nothing
