@@ -42,6 +42,10 @@ INSTALLING, INSTALLED, FAILED, UNSUPPORTED = "installing", "installed", "failed"
 # a lock held by a new machine's own updates clears in a minute or two, while
 # ten minutes' wait would leave a node idle for no reason.
 RECHECK_S = 600.0
+# A re-check that fails is run again this much later before the environment counts as
+# broken: a GPU busy or full beside running engines fails a check once, a missing
+# library every time.
+RECHECK_AGAIN_S = 5.0
 RETRY_FIRST_S = 60.0
 RETRY_MAX_S = 600.0
 MARK = "llmgw-installed.json"
@@ -162,6 +166,7 @@ class Installer:
         cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         self.build_cache = Path(cfg.build_cache or os.path.join(cache_home, "llmgw", "builds"))
         self.statuses: dict[str, Status] = {}
+        self.recheck_again_s = RECHECK_AGAIN_S
         # (engine, version) -> the build ``auto`` settled on after its first choice failed.
         self.settled: dict[tuple[str, str], str] = {}
         self.downloads = 0  # pip runs started: a test counts what was fetched
@@ -265,7 +270,7 @@ class Installer:
         mark = self._read_mark(env)
         if mark is not None and mark.get("plan") == plan.fingerprint():
             try:
-                found = await self.verify(plan, env, quiet=True)
+                found = await self._recheck(plan, env)
                 binary = self.binary(want.engine, env)
                 if prev is None or prev.state != INSTALLED or prev.version != found:
                     self._set(replace(base, state=INSTALLED, version=found, binary=binary))
@@ -291,6 +296,18 @@ class Installer:
         return self._set(
             replace(base, state=INSTALLED, version=found, binary=self.binary(want.engine, env))
         )
+
+    async def _recheck(self, plan: Plan, env: Path) -> str:
+        """A verified install checked again; a failure counts only if it happens twice."""
+        try:
+            return await self.verify(plan, env, quiet=True)
+        except StepFailed as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            logger.info("%s's re-check failed (%s); checking again", plan.engine, first)
+        await asyncio.sleep(self.recheck_again_s)
+        found = await self.verify(plan, env, quiet=True)
+        logger.info("%s's re-check passed the second time: nothing repaired", plan.engine)
+        return found
 
     # ---- installing -----------------------------------------------------------
 

@@ -409,3 +409,26 @@ def test_a_saved_install_of_an_engine_agent_yaml_now_names_is_not_restored_at_st
 
     # then: the operator's engine is the one advertised and run, from the start
     assert asyncio.run(started()) == ({"llamacpp": "4567 (abc1234)"}, {})
+
+
+def test_a_recheck_that_fails_once_is_checked_again_before_anything_is_repaired(tmp_path):
+    installer = install.Installer(tmp_path / "engines", InstallConfig())
+    installer.recheck_again_s = 0.01
+    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", installer.cfg)
+    env = sources.env_dir(installer.root, "llamacpp", "0.3.36", "cpu")
+    env.mkdir(parents=True)
+    installer._write_mark(env, plan, "0.3.36")
+    checks = []
+
+    async def verify(plan, env, quiet=False):
+        checks.append(quiet)
+        if len(checks) == 1:  # a GPU busy beside running engines, say
+            raise install.StepFailed("the GPU check exited with 1\nCUDA out of memory")
+        return "0.3.36"
+
+    installer.verify = verify
+    (st,) = asyncio.run(installer.converge([install.Want("llamacpp", "0.3.36")], []))
+
+    assert (st.state, len(checks)) == ("installed", 2)
+    assert installer.downloads == 0  # no pip run: the environment was left as it is
+    assert (env / install.MARK).exists()
