@@ -204,7 +204,11 @@ class Agent:
         self.clock = clock or install.clock_from_env()
         self._logged_install: dict[str, tuple] = {}
         self.installer = install.Installer(
-            cfg.envs_dir, cfg.install, on_status=self._install_status, clock=self.clock
+            cfg.envs_dir,
+            cfg.install,
+            on_status=self._install_status,
+            clock=self.clock,
+            held_gpus=self._held_gpus,
         )
         self.schedule = install.Schedule()
         self._install_kick = asyncio.Event()
@@ -298,6 +302,10 @@ class Agent:
     def gpu_memory(self) -> dict[str, tuple[int, int]]:
         """Each GPU's (total, used) MiB by UUID, as NVML says now. Blocking."""
         return {g.uuid: (g.memory_total_mb, g.memory_used_mb) for g in self.machine.gpus()}
+
+    def _held_gpus(self) -> set[str]:
+        """The GPUs of shards whose engines run now."""
+        return {u for s in self.shards.running() if s.pid for u in s.gpu_uuids}
 
     def gpu_indices(self) -> dict[str, int]:
         """Each GPU's NVML index by UUID. Blocking."""

@@ -157,6 +157,7 @@ class Installer:
         *,
         on_status: OnStatus | None = None,
         clock: Callable[[], float] = time.monotonic,
+        held_gpus: Callable[[], set[str]] | None = None,
     ):
         self.root = Path(root)
         self.cfg = cfg
@@ -167,6 +168,9 @@ class Installer:
         self.build_cache = Path(cfg.build_cache or os.path.join(cache_home, "llmgw", "builds"))
         self.statuses: dict[str, Status] = {}
         self.recheck_again_s = RECHECK_AGAIN_S
+        # The UUIDs of GPUs running engines hold now; a re-check's computation avoids them.
+        self.held_gpus = held_gpus
+        self._gpus: list[protocol.GPU] = []
         # (engine, version) -> the build ``auto`` settled on after its first choice failed.
         self.settled: dict[tuple[str, str], str] = {}
         self.downloads = 0  # pip runs started: a test counts what was fetched
@@ -215,6 +219,7 @@ class Installer:
 
     async def converge(self, wants: list[Want], gpus: list[protocol.GPU]) -> list[Status]:
         """Install or re-check every wanted engine; forget the ones no longer wanted."""
+        self._gpus = list(gpus)
         for engine in list(self.statuses):
             if engine not in {w.engine for w in wants}:
                 del self.statuses[engine]
@@ -296,6 +301,17 @@ class Installer:
         return self._set(
             replace(base, state=INSTALLED, version=found, binary=self.binary(want.engine, env))
         )
+
+    def _check_gpu(self) -> dict[str, str] | None:
+        """Where a re-check computes: a GPU no running engine holds ({} where it cannot be
+        told: the default GPU), or None when engines hold them all."""
+        if self.held_gpus is None or not self._gpus:
+            return {}
+        held = self.held_gpus()
+        free = [g for g in self._gpus if g.uuid not in held]
+        if not free:
+            return None
+        return {"CUDA_VISIBLE_DEVICES": free[0].uuid}
 
     async def _recheck(self, plan: Plan, env: Path) -> str:
         """A verified install checked again; a failure counts only if it happens twice."""
@@ -432,9 +448,18 @@ class Installer:
         if not Path(python).exists():
             raise StepFailed(f"{python} is missing")
         if plan.engine in builds.GPU_ENGINES:
-            out = await self._run([python, "-c", GPU_CHECK], timeout=timeout, what="the GPU check")
-            if not quiet:
-                logger.info("%s: %s", plan.engine, tail(out, 1))
+            where = self._check_gpu() if quiet else {}
+            if where is None:
+                logger.info(
+                    "%s's re-check skips its GPU computation: running engines hold every GPU",
+                    plan.engine,
+                )
+            else:
+                out = await self._run(
+                    [python, "-c", GPU_CHECK], timeout=timeout, what="the GPU check", env=where
+                )
+                if not quiet:
+                    logger.info("%s: %s", plan.engine, tail(out, 1))
         if plan.engine == "vllm":
             return tail(
                 await self._run(

@@ -432,3 +432,37 @@ def test_a_recheck_that_fails_once_is_checked_again_before_anything_is_repaired(
     assert (st.state, len(checks)) == ("installed", 2)
     assert installer.downloads == 0  # no pip run: the environment was left as it is
     assert (env / install.MARK).exists()
+
+
+@pytest.mark.parametrize("held", [0, 1, 2])
+def test_the_recheck_computes_on_a_gpu_no_running_engine_holds(tmp_path, monkeypatch, held):
+    spec = nvml_data.hgx(count=2, driver_version="580.82.07", cuda_driver_version=13000)
+    monkeypatch.setenv(nvml.FAKE_ENV, str(nvml_data.write(tmp_path / "nvml.json", spec)))
+    machine = Machine(state_dir=tmp_path)
+    gpus = machine.gpus()
+    machine.close()
+    uuids = [g.uuid for g in gpus]
+    installer = install.Installer(
+        tmp_path / "engines", InstallConfig(), held_gpus=lambda: set(uuids[:held])
+    )
+    installer._gpus = gpus
+    env = tmp_path / "engines" / "vllm-0.11.2-cu13"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    ran = []
+
+    async def run(argv, *, timeout, what, env=None, progress=None):
+        ran.append((what, dict(env or {})))
+        return "vllm 0.11.2"
+
+    installer._run = run
+    plan = sources.pip_plan("vllm", "0.11.2", "cu13", installer.cfg)
+
+    asyncio.run(installer.verify(plan, env, quiet=True))  # the 10-minute re-check
+
+    checks = [e for what, e in ran if what == "the GPU check"]
+    if held == 2:  # every GPU is an engine's: no computation beside them
+        assert checks == []
+    else:
+        assert checks == [{"CUDA_VISIBLE_DEVICES": uuids[held]}]
+    assert ("vllm --version", {}) in ran  # the rest of the check runs either way
