@@ -168,6 +168,15 @@ def test_failures_retry_after_one_minute_doubling_to_ten_and_success_resets():
 # ---- what the node says and advertises -------------------------------------------------
 
 
+def verified_llamacpp(installer, version="0.3.36"):
+    """A llama.cpp install marked verified, as one survives a restart (no pip here)."""
+    plan = sources.pip_plan("llamacpp", version, "cpu", installer.cfg)
+    env = sources.env_dir(installer.root, "llamacpp", version, "cpu")
+    env.mkdir(parents=True)
+    installer._write_mark(env, plan, version)
+    return env
+
+
 def provision(*wants) -> protocol.Provision:
     return protocol.Provision(
         type="provision",
@@ -317,10 +326,7 @@ def test_an_install_restored_at_start_is_forgotten_once_no_engine_is_wanted(tmp_
     monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
     agent = make_agent(tmp_path)
     # given: a verified llama.cpp install from before the restart, counted at start
-    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", agent.cfg.install)
-    env = sources.env_dir(agent.cfg.envs_dir, "llamacpp", "0.3.36", "cpu")
-    env.mkdir(parents=True)
-    agent.installer._write_mark(env, plan, "0.3.36")
+    verified_llamacpp(agent.installer)
     agent.installer.restore([install.Want("llamacpp", "0.3.36")], [])
     assert agent.engine_versions() == {"llamacpp": "0.3.36"}
 
@@ -388,10 +394,7 @@ def test_a_saved_install_of_an_engine_agent_yaml_now_names_is_not_restored_at_st
     monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
     # given: before the restart the agent installed llama.cpp itself (verified, saved)
     first = make_agent(tmp_path)
-    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", first.cfg.install)
-    env = sources.env_dir(first.cfg.envs_dir, "llamacpp", "0.3.36", "cpu")
-    env.mkdir(parents=True)
-    first.installer._write_mark(env, plan, "0.3.36")
+    verified_llamacpp(first.installer)
     first.on_provision(provision(("llamacpp", "0.3.36", "")))  # saved in its state file
 
     # when: it starts again with agent.yaml now naming a llama.cpp of the operator's
@@ -414,10 +417,7 @@ def test_a_saved_install_of_an_engine_agent_yaml_now_names_is_not_restored_at_st
 def test_a_recheck_that_fails_once_is_checked_again_before_anything_is_repaired(tmp_path):
     installer = install.Installer(tmp_path / "engines", InstallConfig())
     installer.recheck_again_s = 0.01
-    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", installer.cfg)
-    env = sources.env_dir(installer.root, "llamacpp", "0.3.36", "cpu")
-    env.mkdir(parents=True)
-    installer._write_mark(env, plan, "0.3.36")
+    env = verified_llamacpp(installer)
     checks = []
 
     async def verify(plan, env, quiet=False):

@@ -8,11 +8,11 @@ import os
 import pytest
 
 from agentd import agent as agent_module
-from agentd import install, nvml, protocol, sources
+from agentd import install, nvml, protocol
 from agentd.agent import SupervisedShards
 from agentd.supervisor import Supervisor
 from fleet.services import engines, inventory
-from tests.agent.test_agent_engines import Versions, _script, provision
+from tests.agent.test_agent_engines import Versions, _script, provision, verified_llamacpp
 from tests.agent.test_agent_messages import RecordingShards, make_agent
 from tests.factories import register_msg
 
@@ -137,10 +137,7 @@ def test_an_installed_engine_is_advertised_and_run_before_the_configured_one(tmp
     assert agent.engine_versions() == {"llamacpp": "4567 (abc1234)"}
 
     # a verified install of llama.cpp (counted as at a restart: no pip here)
-    plan = sources.pip_plan("llamacpp", "0.3.36", "cpu", agent.cfg.install)
-    env = sources.env_dir(agent.cfg.envs_dir, "llamacpp", "0.3.36", "cpu")
-    env.mkdir(parents=True)
-    agent.installer._write_mark(env, plan, "0.3.36")
+    env = verified_llamacpp(agent.installer)
     agent.installer.restore([install.Want("llamacpp", "0.3.36")], [])
     agent._use_installed()
 
