@@ -324,6 +324,13 @@ def cordoned(w, user):
     Node.objects.filter(pk=w.node.pk).update(cordoned=True)
 
 
+# What a node action needs first to have something to change.
+NODE_ACTION_PREPARE = {
+    "uncordon": cordoned,
+    "vllm-build-auto": lambda w, u: Node.objects.filter(pk=w.node.pk).update(vllm_build="none"),
+}
+
+
 def own_key(w, user):
     key, _ = api_keys.create_api_key(f"own {next(w.seq)}", scope="manage", user=user)
     return key
@@ -616,7 +623,7 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(
             P + perm,
             name=action,
-            prepare=cordoned if action == "uncordon" else None,
+            prepare=NODE_ACTION_PREPARE.get(action),
             go=api("post", lambda w, action=action: f"/admin/cluster/nodes/{w.node.pk}/{action}/"),
         )
         for action, (perm, *_) in console_views.ACTIONS.items()
