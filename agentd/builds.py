@@ -36,6 +36,12 @@ CU13_MIN_CAPABILITY = (7, 5)
 MIN_CAPABILITY = (7, 0)
 
 
+def chosen_here(engine: str, asked: str) -> bool:
+    """Whether this node picks ``engine``'s build itself (vLLM on ``auto``), so it may
+    fall back; an operator's own build is theirs."""
+    return engine == "vllm" and (asked or AUTO) == AUTO
+
+
 def fallback(variant: str) -> str | None:
     """The build ``auto`` tries once when ``variant`` fails its install or GPU check here."""
     return CU129 if variant == CU13 else None

@@ -195,8 +195,9 @@ class Installer:
             if choice.variant is None or protocol.engine_version_problem(want.version):
                 continue
             variants = [choice.variant]
-            auto = want.engine == "vllm" and (want.variant or builds.AUTO) == builds.AUTO
-            if auto and (fell_to := builds.fallback(choice.variant)):
+            if builds.chosen_here(want.engine, want.variant) and (
+                fell_to := builds.fallback(choice.variant)
+            ):
                 variants.append(fell_to)  # where auto settled before the restart
             for variant in variants:
                 try:
@@ -247,7 +248,7 @@ class Installer:
             )
         variant = choice.variant
         key = (want.engine, want.version)
-        auto = want.engine == "vllm" and (want.variant or builds.AUTO) == builds.AUTO
+        auto = builds.chosen_here(want.engine, want.variant)
         if auto and key in self.settled:
             variant = self.settled[key]
         st = await self._attempt(want, variant)
