@@ -132,10 +132,8 @@ def _known_engine(name: str) -> None:
         raise ValueError(f"unknown engine '{name}' (known: {', '.join(known)})")
 
 
-DEFAULT_VLLM_CU129_WHEEL = (
-    "https://github.com/vllm-project/vllm/releases/download/v{version}/"
-    "vllm-{version}+cu129-cp38-abi3-manylinux1_{arch}.whl"
-)
+# A vLLM release's own description (GitHub's API), whose assets name its wheels.
+DEFAULT_VLLM_RELEASE = "https://api.github.com/repos/vllm-project/vllm/releases/tags/v{version}"
 DEFAULT_TORCH_CU129_INDEX = "https://download.pytorch.org/whl/cu129"
 
 
@@ -159,7 +157,10 @@ class InstallConfig(BaseModel):
     # Per engine, added after the above: {"vllm": ["--trusted-host", "mirror"]}.
     engine_pip_args: dict[str, list[str]] = {}
     # vLLM's CUDA 12.9 wheel; {version} and {arch} (x86_64, aarch64) are filled in.
-    vllm_cu129_wheel: str = DEFAULT_VLLM_CU129_WHEEL
+    # Empty: the one the release lists for this machine (vllm_release).
+    vllm_cu129_wheel: str = ""
+    # Where a vLLM release lists its assets ({version} filled in): GitHub's API.
+    vllm_release: str = DEFAULT_VLLM_RELEASE
     # PyTorch's CUDA 12.9 index, where the cu129 build's torch comes from.
     torch_cu129_index: str = DEFAULT_TORCH_CU129_INDEX
     # CMAKE_ARGS for llama-cpp-python's CUDA build (it compiles llama.cpp).

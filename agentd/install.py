@@ -33,7 +33,7 @@ from pathlib import Path
 from agentd import builds, llamatools, protocol, tinygguf
 from agentd.config import InstallConfig
 from agentd.engines.base import http_get
-from agentd.sources import Plan, PlanError, env_dir, pip_plan
+from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
 
 logger = logging.getLogger(__name__)
 
@@ -338,6 +338,12 @@ class Installer:
         args = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
         if repair:
             args.append("--force-reinstall")
+        if plan.release:
+            self._set(replace(base, detail="reading the release's wheels"))
+            try:
+                args.append(await asyncio.to_thread(release_wheel, plan))
+            except PlanError as exc:
+                raise StepFailed(str(exc)) from None
         self.downloads += 1
         self._set(replace(base, detail="downloading"))
         await self._run(

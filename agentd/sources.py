@@ -14,8 +14,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.tags import Tag, sys_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
 from agentd import builds
 from agentd.config import InstallConfig
+from agentd.fetch.http import describe_error, http_request, opener
 
 
 @dataclass(frozen=True)
@@ -31,9 +36,13 @@ class Plan:
     # llama.cpp: also build llama-server and ggml-rpc-server (agentd.llamatools)
     # with these cmake arguments; None builds nothing.
     tools: str | None = None
+    # A release whose asset list names the wheel to install (release_wheel), put
+    # before ``args`` when pip runs; empty when ``args`` say it all.
+    release: str = ""
 
     def fingerprint(self) -> str:
         extra = [] if self.tools is None else [self.tools]
+        extra += [self.release] if self.release else []
         return json.dumps([self.args, self.env, *extra], sort_keys=True)
 
 
@@ -57,10 +66,13 @@ def pip_plan(
         if variant == builds.CU129:
             if not version:
                 raise PlanError("vLLM's CUDA 12.9 build needs a version: its wheel URL names one")
-            wheel = cfg.vllm_cu129_wheel.format(version=version, arch=arch)
             # torch (and the rest of vLLM's CUDA 12.9 stack) from PyTorch's cu129 index.
-            args = [wheel, "--extra-index-url", cfg.torch_cu129_index]
-            return Plan(engine, version, variant, [*args, *common], dist="vllm")
+            args = ["--extra-index-url", cfg.torch_cu129_index, *common]
+            if not cfg.vllm_cu129_wheel:
+                release = cfg.vllm_release.format(version=version)
+                return Plan(engine, version, variant, args, dist="vllm", release=release)
+            wheel = cfg.vllm_cu129_wheel.format(version=version, arch=arch)
+            return Plan(engine, version, variant, [wheel, *args], dist="vllm")
         return Plan(engine, version, variant, [f"vllm{pin}", *common], dist="vllm")
     if engine == "llamacpp":
         spec = f"llama-cpp-python[server]{pin}"
@@ -78,6 +90,62 @@ def pip_plan(
         # SGLang's install page: `pip install sglang` (its default wheels are for CUDA).
         return Plan(engine, version, variant, [f"sglang{pin}", *common], dist="sglang")
     raise PlanError(f"this agent does not install engine '{engine}'")
+
+
+def release_wheel(plan: Plan, timeout: float = 30.0) -> str:
+    """The URL of the wheel of ``plan``'s variant that ``plan.release`` lists for this
+    machine (blocking: run it in a thread). vLLM's asset names change between
+    releases (manylinux1, manylinux_2_28, manylinux_2_34, …), so they are read, not
+    guessed; PlanError says what was found instead."""
+    url = plan.release
+    req = http_request(url, {"Accept": "application/vnd.github+json"})
+    try:
+        with opener().open(req, timeout=timeout) as resp:
+            assets = json.load(resp).get("assets") or []
+        found = {a["name"]: a["browser_download_url"] for a in assets}
+    except OSError as exc:
+        why = describe_error(url, exc, timeout)
+    except (ValueError, AttributeError, KeyError, TypeError):
+        why = f"{url}: the answer is not a release's list of assets"
+    else:
+        why = ""
+    if why:
+        raise PlanError(
+            f"reading the release's wheels: {why}; or name the wheel in install.vllm_cu129_wheel"
+        )
+    name = pick_wheel(list(found), plan.dist, plan.version, plan.variant, [*sys_tags()])
+    if name is None:
+        wheels = sorted(n for n in found if n.endswith(".whl")) or ["none"]
+        raise PlanError(
+            f"{url} lists no {plan.variant} wheel of {plan.dist} {plan.version} this machine "
+            f"can install ({platform.machine()}, {platform.libc_ver()[0]} "
+            f"{platform.libc_ver()[1]}); its wheels: {', '.join(wheels)}"
+        )
+    return found[name]
+
+
+def pick_wheel(
+    names: list[str], dist: str, version: str, local: str, supported: list[Tag]
+) -> str | None:
+    """Of ``names``, the wheel of ``dist`` ``version``+``local`` whose tags come first in
+    ``supported`` (this interpreter's, most specific first), as pip would choose."""
+    rank = {tag: i for i, tag in enumerate(supported)}
+    try:
+        wanted = Version(f"{version}+{local}")
+    except InvalidVersion:
+        return None
+    best: tuple[int, str] | None = None
+    for name in names:
+        try:
+            got, ver, _build, tags = parse_wheel_filename(name)
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if got != dist or ver != wanted:
+            continue
+        fits = [rank[t] for t in tags if t in rank]
+        if fits and (best is None or min(fits) < best[0]):
+            best = (min(fits), name)
+    return best[1] if best else None
 
 
 def env_dir(root: Path, engine: str, version: str, variant: str) -> Path:
