@@ -9,11 +9,16 @@ engines compute on a GPU inside the new environment and answer ``--version``;
 llama.cpp's server starts on a tiny model and answers. A mark file records a
 verified install, so a restarted agent re-checks rather than reinstalls.
 
+An environment is never changed once verified, since engines may run from it: a
+new install (a repair, another plan) is made in a new environment beside it
+(``<name>@2``, ``@3``, …), used once verified, and the one it replaces is removed
+when no process runs from it any more.
+
 Installed engines are checked again every ``RECHECK_S``: a library removed by an
-unrelated upgrade is found here, not by the next replica to start, and the
-environment is repaired in place (pip's ``--force-reinstall``), which leaves
-engines already running from it serving. After a failure the next pass comes
-sooner and backs off (``Schedule``). Docs: docs/engines.md.
+unrelated upgrade is found here, not by the next replica to start, and a new
+environment is built beside the broken one while the engine stays advertised
+(what runs from it keeps serving). After a failure the next pass comes sooner
+and backs off (``Schedule``). Docs: docs/engines.md.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -29,6 +35,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import psutil
 
 from agentd import builds, llamatools, protocol, tinygguf
 from agentd.config import InstallConfig
@@ -49,6 +57,9 @@ RECHECK_AGAIN_S = 5.0
 RETRY_FIRST_S = 60.0
 RETRY_MAX_S = 600.0
 MARK = "llmgw-installed.json"
+# The detail of an installed engine whose re-check failed, while its new environment
+# is made: it stays advertised meanwhile.
+REPAIRING = "repairing"
 TAIL_LINES = 20
 
 # A short computation on the GPU inside the new environment: an import that
@@ -204,10 +215,10 @@ class Installer:
                     plan = pip_plan(want.engine, want.version, variant, self.cfg)
                 except PlanError:
                     continue
-                env = env_dir(self.root, want.engine, want.version, variant)
-                mark = self._read_mark(env)
-                if mark is None or mark.get("plan") != plan.fingerprint():
+                env = self._current(env_dir(self.root, want.engine, want.version, variant), plan)
+                if env is None:
                     continue
+                mark = self._read_mark(env) or {}
                 if variant != choice.variant:
                     self.settled[(want.engine, want.version)] = variant
                 self._set(
@@ -270,38 +281,95 @@ class Installer:
             plan = pip_plan(want.engine, want.version, variant, self.cfg)
         except PlanError as exc:
             return self._fail(want, variant, str(exc))
-        env = env_dir(self.root, want.engine, want.version, variant)
+        slot = env_dir(self.root, want.engine, want.version, variant)
         base = Status(want.engine, want.version, variant, INSTALLING)
         prev = self.statuses.get(want.engine)
-        mark = self._read_mark(env)
-        if mark is not None and mark.get("plan") == plan.fingerprint():
+        env = self._current(slot, plan)
+        if env is not None:
             try:
                 found = await self._recheck(plan, env)
-                binary = self.binary(want.engine, env)
-                if prev is None or prev.state != INSTALLED or prev.version != found:
-                    self._set(replace(base, state=INSTALLED, version=found, binary=binary))
-                return self.statuses[want.engine]
             except StepFailed as exc:
                 logger.warning(
-                    "%s in %s no longer works (%s): repairing it",
+                    "%s in %s no longer works (%s): building a new environment beside it",
                     want.engine,
                     env,
                     str(exc).splitlines()[0] if str(exc) else "",
                 )
-                self._mark_broken(env)
-                repair = True
-        else:
-            repair = False
+                if prev is not None and prev.state == INSTALLED and prev.variant == variant:
+                    # What serves from it keeps serving, and new replicas may still come.
+                    base = replace(prev, detail=REPAIRING)
+            else:
+                self._retire(slot, keep=env)
+                now = replace(base, state=INSTALLED, version=found,
+                              binary=self.binary(want.engine, env))  # fmt: skip
+                if prev is None or (prev.state, prev.version, prev.binary) != (
+                    now.state,
+                    now.version,
+                    now.binary,
+                ):
+                    self._set(now)
+                return self.statuses[want.engine]
+        new = self._fresh(slot)
         try:
-            await self._install(plan, env, base, repair=repair)
-            self._set(replace(base, detail="verifying"))
-            found = await self.verify(plan, env)
+            await self._install(plan, new, base)
+            self._step(base, "verifying")
+            found = await self.verify(plan, new)
         except StepFailed as exc:
             return self._fail(want, variant, str(exc))
-        self._write_mark(env, plan, found)
-        return self._set(
-            replace(base, state=INSTALLED, version=found, binary=self.binary(want.engine, env))
-        )
+        self._write_mark(new, plan, found)
+        self._retire(slot, keep=new)
+        binary = self.binary(want.engine, new)
+        return self._set(replace(base, state=INSTALLED, version=found, binary=binary, detail=""))
+
+    def _step(self, base: Status, detail: str, progress: int | None = None) -> None:
+        """How far an install has got; a repair's steps keep the engine installed."""
+        if base.state == INSTALLED:
+            detail = f"{REPAIRING}: {detail}"
+        self._set(replace(base, detail=detail, progress=progress))
+
+    # ---- environments: one per verified install, never changed under an engine ----
+
+    @staticmethod
+    def _generations(slot: Path) -> list[Path]:
+        """``slot`` and the environments made beside it (``slot@2``, …), oldest first."""
+
+        def number(path: Path) -> int:
+            tail = path.name[len(slot.name) + 1 :]
+            return int(tail) if tail.isdigit() else 0
+
+        beside = [p for p in slot.parent.glob(f"{slot.name}@*") if number(p) > 1]
+        return ([slot] if slot.exists() else []) + sorted(beside, key=number)
+
+    def _current(self, slot: Path, plan: Plan) -> Path | None:
+        """The newest environment verified for ``plan``, if any."""
+        for env in reversed(self._generations(slot)):
+            mark = self._read_mark(env)
+            if mark is not None and mark.get("plan") == plan.fingerprint():
+                return env
+        return None
+
+    def _fresh(self, slot: Path) -> Path:
+        """Where a new install goes: a name no environment has. Unverified ones (a failed
+        or cut-off install) that nothing runs from are removed first."""
+        taken = []
+        for env in self._generations(slot):
+            if self._read_mark(env) is None and not _in_use(env):
+                shutil.rmtree(env, ignore_errors=True)
+            else:
+                taken.append(env)
+        if slot not in taken:
+            return slot
+        n = 2
+        while slot.with_name(f"{slot.name}@{n}") in taken:
+            n += 1
+        return slot.with_name(f"{slot.name}@{n}")
+
+    def _retire(self, slot: Path, keep: Path) -> None:
+        """Remove the environments ``keep`` replaced, each once nothing runs from it."""
+        for env in self._generations(slot):
+            if env != keep and not _in_use(env):
+                shutil.rmtree(env, ignore_errors=True)
+                logger.info("removed %s: %s replaces it and nothing runs from it", env, keep.name)
 
     def _check_gpu(self) -> dict[str, str] | None:
         """Where a re-check computes: a GPU no running engine holds ({} where it cannot be
@@ -328,30 +396,28 @@ class Installer:
 
     # ---- installing -----------------------------------------------------------
 
-    async def _install(self, plan: Plan, env: Path, base: Status, *, repair: bool) -> None:
+    async def _install(self, plan: Plan, env: Path, base: Status) -> None:
         python = env / "bin" / "python"
         if not python.exists():
-            self._set(replace(base, detail="creating its environment"))
+            self._step(base, "creating its environment")
             await self._run(
                 [self.python, "-m", "venv", "--clear", str(env)], timeout=300, what="python -m venv"
             )
         args = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
-        if repair:
-            args.append("--force-reinstall")
         if plan.release:
-            self._set(replace(base, detail="reading the release's wheels"))
+            self._step(base, "reading the release's wheels")
             try:
                 args.append(await asyncio.to_thread(release_wheel, plan))
             except PlanError as exc:
                 raise StepFailed(str(exc)) from None
         self.downloads += 1
-        self._set(replace(base, detail="downloading"))
+        self._step(base, "downloading")
         await self._run(
             args + plan.args,
             timeout=self.cfg.pip_timeout_s,
             what="pip install",
             env=plan.env,
-            progress=lambda detail, pct: self._set(replace(base, detail=detail, progress=pct)),
+            progress=lambda detail, pct: self._step(base, detail, pct),
         )
         if plan.tools is not None:
             await self._build_tools(plan, env, base)
@@ -376,7 +442,7 @@ class Installer:
                 cmake_args=plan.tools or "",
                 cache=self.build_cache,
                 timeout=self.cfg.pip_timeout_s,
-                note=lambda detail: self._set(replace(base, detail=detail)),
+                note=lambda detail: self._step(base, detail),
             )
         except OSError as exc:
             raise StepFailed(f"building llama.cpp's server and rpc-server: {exc}") from None
@@ -584,9 +650,6 @@ class Installer:
         tmp.write_text(json.dumps({"plan": plan.fingerprint(), "version": version}))
         os.replace(tmp, env / MARK)
 
-    def _mark_broken(self, env: Path) -> None:
-        (env / MARK).unlink(missing_ok=True)
-
 
 def pip_phase(line: str) -> str:
     """What pip is doing, from one line of its output: downloading, building, installing."""
@@ -597,6 +660,16 @@ def pip_phase(line: str) -> str:
     if line.startswith("Installing collected packages"):
         return "installing"
     return ""
+
+
+def _in_use(env: Path) -> bool:
+    """Whether a process (an engine, its workers, a leader waiting for its followers)
+    runs from ``env``: a path inside it among its arguments."""
+    inside = f"{env}/"
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(arg.startswith(inside) for arg in proc.info["cmdline"] or ()):
+            return True
+    return False
 
 
 def _kill(pid: int) -> None:

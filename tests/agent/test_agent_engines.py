@@ -85,10 +85,7 @@ def test_gpu_engines_are_unsupported_without_a_gpu_and_llamacpp_builds_for_what_
 
 # ---- pip commands and URLs per engine and variant -------------------------------------
 
-CU129_WHEEL = (
-    "https://github.com/vllm-project/vllm/releases/download/v0.11.2/"
-    "vllm-0.11.2+cu129-cp38-abi3-manylinux1_x86_64.whl"
-)
+CU129_RELEASE = "https://api.github.com/repos/vllm-project/vllm/releases/tags/v0.11.2"
 
 
 @pytest.mark.parametrize(
@@ -99,7 +96,7 @@ CU129_WHEEL = (
             "vllm",
             "0.11.2",
             "cu129",
-            [CU129_WHEEL, "--extra-index-url", "https://download.pytorch.org/whl/cu129"],
+            ["--extra-index-url", "https://download.pytorch.org/whl/cu129"],
             {},
         ),
         ("llamacpp", "0.3.36", "cpu", ["llama-cpp-python[server]==0.3.36"], {}),
@@ -117,6 +114,8 @@ def test_pip_is_asked_for_each_engine_and_variant(engine, version, variant, args
     plan = sources.pip_plan(engine, version, variant, InstallConfig(), arch="x86_64")
     assert plan.args == args
     assert plan.env == env
+    # only vLLM's cu129 build reads its wheel from the release's list of assets
+    assert plan.release == (CU129_RELEASE if variant == "cu129" else "")
 
 
 def test_every_source_can_be_replaced_for_a_mirror():
@@ -432,6 +431,57 @@ def test_a_recheck_that_fails_once_is_checked_again_before_anything_is_repaired(
     assert (st.state, len(checks)) == ("installed", 2)
     assert installer.downloads == 0  # no pip run: the environment was left as it is
     assert (env / install.MARK).exists()
+
+
+def test_a_broken_install_is_rebuilt_beside_the_one_an_engine_runs_from(tmp_path):
+    import subprocess
+    import sys
+
+    seen = []
+    installer = install.Installer(tmp_path / "engines", InstallConfig(), on_status=seen.append)
+    installer.recheck_again_s = 0.01
+    old = verified_llamacpp(installer)
+    (old / "bin").mkdir()
+    (old / "bin" / "python").symlink_to(sys.executable)
+    installer.restore([install.Want("llamacpp", "0.3.36")], [])
+    # an engine runs from the verified environment
+    engine = subprocess.Popen([old / "bin" / "python", "-c", "import time; time.sleep(60)"])
+    broken = {old}
+    built = []
+
+    async def verify(plan, env, quiet=False):
+        if env in broken:  # a library gone: fails every time
+            raise install.StepFailed("reading llama-cpp-python's version exited with 1")
+        return "0.3.36"
+
+    async def fill(plan, env, base):
+        installer._step(base, "downloading")
+        built.append((env, installer.installed()["llamacpp"].binary))
+        (env / "bin").mkdir(parents=True)
+
+    installer.verify, installer._install = verify, fill
+    want = [install.Want("llamacpp", "0.3.36")]
+    try:
+        # when: the re-check fails twice
+        (st,) = asyncio.run(installer.converge(want, []))
+
+        # then: a new environment is built beside it while the old one stays advertised
+        new = old.with_name(old.name + "@2")
+        assert built == [(new, str(old / "bin" / "python"))]
+        assert {s.state for s in seen} == {"installed"}, "never installing: still placed"
+        assert "repairing: downloading" in [s.detail for s in seen]
+        assert (st.state, st.detail, st.binary) == ("installed", "", str(new / "bin" / "python"))
+        # and the environment the engine runs from is left as it was
+        assert (old / install.MARK).exists() and engine.poll() is None
+    finally:
+        engine.kill()
+        engine.wait()
+
+    # when: nothing runs from the old one any more, the next pass removes it
+    (st,) = asyncio.run(installer.converge(want, []))
+    assert st.binary == str(new / "bin" / "python")
+    assert not old.exists() and (new / install.MARK).exists()
+    assert len(built) == 1, "the new environment is re-checked, not built again"
 
 
 @pytest.mark.parametrize("held", [0, 1, 2])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentd.install import CLOCK_FILE_ENV
+from agentd.install import CLOCK_FILE_ENV, MARK
 from fleet.models import EngineInstall, Node
 from tests.e2e.helpers import answers, apply_model, wait_serving
 from tests.processes import start_agent
@@ -84,19 +84,31 @@ def test_the_agent_installs_the_wanted_llamacpp_verifies_it_serves_and_repairs_i
     repaired_from = len(agent.proc.output())
     clock.write_text("601")
 
-    # then: the re-check finds it, repairs the environment, and it counts again
+    # then: the re-check finds it and builds a new environment beside it, verified
+    new = env.with_name(env.name + "@2")
+
     def repaired():
         out = agent.proc.output()[repaired_from:]
-        return lib.exists() and "no longer works" in out and "(cpu) installed" in out
+        return "no longer works" in out and (new / MARK).exists()
 
     started = time.monotonic()
     stack.wait(repaired, "the re-check to find and repair the environment", timeout=300)
     print(f"found and repaired in {time.monotonic() - started:.1f} s")
     stack.wait(lambda: installed("cpu-i", version), "llama.cpp installed again")
+    assert list(new.glob("lib/python*/site-packages/llama_cpp/lib/libllama.so"))
+    # while llama.cpp stayed installed and placeable: never withdrawn for the repair
+    out = agent.proc.output()[repaired_from:]
+    assert f"engine llamacpp {version} (cpu) installed: repairing: downloading" in out
+    assert "(cpu) installing" not in out
 
-    # and the engine kept serving throughout
+    # and the engine kept serving throughout, from the environment it started in
     assert answers(stack) in ("length", "stop")
     assert list(agent.engines()) == [shard.pk]
+    assert (
+        Path(f"/proc/{agent.engines()[shard.pk]}/cmdline")
+        .read_bytes()
+        .startswith(str(env / "bin" / "python").encode())
+    )
 
     # when: the agent restarts (an upgrade)
     assert agent.proc.terminate() == 0
