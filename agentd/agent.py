@@ -473,6 +473,7 @@ class Agent:
         """The engines the fleet runs. The node's own say wins: an engine it disabled, or
         whose binary it names by hand, is not the control plane's to install."""
         wants = [e for e in msg.engines if not self._own_say(e.engine)]
+        failed = any(st.state == install.FAILED for st in self.installer.statuses.values())
         if wants != self._wants:
             logger.info(
                 "control plane wants engines %s",
@@ -480,6 +481,10 @@ class Agent:
             )
             self._wants = wants
             self._save_state()
+            self._install_kick.set()
+        elif failed:
+            # The same list again (a reconnect): a failed install is tried now, not at
+            # the end of its back-off. Good installs wait for their re-check.
             self._install_kick.set()
 
     def _own_say(self, engine: str) -> bool:

@@ -44,7 +44,7 @@ def inventory_digest(reg: protocol.Register) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
+def register_node(reg: protocol.Register, *, channel_name: str = "", again: bool = False) -> Node:
     """Take a registration: the node's whole inventory is replaced by what it reports.
 
     Operator intent (cordon, drain, operator labels) is never touched. A node
@@ -78,7 +78,7 @@ def register_node(reg: protocol.Register, *, channel_name: str = "") -> Node:
         changes.replace_weights(node, reg.weights)
         changes.replace_storage([(node.pk, reg.storage)])
         apply_running_shards([(node, reg.running_shards)], now)
-    registered(node, reg, was, created)
+    registered(node, reg, was, created, again)
     return node
 
 
@@ -130,13 +130,16 @@ def take_registration(
     node.inventory_digest = digest
 
 
-def registered(node: Node, reg: protocol.Register, was: str, created: bool) -> None:
+def registered(
+    node: Node, reg: protocol.Register, was: str, created: bool, again: bool = False
+) -> None:
     """What a registration is worth in the log (and to the gateways), once committed."""
     if was != NodeState.READY and not created:
         logger.info("node back node=%s was=%s", node.pk, was)
         doorbells.ring_gateways("routes")  # no longer only a last resort
     logger.info(
-        "agent registered node=%s gpus=%d fabrics=%s running_shards=%d agent_version=%s",
+        "agent %s node=%s gpus=%d fabrics=%s running_shards=%d agent_version=%s",
+        "re-registered" if again else "registered",
         node.pk,
         len(reg.gpus),
         [f.fabric for f in reg.fabrics],

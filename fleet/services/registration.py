@@ -53,6 +53,8 @@ class Registration:
     # Monotonic time past which the agent has stopped waiting: its socket does not
     # write it then (fleet.sockets.consumer). None: written whatever the wait.
     deadline: float | None = None
+    # A second register on a socket already registered (the agent's hardware changed).
+    again: bool = False
 
     @property
     def node_id(self) -> str:
@@ -118,6 +120,7 @@ def _write_alone(reg: Registration) -> Node | Exception:
             inventory.register_node,
             reg.msg,
             channel_name=reg.channel_name,
+            again=reg.again,
         )
     except access.Revoked as exc:
         return exc
@@ -178,7 +181,9 @@ def _write_together(regs: list[Registration], now: datetime) -> dict[str, Node |
                 inventory.take_registration(node, r.msg, now, r.channel_name, digest)
             else:
                 # New, or its GPUs, fabrics or installs changed: the whole inventory.
-                out[r.node_id] = inventory.register_node(r.msg, channel_name=r.channel_name)
+                out[r.node_id] = inventory.register_node(
+                    r.msg, channel_name=r.channel_name, again=r.again
+                )
         if bulk:
             nodes = [node for _, node, _ in bulk]
             _update_rows(Node, nodes, _NODE_FIELDS)
@@ -189,7 +194,7 @@ def _write_together(regs: list[Registration], now: datetime) -> dict[str, Node |
                 [(node, r.msg.running_shards) for r, node, _ in bulk], now
             )
     for r, node, was in bulk:
-        inventory.registered(node, r.msg, was, created=False)
+        inventory.registered(node, r.msg, was, created=False, again=r.again)
         out[r.node_id] = node
     return out
 

@@ -340,7 +340,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
             return
         secret = None
-        if self.node_id is None:
+        again = self.node_id is not None
+        if not again:
             try:
                 if self.identity.enrolling:
                     # Under the same deadline: a credential issued after the agent
@@ -379,6 +380,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     msg=msg,
                     channel_name=self.channel_name,
                     deadline=None if secret else self.received_at + REGISTER_DEADLINE_S,
+                    again=again,
                 )
             )
         except socket_db.TooLate:

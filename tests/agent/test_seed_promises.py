@@ -316,3 +316,27 @@ def test_the_install_loop_runs_no_pass_until_the_control_plane_says_which_engine
     asyncio.run(scenario())
     assert [[w.engine for w in p] for p in passes] == [["vllm"]]
     assert agent.installer.downloads == 0
+
+
+# ---- 11. a reconnect retries a failed install at once --------------------------------------
+
+
+def test_the_same_provision_again_retries_a_failed_install_but_not_a_good_one(tmp_path, cpu_node):
+    agent = make_agent(tmp_path)
+    wants = provision(("llamacpp", "0.3.36", ""))
+    agent.on_provision(wants)
+    agent._install_kick.clear()  # the pass it asked for ran
+    agent.installer.statuses["llamacpp"] = install.Status(
+        "llamacpp", "0.3.36", "cpu", install.INSTALLED
+    )
+
+    # a reconnect: the same list, with everything installed, waits for the re-check
+    agent.on_provision(wants)
+    assert not agent._install_kick.is_set()
+
+    # the same list while an install failed (backing off): a pass now
+    agent.installer.statuses["llamacpp"] = install.Status(
+        "llamacpp", "0.3.36", "cpu", install.FAILED, "pip install exited with 1"
+    )
+    agent.on_provision(wants)
+    assert agent._install_kick.is_set()

@@ -259,6 +259,11 @@ async def test_a_second_register_for_the_same_node_updates_the_inventory(caplog)
     assert node.memory_total_mb == 4127000 and node.connected
     assert await db(GPU.objects.filter(node=node).count)() == 7
     assert any("node memory changed node=gpu-a" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if r.name == "fleet.services.inventory"]
+    assert [m.split(" gpus=")[0] for m in said if m.startswith("agent ")] == [
+        "agent registered node=gpu-a",
+        "agent re-registered node=gpu-a",
+    ]
     assert node.cordoned and node.draining
     assert node.agent_labels == {"zone": "c", "rack": "r7"}
     assert node.labels == {"zone": "b", "rack": "r7", "team": "infra"}
