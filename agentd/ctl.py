@@ -417,6 +417,25 @@ def _intent(verb: str):
     return run
 
 
+def _replica(api: Api, args, out):
+    """``llmgw replica drain qwen#1381a499``: the id, or the part after '#', unique."""
+    given = args.replica.rsplit("#", 1)[-1]
+    found = _all_pages(api, f"replicas/?id__startswith={_quote(given)}")
+    live = [r for r in found if r["state"] != "stopped"] or found
+    if len(live) != 1:
+        which = ", ".join(f"{r['model_name']}#{r['id']}" for r in live[:5])
+        raise Failure(
+            f"'{args.replica}' names {len(live)} replicas{': ' + which if which else ''}; "
+            "give more of its id (llmgw node NODE --json lists them)",
+            EXIT_USAGE,
+        )
+    result = api.call("POST", f"replicas/{live[0]['id']}/{args.verb}/")
+    if args.json:
+        return result
+    out.write(result["detail"] + "\n")
+    return None
+
+
 def _intent_text(node: dict) -> str:
     if node.get("draining"):
         return "draining (cordoned; its replicas move elsewhere)"
@@ -588,6 +607,12 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("revoke", help="Revoke NODE's credentials and disconnect its agent.")
     r.add_argument("node")
     r.add_argument("--yes", action="store_true", help="Yes, its agent must enrol again.")
+    rp = sub.add_parser(
+        "replica",
+        help="Drain (a replacement first), stop (one fewer) or restart one replica.",
+    )
+    rp.add_argument("verb", choices=["drain", "stop", "restart"])
+    rp.add_argument("replica", help="Its id, or MODEL#ID as events and pages print it.")
     j = sub.add_parser("join-token", help="A join token for enrolling nodes (secret printed once).")
     j.add_argument("name")
     j.add_argument("--ttl", default="24h", help="Lifetime: 30m, 24h, 7d… (default 24h).")
@@ -637,6 +662,7 @@ COMMANDS = {
     "drain": _intent("drain"),
     "cordon": _intent("cordon"),
     "uncordon": _intent("uncordon"),
+    "replica": _replica,
     "logs": _logs,
     "revoke": _revoke,
     "engine-build": _engine_build,

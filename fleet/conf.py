@@ -97,6 +97,9 @@ class FleetSettings:
     failures_before_moving: int = 3  # failed starts on a node before others go first
     fetch_stall_s: float = 120.0  # a start still receiving fetch progress is not hung
     drain_timeout_s: float = 60.0  # in-flight requests' time before a drained shard stops
+    # An operator's drain of one replica waits this long for its replacement to be
+    # ready, then drains it anyway (said in the event).
+    replica_drain_wait_s: float = 600.0
     # GPU memory never promised to shares of a GPU (profiles with gpu_memory_gb):
     # the driver's and CUDA contexts' own, and headroom.
     gpu_memory_reserve_gb: float = 1.0

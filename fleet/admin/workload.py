@@ -1,8 +1,10 @@
 """Replicas, shards and the reconciler's status: its and the agents' business, read-only."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from fleet.models import FleetStatus, Replica, Shard
+from fleet.services import drain as drain_service
+from fleet.services import permissions
 from fleet.services.console.lines import fetch_progress_text
 
 from .common import ReadOnlyAdmin, ReadOnlyTabularInline
@@ -29,6 +31,7 @@ class ReplicaAdmin(ReadOnlyAdmin):
         "state",
         "reason",
         "restarts",
+        "evict",
         "created_at",
         "updated_at",
     )
@@ -36,6 +39,30 @@ class ReplicaAdmin(ReadOnlyAdmin):
     search_fields = ("id", "model__name", "reason")
     list_select_related = ("model", "profile", "profile__model")
     inlines = (ReplicaShardInline,)
+    actions = ("drain_replicas", "stop_replicas", "restart_replicas")
+
+    # The actions' permission, from the one table every door asks (fleet.services.permissions).
+    def has_drain_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "replica.drain")
+
+    def _evict(self, request, queryset, how: str) -> None:
+        for replica in queryset:
+            changed, text = drain_service.evict_replica(replica, how, request.user)
+            self.message_user(request, text, messages.SUCCESS if changed else messages.INFO)
+
+    @admin.action(
+        description="Drain: a replacement first, then drain and stop", permissions=["drain"]
+    )
+    def drain_replicas(self, request, queryset):
+        self._evict(request, queryset, "drain")
+
+    @admin.action(description="Stop: drain now; the model wants one fewer", permissions=["drain"])
+    def stop_replicas(self, request, queryset):
+        self._evict(request, queryset, "stop")
+
+    @admin.action(description="Restart: drain now; a new replica at once", permissions=["drain"])
+    def restart_replicas(self, request, queryset):
+        self._evict(request, queryset, "restart")
 
 
 @admin.register(Shard)

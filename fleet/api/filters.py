@@ -179,7 +179,7 @@ class ReplicaFilterSet(FilterSet):
 
     class Meta:
         model = Replica
-        fields = {"state": ["exact"]}
+        fields = {"state": ["exact"], "id": ["startswith"]}
 
 
 class ShardFilterSet(FilterSet):

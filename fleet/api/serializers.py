@@ -558,11 +558,20 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "reason",
             "restarts",
             "preempted_by",
+            "evict",
+            "evict_at",
+            "evict_by",
             "shards",
             "created_at",
             "updated_at",
         )
         read_only_fields = fields
+
+
+class EvictedSerializer(serializers.Serializer):
+    changed = serializers.BooleanField(help_text="False when it was asked already, or stopping.")
+    detail = serializers.CharField(help_text="What happens next, or why nothing changed.")
+    replica = ReplicaSerializer()
 
 
 class PlacedShardSerializer(serializers.Serializer):

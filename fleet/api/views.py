@@ -392,6 +392,38 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
 
     filterset_class = filters.ReplicaFilterSet
     ordering_fields = ("created_at", "state")
+    action_permissions = {
+        a: ["fleet.view_replica", *permissions.needs(f"replica.{a}")]
+        for a in drain_service.EVICT_WORDS
+    }
+
+    def _evict(self, request, how: str):
+        replica = self.get_object()
+        try:
+            changed, text = drain_service.evict_replica(replica, how, request.user)
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        replica = self.get_queryset().get(pk=replica.pk)
+        body = {"changed": changed, "detail": text, "replica": replica}
+        return Response(serializers.EvictedSerializer(body).data)
+
+    @extend_schema(request=None, responses=serializers.EvictedSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """A replacement is placed first; once it is ready this replica drains and stops."""
+        return self._evict(request, "drain")
+
+    @extend_schema(request=None, responses=serializers.EvictedSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Drains now and stops; the model's desired_replicas goes down by one."""
+        return self._evict(request, "stop")
+
+    @extend_schema(request=None, responses=serializers.EvictedSerializer)
+    @action(detail=True, methods=["post"])
+    def restart(self, request, pk=None):
+        """Drains now and stops; a new replica is placed at once in its stead."""
+        return self._evict(request, "restart")
 
 
 class EventViewSet(viewsets.ReadOnlyModelViewSet):

@@ -16,4 +16,9 @@ urlpatterns = [
     path("nodes/<str:node_id>/<str:action>/", views.node_action, name="node-action"),
     path("models/<int:pk>/", views.model, name="model"),
     path("models/<int:pk>/fragment/", views.model_fragment, name="model-fragment"),
+    path(
+        "models/<int:pk>/replicas/<str:replica_id>/<str:action>/",
+        views.replica_action,
+        name="replica-action",
+    ),
 ]

@@ -21,8 +21,8 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
-from fleet.models import Model, Node, VllmBuild
-from fleet.services import access, charts, console, node_logs
+from fleet.models import Model, Node, Replica, VllmBuild
+from fleet.services import access, charts, console, node_logs, permissions
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
@@ -338,7 +338,10 @@ def node_action(request, node_id: str, action: str):
         _context(
             request,
             f"{label} {node_id}?",
-            node=target,
+            kind="node",
+            target=node_id,
+            back_url=reverse("console:node", args=[node_id]),
+            back_label=node_id,
             action=action,
             label=label,
             warning=warning.format(node=node_id),
@@ -356,6 +359,10 @@ def _model(pk: int) -> console.ModelDetail:
         raise Http404(f"no model {pk}") from None
 
 
+def _may_evict(user) -> bool:
+    return permissions.allowed(user, "replica.drain")
+
+
 @page(MODELS)
 @require_GET
 def model(request, pk: int):
@@ -363,11 +370,55 @@ def model(request, pk: int):
     return render(
         request,
         "console/model.html",
-        _context(request, f"Model {detail.model.name}", m=detail, refresh_s=REFRESH_S),
+        _context(
+            request,
+            f"Model {detail.model.name}",
+            m=detail,
+            refresh_s=REFRESH_S,
+            may_evict=_may_evict(request.user),
+        ),
     )
 
 
 @fragment(MODELS)
 @require_GET
 def model_fragment(request, pk: int):
-    return render(request, "console/_model_body.html", {"m": _model(pk)})
+    body = {"m": _model(pk), "may_evict": _may_evict(request.user)}
+    return render(request, "console/_model_body.html", body)
+
+
+@page(MODELS)
+@require_http_methods(["GET", "POST"])
+def replica_action(request, pk: int, replica_id: str, action: str):
+    """Drain, stop or restart one replica of the model, after a confirmation."""
+    if action not in drain_service.EVICT_WORDS:
+        raise Http404(f"no action '{action}'")
+    replica = Replica.objects.select_related("model").filter(pk=replica_id, model_id=pk).first()
+    if replica is None:
+        raise Http404(f"no replica '{replica_id}' of model {pk}")
+    back = reverse("console:model", args=[pk])
+    if request.method == "POST":
+        try:
+            changed, text = drain_service.evict_replica(replica, action, request.user)
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        messages.add_message(request, messages.SUCCESS if changed else messages.INFO, text)
+        return redirect(back)
+    if not permissions.allowed(request.user, f"replica.{action}"):
+        raise PermissionDenied(f"{action} needs the permission fleet.drain_replica")
+    label = action.capitalize()
+    return render(
+        request,
+        "console/confirm.html",
+        _context(
+            request,
+            f"{label} {replica}?",
+            kind="replica",
+            target=str(replica),
+            back_url=back,
+            back_label=replica.model.name,
+            action=action,
+            label=label,
+            warning=f"{replica}: {drain_service.EVICT_WORDS[action]}.",
+        ),
+    )

@@ -41,6 +41,15 @@ class ReplicaState(models.TextChoices):
     FAILED = "failed", "failed"  # a shard failed; waiting for its restart
 
 
+class Evict(models.TextChoices):
+    """An operator's ask to take one replica out of service (docs/operations.md)."""
+
+    NONE = "", "none"
+    DRAIN = "drain", "drain"  # a replacement first, then drained and stopped
+    STOP = "stop", "stop"  # drained now, and the model wants one replica fewer
+    RESTART = "restart", "restart"  # drained now, and a new replica placed at once
+
+
 class PlacementPolicy(models.TextChoices):
     BINPACK = "binpack", "binpack"  # fill the busiest node that fits first
     SPREAD = "spread", "spread"  # prefer the emptiest node
@@ -70,3 +79,4 @@ class ApiKeyScope(models.TextChoices):
 class EventKind(models.TextChoices):
     AUTOSCALE = "autoscale"  # the autoscaler changed a model's desired replicas
     PREEMPT = "preempt"  # a replica drained to make room for one of higher priority
+    REPLICA = "replica"  # an operator drained, stopped or restarted one replica

@@ -5,7 +5,7 @@ import uuid
 from django.db import models
 
 from .catalog import EngineProfile, Model
-from .choices import DesiredState, ReplicaState, ShardState
+from .choices import DesiredState, Evict, ReplicaState, ShardState
 from .nodes import Node
 
 
@@ -62,11 +62,25 @@ class Replica(models.Model):
         help_text="Who took this model's place, e.g. 'qwen-72b (priority 90)'; "
         "cleared once it is placed again.",
     )
+    # An operator's drain, stop or restart of this replica alone (fleet.services.drain).
+    evict = models.CharField(
+        max_length=8,
+        choices=Evict.choices,
+        blank=True,
+        default=Evict.NONE,
+        help_text="Asked by an operator: drain (a replacement first), stop or restart.",
+    )
+    evict_at = models.DateTimeField(null=True, blank=True, help_text="When it was asked.")
+    evict_by = models.CharField(max_length=150, blank=True, help_text="Who asked.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["model", "created_at"]
+        permissions = [
+            # Apart from the model's change permission: it moves serving traffic now.
+            ("drain_replica", "Can drain, stop and restart single replicas"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.model.name}#{self.id[:8]}"

@@ -1,4 +1,4 @@
-"""Draining a node: its replicas move elsewhere, replacements ready first.
+"""Draining a node, or one replica: replicas move elsewhere, replacements ready first.
 
 ``drain_node`` only records the intent (cordoned and draining) and asks for a
 pass. The reconciler does the moving: a replica with a shard on a draining
@@ -6,6 +6,10 @@ node counts as outdated, so a replacement is placed elsewhere, and only once
 it is ready does the old one drain (the gateway stops sending it work and
 in-flight requests finish) and stop. When nothing runs there any more the
 node stays cordoned and stops draining.
+
+``evict_replica`` is the same for one replica (an operator's drain, stop or
+restart): it records the ask, and the reconciler acts on it
+(``fleet.services.reconciler.passes``).
 """
 
 import logging
@@ -14,9 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
-from fleet.models import DesiredState, Node, Replica, ReplicaState, Shard
+from fleet.models import (
+    DesiredState,
+    Event,
+    EventKind,
+    Evict,
+    Model,
+    Node,
+    Replica,
+    ReplicaState,
+    Shard,
+)
 
+from . import permissions
 from .readiness import replica_ready
 from .reconciler.ask import request_reconcile
 
@@ -35,6 +52,49 @@ def drain_node(node: Node) -> bool:
             logger.info("node draining node=%s", node.pk)
             request_reconcile()
     return changed
+
+
+# What each ask does, for confirmations, events and the docs.
+EVICT_WORDS = {
+    Evict.DRAIN: "a replacement is placed first; once it is ready this replica drains "
+    "(requests in flight finish, no new ones come) and stops",
+    Evict.STOP: "it drains now and stops; the model wants one replica fewer",
+    Evict.RESTART: "it drains now and stops, and a new replica is placed at once",
+}
+
+
+def evict_replica(replica: Replica, how: str, actor) -> tuple[bool, str]:
+    """An operator's drain, stop or restart of one replica: (changed, what happened).
+
+    Permissions.Refused for an actor without ``replica.<how>``; ValueError for an
+    unknown ``how``. The reconciler does the work at once (a pass is asked for).
+    """
+    if how not in EVICT_WORDS:
+        raise ValueError(f"unknown action '{how}' (known: {', '.join(EVICT_WORDS)})")
+    permissions.require_action(actor, f"replica.{how}", f"{how} replica {replica}")
+    who = permissions.name_of(actor)
+    with transaction.atomic():
+        r = Replica.objects.select_for_update().select_related("model").get(pk=replica.pk)
+        if r.state in (ReplicaState.DRAINING, ReplicaState.STOPPED):
+            return False, f"{r} is {r.state} already"
+        if r.evict:
+            return False, f"{r}: {r.evict} was asked already, by {r.evict_by}"
+        Replica.objects.filter(pk=r.pk).update(evict=how, evict_at=timezone.now(), evict_by=who)
+        if how == Evict.STOP:
+            Model.objects.filter(pk=r.model_id, desired_replicas__gt=0).update(
+                desired_replicas=F("desired_replicas") - 1
+            )
+        text = f"{how} of {r} asked by {who}: {EVICT_WORDS[how]}"
+        Event.objects.create(
+            created_at=timezone.now(),
+            kind=EventKind.REPLICA,
+            model=r.model,
+            model_name=r.model.name,
+            reason=text,
+        )
+        logger.info("replica %s asked replica=%s model=%s by=%s", how, r.pk, r.model.name, who)
+        transaction.on_commit(request_reconcile)
+    return True, text
 
 
 @dataclass

@@ -359,3 +359,37 @@ def test_weights_and_gc_weights(cli):
     status, out, _ = cli("gc-weights")
     assert status == 0 and out.splitlines()[-1] == "proposed 1 for removal"
     assert LocalWeights.objects.get().removal == "proposed"
+
+
+def test_replica_drain_by_the_name_events_print_and_a_prefix_naming_two_is_refused(cli):
+    from fleet.models import Event, Replica
+    from tests.factories import add_model
+    from tests.reconciler.helpers import Clock, make_ready
+
+    add_node("gpu-01")
+    add_node("gpu-02")
+    model = add_model(replicas=2)
+    Clock().pass_()
+    make_ready(model)
+    first, second = Replica.objects.filter(model=model).order_by("created_at")
+
+    # events and pages print MODEL#<8 characters>
+    status, out, err = cli("replica", "drain", f"{model.name}#{first.pk[:8]}")
+
+    assert (status, err) == (0, "")
+    assert out.startswith(f"drain of {model.name}#{first.pk[:8]} asked by user 'ops': a repl")
+    first.refresh_from_db()
+    assert first.evict == "drain"
+    assert Event.objects.filter(kind="replica", model=model).count() == 1
+
+    # asked again: nothing changes, and it says so (exit 0: the ask stands)
+    status, out, _ = cli("replica", "stop", first.pk)
+    assert status == 0 and out.strip().endswith("drain was asked already, by user 'ops'")
+    assert Model.objects.get(pk=model.pk).desired_replicas == 2
+
+    # a prefix both replicas share (here the empty one) is refused, naming them
+    status, _, err = cli("replica", "restart", f"{model.name}#")
+    assert status == 2 and "names 2 replicas" in err and "give more of its id" in err
+    assert f"{model.name}#{second.pk}" in err
+    second.refresh_from_db()
+    assert second.evict == ""

@@ -90,3 +90,42 @@ def test_an_unknown_model_is_404_and_strangers_are_sent_to_log_in(client, qwen):
     assert client.get(url).status_code == 302
     client.force_login(operator())
     assert client.get(reverse("console:model", args=[qwen.pk + 100])).status_code == 404
+
+
+def test_one_replica_is_drained_from_the_models_page_after_a_confirmation(client, qwen):
+    from fleet.models import Replica
+    from tests.factories import grant, staff_user
+
+    ready = Replica.objects.get(model=qwen, state=ReplicaState.READY)
+    page = reverse("console:model", args=[qwen.pk])
+    drain = reverse("console:replica-action", args=[qwen.pk, ready.pk, "drain"])
+
+    # a viewer sees the replicas but no way to take one out, and cannot post it
+    viewer = grant(staff_user("viewer"), "fleet.view_model", "fleet.view_replica")
+    client.force_login(viewer)
+    assert drain not in client.get(page).content.decode()
+    assert client.post(drain).status_code == 403
+    ready.refresh_from_db()
+    assert ready.evict == ""
+
+    # an operator gets the button, a confirmation saying what happens, then the drain
+    client.force_login(operator())
+    html = client.get(page).content.decode()
+    assert f'id="replica-{ready.pk}-drain" href="{drain}"' in html
+    confirm = client.get(drain).content.decode()
+    assert "a replacement is placed first" in confirm and 'id="confirm-drain"' in confirm
+    ready.refresh_from_db()
+    assert ready.evict == "", "asking changed nothing"
+
+    done = client.post(drain)
+
+    assert done.url == page
+    ready.refresh_from_db()
+    assert (ready.evict, ready.evict_by) == ("drain", "user 'ops'")
+    html = client.get(page).content.decode()
+    assert "(drain asked by user &#x27;ops&#x27;)" in html
+    assert f'id="replica-{ready.pk}-drain"' not in html, "asked once"
+    assert (
+        client.get(reverse("console:replica-action", args=[qwen.pk, "nope", "drain"])).status_code
+        == 404
+    )

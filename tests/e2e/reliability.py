@@ -115,6 +115,12 @@ FIGURES = {
         "{follower_node_silent_to_serving_s} s; a node of the group drained: moved in "
         "{drain_s} s, none of {requests_during_drain} requests failed"
     ),
+    "15": (
+        "one of {replicas} replicas drained: its replacement ready in {replacement_ready_s} "
+        "s, the replica stopped {stopped_s} s after the ask, the other untouched: "
+        "{other_untouched}; {failed} failed + {broken} broken of {requests} requests "
+        "({streamed} streamed, {rate_per_s}/s, {clients} clients)"
+    ),
 }
 
 

@@ -143,6 +143,7 @@ class World:
     node: Node  # with weights, a shard and a credential
     bare_node: Node  # nothing hangs on it: deletable
     model: Model
+    replica: object  # the node's shard's
     profile: EngineProfile
     spare: Model  # no replicas: deletable
     spare_profile: EngineProfile
@@ -185,6 +186,7 @@ def world(settings, tmp_path) -> World:
         node=node,
         bare_node=Node.objects.create(pk="bare"),
         model=model,
+        replica=shard.replica,
         profile=model.active_profile,
         spare=spare,
         spare_profile=spare.active_profile,
@@ -419,6 +421,35 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             ("uncordon", "drain_node"),
             ("revoke", "change_node"),
         )
+    },
+    **{
+        f"api:ReplicaViewSet.{a}": [
+            walk(
+                "fleet.drain_replica",
+                go=api("post", lambda w, a=a: f"/api/v1/replicas/{w.replica.pk}/{a}/"),
+            )
+        ]
+        for a in ("drain", "stop", "restart")
+    },
+    "url:console:replica-action": [
+        walk(
+            "fleet.drain_replica",
+            name=a,
+            go=api(
+                "post",
+                lambda w, a=a: f"/admin/cluster/models/{w.model.pk}/replicas/{w.replica.pk}/{a}/",
+            ),
+        )
+        for a in ("drain", "stop", "restart")
+    ],
+    **{
+        f"admin:fleet.replica:action:{a}_replicas": [
+            walk(
+                "fleet.drain_replica",
+                go=admin_action("fleet.replica", f"{a}_replicas", lambda w: [w.replica]),
+            )
+        ]
+        for a in ("drain", "stop", "restart")
     },
     "api:NodeViewSet.vllm_build": [
         walk(
@@ -1063,6 +1094,10 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(*needs, name=n, go=write_catalog(text)) for n, (needs, text) in APPLY_WALKS.items()
     ],
     "command:cordon": [walk("fleet.drain_node", go=command("cordon", lambda w: w.node.pk))],
+    "command:replica": [
+        walk("fleet.drain_replica", name=a, go=command("replica", a, lambda w: w.replica.pk))
+        for a in ("drain", "stop", "restart")
+    ],
     "command:drain": [
         walk("fleet.drain_node", go=command("drain", lambda w: w.node.pk, "--no-input"))
     ],

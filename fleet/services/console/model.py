@@ -23,6 +23,8 @@ class ReplicaLine:
     restarts: int
     profile: str
     shards: list  # Shard rows with node
+    evict: str = ""  # an operator's drain, stop or restart, and who asked
+    evict_by: str = ""
 
 
 @dataclass
@@ -104,7 +106,16 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
         .order_by("created_at")
     )
     lines = [
-        ReplicaLine(r.pk, r.state, r.reason, r.restarts, r.profile.name, list(r.shards.all()))
+        ReplicaLine(
+            r.pk,
+            r.state,
+            r.reason,
+            r.restarts,
+            r.profile.name,
+            list(r.shards.all()),
+            r.evict,
+            r.evict_by,
+        )  # fmt: skip
         for r in replicas
     ]
     by_state = {s: 0 for s in ReplicaState.values}

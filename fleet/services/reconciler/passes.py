@@ -24,6 +24,9 @@ from fleet.models import (
     SHARD_STARTING,
     DesiredState,
     EngineProfile,
+    Event,
+    EventKind,
+    Evict,
     Model,
     Node,
     Replica,
@@ -316,6 +319,14 @@ class _Pass(Placing):
         if done or (self.now - since).total_seconds() >= drain_s:
             self.set_shards(r, DesiredState.STOPPED)
             self.set_replica(r, ReplicaState.STOPPED, r.reason)
+            if r.evict:
+                self.replica_event(
+                    r,
+                    "drained and stopped"
+                    if done
+                    else f"stopped at the {drain_s:g} s drain timeout (LLMGW_DRAIN_TIMEOUT_S), "
+                    "before its engine said it was done",
+                )
 
     # ---- lost nodes --------------------------------------------------------------
 
@@ -350,8 +361,25 @@ class _Pass(Placing):
     def on_draining_node(self, r: Replica) -> bool:
         return any(s.node_id in self.draining_nodes for s in self.shards.get(r.pk, []))
 
+    def replica_event(self, r: Replica, text: str) -> None:
+        """An event about one replica an operator drained, stopped or restarted."""
+        name = self.models[r.model_id].name
+        Event.objects.create(
+            created_at=self.now,
+            kind=EventKind.REPLICA,
+            model_id=r.model_id,
+            model_name=name,
+            reason=f"{name}#{r.pk[:8]} ({r.evict} asked by {r.evict_by}): {text}",
+        )
+
     def scale(self, model: Model, replicas: list[Replica]) -> None:
         live = [r for r in replicas if r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPED)]
+        # An operator's stop or restart of one replica: drained now. A stop also
+        # lowered desired_replicas; a restart's place is filled below, at once.
+        for r in [r for r in live if r.evict in (Evict.STOP, Evict.RESTART)]:
+            self.retire(r, f"{r.evict} asked by {r.evict_by}")
+            self.replica_event(r, "draining now" if r.state == ReplicaState.DRAINING else "stopped")
+            live.remove(r)
         profile = model.active_profile
         if profile is None:
             return  # nothing to run new replicas with; existing ones are left alone
@@ -363,13 +391,27 @@ class _Pass(Placing):
             if r.profile_id != profile.pk
             or (r.spec_hash and r.spec_hash != spec)
             or self.on_draining_node(r)
+            or r.evict == Evict.DRAIN
         ]
         old = {r.pk for r in outdated}
         current = [r for r in live if r.pk not in old]
         for r in outdated:
             if r.state != ReplicaState.READY:
                 self.retire(r, "replaced by a replica of the active profile or on another node")
-        outdated_ready = [r for r in outdated if r.state == ReplicaState.READY]
+        # An operator's drain goes first among the old, and waits for its
+        # replacement only so long.
+        outdated_ready = sorted(
+            (r for r in outdated if r.state == ReplicaState.READY),
+            key=lambda r: r.evict != Evict.DRAIN,
+        )
+        wait_s = fleet_settings().replica_drain_wait_s
+        for r in [r for r in outdated_ready if r.evict == Evict.DRAIN and r.evict_at]:
+            if (self.now - r.evict_at).total_seconds() >= wait_s:
+                self.retire(r, f"drain asked by {r.evict_by}")
+                self.replica_event(
+                    r, f"no replacement was ready within {wait_s:g} s: draining it anyway"
+                )
+                outdated_ready.remove(r)
         short = wanted - len(current)
         if short < 0:
             surplus = sorted(
@@ -383,9 +425,14 @@ class _Pass(Placing):
         ready = sum(1 for r in current if r.state == ReplicaState.READY) + len(outdated_ready)
         for r in list(outdated_ready[: max(0, ready - wanted)]):
             self.retire(r, "its replacement is ready")
+            if r.evict == Evict.DRAIN:
+                self.replica_event(r, "its replacement is ready: draining")
             outdated_ready.remove(r)
         # A drain starts every replacement at once; a profile change one at a time.
-        surge = max(1, sum(1 for r in outdated_ready if self.on_draining_node(r)))
+        surge = max(
+            1,
+            sum(1 for r in outdated_ready if self.on_draining_node(r) or r.evict == Evict.DRAIN),
+        )
         if short > 0:
             room = wanted + surge - len(current) - len(outdated_ready)
             for _ in range(min(short, max(0, room))):

@@ -52,6 +52,9 @@ class ReplicaRow:
         "updated_at",
         "preempted_by",
         "preempted_for",
+        "evict",
+        "evict_at",
+        "evict_by",
     )
 
     def __init__(self, row, profiles):
@@ -71,7 +74,11 @@ class ReplicaRow:
             updated,
             self.preempted_by,
             self.preempted_for,
+            self.evict,
+            evict_at,
+            self.evict_by,
         ) = row
+        self.evict_at = dt(evict_at)
         self.profile = profiles[self.profile_id]
         self.state_changed_at = dt(changed)
         self.retry_at = dt(retry)
@@ -130,7 +137,8 @@ def live_replicas(profiles: dict) -> list[ReplicaRow]:
         for row in _rows(
             "SELECT id, model_id, profile_id, state, reason, state_changed_at, failures, "
             "restarts, retry_at, spec_hash, node_failures, created_at, updated_at, "
-            f"preempted_by, preempted_for FROM {table} WHERE state <> %s ORDER BY created_at, id",
+            "preempted_by, preempted_for, evict, evict_at, evict_by "
+            f"FROM {table} WHERE state <> %s ORDER BY created_at, id",
             [ReplicaState.STOPPED],
         )
     ]
