@@ -74,7 +74,7 @@ class ModelAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "description", "active_profile", "placement_policy")}),
         ("Replicas", {"fields": ("desired_replicas", "priority", "replace_after_s")}),
-        ("Routing and weights", {"fields": ("prefix_routing", "weights_retention_s")}),
+        ("Routing and weights", {"fields": ("prefix_routing", "fallbacks", "weights_retention_s")}),
         (
             "Autoscaling and scale to zero",
             {

@@ -243,6 +243,14 @@ class ModelSerializer(ValidatedModelSerializer):
     active_profile = serializers.PrimaryKeyRelatedField(
         queryset=EngineProfile.objects.all(), allow_null=True, required=False
     )
+    fallbacks = serializers.ListField(
+        child=StrictCharField(
+            max_length=128, error_messages={"invalid": "fallbacks must be a list of model names"}
+        ),
+        error_messages={"not_a_list": "fallbacks must be a list of model names, not {input_type}"},
+        required=False,
+        help_text=Model._meta.get_field("fallbacks").help_text,
+    )
 
     class Meta:
         model = Model
@@ -264,6 +272,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "placement_policy",
             "priority",
             "prefix_routing",
+            "fallbacks",
             "replace_after_s",
             "weights_retention_s",
             "active_profile",

@@ -54,7 +54,7 @@ async def application(scope, receive, send) -> None:
             if key.limits.on:
                 # One Redis round trip; raises the 429 when the key is over a limit.
                 reply.extra = await gw.limiter.check(key)
-            await _serve(gw, route, req, scope, receive, reply, t0, key)
+            await _serve_or_fall_back(gw, route, req, scope, receive, reply, t0, key)
         elif path == "/v1/models" or path.startswith("/v1/models/"):
             if scope["method"] not in ("GET", "HEAD"):
                 raise GatewayError(405, f"{path} takes GET, not {scope['method']}")
@@ -130,7 +130,7 @@ def _route_for(gw, key, model: str):
             param="model",
             code="model_not_found",
         )
-    if not route.upstreams and not route.waits:
+    if not route.upstreams and not route.waits and not route.fallbacks:
         raise GatewayError(
             503, route.unavailable, code="no_ready_replica", retry_after=route.retry_after
         )
@@ -216,6 +216,58 @@ async def _sweep(gw) -> None:
                 w.start()
     finally:
         gw.sweeper = None
+
+
+# Why a model's own answer gives way to a fallback's: none of its replicas ready past
+# its waiting bounds, or every try at them failed. A 4xx, or an answer begun, never.
+FALLBACK_WHY = {
+    "no_ready_replica": "no_ready_replica",
+    "too_many_waiting": "no_ready_replica",
+    "upstream_unavailable": "upstream_failed",
+    "upstream_timeout": "upstream_failed",
+    "upstream_incomplete": "upstream_failed",
+}
+
+
+async def _serve_or_fall_back(gw, route, req, scope, receive, reply, t0, key) -> None:
+    """Serve from ``route``; past its bounds, from its fallbacks in order (docs/gateway.md).
+
+    A fallback is tried only before any of the answer reached the client (a stream
+    before its first byte), only if the key may use it, and only while it has a
+    ready replica: a fallback is never waited for.
+    """
+    try:
+        await _serve(gw, route, req, scope, receive, reply, t0, key)
+        return
+    except GatewayError as exc:
+        why = FALLBACK_WHY.get(exc.code or "")
+        if why is None or reply.started or not route.fallbacks:
+            raise
+        first = exc
+    for name in route.fallbacks:
+        other = gw.routes.get(name)
+        if other is None or not other.upstreams or not key.may_use(name):
+            continue
+        metrics.FALLBACKS.labels(route.name, name, why).inc()
+        logger.info("fallback model=%s fallback=%s why=%s", route.name, name, why)
+        header = (b"x-llmgw-fallback", name.encode())
+        reply.extra = [*(reply.extra or []), header]
+        if reply.sse_open:  # a stream that waited has its 200 already: said in a comment
+            await reply.send(
+                {
+                    "type": "http.response.body",
+                    "body": f": fallback {name}\n\n".encode(),
+                    "more_body": True,
+                }
+            )
+        try:
+            await _serve(gw, other, req, scope, receive, reply, t0, key)
+            return
+        except GatewayError as exc:
+            if FALLBACK_WHY.get(exc.code or "") is None or reply.started:
+                raise
+            reply.extra.remove(header)
+    raise first
 
 
 async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:

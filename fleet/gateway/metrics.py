@@ -46,6 +46,13 @@ UPSTREAM_ERRORS = Counter(
     ["model", "replica", "kind"],
     registry=REGISTRY,
 )
+FALLBACKS = Counter(
+    "llmgw_gateway_fallbacks",
+    "Requests answered by a fallback model, by the model asked for, the fallback, and why: "
+    "no_ready_replica (none past its waiting bounds) or upstream_failed (every try failed).",
+    ["model", "fallback", "why"],
+    registry=REGISTRY,
+)
 RETRIES = Counter(
     "llmgw_gateway_retries",
     "Requests sent again to another replica after a connect failure or a 502/503.",

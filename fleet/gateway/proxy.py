@@ -226,9 +226,10 @@ def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, 
     """The body to send where it is not the client's own (None where it is), and whether
     the gateway asked the engine for usage on its own."""
     strip_usage = wants_usage_added(req)
-    if up.served_name == route.name and not strip_usage:
+    if up.served_name == req.model and not strip_usage:
         return None, strip_usage
-    # The engine serves the profile's name; the client asked for the model's.
+    # The engine serves the profile's name; the client asked for the model's (or for
+    # another model, whose fallback this is).
     changed = {**req.body, "model": up.served_name}
     if strip_usage:
         # The engine reports usage in a last chunk only when asked; the client
@@ -432,6 +433,10 @@ async def _attempt(
         up.connect_failures = 0
         try:
             if resp.status in (502, 503) and may_retry:
+                raise _Retry(unavailable(route, up, resp.status))
+            if resp.status >= 500 and route.fallbacks:
+                # The last try failed too: the model's fallback answers instead
+                # (fleet.gateway.app), not this error.
                 raise _Retry(unavailable(route, up, resp.status))
             if resp.content_type == "text/event-stream" and resp.status == 200:
                 await _stream(gw, route, up, resp, reply, t0, key, strip_usage)

@@ -55,6 +55,7 @@ class ModelView:
     autoscaled: bool = False
     max_waiting: int | None = None  # None: the fleet's setting
     max_wait_s: int | None = None
+    fallbacks: tuple[str, ...] = ()  # models answering in its stead, in order
 
 
 @dataclass(eq=False)
@@ -106,6 +107,7 @@ class Route:
     waits: bool = False
     max_waiting: int | None = None
     max_wait_s: int | None = None
+    fallbacks: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
     # Set when the model routes by prompt prefix: a ring over ``upstreams``,
     # rebuilt only when they change (``prefix.Ring``).
@@ -212,10 +214,11 @@ def build_routes(
             if ring is None or not ring.same_members(upstreams):
                 ring = prefix.Ring(upstreams)
             route.ring = ring
-        route.waits, route.max_waiting, route.max_wait_s = (
+        route.waits, route.max_waiting, route.max_wait_s, route.fallbacks = (
             m.autoscaled,
             m.max_waiting,
             m.max_wait_s,
+            m.fallbacks,
         )
         if not upstreams:
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
@@ -287,8 +290,9 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
             autoscaled=lo is not None and hi is not None,
             max_waiting=max_waiting,
             max_wait_s=max_wait_s,
+            fallbacks=tuple(fallbacks or ()),
         )
-        for pk, name, created, desired, prefix_routing, lo, hi, max_waiting, max_wait_s in (
+        for pk, name, created, desired, prefix_routing, lo, hi, max_waiting, max_wait_s, fallbacks in (  # noqa: E501
             Model.objects.values_list(
                 "pk",
                 "name",
@@ -299,6 +303,7 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
                 "max_replicas",
                 "max_waiting",
                 "max_wait_s",
+                "fallbacks",
             )
         )
     ]

@@ -22,6 +22,10 @@ name_validator = RegexValidator(
 )
 
 
+# Fallbacks a model may name: a short list, tried in order.
+FALLBACKS_MAX = 8
+
+
 class Model(models.Model):
     """A model operators want served, by its served name, with a number of replicas.
 
@@ -101,6 +105,13 @@ class Model(models.Model):
         "place of replicas of lower priority (they drain first, then wait for room); "
         "never of equal or higher.",
     )
+    fallbacks = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Models to answer in this one's stead, in order, when it has no ready "
+        "replica past its waiting bounds or every try at its replicas failed; the "
+        'answer says so (x-llmgw-fallback). A list of model names, e.g. ["qwen-32b"].',
+    )
     prefix_routing = models.BooleanField(
         "prefix-aware routing",
         default=False,
@@ -144,6 +155,23 @@ class Model(models.Model):
         """Its console page: the admin's "View on site" goes there."""
         return reverse("console:model", args=[self.pk])
 
+    def fallbacks_problem(self) -> str | None:
+        names = self.fallbacks
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return f'fallbacks must be a list of model names, e.g. ["qwen-32b"] (got {names!r})'
+        if len(names) > FALLBACKS_MAX:
+            return f"at most {FALLBACKS_MAX} fallbacks (got {len(names)})"
+        if self.name in names:
+            return f"'{self.name}' cannot fall back to itself"
+        if len(set(names)) != len(names):
+            return f"a fallback is named twice: {names}"
+        if getattr(self, "fallbacks_checked_later", False):
+            return None  # a catalog file: its later models may be the fallbacks
+        known = set(Model.objects.filter(name__in=names).values_list("name", flat=True))
+        if missing := [n for n in names if n not in known]:
+            return f"no model named {', '.join(repr(n) for n in missing)}"
+        return None
+
     def clean(self) -> None:
         errors = {}
         if self.desired_replicas is not None and self.desired_replicas < 0:
@@ -151,6 +179,8 @@ class Model(models.Model):
                 f"replicas cannot be negative (got {self.desired_replicas})"
             )
         errors.update(self._autoscale_errors())
+        if problem := self.fallbacks_problem():
+            errors["fallbacks"] = problem
         if self.active_profile_id and self.active_profile.model_id != self.pk:
             errors["active_profile"] = (
                 f"profile '{self.active_profile.name}' belongs to another model"

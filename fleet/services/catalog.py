@@ -61,6 +61,7 @@ MODEL_KEYS = {
     "target_outstanding": "target_outstanding",
     "max_waiting": "max_waiting",
     "max_wait_s": "max_wait_s",
+    "fallbacks": "fallbacks",
 }
 PROFILE_KEYS = {
     "name",
@@ -241,6 +242,12 @@ def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:
     with transaction.atomic():
         for entry in entries:
             errors += _apply_model(entry, model_defaults, profile_defaults, result, author)
+        # Once every model of the file exists: the fallbacks they name must.
+        for entry in entries:
+            if entry.get("fallbacks"):
+                model = Model.objects.filter(name=entry["name"]).first()
+                if model is not None and (problem := model.fallbacks_problem()):
+                    errors.append(f"model {entry['name']}.fallbacks: {problem}")
         for engine, version in data.get("engines", {}).items():
             errors += _apply_engine(str(engine), str(version), result)
         if (why := _refusal(actor, result.needs)) is not None:
@@ -291,6 +298,7 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
         # does not name it leaves it where it is (the bounds still apply).
         values["desired_replicas"] = model.desired_replicas
     diffs = _assign(model, values, model_defaults)
+    model.fallbacks_checked_later = True  # by apply(), once the whole file is in
     errors = _validate(model, where, exclude=["active_profile"])
     if errors:
         # Still check its profiles, so one run reports every problem.

@@ -105,6 +105,8 @@ def _made_valid(case):
         # A model's active profile must be one of its own; none is always one of them.
         if case.body.get("active_profile") is not None:
             case.body["active_profile"] = None
+        if case.body.get("fallbacks"):
+            case.body["fallbacks"] = []  # names of other models that exist, in words only
         _consistent_bounds(case.body)
     elif path in ("/api/v1/catalog/apply/", "/api/v1/catalog/explain/"):
         if "catalog" in case.body or path.endswith("apply/"):

@@ -197,6 +197,18 @@ def _post(api, path, body):
     return api.post(path, body, content_type="application/json")
 
 
+def test_a_models_fallbacks_must_name_other_models_that_exist(api):
+    _post(api, "/api/v1/models/", {"name": "small"})
+
+    bad = _post(api, "/api/v1/models/", {"name": "big", "fallbacks": ["small", "smal"]})
+    assert bad.status_code == 400
+    assert bad.json() == {"fallbacks": ["no model named 'smal'"]}
+    assert not Model.objects.filter(name="big").exists()
+
+    good = _post(api, "/api/v1/models/", {"name": "big", "fallbacks": ["small"]})
+    assert good.status_code == 201 and good.json()["fallbacks"] == ["small"]
+
+
 def test_model_and_profile_crud(api):
     model = _post(api, "/api/v1/models/", {"name": "Qwen/Qwen2.5-7B", "desired_replicas": 2})
     assert model.status_code == 201, model.content

@@ -225,3 +225,42 @@ def test_bad_engines_apply_nothing_and_say_which(tmp_path, text, says):
         run_apply(tmp_path, text)
     assert says in str(err.value)
     assert not WantedEngine.objects.exists()
+
+
+FALLBACKS = """
+models:
+  - name: big
+    fallbacks: [small]
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        model_path: /models/big.gguf
+  - name: small
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        model_path: /models/small.gguf
+"""
+
+
+def test_a_fallback_may_be_a_model_later_in_the_same_file():
+    catalog.apply(FALLBACKS)
+
+    assert Model.objects.get(name="big").fallbacks == ["small"]
+
+
+@pytest.mark.parametrize(
+    "fallbacks, message",
+    [
+        ("[smal]", "model big.fallbacks: no model named 'smal'"),
+        ("[big]", "model big.fallbacks: 'big' cannot fall back to itself"),
+        ("[small, small]", "model big.fallbacks: a fallback is named twice: ['small', 'small']"),
+        ("small", "model big.fallbacks: fallbacks must be a list of model names"),
+    ],
+)
+def test_a_bad_fallback_is_refused_naming_it_and_nothing_is_applied(fallbacks, message):
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.apply(FALLBACKS.replace("[small]", fallbacks))
+
+    assert any(e.startswith(message) for e in err.value.errors), err.value.errors
+    assert Model.objects.count() == 0
