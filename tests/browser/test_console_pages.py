@@ -251,3 +251,39 @@ def test_the_model_page_shows_the_replica_where_it_runs_and_the_gateway_figures(
         )
     assert float(_text(signed_in, "#model-rps")) > 0
     assert _text(signed_in, "#model-latency").endswith(" s")
+
+
+def test_one_replica_is_restarted_from_the_model_page_after_a_confirmation(signed_in, live_fleet):
+    from fleet.models import Replica
+
+    model = Model.objects.get(name=live_fleet.model)
+    (replica,) = Replica.objects.filter(model=model, state="ready")
+    signed_in.visit(f"/admin/cluster/models/{model.pk}/")
+
+    # when: the operator presses the replica's restart
+    signed_in.find(f"#replica-{replica.pk}-restart").click()
+    signed_in.wait_loaded()
+    signed_in.check_page()
+    signed_in.screenshot("replica-restart-confirm")
+
+    # then: they are told what happens, and nothing is done until they say yes
+    assert signed_in.find("#replica-confirm").get_attribute("data-action") == "restart"
+    assert "a new replica is placed at once" in _text(signed_in, ".warning")
+    replica.refresh_from_db()
+    assert replica.evict == ""
+    signed_in.find("#confirm-restart").click()
+    signed_in.wait(lambda d: signed_in.path.endswith(f"/models/{model.pk}/"), "the model page")
+    signed_in.wait_loaded()
+    signed_in.check_page()
+    assert "restart of" in _text(signed_in, ".messagelist").lower()
+    replica.refresh_from_db()
+    assert replica.evict == "restart"
+    # and the replica drains while a new one takes its place
+    signed_in.wait(
+        lambda d: (
+            Replica.objects.filter(model=model, state="ready").exclude(pk=replica.pk).exists()
+        ),
+        "a new replica ready",
+        timeout=120,
+    )
+    signed_in.screenshot("replica-restarted", whole_page=True)
