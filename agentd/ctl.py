@@ -436,6 +436,19 @@ def _replica(api: Api, args, out):
     return None
 
 
+def _canary(api: Api, args, out):
+    """``llmgw canary promote qwen --why "p95 within bounds"``."""
+    found = _all_pages(api, f"models/?name={_quote(args.model)}")
+    if not found:
+        raise Failure(f"no model named '{args.model}'", EXIT_REFUSED)
+    path = "promote" if args.verb == "promote" else "abort-canary"
+    result = api.call("POST", f"models/{found[0]['id']}/{path}/", {"why": args.why or ""})
+    if args.json:
+        return result
+    out.write(result["detail"] + "\n")
+    return None
+
+
 def _intent_text(node: dict) -> str:
     if node.get("draining"):
         return "draining (cordoned; its replicas move elsewhere)"
@@ -612,6 +625,10 @@ def _parser() -> argparse.ArgumentParser:
         help="Drain (a replacement first), stop (one fewer) or restart one replica.",
     )
     rp.add_argument("verb", choices=["drain", "stop", "restart"])
+    cn = sub.add_parser("canary", help="Promote MODEL's canary to its active profile, or abort it.")
+    cn.add_argument("verb", choices=["promote", "abort"])
+    cn.add_argument("model")
+    cn.add_argument("--why", help="Said in the event.")
     rp.add_argument("replica", help="Its id, or MODEL#ID as events and pages print it.")
     j = sub.add_parser("join-token", help="A join token for enrolling nodes (secret printed once).")
     j.add_argument("name")
@@ -663,6 +680,7 @@ COMMANDS = {
     "cordon": _intent("cordon"),
     "uncordon": _intent("uncordon"),
     "replica": _replica,
+    "canary": _canary,
     "logs": _logs,
     "revoke": _revoke,
     "engine-build": _engine_build,

@@ -1,10 +1,10 @@
 """The catalog: models and how they run. This is what operators edit."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, Q
 
 from fleet.models import EngineProfile, Event, Model, ReplicaState
-from fleet.services import estimate, profiles
+from fleet.services import canary, estimate, permissions, profiles
 from fleet.services.autoscaler.status import scaling_status
 
 ARGS_ENV = ("args", "env")
@@ -76,6 +76,14 @@ class ModelAdmin(admin.ModelAdmin):
         ("Replicas", {"fields": ("desired_replicas", "priority", "replace_after_s")}),
         ("Routing and weights", {"fields": ("prefix_routing", "fallbacks", "weights_retention_s")}),
         (
+            "Canary",
+            {
+                "description": "A second profile beside the active one, with a share of the "
+                "requests; promote or abort it with the actions (docs/operations.md).",
+                "fields": (("canary_profile", "canary_percent"),),
+            },
+        ),
+        (
             "Autoscaling and scale to zero",
             {
                 "description": "Set min and max replicas to let the autoscaler move desired "
@@ -92,6 +100,26 @@ class ModelAdmin(admin.ModelAdmin):
         ),
         (None, {"fields": ("created_at", "updated_at")}),
     )
+
+    actions = ("promote_canary", "abort_canary")
+
+    def has_canary_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "model.canary")
+
+    def _canary(self, request, queryset, change) -> None:
+        for model in queryset:
+            try:
+                self.message_user(request, change(model, request.user))
+            except canary.NoCanary as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+
+    @admin.action(description="Promote the canary to the active profile", permissions=["canary"])
+    def promote_canary(self, request, queryset):
+        self._canary(request, queryset, canary.promote)
+
+    @admin.action(description="Abort the canary (its replicas drain)", permissions=["canary"])
+    def abort_canary(self, request, queryset):
+        self._canary(request, queryset, canary.abort)
 
     def get_queryset(self, request):
         return (

@@ -243,6 +243,12 @@ class ModelSerializer(ValidatedModelSerializer):
     active_profile = serializers.PrimaryKeyRelatedField(
         queryset=EngineProfile.objects.all(), allow_null=True, required=False
     )
+    canary_profile = serializers.PrimaryKeyRelatedField(
+        queryset=EngineProfile.objects.all(),
+        allow_null=True,
+        required=False,
+        help_text=Model._meta.get_field("canary_profile").help_text,
+    )
     fallbacks = serializers.ListField(
         child=StrictCharField(
             max_length=128, error_messages={"invalid": "fallbacks must be a list of model names"}
@@ -273,6 +279,8 @@ class ModelSerializer(ValidatedModelSerializer):
             "priority",
             "prefix_routing",
             "fallbacks",
+            "canary_profile",
+            "canary_percent",
             "replace_after_s",
             "weights_retention_s",
             "active_profile",
@@ -575,6 +583,17 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "updated_at",
         )
         read_only_fields = fields
+
+
+class CanaryWhySerializer(serializers.Serializer):
+    why = serializers.CharField(
+        required=False, max_length=500, help_text="Said in the event, e.g. 'p95 within bounds'."
+    )
+
+
+class CanaryDoneSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    model = ModelSerializer()
 
 
 class EvictedSerializer(serializers.Serializer):

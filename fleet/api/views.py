@@ -36,6 +36,7 @@ from fleet.models import (
     WantedEngine,
 )
 from fleet.services import access, api_keys, catalog, node_logs, permissions, snapshot
+from fleet.services import canary as canary_service
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
@@ -364,6 +365,47 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
             # The model exists (get_object), so what is missing is the profile asked about.
             raise NotFound(str(exc)) from None
         return Response(result.as_dict())
+
+    action_permissions = {
+        a: ["fleet.view_model", *permissions.needs("model.canary")]
+        for a in ("promote", "abort_canary")
+    }
+
+    def _canary(self, request, change):
+        model = self.get_object()
+        why = str(request.data.get("why", "")) if isinstance(request.data, dict) else ""
+        try:
+            text = change(model, request.user, why[:500])
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        except canary_service.NoCanary as exc:
+            raise Conflict(str(exc)) from None
+        model = self.get_queryset().get(pk=model.pk)
+        return Response({"detail": text, "model": self.get_serializer(model).data})
+
+    @extend_schema(
+        request=serializers.CanaryWhySerializer,
+        responses={
+            200: serializers.CanaryDoneSerializer,
+            409: OpenApiResponse(description="No canary."),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def promote(self, request, pk=None):
+        """The canary becomes the active profile; the other replicas are replaced in turn."""
+        return self._canary(request, canary_service.promote)
+
+    @extend_schema(
+        request=serializers.CanaryWhySerializer,
+        responses={
+            200: serializers.CanaryDoneSerializer,
+            409: OpenApiResponse(description="No canary."),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="abort-canary")
+    def abort_canary(self, request, pk=None):
+        """The canary is dropped; its replicas drain and stop."""
+        return self._canary(request, canary_service.abort)
 
 
 @extend_schema_view(

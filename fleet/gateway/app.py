@@ -99,6 +99,8 @@ async def application(scope, receive, send) -> None:
         if route is not None:
             route.metrics.count(reply.status)
             route.metrics.latency.observe(time.perf_counter() - t0)
+            if reply.served_by is not None:
+                metrics.PROFILE_REQUESTS.labels(*reply.served_by, str(reply.status)).inc()
         else:
             metrics.count_unrouted(reply.status)
 

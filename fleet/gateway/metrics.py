@@ -46,6 +46,20 @@ UPSTREAM_ERRORS = Counter(
     ["model", "replica", "kind"],
     registry=REGISTRY,
 )
+# A canary's figures apart from the active profile's (docs/operations.md, "Canaries").
+PROFILE_REQUESTS = Counter(
+    "llmgw_gateway_profile_requests",
+    "Requests answered by a replica, by model, its profile, and HTTP status.",
+    ["model", "profile", "status"],
+    registry=REGISTRY,
+)
+PROFILE_TTFT = Histogram(
+    "llmgw_gateway_profile_time_to_first_token_seconds",
+    "Streamed requests: time to the first event, by model and the replica's profile.",
+    ["model", "profile"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 FALLBACKS = Counter(
     "llmgw_gateway_fallbacks",
     "Requests answered by a fallback model, by the model asked for, the fallback, and why: "

@@ -10,6 +10,7 @@ stream with an error event the client can read.
 import asyncio
 import json
 import logging
+import random
 import time
 
 from . import metrics, prefix, table, validate
@@ -174,7 +175,7 @@ async def settle(check: SSECheck) -> None:
 class Reply:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started", "status", "extra", "sse_open")
+    __slots__ = ("send", "started", "status", "extra", "sse_open", "served_by")
 
     def __init__(self, send):
         self.send = send
@@ -184,6 +185,7 @@ class Reply:
         # A streamed request that waited for a replica got its 200 and SSE
         # comments already (fleet.gateway.waiting): the answer continues that stream.
         self.sse_open = False
+        self.served_by: tuple[str, str] | None = None  # (model, profile) of the last try
 
     async def start(self, status: int, headers: list) -> None:
         if self.sse_open:
@@ -202,9 +204,26 @@ def ring_key(gw, route: table.Route, req) -> int | None:
     return None
 
 
+def canary_side(route: table.Route, at: int | None) -> bool:
+    """Whether a request goes to the model's canary: ``canary_percent`` of them, the same
+    side for the same prompt prefix (``at``) where the model routes by prefix."""
+    draw = at if at is not None else random.getrandbits(32)
+    return draw % 100 < route.canary_percent
+
+
 def choose(gw, route: table.Route, at: int | None, tried) -> tuple[table.Upstream | None, str]:
     """The replica for an attempt, the least busy or by the prompt's prefix (``at``), and
-    how the prefix chose it ("": not by prefix), for ``prefix_routed``."""
+    how the prefix chose it ("": not by prefix), for ``prefix_routed``.
+
+    With a canary, a first attempt goes to the canary's side or the active side by
+    its share (the least busy there; a side with no replica left gives way to the
+    other); a retry may go to either."""
+    if route.canary_percent and not tried:
+        side = canary_side(route, at)
+        others = [u for u in route.upstreams if u.canary != side]
+        up = table.pick(route, others)
+        if up is not None:
+            return up, ""
     if at is None:
         return table.pick(route, tried), ""
     return table.pick_prefix(route, at, gw.limits.prefix_policy, tried)
@@ -413,6 +432,7 @@ async def _attempt(
     limits = gw.limits
 
     body, strip_usage = await upstream_body(route, req, up)
+    reply.served_by = (up.model, up.profile)
     up.outstanding += 1
     try:
         try:
@@ -573,7 +593,9 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
     try:
         async for chunk in resp.iter_chunks():
             if first:
-                route.metrics.ttft.observe(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                route.metrics.ttft.observe(took)
+                metrics.PROFILE_TTFT.labels(up.model, up.profile).observe(took)
                 first = False
             good, problem = check.feed(chunk)
             if check.later:

@@ -41,6 +41,8 @@ class ReplicaView:
     reason: str
     served_name: str
     shards: tuple[ShardView, ...]
+    profile_id: int = 0
+    profile: str = ""  # its name
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class ModelView:
     max_waiting: int | None = None  # None: the fleet's setting
     max_wait_s: int | None = None
     fallbacks: tuple[str, ...] = ()  # models answering in its stead, in order
+    canary_profile_id: int | None = None  # a second profile with canary_percent of requests
+    canary_percent: int = 0
 
 
 @dataclass(eq=False)
@@ -66,6 +70,8 @@ class Upstream:
     model: str
     url: str  # http://host:port of the rank-0 shard
     served_name: str
+    profile: str = ""  # its engine profile's name, for the metrics by profile
+    canary: bool = False  # a replica of the model's canary profile
     outstanding: int = 0
     connect_failures: int = 0  # consecutive; reset by any answer
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
@@ -108,6 +114,8 @@ class Route:
     max_waiting: int | None = None
     max_wait_s: int | None = None
     fallbacks: tuple[str, ...] = ()
+    # The canary's share of requests (0: none); its replicas are upstreams with canary set.
+    canary_percent: int = 0
     extra: dict = field(default_factory=dict)
     # Set when the model routes by prompt prefix: a ring over ``upstreams``,
     # rebuilt only when they change (``prefix.Ring``).
@@ -202,7 +210,8 @@ def build_routes(
             leader = min(serving_shards(r.shards), key=lambda s: s.rank)
             url = upstream_url(leader.mgmt_addr, leader.port)
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
-            u.served_name = r.served_name
+            u.served_name, u.profile = r.served_name, r.profile
+            u.canary = r.profile_id == m.canary_profile_id
             u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
             upstreams.append(u)
         route = Route(m.id, m.name, m.created, upstreams)
@@ -220,6 +229,8 @@ def build_routes(
             m.max_wait_s,
             m.fallbacks,
         )
+        if m.canary_profile_id is not None:
+            route.canary_percent = m.canary_percent
         if not upstreams:
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
@@ -291,8 +302,23 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
             max_waiting=max_waiting,
             max_wait_s=max_wait_s,
             fallbacks=tuple(fallbacks or ()),
+            canary_profile_id=canary,
+            canary_percent=percent,
         )
-        for pk, name, created, desired, prefix_routing, lo, hi, max_waiting, max_wait_s, fallbacks in (  # noqa: E501
+        for (
+            pk,
+            name,
+            created,
+            desired,
+            prefix_routing,
+            lo,
+            hi,
+            max_waiting,
+            max_wait_s,
+            fallbacks,
+            canary,
+            percent,
+        ) in (
             Model.objects.values_list(
                 "pk",
                 "name",
@@ -304,6 +330,8 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
                 "max_waiting",
                 "max_wait_s",
                 "fallbacks",
+                "canary_profile_id",
+                "canary_percent",
             )
         )
     ]
@@ -328,11 +356,15 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
             ShardView(rank, state, desired, node_id, addr or "", port, node_state or "", error)
         )
     replicas = [
-        ReplicaView(pk, model_id, state, reason, served or model_name, tuple(shards.get(pk, ())))
-        for pk, model_id, state, reason, served, model_name in Replica.objects.exclude(
-            state=ReplicaState.STOPPED
-        ).values_list(
-            "pk", "model_id", "state", "reason", "profile__served_model_name", "model__name"
+        ReplicaView(
+            pk, model_id, state, reason, served or model_name, tuple(shards.get(pk, ())),
+            profile_id, profile,
         )
-    ]
+        for pk, model_id, state, reason, served, model_name, profile_id, profile in (
+            Replica.objects.exclude(state=ReplicaState.STOPPED).values_list(
+                "pk", "model_id", "state", "reason", "profile__served_model_name", "model__name",
+                "profile_id", "profile__name",
+            )
+        )
+    ]  # fmt: skip
     return models, replicas

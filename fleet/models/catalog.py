@@ -142,6 +142,22 @@ class Model(models.Model):
         related_name="+",
         help_text="The profile new replicas use.",
     )
+    # A canary (docs/operations.md, "Canaries"): a second profile beside the active
+    # one, with a share of the traffic, until it is promoted or aborted.
+    canary_profile = models.ForeignKey(
+        "EngineProfile",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="A second profile run beside the active one, with canary_percent of the "
+        "requests; promote makes it the active one, abort drains it.",
+    )
+    canary_percent = models.PositiveSmallIntegerField(
+        default=0,
+        validators=[MaxValueValidator(99)],
+        help_text="The share of requests the canary gets, 1 to 99 (0 without a canary).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -172,6 +188,25 @@ class Model(models.Model):
             return f"no model named {', '.join(repr(n) for n in missing)}"
         return None
 
+    def canary_errors(self) -> dict[str, str]:
+        if getattr(self, "canary_checked_later", False):
+            return {}  # a catalog file: its profiles are applied after the model
+        if self.canary_profile_id is None:
+            if self.canary_percent:
+                return {"canary_percent": "canary_percent needs a canary_profile (or 0)"}
+            return {}
+        profile = self.canary_profile
+        if profile.model_id != self.pk:
+            return {"canary_profile": f"profile '{profile.name}' belongs to another model"}
+        if profile.pk == self.active_profile_id:
+            return {"canary_profile": f"'{profile.name}' is the active profile already"}
+        if not 1 <= (self.canary_percent or 0) <= 99:
+            return {
+                "canary_percent": f"a canary gets 1 to 99 % of the requests "
+                f"(got {self.canary_percent})"
+            }
+        return {}
+
     def clean(self) -> None:
         errors = {}
         if self.desired_replicas is not None and self.desired_replicas < 0:
@@ -181,6 +216,7 @@ class Model(models.Model):
         errors.update(self._autoscale_errors())
         if problem := self.fallbacks_problem():
             errors["fallbacks"] = problem
+        errors.update(self.canary_errors())
         if self.active_profile_id and self.active_profile.model_id != self.pk:
             errors["active_profile"] = (
                 f"profile '{self.active_profile.name}' belongs to another model"

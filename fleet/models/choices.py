@@ -80,3 +80,4 @@ class EventKind(models.TextChoices):
     AUTOSCALE = "autoscale"  # the autoscaler changed a model's desired replicas
     PREEMPT = "preempt"  # a replica drained to make room for one of higher priority
     REPLICA = "replica"  # an operator drained, stopped or restarted one replica
+    CANARY = "canary"  # a canary started, promoted or aborted

@@ -62,6 +62,7 @@ MODEL_KEYS = {
     "max_waiting": "max_waiting",
     "max_wait_s": "max_wait_s",
     "fallbacks": "fallbacks",
+    "canary_percent": "canary_percent",
 }
 PROFILE_KEYS = {
     "name",
@@ -156,7 +157,7 @@ def _parse(text: str) -> dict:
             errors.append(f"{where}.name: model '{name}' appears twice")
         seen.add(name)
         where = f"model {name}" if name else where
-        for key in sorted(set(entry) - set(MODEL_KEYS) - {"profile", "profiles"}):
+        for key in sorted(set(entry) - set(MODEL_KEYS) - {"profile", "profiles", "canary_profile"}):
             errors.append(f"{where}: unknown field '{key}'")
         profiles = entry.get("profiles", [])
         if not isinstance(profiles, list):
@@ -299,6 +300,7 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
         values["desired_replicas"] = model.desired_replicas
     diffs = _assign(model, values, model_defaults)
     model.fallbacks_checked_later = True  # by apply(), once the whole file is in
+    model.canary_checked_later = True  # below, once its profiles are in
     errors = _validate(model, where, exclude=["active_profile"])
     if errors:
         # Still check its profiles, so one run reports every problem.
@@ -324,6 +326,7 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
             diffs.append(f"active profile {old!r} → {active!r}")
             model.active_profile = profile
             model.save()
+    errors += _apply_canary(model, entry.get("canary_profile"), where, diffs)
     if errors:
         return errors
     if created:
@@ -336,6 +339,23 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
         result.changes.append(f"model {name}: " + ", ".join(diffs))
     else:
         result.unchanged.append(f"model {name}")
+    return []
+
+
+def _apply_canary(model, name, where: str, diffs: list[str]) -> list[str]:
+    """The file's canary_profile (a profile's name, or none) with its canary_percent."""
+    before = model.canary_profile.name if model.canary_profile_id else None
+    if name != before:
+        profile = EngineProfile.objects.filter(model=model, name=name).first() if name else None
+        if name and profile is None:
+            return [f"{where}.canary_profile: no profile named '{name}' for this model"]
+        model.canary_profile = profile
+        diffs.append(f"canary {before!r} → {name!r}")
+    model.canary_checked_later = False
+    if problems := model.canary_errors():
+        return [f"{where}.{field}: {text}" for field, text in problems.items()]
+    if name != before:
+        model.save()
     return []
 
 

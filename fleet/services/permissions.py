@@ -66,6 +66,7 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     # (fleet.services.catalog): these are its parts.
     "model.add": ("fleet.add_model",),
     "model.change": ("fleet.change_model",),
+    "model.canary": ("fleet.change_model",),  # promote or abort it
     "profile.add": ("fleet.add_engineprofile",),
     "profile.change": ("fleet.change_engineprofile",),
     "profile.args_env": (ARGS_ENV,),

@@ -105,6 +105,9 @@ def _made_valid(case):
         # A model's active profile must be one of its own; none is always one of them.
         if case.body.get("active_profile") is not None:
             case.body["active_profile"] = None
+        if "canary_profile" in case.body or "canary_percent" in case.body:
+            # A canary is another profile of the model's own, with a share: none here.
+            case.body.update(canary_profile=None, canary_percent=0)
         if case.body.get("fallbacks"):
             case.body["fallbacks"] = []  # names of other models that exist, in words only
         _consistent_bounds(case.body)

@@ -393,3 +393,27 @@ def test_replica_drain_by_the_name_events_print_and_a_prefix_naming_two_is_refus
     assert f"{model.name}#{second.pk}" in err
     second.refresh_from_db()
     assert second.evict == ""
+
+
+def test_canary_promote_and_abort_say_what_happened_and_a_model_without_one_is_refused(
+    cli, tmp_path
+):
+    from fleet.models import EngineProfile
+
+    path = tmp_path / "catalog.yaml"
+    path.write_text(
+        CATALOG.replace("    priority: 40\n", "    priority: 40\n    profile: cpu\n")
+        + "      - name: q4\n        engine: llamacpp\n        model_path: /models/tiny-q4.gguf\n"
+    )
+    assert cli("apply", "-f", str(path))[0] == 0
+    q4 = EngineProfile.objects.get(name="q4")
+    Model.objects.filter(name="tiny").update(canary_profile=q4, canary_percent=10)
+
+    status, out, err = cli("canary", "promote", "tiny", "--why", "fewer errors")
+
+    assert (status, err) == (0, "")
+    assert out == "canary 'q4' promoted by user 'ops': fewer errors\n"
+    assert Model.objects.get(name="tiny").active_profile_id == q4.pk
+    status, _, err = cli("canary", "abort", "tiny")
+    assert status == 1 and "model 'tiny' runs no canary to abort" in err
+    assert cli("canary", "abort", "nope")[2] == "llmgw canary: no model named 'nope'\n"

@@ -129,3 +129,15 @@ def test_one_replica_is_drained_from_the_models_page_after_a_confirmation(client
         client.get(reverse("console:replica-action", args=[qwen.pk, "nope", "drain"])).status_code
         == 404
     )
+
+
+def test_the_page_says_when_a_canary_takes_a_share(client, qwen):
+    from fleet.models import EngineProfile, Model
+
+    fp8 = EngineProfile.objects.create(model=qwen, name="fp8", engine="fake", model_path="/m")
+    Model.objects.filter(pk=qwen.pk).update(canary_profile=fp8, canary_percent=25)
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    assert "canary <b>fp8</b> at <b>25 %</b> of the requests, beside <b>default</b>" in html

@@ -121,6 +121,12 @@ FIGURES = {
         "{other_untouched}; {failed} failed + {broken} broken of {requests} requests "
         "({streamed} streamed, {rate_per_s}/s, {clients} clients)"
     ),
+    "16": (
+        "a canary at 25 % served {canary_share_percent} % of 400 requests; promoted, the "
+        "others replaced in {promoted_s} s; a second canary aborted; {failed} failed + "
+        "{broken} broken of {requests} requests ({streamed} streamed, {rate_per_s}/s, "
+        "{clients} clients) through all three"
+    ),
 }
 
 

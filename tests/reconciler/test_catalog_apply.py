@@ -264,3 +264,60 @@ def test_a_bad_fallback_is_refused_naming_it_and_nothing_is_applied(fallbacks, m
 
     assert any(e.startswith(message) for e in err.value.errors), err.value.errors
     assert Model.objects.count() == 0
+
+
+CANARY = """
+models:
+  - name: qwen
+    replicas: 4
+    profile: bf16
+    canary_profile: fp8
+    canary_percent: 25
+    profiles:
+      - name: bf16
+        engine: llamacpp
+        model_path: /models/qwen-bf16.gguf
+      - name: fp8
+        engine: llamacpp
+        model_path: /models/qwen-fp8.gguf
+"""
+
+
+def test_a_canary_is_declared_in_the_file_and_dropped_by_leaving_it_out():
+    result = catalog.apply(CANARY)
+
+    model = Model.objects.get(name="qwen")
+    assert (model.canary_profile.name, model.canary_percent) == ("fp8", 25)
+    assert catalog.apply(CANARY).changes == [], "applying it again changes nothing"
+    assert result.changes
+
+    without = CANARY.replace("    canary_profile: fp8\n    canary_percent: 25\n", "")
+    assert catalog.apply(without).changes == [
+        "model qwen: canary_percent 25 → 0, canary 'fp8' → None"
+    ]
+    model.refresh_from_db()
+    assert model.canary_profile is None
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            "canary_profile: fp16",
+            "model qwen.canary_profile: no profile named 'fp16' for this model",
+        ),
+        ("canary_profile: bf16", "model qwen.canary_profile: 'bf16' is the active profile already"),
+        (
+            "canary_percent: 100",
+            "model qwen.canary_percent: Ensure this value is less than or equal to 99.",
+        ),
+    ],
+)
+def test_a_bad_canary_is_refused_naming_it(change, message):
+    key = change.split(":")[0]
+    line = next(ln for ln in CANARY.splitlines() if ln.strip().startswith(key + ":"))
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.apply(CANARY.replace(line, "    " + change))
+
+    assert message in err.value.errors, err.value.errors
+    assert Model.objects.count() == 0

@@ -221,6 +221,17 @@ class Walk:
     name: str = ""
 
 
+def with_canary(w, user) -> None:
+    """The walk's model runs a canary: a second profile with a quarter of the requests."""
+    profile = EngineProfile.objects.create(
+        model=w.model,
+        name=f"canary-{next(w.seq)}",
+        engine=w.profile.engine,
+        model_path=w.profile.model_path,
+    )
+    Model.objects.filter(pk=w.model.pk).update(canary_profile=profile, canary_percent=25)
+
+
 def walk(*needs, go, prepare=None, forbidden=None, name=""):
     return Walk(frozenset(needs), go, prepare, forbidden, name)
 
@@ -450,6 +461,26 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             )
         ]
         for a in ("drain", "stop", "restart")
+    },
+    **{
+        f"api:ModelViewSet.{a}": [
+            walk(
+                "fleet.change_model",
+                prepare=with_canary,
+                go=api("post", lambda w, path=path: f"/api/v1/models/{w.model.pk}/{path}/"),
+            )
+        ]
+        for a, path in (("promote", "promote"), ("abort_canary", "abort-canary"))
+    },
+    **{
+        f"admin:fleet.model:action:{a}": [
+            walk(
+                "fleet.change_model",
+                prepare=with_canary,
+                go=admin_action("fleet.model", a, lambda w: [w.model]),
+            )
+        ]
+        for a in ("promote_canary", "abort_canary")
     },
     "api:NodeViewSet.vllm_build": [
         walk(

@@ -96,7 +96,7 @@ def gateway_figures(name: str, now: float) -> GatewayFigures:
 def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
     """A model's replicas, where they run and why any wait; raises Model.DoesNotExist."""
     now = now or timezone.now()
-    model = Model.objects.select_related("active_profile").get(pk=pk)
+    model = Model.objects.select_related("active_profile", "canary_profile").get(pk=pk)
     replicas = (
         Replica.objects.filter(model=model)
         .select_related("profile")

@@ -111,7 +111,8 @@ class _Pass(Placing):
 
     def load(self) -> None:
         self.models = {
-            m.pk: m for m in Model.objects.select_related("active_profile").order_by("pk")
+            m.pk: m
+            for m in Model.objects.select_related("active_profile", "canary_profile").order_by("pk")
         }
         # Each profile once, shared by its replicas.
         profiles = {p.pk: p for p in EngineProfile.objects.all()}
@@ -384,6 +385,7 @@ class _Pass(Placing):
         if profile is None:
             return  # nothing to run new replicas with; existing ones are left alone
         wanted = max(0, model.desired_replicas)
+        live = self.scale_canary(model, live, wanted)
         spec = profile.spec_hash
         outdated = [
             r
@@ -438,11 +440,39 @@ class _Pass(Placing):
             for _ in range(min(short, max(0, room))):
                 current.append(self.create(model))
 
-    def create(self, model: Model) -> Replica:
+    def scale_canary(self, model: Model, live: list[Replica], wanted: int) -> list[Replica]:
+        """Keep a canary's replicas (docs/operations.md, "Canaries"): its share of the
+        wanted count, at least one, beside the active profile's. Returns the replicas
+        that are not the canary's; without a canary, its old replicas are among them and
+        leave as outdated ones do."""
+        canary = model.canary_profile
+        if canary is None:
+            return live
+        ours = [r for r in live if r.profile_id == canary.pk]
+        count = max(1, round(wanted * model.canary_percent / 100)) if wanted else 0
+        # A canary is a trial: one that must move (its profile edited, its node
+        # drained, an operator's drain) is replaced after, not before.
+        good = [
+            r
+            for r in ours
+            if (not r.spec_hash or r.spec_hash == canary.spec_hash)
+            and not self.on_draining_node(r)
+            and r.evict != Evict.DRAIN
+        ]
+        keep = sorted(good, key=lambda r: -USEFULNESS.get(r.state, 0))[:count]
+        for r in ours:
+            if r not in keep:
+                self.retire(r, f"the canary wants {count} replica(s) here")
+        for _ in range(count - len(keep)):
+            self.create(model, canary)
+        return [r for r in live if r not in ours]
+
+    def create(self, model: Model, profile: EngineProfile | None = None) -> Replica:
+        profile = profile or model.active_profile
         r = Replica(
             model=model,
-            profile=model.active_profile,
-            spec_hash=model.active_profile.spec_hash,
+            profile=profile,
+            spec_hash=profile.spec_hash,
             state=ReplicaState.PENDING,
             reason="waiting for placement",
             state_changed_at=self.now,
