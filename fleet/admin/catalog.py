@@ -64,6 +64,7 @@ class ModelAdmin(admin.ModelAdmin):
     search_fields = ("name", "description")
     inlines = (EngineProfileInline,)
     readonly_fields = (
+        "canary_started_at",
         "scaling_display",
         "waiting_requests",
         "last_request_at",
@@ -80,7 +81,12 @@ class ModelAdmin(admin.ModelAdmin):
             {
                 "description": "A second profile beside the active one, with a share of the "
                 "requests; promote or abort it with the actions (docs/operations.md).",
-                "fields": (("canary_profile", "canary_percent"),),
+                "fields": (
+                    ("canary_profile", "canary_percent"),
+                    ("canary_max_error_rate", "canary_max_ttft_ratio"),
+                    ("canary_window_s", "canary_min_requests", "canary_auto_promote"),
+                    "canary_started_at",
+                ),
             },
         ),
         (

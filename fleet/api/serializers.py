@@ -281,6 +281,12 @@ class ModelSerializer(ValidatedModelSerializer):
             "fallbacks",
             "canary_profile",
             "canary_percent",
+            "canary_max_error_rate",
+            "canary_max_ttft_ratio",
+            "canary_window_s",
+            "canary_min_requests",
+            "canary_auto_promote",
+            "canary_started_at",
             "replace_after_s",
             "weights_retention_s",
             "active_profile",
@@ -288,6 +294,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "updated_at",
         )
         read_only_fields = (
+            "canary_started_at",
             "created_at",
             "updated_at",
             "waiting_requests",

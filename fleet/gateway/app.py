@@ -13,7 +13,7 @@ import time
 
 from . import metrics, proxy, validate, waiting
 from .errors import GatewayError, internal, sse_error_event
-from .state import gateway
+from .state import canary_tally, gateway
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,9 @@ async def application(scope, receive, send) -> None:
             route.metrics.latency.observe(time.perf_counter() - t0)
             if reply.served_by is not None:
                 metrics.PROFILE_REQUESTS.labels(*reply.served_by, str(reply.status)).inc()
+                served, profile = reply.served_by
+                if route.canary_percent and served == route.name:
+                    canary_tally(gw, route, profile).answered(reply.status)
         else:
             metrics.count_unrouted(reply.status)
 

@@ -15,6 +15,7 @@ import time
 
 from . import metrics, prefix, table, validate
 from .errors import GatewayError, error_body, sse_error_event
+from .state import canary_tally
 from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -596,6 +597,8 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
                 took = time.perf_counter() - t0
                 route.metrics.ttft.observe(took)
                 metrics.PROFILE_TTFT.labels(up.model, up.profile).observe(took)
+                if route.canary_percent and up.model == route.name:
+                    canary_tally(gw, route, up.profile).first_token(took)
                 first = False
             good, problem = check.feed(chunk)
             if check.later:

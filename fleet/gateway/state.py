@@ -108,6 +108,9 @@ class Gateway:
     def __init__(self):
         self.limits = Limits.from_settings()
         self.routes: dict[str, table.Route] = {}
+        # Answers per profile of each model running a canary, since this process saw
+        # it: {(model, canary profile id): {profile: Tally}} (fleet.services.canary_figures).
+        self.canary_counts: dict[tuple[str, int], dict] = {}
         self.keys: dict[str, keys.KeyEntry] = {}
         self.used_keys: set[int] = set()
         self.limiter = ratelimit.Limiter(
@@ -467,3 +470,14 @@ def gateway() -> Gateway:
         gw = _gateways[loop] = Gateway()
     _last = (weakref.ref(loop), gw)
     return gw
+
+
+def canary_tally(gw, route: table.Route, profile: str):
+    """The tally of ``profile`` for ``route``'s canary, made on first use."""
+    from fleet.services.canary_figures import Tally
+
+    by_profile = gw.canary_counts.setdefault((route.name, route.canary_profile_id), {})
+    tally = by_profile.get(profile)
+    if tally is None:
+        tally = by_profile[profile] = Tally()
+    return tally

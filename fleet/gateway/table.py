@@ -116,6 +116,7 @@ class Route:
     fallbacks: tuple[str, ...] = ()
     # The canary's share of requests (0: none); its replicas are upstreams with canary set.
     canary_percent: int = 0
+    canary_profile_id: int | None = None
     extra: dict = field(default_factory=dict)
     # Set when the model routes by prompt prefix: a ring over ``upstreams``,
     # rebuilt only when they change (``prefix.Ring``).
@@ -231,6 +232,7 @@ def build_routes(
         )
         if m.canary_profile_id is not None:
             route.canary_percent = m.canary_percent
+            route.canary_profile_id = m.canary_profile_id
         if not upstreams:
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"

@@ -26,6 +26,7 @@ import socket
 import time
 
 from fleet.conf import fleet_settings
+from fleet.services import canary_figures
 from fleet.services.autoscaler import load
 
 from .errors import GatewayError
@@ -142,6 +143,21 @@ def _sample(gw, sums: dict[str, float]) -> None:
             )
 
 
+async def _report_canaries(gw, source: str) -> None:
+    """This process's answers per profile of each canary, for the reconciler's judgement
+    (fleet.services.canary_figures); a canary no longer running is forgotten."""
+    running = {(r.name, r.canary_profile_id) for r in gw.routes.values() if r.canary_percent}
+    for key in [k for k in gw.canary_counts if k not in running]:
+        del gw.canary_counts[key]
+    if not gw.canary_counts:
+        return
+    bodies = canary_figures.encode(gw.canary_counts)
+    try:
+        await asyncio.to_thread(canary_figures.write, source, bodies)
+    except Exception as exc:  # noqa: BLE001 - Redis away: the canary is judged later
+        logger.warning("gateway cannot report its canary figures: %s", exc)
+
+
 async def report_load(gw) -> None:
     """The process's task: sample in flight, report every interval (at once on demand)."""
     from fleet.services.reconciler.ask import _kick
@@ -167,6 +183,7 @@ async def report_load(gw) -> None:
             continue
         figures = _figures(gw, sums, samples)
         sums, samples, last_report = {}, 0, now
+        await _report_canaries(gw, source)
         if not figures:
             continue
         try:

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
+from django.utils import timezone
 
 from agentd.fetch import sources
 from fleet.selectors import parse_selector
@@ -158,6 +159,39 @@ class Model(models.Model):
         validators=[MaxValueValidator(99)],
         help_text="The share of requests the canary gets, 1 to 99 (0 without a canary).",
     )
+    # Its bounds: past one, the reconciler aborts it; within them for its window, it
+    # may promote it (fleet.services.canary.judge).
+    canary_max_error_rate = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Abort the canary when more of its answers than this (0 to 1) are 5xx.",
+    )
+    canary_max_ttft_ratio = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1.0)],
+        help_text="Abort the canary when its p95 time to first token is more than this many "
+        "times the active profile's (1 or more).",
+    )
+    canary_window_s = models.PositiveIntegerField(
+        default=300,
+        validators=[MinValueValidator(10)],
+        help_text="How long a canary is watched before it may be promoted automatically; "
+        "one with no ready replica by then is aborted.",
+    )
+    canary_min_requests = models.PositiveIntegerField(
+        default=100,
+        validators=[MinValueValidator(1)],
+        help_text="Answers the canary must have given before its bounds are judged.",
+    )
+    canary_auto_promote = models.BooleanField(
+        default=False,
+        help_text="Promote the canary once it stayed within its bounds for its window.",
+    )
+    canary_started_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the canary began."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -166,6 +200,19 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs):
+        # A new canary (or none) starts its window again.
+        before = (
+            Model.objects.filter(pk=self.pk).values_list("canary_profile_id", flat=True).first()
+            if self.pk
+            else None
+        )
+        if before != self.canary_profile_id:
+            self.canary_started_at = timezone.now() if self.canary_profile_id else None
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "canary_started_at"}
+        super().save(*args, **kwargs)
 
     def get_absolute_url(self) -> str:
         """Its console page: the admin's "View on site" goes there."""

@@ -63,6 +63,11 @@ MODEL_KEYS = {
     "max_wait_s": "max_wait_s",
     "fallbacks": "fallbacks",
     "canary_percent": "canary_percent",
+    "canary_max_error_rate": "canary_max_error_rate",
+    "canary_max_ttft_ratio": "canary_max_ttft_ratio",
+    "canary_window_s": "canary_window_s",
+    "canary_min_requests": "canary_min_requests",
+    "canary_auto_promote": "canary_auto_promote",
 }
 PROFILE_KEYS = {
     "name",

@@ -19,7 +19,8 @@ TOKENS = ["Hello", ",", " fleet", "!"]
 class Upstream:
     def __init__(self, name: str = "up", mode: str = "ok", token_delay: float = 0.0):
         self.name = name
-        # ok | garbage | close_early | status503 | hang | not_json | deep_error
+        # ok | garbage | close_early | status503 | status500_third (every third request)
+        # | hang | not_json | deep_error
         # | prompt_logprobs (vLLM's: the prompt's tokens after the usage)
         self.mode = mode
         self.token_delay = token_delay
@@ -101,6 +102,8 @@ class Upstream:
         try:
             if self.mode == "status503":
                 return web.json_response({"detail": "engine overloaded"}, status=503)
+            if self.mode == "status500_third" and len(self.requests) % 3 == 0:
+                return web.json_response({"detail": "CUDA error"}, status=500)
             if self.mode == "hang":
                 await self._wait_release()
             elif self.token_delay and not body.get("stream"):

@@ -2,6 +2,7 @@
 a table, and on a real web process with two engines."""
 
 import collections
+import time
 import types
 
 import pytest
@@ -76,3 +77,51 @@ def test_a_canary_at_25_percent_serves_its_share_through_a_web_process(gateway_s
         f'llmgw_gateway_profile_requests_total{{model="qwen",profile="fp8",status="200"}} '
         f"{float(fp8.served)}" in text
     )
+
+
+@pytest.mark.live
+@pytest.mark.django_db(transaction=True)
+def test_a_canary_answering_500_a_third_of_the_time_is_rolled_back_by_itself(
+    gateway_server, upstreams
+):
+    from fleet.models import Event
+    from tests.gateway.live import wait_until
+    from tests.reconciler.helpers import Clock
+
+    active, flaky = upstreams("active"), upstreams("fp8", mode="status500_third")
+    model, (_, canary_replica) = ready_model("qwen", [active, flaky])
+    new = EngineProfile.objects.create(
+        model=model, name="fp8", engine="fake", model_path="/models/fp8"
+    )
+    canary_replica.profile = new
+    canary_replica.save()
+    Model.objects.filter(pk=model.pk).update(
+        active_profile=EngineProfile.objects.get(model=model, name="default"),
+        canary_profile=new,
+        canary_percent=50,
+        canary_max_error_rate=0.05,
+        canary_min_requests=30,
+    )
+    _, secret = inference_key()
+
+    statuses, first_bad = collections.Counter(), None
+    for _ in range(120):
+        status = post(gateway_server, "/v1/chat/completions", ASK, secret)[0]
+        statuses[status] += 1
+        if status == 500 and first_bad is None:
+            first_bad = time.monotonic()
+
+    # the gateway reports its figures every second; the next reconciler pass judges them
+    def rolled_back():
+        Clock().pass_()
+        return Model.objects.get(pk=model.pk).canary_profile_id is None
+
+    wait_until(rolled_back, timeout=15, what="the canary rolled back")
+    print(f"\nrolled back {time.monotonic() - first_bad:.1f} s after the first bad answer")
+
+    (event,) = Event.objects.filter(kind="canary", model=model)
+    assert event.reason.startswith("canary 'fp8' aborted by the system: error rate 3")
+    assert "past its bound of 5.0%" in event.reason
+    # every request the active profile took was answered: none of the failures are its
+    assert active.served == len(active.requests) and statuses[500] == len(flaky.requests) // 3
+    assert statuses[200] + statuses[500] == 120

@@ -2,12 +2,14 @@
 "Canaries")."""
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
 
 from fleet.models import EngineProfile, Event, Model, ReplicaState
-from fleet.services import canary, permissions
+from fleet.services import canary, canary_figures, permissions
+from fleet.services.canary_figures import Tally
 from tests.factories import add_model, add_node, grant, operator, staff_user
 from tests.reconciler.helpers import Clock, make_ready, replicas
 
@@ -109,3 +111,93 @@ def test_only_who_may_change_the_model_may_promote_or_abort():
         canary.promote(model, viewer)
     model.refresh_from_db()
     assert model.canary_profile_id is not None
+
+
+# ---- judged by its bounds ------------------------------------------------------------------
+
+
+def tally(requests, errors=0, ttft=()):
+    t = Tally(requests, errors)
+    for s in ttft:
+        t.first_token(s)
+    return t
+
+
+def bounded(model, **fields):
+    defaults = dict(
+        canary_max_error_rate=0.05,
+        canary_max_ttft_ratio=2.0,
+        canary_min_requests=100,
+        canary_window_s=300,
+    )
+    Model.objects.filter(pk=model.pk).update(**{**defaults, **fields})
+    model.refresh_from_db()
+    return model
+
+
+@pytest.mark.parametrize(
+    "canary_t, active_t, ready, failures, age_s, auto, verdict",
+    [
+        # too few answers yet: keep watching, whatever they say
+        (tally(99, 50), tally(300), True, 0, 10, False, None),
+        # a third 5xx over 120: aborted, with the figures against the bound
+        (tally(120, 40), tally(360), True, 0, 10, False,
+         ("abort", "error rate 33.3% over 120 answers (active profile 0.0% over 360), past "
+                   "its bound of 5.0%")),
+        # first tokens 4× slower at p95 than the active profile's: aborted
+        (tally(200, 0, [0.9] * 200), tally(600, 0, [0.2] * 600), True, 0, 10, False,
+         ("abort", "error rate 0.0% over 200 answers (active profile 0.0% over 600); p95 time "
+                   "to first token ≤ 1 s (active ≤ 0.25 s), past its bound of 2× the active "
+                   "profile's")),
+        # within its bounds, window not over: keep watching
+        (tally(200, 1, [0.2] * 200), tally(600, 0, [0.2] * 600), True, 0, 100, True, None),
+        # within its bounds for its window, auto-promote on: promoted
+        (tally(200, 1, [0.2] * 200), tally(600, 0, [0.2] * 600), True, 0, 300, True,
+         ("promote", "within its bounds for its window of 300 s: error rate 0.5% over 200 "
+                     "answers (active profile 0.0% over 600); p95 time to first token ≤ 0.25 s "
+                     "(active ≤ 0.25 s)")),
+        # the same without auto-promote: keep it, an operator promotes
+        (tally(200, 1, [0.2] * 200), tally(600), True, 0, 900, False, None),
+        # never ready: three failed starts, or its window gone by
+        (tally(0), tally(600), False, 3, 10, False,
+         ("abort", "its replica never became ready (failed 3 starts in a row)")),
+        (tally(0), tally(600), False, 1, 300, False,
+         ("abort", "its replica never became ready (not within its window of 300 s)")),
+    ],
+)  # fmt: skip
+def test_a_canary_is_judged_by_its_bounds(
+    canary_t, active_t, ready, failures, age_s, auto, verdict
+):
+    model, _, clock = with_canary()
+    model = bounded(model, canary_auto_promote=auto, canary_started_at=clock.now)
+    figures = {"fp8": canary_t, "default": active_t}
+    now = clock.now + timedelta(seconds=age_s)
+
+    assert canary.judge(model, figures, ready, failures, now) == verdict
+
+
+def test_the_reconciler_aborts_a_canary_past_its_bound_from_the_gateways_figures():
+    model, new, clock = with_canary()
+    make_ready(model)
+    clock.pass_()
+    model = bounded(model)
+    # two gateway processes' counts, as they report them
+    canary_figures.write(
+        "gw-1",
+        canary_figures.encode({("qwen", new.pk): {"fp8": tally(70, 25), "default": tally(200)}}),
+    )
+    canary_figures.write(
+        "gw-2",
+        canary_figures.encode({("qwen", new.pk): {"fp8": tally(50, 15), "default": tally(160)}}),
+    )
+
+    clock.pass_()
+
+    model.refresh_from_db()
+    assert model.canary_profile_id is None and model.active_profile.name == "default"
+    (event,) = Event.objects.filter(kind="canary", model=model)
+    assert event.reason == (
+        "canary 'fp8' aborted by the system: error rate 33.3% over 120 answers (active profile "
+        "0.0% over 360), past its bound of 5.0%; its replicas drain"
+    )
+    assert live_by_profile(model) == {"default": 4}

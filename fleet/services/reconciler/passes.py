@@ -15,6 +15,7 @@ import logging
 import time
 from datetime import datetime, timedelta
 
+import redis
 from django.db import transaction
 from django.utils import timezone
 
@@ -35,6 +36,8 @@ from fleet.models import (
     ShardState,
 )
 
+from .. import canary as canary_service
+from .. import canary_figures, permissions
 from ..autoscaler.step import step as autoscale
 from ..desired import bump_desired
 from ..doorbells import ring_gateways
@@ -449,6 +452,8 @@ class _Pass(Placing):
         if canary is None:
             return live
         ours = [r for r in live if r.profile_id == canary.pk]
+        if self.judge_canary(model, ours):
+            return live  # promoted or aborted: its replicas are the active ones, or old
         count = max(1, round(wanted * model.canary_percent / 100)) if wanted else 0
         # A canary is a trial: one that must move (its profile edited, its node
         # drained, an operator's drain) is replaced after, not before.
@@ -466,6 +471,28 @@ class _Pass(Placing):
         for _ in range(count - len(keep)):
             self.create(model, canary)
         return [r for r in live if r not in ours]
+
+    def judge_canary(self, model: Model, ours: list[Replica]) -> bool:
+        """Abort a canary past its bounds, or one that never became ready; promote one
+        within them for its window if the model says so (canary_service.judge). True when
+        it did either: ``model`` then has no canary."""
+        try:
+            figures = canary_figures.read(model.name, model.canary_profile_id)
+        except redis.RedisError as exc:
+            logger.warning("canary of %s not judged: Redis: %s", model.name, exc)
+            return False
+        ready = any(r.state == ReplicaState.READY for r in ours)
+        failures = max((r.failures for r in ours), default=0)
+        verdict = canary_service.judge(model, figures, ready, failures, self.now)
+        if verdict is None:
+            return False
+        what, why = verdict
+        act = canary_service.promote if what == "promote" else canary_service.abort
+        act(model, permissions.SYSTEM, why)
+        if what == "promote":
+            model.active_profile = model.canary_profile
+        model.canary_profile, model.canary_percent = None, 0
+        return True
 
     def create(self, model: Model, profile: EngineProfile | None = None) -> Replica:
         profile = profile or model.active_profile
