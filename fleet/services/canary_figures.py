@@ -107,3 +107,11 @@ def read(model: str, canary_id: int) -> dict[str, Tally]:
         except (ValueError, TypeError, AttributeError):
             logger.warning("canary: a gateway's figures could not be read: %r", raw[:200])
     return out
+
+
+def forget() -> None:
+    """Drop every canary's figures this installation kept (tests)."""
+    client = _redis()
+    keys = list(client.scan_iter(match=f"{prefix()}:canary:*", count=1000))
+    if keys:
+        client.delete(*keys)

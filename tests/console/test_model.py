@@ -141,3 +141,27 @@ def test_the_page_says_when_a_canary_takes_a_share(client, qwen):
     html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
 
     assert "canary <b>fp8</b> at <b>25 %</b> of the requests, beside <b>default</b>" in html
+
+
+def test_the_canarys_figures_stand_beside_the_active_profiles(client, qwen):
+    from fleet.models import EngineProfile, Model
+    from fleet.services import canary_figures
+    from fleet.services.canary_figures import Tally
+
+    fp8 = EngineProfile.objects.create(model=qwen, name="fp8", engine="fake", model_path="/m")
+    Model.objects.filter(pk=qwen.pk).update(canary_profile=fp8, canary_percent=25)
+    canary = Tally(40, 10)
+    for _ in range(20):
+        canary.first_token(0.7)
+    counts = {("qwen", fp8.pk): {"fp8": canary, "default": Tally(120, 0)}}
+    canary_figures.write("gw-1", canary_figures.encode(counts))
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    assert (
+        '<tr data-profile="default"><td>default</td><td>120</td><td>0 %</td><td>-</td></tr>' in html
+    )
+    assert (
+        '<tr data-profile="fp8"><td>fp8</td><td>40</td><td>25 %</td><td>≤ 1.0 s</td></tr>' in html
+    )

@@ -16,6 +16,14 @@ from tests.reconciler.helpers import Clock, make_ready, replicas
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _no_figures_of_other_tests():
+    """Profile ids come round again in a fresh database: so would their canary's figures."""
+    canary_figures.forget()
+    yield
+    canary_figures.forget()
+
+
 def with_canary(replicas_wanted=4, percent=25):
     for n in ("gpu-01", "gpu-02"):
         add_node(n)

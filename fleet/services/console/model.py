@@ -11,7 +11,7 @@ from django.utils import timezone
 from fleet.conf import fleet_settings
 from fleet.models import Event, Model, Replica, ReplicaState, Shard
 
-from .. import history, prometheus
+from .. import canary_figures, history, prometheus
 from ..autoscaler.status import last_decision, scaling_status
 
 
@@ -49,6 +49,30 @@ class ModelDetail:
     # zero", "starting for 3 waiting requests", "autoscaled 1-4: 2 wanted", or "".
     scaling: str = ""
     last_decision: Event | None = None  # the autoscaler's, with its reason
+    # A canary's figures beside the active profile's since it began, from every gateway
+    # (canary_figures): [(profile, answers, error rate, p95 time to first token)].
+    canary: list[tuple[str, int, float, float | None]] | None = None
+    canary_error: str = ""
+
+
+def canary_figures_of(model: Model) -> dict:
+    """The canary's and the active profile's figures side by side, as the reconciler
+    judges them; {} without a canary."""
+    if model.canary_profile_id is None:
+        return {}
+    names = [
+        model.active_profile.name if model.active_profile_id else "",
+        model.canary_profile.name,
+    ]
+    try:
+        figures = canary_figures.read(model.name, model.canary_profile_id)
+    except redis.RedisError as exc:
+        return {"canary": [], "canary_error": f"the gateways' figures cannot be read: {exc}"}
+    rows = []
+    for name in names:
+        t = figures.get(name) or canary_figures.Tally()
+        rows.append((name, t.requests, t.error_rate, t.p95_ttft()))
+    return {"canary": rows}
 
 
 # The window the model page's rates are taken over.
@@ -128,4 +152,5 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
         gateway_figures(model.name, now.timestamp()),
         scaling=scaling_status(model, by_state[ReplicaState.READY]),
         last_decision=last_decision(model),
+        **canary_figures_of(model),
     )
