@@ -442,7 +442,8 @@ def _canary(api: Api, args, out):
     if not found:
         raise Failure(f"no model named '{args.model}'", EXIT_REFUSED)
     path = "promote" if args.verb == "promote" else "abort-canary"
-    result = api.call("POST", f"models/{found[0]['id']}/{path}/", {"why": args.why or ""})
+    body = {"why": args.why} if args.why else {}
+    result = api.call("POST", f"models/{found[0]['id']}/{path}/", body)
     if args.json:
         return result
     out.write(result["detail"] + "\n")

@@ -594,7 +594,10 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
 class CanaryWhySerializer(serializers.Serializer):
     why = serializers.CharField(
-        required=False, max_length=500, help_text="Said in the event, e.g. 'p95 within bounds'."
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="Said in the event, e.g. 'p95 within bounds'.",
     )
 
 

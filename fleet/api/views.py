@@ -321,6 +321,15 @@ EXPLAIN_EXAMPLE = OpenApiExample(
 )
 
 
+CANARY_SCHEMA = {
+    "request": serializers.CanaryWhySerializer,
+    "responses": {
+        200: serializers.CanaryDoneSerializer,
+        409: OpenApiResponse(description="The model runs no canary."),
+    },
+}
+
+
 @extend_schema_view(
     create=extend_schema(examples=[MODEL_EXAMPLE]),
     update=extend_schema(examples=[MODEL_EXAMPLE]),
@@ -373,9 +382,10 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
 
     def _canary(self, request, change):
         model = self.get_object()
-        why = str(request.data.get("why", "")) if isinstance(request.data, dict) else ""
+        body = serializers.CanaryWhySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
         try:
-            text = change(model, request.user, why[:500])
+            text = change(model, request.user, body.validated_data.get("why", ""))
         except permissions.Refused as exc:
             raise PermissionDenied(str(exc)) from None
         except canary_service.NoCanary as exc:
@@ -383,25 +393,13 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
         model = self.get_queryset().get(pk=model.pk)
         return Response({"detail": text, "model": self.get_serializer(model).data})
 
-    @extend_schema(
-        request=serializers.CanaryWhySerializer,
-        responses={
-            200: serializers.CanaryDoneSerializer,
-            409: OpenApiResponse(description="No canary."),
-        },
-    )
+    @extend_schema(**CANARY_SCHEMA)
     @action(detail=True, methods=["post"])
     def promote(self, request, pk=None):
         """The canary becomes the active profile; the other replicas are replaced in turn."""
         return self._canary(request, canary_service.promote)
 
-    @extend_schema(
-        request=serializers.CanaryWhySerializer,
-        responses={
-            200: serializers.CanaryDoneSerializer,
-            409: OpenApiResponse(description="No canary."),
-        },
-    )
+    @extend_schema(**CANARY_SCHEMA)
     @action(detail=True, methods=["post"], url_path="abort-canary")
     def abort_canary(self, request, pk=None):
         """The canary is dropped; its replicas drain and stop."""

@@ -16,6 +16,7 @@ from django.utils import timezone
 from fleet.models import Event, EventKind, Model
 
 from . import permissions
+from .canary_figures import Tally
 from .reconciler.ask import request_reconcile
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,6 @@ def judge(
     """("abort" or "promote", why with the figures against the bounds), or None: keep
     watching. ``figures``: {profile name: Tally} from every gateway (canary_figures);
     ``failures``: the canary replicas' failed starts in a row, the most of any."""
-    from .canary_figures import Tally
-
     window = model.canary_window_s
     age = (now - (model.canary_started_at or now)).total_seconds()
     if not canary_ready and (failures >= NEVER_READY_FAILURES or age >= window):

@@ -539,3 +539,23 @@ def test_a_filter_value_with_a_percent_sign_is_a_400_naming_it(api):
         resp = api.get(f"/api/v1/nodes/?{query}")
         assert resp.status_code == 400, (query, resp.content)
     assert "not '100%'" in api.get("/api/v1/nodes/?connected=100%25").json()["connected"][0]
+
+
+def test_a_canary_promotion_takes_a_reason_and_refuses_a_bad_one(api):
+    from fleet.models import EngineProfile
+
+    model = _post(api, "/api/v1/models/", {"name": "qwen"}).json()
+    fp8 = EngineProfile.objects.create(
+        model_id=model["id"], name="fp8", engine="llamacpp", model_path="/m.gguf"
+    )
+    Model.objects.filter(pk=model["id"]).update(canary_profile=fp8, canary_percent=10)
+    path = f"/api/v1/models/{model['id']}/promote/"
+
+    bad = _post(api, path, {"why": "x" * 501})
+    assert bad.status_code == 400 and "why" in bad.json()
+    assert Model.objects.get(pk=model["id"]).canary_profile_id == fp8.pk
+
+    done = _post(api, path, {"why": "p95 within bounds"})
+    assert done.status_code == 200
+    assert done.json()["detail"].endswith("promoted by user 'ops': p95 within bounds")
+    assert _post(api, path, {}).status_code == 409
