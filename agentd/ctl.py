@@ -639,6 +639,11 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("name")
     k.add_argument("--scope", choices=["inference", "manage"], default="inference")
     k.add_argument("--models", default="", help="Inference keys: a,b (default: every model).")
+    k.add_argument(
+        "--fallbacks",
+        default="",
+        help="Inference keys: a,b to answer in order when the model asked for cannot.",
+    )
     k.add_argument("--expires", help="30d, 12h… or an ISO 8601 time.")
     k.add_argument(
         "--user",
@@ -696,6 +701,7 @@ COMMANDS = {
             "name": a.name,
             "scope": a.scope,
             "models": [m.strip() for m in a.models.split(",") if m.strip()],
+            "fallbacks": [m.strip() for m in a.fallbacks.split(",") if m.strip()],
             **({"expires": a.expires} if a.expires else {}),
             **({"user": a.user} if a.user else {}),
         },

@@ -3,9 +3,10 @@
 An OpenAI-compatible HTTP server with no model behind it, whose faults can be
 ordered on the command line: a slow load (``--load-time``), a crash
 (``--crash-after``), a hang (``--hang``: it accepts connections, never answers,
-and ignores SIGTERM), slow tokens (``--token-delay``), a weight download that
-makes progress (``--fetch-to``), a worker child in its process group
-(``--spawn-worker``), and a flood of log lines on stdout (``--log-flood``).
+and ignores SIGTERM), a 500 to every Nth completion (``--fail-every``), slow
+tokens (``--token-delay``), a weight download that makes progress (``--fetch-to``),
+a worker child in its process group (``--spawn-worker``), and a flood of log
+lines on stdout (``--log-flood``).
 Under the NVML double (``LLMGW_FAKE_NVML``) it holds GPU memory on the GPUs in
 CUDA_VISIBLE_DEVICES while it runs, as vLLM does: ``--gpu-memory-utilization``
 of each GPU's total, or ``--gpu-memory-bytes`` on each. It
@@ -81,6 +82,7 @@ class FakeServer:
         self.running = 0  # requests in flight
         self.served = 0
         self.cancelled = 0
+        self.completions = 0  # asked for, failed ones too (--fail-every)
 
     # -- HTTP plumbing ---------------------------------------------------------
 
@@ -110,7 +112,13 @@ class FakeServer:
 
     async def send(self, writer, status: int, payload, keep: bool, ctype="application/json"):
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
+        reason = {
+            200: "OK",
+            400: "Bad Request",
+            404: "Not Found",
+            500: "Internal Server Error",
+            503: "Service Unavailable",
+        }
         writer.write(
             (
                 f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\n"
@@ -187,6 +195,13 @@ class FakeServer:
                 writer, 400, self.error("'max_tokens' must be a positive integer"), keep
             )
         n = min(n, 4096)
+        self.completions += 1
+        every = self.opts.fail_every
+        if every and self.completions % every == 0:
+            # As an engine whose new build or flag is broken answers: a 500 with a reason.
+            return await self.send(
+                writer, 500, self.error("fake engine: --fail-every", "internal_error"), keep
+            )
         rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{self.served}"
         kind = "chat.completion" if chat else "text_completion"
         base = {"id": rid, "created": int(time.time()), "model": self.opts.served_model_name}
@@ -344,6 +359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-after", type=float, help="exit with --exit-code after this many s")
     p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--hang", action="store_true", help="accept, never answer, ignore SIGTERM")
+    p.add_argument("--fail-every", type=int, default=0, help="answer 500 to every Nth completion")
     p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
     p.add_argument("--fetch-to", help="a directory to fill before listening, like a download")
     p.add_argument("--fetch-bytes", type=int, default=1 << 20)

@@ -214,6 +214,7 @@ class ApiKeyForm(forms.ModelForm):
             "scope",
             "user",
             "allowed_models",
+            "fallbacks",
             "expires_at",
             "requests_per_minute",
             "tokens_per_minute",
@@ -242,6 +243,10 @@ class ApiKeyForm(forms.ModelForm):
     def clean_allowed_models(self):
         return sorted(m.name for m in self.cleaned_data["allowed_models"])
 
+    def clean_fallbacks(self):
+        found = self.cleaned_data["fallbacks"]
+        return [] if found is None else found  # an emptied field: none
+
     def clean(self):
         data = super().clean()
         if self.errors:
@@ -261,6 +266,7 @@ class ApiKeyForm(forms.ModelForm):
                 allowed_models=data.get("allowed_models"),
                 # An existing key may keep an expiry that has passed; a new one may not.
                 expires_at=data.get("expires_at") if instance.pk is None else None,
+                fallbacks=data.get("fallbacks"),
             )
         except api_keys.ApiKeyError as exc:
             field = exc.field if exc.field in self.fields else None
@@ -323,10 +329,11 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             # Without the permission for others' keys, a new key is the asking user's own:
             # the form offers no owner to choose and takes none from a post.
             owner = ("user",) if self.has_others_permission(request) else ()
-            return ("name", "scope", *owner, "allowed_models", "expires_at", *LIMITS)
+            return ("name", "scope", *owner, "allowed_models", "fallbacks", "expires_at", *LIMITS)
         return (
             "name",
             "allowed_models",
+            "fallbacks",
             "expires_at",
             *LIMITS,
             *self.get_readonly_fields(request, obj),
@@ -347,6 +354,7 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             allowed_models=data["allowed_models"],
             expires_at=data.get("expires_at"),
             limits={f: data.get(f) for f in LIMITS},
+            fallbacks=data.get("fallbacks") or [],
             actor=request.user,
         )
 

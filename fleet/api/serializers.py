@@ -17,6 +17,7 @@ from rest_framework.settings import api_settings
 
 from fleet.models import (
     GPU,
+    ApiKey,
     Engine,
     EngineInstall,
     EngineProfile,
@@ -98,6 +99,18 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         except DjangoValidationError as exc:
             raise serializers.ValidationError(_field_errors(exc)) from None
         return attrs
+
+
+def fallbacks_field(owner):
+    """A list of model names, in order: a model's fallbacks, or an API key's."""
+    return serializers.ListField(
+        child=StrictCharField(
+            max_length=128, error_messages={"invalid": "fallbacks must be a list of model names"}
+        ),
+        error_messages={"not_a_list": "fallbacks must be a list of model names, not {input_type}"},
+        required=False,
+        help_text=owner._meta.get_field("fallbacks").help_text,
+    )
 
 
 def _field_errors(exc: DjangoValidationError) -> dict:
@@ -249,14 +262,7 @@ class ModelSerializer(ValidatedModelSerializer):
         required=False,
         help_text=Model._meta.get_field("canary_profile").help_text,
     )
-    fallbacks = serializers.ListField(
-        child=StrictCharField(
-            max_length=128, error_messages={"invalid": "fallbacks must be a list of model names"}
-        ),
-        error_messages={"not_a_list": "fallbacks must be a list of model names, not {input_type}"},
-        required=False,
-        help_text=Model._meta.get_field("fallbacks").help_text,
-    )
+    fallbacks = fallbacks_field(Model)
 
     class Meta:
         model = Model
@@ -718,6 +724,10 @@ class ApiKeyLimitsSerializer(serializers.Serializer):
     )
 
 
+class ApiKeyChangeSerializer(ApiKeyLimitsSerializer):
+    fallbacks = fallbacks_field(ApiKey)
+
+
 class ApiKeyRequestSerializer(ApiKeyLimitsSerializer):
     name = StrictCharField(max_length=100, help_text="Who or what it is for.")
     scope = serializers.ChoiceField(choices=["inference", "manage"], default="inference")
@@ -735,6 +745,7 @@ class ApiKeyRequestSerializer(ApiKeyLimitsSerializer):
     expires = StrictCharField(
         required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
     )
+    fallbacks = fallbacks_field(ApiKey)
 
 
 class ApiKeyRotateSerializer(serializers.Serializer):

@@ -635,6 +635,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
                 allowed_models=data.get("models") or [],
                 expires_at=expires_at,
                 limits={f: data[f] for f in api_keys.LIMIT_FIELDS if f in data},
+                fallbacks=data.get("fallbacks") or [],
                 actor=request.user,
             )
         except permissions.Refused as exc:
@@ -648,17 +649,28 @@ class ApiKeyViewSet(viewsets.ViewSet):
             status=status.HTTP_201_CREATED,
         )  # fmt: skip
 
-    @extend_schema(request=serializers.ApiKeyLimitsSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=serializers.ApiKeyChangeSerializer, responses={200: OpenApiTypes.OBJECT})
     def partial_update(self, request, prefix=None):
-        """Change a key's limits: a number (0: none) or null (the gateway's default)."""
+        """Change a key's limits — a number (0: none) or null (the gateway's default) — and
+        its fallbacks, in order ([]: none)."""
         key = _api_key(prefix)
-        body = serializers.ApiKeyLimitsSerializer(data=request.data)
+        body = serializers.ApiKeyChangeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        fallbacks = data.pop("fallbacks", None)
         try:
-            api_keys.set_limits(key, dict(body.validated_data), actor=request.user)
+            with transaction.atomic():
+                if data:
+                    api_keys.set_limits(key, data, actor=request.user)
+                if fallbacks is not None:
+                    api_keys.set_fallbacks(key, fallbacks, actor=request.user)
         except permissions.Refused as exc:
             raise PermissionDenied(str(exc)) from None
-        return Response({"name": key.name, "prefix": key.prefix, **_limits(key)})
+        except api_keys.ApiKeyError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from None
+        return Response(
+            {"name": key.name, "prefix": key.prefix, **_limits(key), "fallbacks": key.fallbacks}
+        )
 
     @extend_schema(
         request=serializers.ApiKeyRotateSerializer,

@@ -135,7 +135,7 @@ def _route_for(gw, key, model: str):
             param="model",
             code="model_not_found",
         )
-    if not route.upstreams and not route.waits and not route.fallbacks:
+    if not route.upstreams and not route.waits and not key.fallbacks_for(route):
         raise GatewayError(
             503, route.unavailable, code="no_ready_replica", retry_after=route.retry_after
         )
@@ -235,7 +235,8 @@ FALLBACK_WHY = {
 
 
 async def _serve_or_fall_back(gw, route, req, scope, receive, reply, t0, key) -> None:
-    """Serve from ``route``; past its bounds, from its fallbacks in order (docs/gateway.md).
+    """Serve from ``route``; past its bounds, from its fallbacks in order, then the key's
+    (docs/gateway.md).
 
     A fallback is tried only before any of the answer reached the client (a stream
     before its first byte), only if the key may use it, and only while it has a
@@ -246,10 +247,11 @@ async def _serve_or_fall_back(gw, route, req, scope, receive, reply, t0, key) ->
         return
     except GatewayError as exc:
         why = FALLBACK_WHY.get(exc.code or "")
-        if why is None or reply.started or not route.fallbacks:
+        chain = key.fallbacks_for(route)
+        if why is None or reply.started or not chain:
             raise
         first = exc
-    for name in route.fallbacks:
+    for name in chain:
         other = gw.routes.get(name)
         if other is None or not other.upstreams or not key.may_use(name):
             continue

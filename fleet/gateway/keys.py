@@ -29,9 +29,17 @@ class KeyEntry:
     revoked: bool
     limits: KeyLimits = NO_LIMITS
     rotated: bool = False  # the secret before a rotation; expires_at ends its grace
+    fallbacks: tuple[str, ...] = ()  # tried in order after the model's own
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+    def fallbacks_for(self, route) -> tuple[str, ...]:
+        """The models that may answer instead of ``route``: its own, then this key's."""
+        if not self.fallbacks:
+            return route.fallbacks
+        own = route.fallbacks
+        return own + tuple(n for n in self.fallbacks if n != route.name and n not in own)
 
 
 def load_keys() -> dict[str, KeyEntry]:
@@ -63,10 +71,11 @@ def load_keys() -> dict[str, KeyEntry]:
         "tokens_per_month",
         "previous_secret_hash",
         "previous_secret_expires_at",
+        "fallbacks",
     )
     found = {}
     for pk, name, prefix, scope, allowed, expires, revoked, digest, *rest in rows:
-        own, previous, grace = rest[:4], rest[4], rest[5]
+        own, previous, grace, fallbacks = rest[:4], rest[4], rest[5], rest[6]
         limits = KeyLimits(*(d if v is None else v for v, d in zip(own, defaults, strict=True)))
         entry = found[digest] = KeyEntry(
             pk,
@@ -77,6 +86,7 @@ def load_keys() -> dict[str, KeyEntry]:
             expires.timestamp() if expires else None,
             revoked is not None,
             limits if limits.on else NO_LIMITS,
+            fallbacks=tuple(n for n in (fallbacks or []) if isinstance(n, str)),
         )
         if previous and grace is not None:
             ends = grace.timestamp()

@@ -455,7 +455,9 @@ async def _attempt(
         try:
             if resp.status in (502, 503) and may_retry:
                 raise _Retry(unavailable(route, up, resp.status))
-            if resp.status >= 500 and route.fallbacks:
+            if resp.status >= 500 and (
+                route.fallbacks if key is None else key.fallbacks_for(route)
+            ):
                 # The last try failed too: the model's fallback answers instead
                 # (fleet.gateway.app), not this error.
                 raise _Retry(unavailable(route, up, resp.status))

@@ -160,6 +160,13 @@ class ApiKey(_Secret):
     allowed_models = models.JSONField(
         default=list, blank=True, help_text="Model names this key may use. Empty: all."
     )
+    fallbacks = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Inference keys: models to answer through this key, in order, when the "
+        "model asked for and its own fallbacks cannot; the answer says so "
+        '(x-llmgw-fallback). A list of model names, e.g. ["qwen-7b"].',
+    )
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     # Limits (docs/gateway.md). Empty: the LLMGW_GATEWAY_DEFAULT_* setting; 0: no limit.

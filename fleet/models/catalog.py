@@ -27,6 +27,23 @@ name_validator = RegexValidator(
 FALLBACKS_MAX = 8
 
 
+def fallbacks_problem(names, *, own: str | None = None, check_names: bool = True) -> str | None:
+    """Why ``names`` is not a list of fallbacks (a model's, or an API key's), else None."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return f'fallbacks must be a list of model names, e.g. ["qwen-32b"] (got {names!r})'
+    if len(names) > FALLBACKS_MAX:
+        return f"at most {FALLBACKS_MAX} fallbacks (got {len(names)})"
+    if own is not None and own in names:
+        return f"'{own}' cannot fall back to itself"
+    if len(set(names)) != len(names):
+        return f"a fallback is named twice: {names}"
+    if check_names:
+        known = set(Model.objects.filter(name__in=names).values_list("name", flat=True))
+        if missing := [n for n in names if n not in known]:
+            return f"no model named {', '.join(repr(n) for n in missing)}"
+    return None
+
+
 class Model(models.Model):
     """A model operators want served, by its served name, with a number of replicas.
 
@@ -219,21 +236,9 @@ class Model(models.Model):
         return reverse("console:model", args=[self.pk])
 
     def fallbacks_problem(self) -> str | None:
-        names = self.fallbacks
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            return f'fallbacks must be a list of model names, e.g. ["qwen-32b"] (got {names!r})'
-        if len(names) > FALLBACKS_MAX:
-            return f"at most {FALLBACKS_MAX} fallbacks (got {len(names)})"
-        if self.name in names:
-            return f"'{self.name}' cannot fall back to itself"
-        if len(set(names)) != len(names):
-            return f"a fallback is named twice: {names}"
-        if getattr(self, "fallbacks_checked_later", False):
-            return None  # a catalog file: its later models may be the fallbacks
-        known = set(Model.objects.filter(name__in=names).values_list("name", flat=True))
-        if missing := [n for n in names if n not in known]:
-            return f"no model named {', '.join(repr(n) for n in missing)}"
-        return None
+        # A catalog file: its later models may be the fallbacks, checked once all are in.
+        later = getattr(self, "fallbacks_checked_later", False)
+        return fallbacks_problem(self.fallbacks, own=self.name, check_names=not later)
 
     def canary_errors(self) -> dict[str, str]:
         if getattr(self, "canary_checked_later", False):

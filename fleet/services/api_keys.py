@@ -9,6 +9,7 @@ from django.utils.dateparse import parse_datetime
 
 from fleet.models import ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
+from fleet.models.catalog import fallbacks_problem
 
 from . import doorbells, permissions
 from .permissions import SYSTEM
@@ -67,6 +68,7 @@ def check_api_key(
     user=None,
     allowed_models: list[str] | None = None,
     expires_at: datetime | None = None,
+    fallbacks: list[str] | None = None,
 ) -> list[str]:
     """Raise ApiKeyError for a key that could never work; return the allowed models, sorted.
 
@@ -93,7 +95,24 @@ def check_api_key(
             raise ApiKeyError("allowed_models", f"unknown model(s): {', '.join(missing)}")
     if expires_at is not None and expires_at <= timezone.now():
         raise ApiKeyError("expires_at", "an API key cannot expire in the past")
+    check_fallbacks(fallbacks, scope=scope, allowed=allowed)
     return allowed
+
+
+def check_fallbacks(names, *, scope: str, allowed) -> None:
+    """Raise ApiKeyError unless ``names`` are fallbacks a key of this scope could use."""
+    if names is None:
+        return
+    if problem := fallbacks_problem(names):
+        raise ApiKeyError("fallbacks", problem)
+    if names and scope == ApiKeyScope.MANAGE:
+        raise ApiKeyError("fallbacks", "fallbacks apply to inference keys only")
+    if allowed and (barred := [n for n in names if n not in allowed]):
+        raise ApiKeyError(
+            "fallbacks",
+            f"the key may not use {', '.join(repr(n) for n in barred)}: "
+            "add it to the key's models or leave it out",
+        )
 
 
 def _whose(owner) -> str:
@@ -145,6 +164,7 @@ def create_api_key(
     allowed_models: list[str] | None = None,
     expires_at: datetime | None = None,
     limits: dict | None = None,
+    fallbacks: list[str] | None = None,
     actor=SYSTEM,
 ) -> tuple[ApiKey, str]:
     """A new API key for ``user``; returns (key, secret). The secret is shown once and kept
@@ -155,13 +175,19 @@ def create_api_key(
     """
     check_actor(actor, "api_key.create", user, "mint")
     allowed = check_api_key(
-        name, scope=scope, user=user, allowed_models=allowed_models, expires_at=expires_at
+        name,
+        scope=scope,
+        user=user,
+        allowed_models=allowed_models,
+        expires_at=expires_at,
+        fallbacks=fallbacks,
     )
     key, secret = ApiKey.issue(
         name=name.strip(),
         scope=scope,
         user=user,
         allowed_models=allowed,
+        fallbacks=fallbacks or [],
         expires_at=expires_at,
         **check_limits(limits),
     )
@@ -213,6 +239,25 @@ def set_limits(key: ApiKey, limits: dict, actor=SYSTEM) -> ApiKey:
         key.name,
         key.prefix,
         " ".join(f"{k}={v}" for k, v in limits.items()),
+    )
+    doorbells.ring_gateways("keys")
+    return key
+
+
+def set_fallbacks(key: ApiKey, names: list[str], actor=SYSTEM) -> ApiKey:
+    """Change the models a key falls back to, in order ([]: none); gateways hear at once.
+
+    Like limits, fallbacks bound what a key's requests reach among the models it
+    may use already, so change_apikey suffices, whoever owns the key."""
+    permissions.require_action(actor, "api_key.set_limits", "change an API key's fallbacks")
+    check_fallbacks(names, scope=key.scope, allowed=key.allowed_models)
+    key.fallbacks = list(names)
+    key.save(update_fields=["fallbacks"])
+    logger.info(
+        "api key fallbacks name=%s prefix=%s fallbacks=%s",
+        key.name,
+        key.prefix,
+        ",".join(names) or "-",
     )
     doorbells.ring_gateways("keys")
     return key

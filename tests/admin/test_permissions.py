@@ -252,3 +252,27 @@ def test_the_permission_for_others_picks_a_keys_owner(client, superuser):
 
     assert resp.status_code == 200, resp.content
     assert ApiKey.objects.get(name="automation").user == superuser
+
+
+def test_a_keys_fallbacks_are_named_in_the_admin_and_a_wrong_one_is_refused(client, superuser):
+    Model.objects.create(name="small")
+    client.force_login(superuser)
+
+    refused = add_key(client, scope="inference", fallbacks='["ghost"]')
+    assert refused.status_code == 200 and "no model named &#x27;ghost&#x27;" in (
+        refused.content.decode()
+    )
+    assert not ApiKey.objects.exists()
+
+    made = add_key(client, scope="inference", fallbacks='["small"]')
+    assert made.status_code == 200, made.content
+    key = ApiKey.objects.get(name="automation")
+    assert key.fallbacks == ["small"]
+
+    # and changed on the key's page: the gateways' copy is rung
+    page = reverse("admin:fleet_apikey_change", args=[key.pk])
+    data = form_data(client.get(page).content.decode())
+    data["fallbacks"] = "[]"
+    assert client.post(page, data).status_code == 302
+    key.refresh_from_db()
+    assert key.fallbacks == []

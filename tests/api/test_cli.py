@@ -205,6 +205,12 @@ def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, m
     assert status == ctl.EXIT_REFUSED and "yesterday" in err
     assert not ApiKey.objects.filter(name="client").exists()
 
+    Model.objects.create(name="small")
+    status, _, _ = cli("api-key", "client", "--fallbacks", "small")
+    assert status == 0 and ApiKey.objects.get(name="client").fallbacks == ["small"]
+    status, _, err = cli("api-key", "other", "--fallbacks", "ghost")
+    assert status == ctl.EXIT_REFUSED and "no model named 'ghost'" in err
+
 
 def test_usage_totals_and_hours_and_a_rotated_key_keeps_working_for_its_grace(cli, monkeypatch):
     from datetime import timedelta

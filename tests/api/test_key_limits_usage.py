@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from fleet.gateway import keys, usage
 from fleet.gateway.errors import GatewayError
-from fleet.models import ApiKey, KeyUsage
+from fleet.models import ApiKey, KeyUsage, Model
 from fleet.services import api_keys
 from tests.factories import inference_key
 
@@ -41,6 +41,57 @@ def test_a_negative_limit_is_refused_naming_it():
     assert not ApiKey.objects.exists()
 
 
+def test_a_keys_fallbacks_are_set_in_order_checked_and_cleared_through_the_api(api):
+    for name in ("big", "mid", "small"):
+        Model.objects.create(name=name)
+    created = api.post(
+        "/api/v1/api-keys/",
+        {"name": "team-c", "models": ["big", "small"], "fallbacks": ["small"]},
+        content_type="application/json",
+    )
+    assert created.status_code == 201, created.content
+    prefix = created.json()["prefix"]
+    assert ApiKey.objects.get(prefix=prefix).fallbacks == ["small"]
+
+    def patch(body):
+        return api.patch(f"/api/v1/api-keys/{prefix}/", body, content_type="application/json")
+
+    # a fallback the key may not use, or that does not exist, is refused and changes nothing
+    barred = patch({"fallbacks": ["mid"], "tokens_per_day": 7})
+    unknown = patch({"fallbacks": ["ghost"]})
+    twice = patch({"fallbacks": ["small", "small"]})
+    assert barred.status_code == 400 and "may not use 'mid'" in barred.json()["fallbacks"][0]
+    assert unknown.status_code == 400 and "no model named 'ghost'" in unknown.json()["fallbacks"][0]
+    assert twice.status_code == 400 and "named twice" in twice.json()["fallbacks"][0]
+    key = ApiKey.objects.get(prefix=prefix)
+    assert (key.fallbacks, key.tokens_per_day) == (["small"], None)
+
+    # in the order given, and the gateway's cache has them so
+    ApiKey.objects.filter(prefix=prefix).update(allowed_models=[])
+    assert patch({"fallbacks": ["small", "mid"]}).json()["fallbacks"] == ["small", "mid"]
+    (entry,) = [e for e in keys.load_keys().values() if e.prefix == prefix]
+    assert entry.fallbacks == ("small", "mid")
+    assert patch({"fallbacks": []}).json()["fallbacks"] == []
+
+    # a manage key has none
+    manage = api.post(
+        "/api/v1/api-keys/",
+        {"name": "ops", "scope": "manage", "fallbacks": ["small"]},
+        content_type="application/json",
+    )
+    assert manage.status_code == 400
+    assert "inference keys only" in manage.json()["detail"][0]
+
+
+def test_create_api_key_and_llmgw_take_fallbacks():
+    Model.objects.create(name="small")
+    run("create_api_key", "team-d", "--fallbacks", "small")
+    assert ApiKey.objects.get(name="team-d").fallbacks == ["small"]
+    with pytest.raises(CommandError, match="no model named 'ghost'"):
+        run("create_api_key", "team-e", "--fallbacks", "small,ghost")
+    assert not ApiKey.objects.filter(name="team-e").exists()
+
+
 def test_limits_are_set_and_cleared_through_the_api(api):
     created = api.post(
         "/api/v1/api-keys/",
@@ -68,6 +119,7 @@ def test_limits_are_set_and_cleared_through_the_api(api):
         "tokens_per_minute": 200,
         "tokens_per_day": 1000,
         "tokens_per_month": None,
+        "fallbacks": [],
     }
     assert bad.status_code == 400 and "tokens_per_day" in bad.json()
     assert missing.status_code == 404

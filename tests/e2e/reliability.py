@@ -127,6 +127,13 @@ FIGURES = {
         "{broken} broken of {requests} requests ({streamed} streamed, {rate_per_s}/s, "
         "{clients} clients) through all three"
     ),
+    "17": (
+        "a canary at 25 % whose engine answers 500 to every third request rolled back by "
+        "itself {rollback_s} s after its first bad answer, at {canary_requests} canary "
+        "answers ({canary_5xx} 5xx); the active profile: {active_failed} failed of "
+        "{active_requests}; {failed} failed + {broken} broken of {requests} requests "
+        "({streamed} streamed, {rate_per_s}/s, {clients} clients), each a canary's 500"
+    ),
 }
 
 

@@ -3,12 +3,13 @@ model under two profiles, a quarter of the requests to the canary under a steady
 then promoted, and another one aborted, with no request lost."""
 
 import re
+import sys
 import time
 import urllib.request
 
 import pytest
 
-from fleet.models import Model, Replica
+from fleet.models import Event, Model, Replica
 from tests.e2e.helpers import apply_model, wait_serving
 from tests.processes import Load
 
@@ -111,3 +112,86 @@ def test_a_canary_takes_its_share_then_is_promoted_and_another_aborted_losing_no
     )
     assert 0.15 <= share <= 0.35, share
     assert figures["failed"] == 0 and figures["broken"] == 0, figures
+
+
+def answers_by_profile(stack) -> dict[tuple[str, str], float]:
+    text = urllib.request.urlopen(stack.url + "/metrics", timeout=10).read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for profile, status, n in re.findall(
+        r'llmgw_gateway_profile_requests_total\{model="tiny-llama",profile="([^"]+)",'
+        r'status="([0-9a-z]+)"\} ([0-9.e+]+)',
+        text,
+    ):
+        out[profile, status] = out.get((profile, status), 0.0) + float(n)
+    return out
+
+
+def test_a_canary_answering_500s_is_rolled_back_by_itself_and_the_active_profile_loses_none(
+    stack, tiny_model, record
+):
+    # given: the model on llama.cpp, and a canary on the fake engine that fails every third
+    binaries = {"llamacpp": sys.executable, "fake": sys.executable}
+    stack.add_agent("cpu-a", engines={"binaries": binaries})
+    model_id = apply_model(stack, tiny_model, replicas=2)
+    wait_serving(stack, count=2)
+    broken = stack.api(
+        "post",
+        "engine-profiles/",
+        json={
+            "model": model_id,
+            "name": "broken",
+            "engine": "fake",
+            "model_path": "/nonexistent/fake-weights",  # the fake engine loads nothing
+            "args": ["--fail-every", "3"],
+        },
+    )["id"]
+    bounds = {"canary_max_error_rate": 0.05, "canary_min_requests": 12, "canary_window_s": 600}
+
+    with Load(stack.url, stack.inference_key, clients=CLIENTS, stream_every=2) as load:
+        load.wait_requests(40)
+        # when: the broken profile becomes a canary with 25 % of the requests, and bounds
+        stack.api(
+            "patch",
+            f"models/{model_id}/",
+            json={"canary_profile": broken, "canary_percent": 25, **bounds},
+        )
+        # then: once its first 500 reaches a client, the reconciler rolls it back
+        first_bad = stack.wait(
+            lambda: min((o.ended for o in load.outcomes if o.status == 500), default=None),
+            "the canary's first 500",
+            120,
+        )
+        stack.wait(
+            lambda: Model.objects.get(pk=model_id).canary_profile_id is None,
+            "the canary rolled back",
+            120,
+        )
+        rollback_s = time.monotonic() - first_bad
+        stack.wait(lambda: live_profiles(model_id) == ["cpu", "cpu"], "the canary drained", 60)
+        load.wait_requests(60)
+    figures = load.summary()
+
+    # and the event gives the figures against the bound
+    (said,) = Event.objects.filter(kind="canary", reason__contains="aborted").values_list(
+        "reason", flat=True
+    )
+    assert "error rate" in said and "past its bound of 5.0%" in said, said
+    by = answers_by_profile(stack)
+    active = {s: n for (p, s), n in by.items() if p == "cpu"}
+    canary = {s: n for (p, s), n in by.items() if p == "broken"}
+    bad = [o for o in load.outcomes if o.kind != "ok"]
+    record(
+        "17",
+        rollback_s=round(rollback_s, 1),
+        canary_requests=int(sum(canary.values())),
+        canary_5xx=int(canary.get("500", 0)),
+        active_requests=int(sum(active.values())),
+        active_failed=int(sum(n for s, n in active.items() if s != "200")),
+        clients=CLIENTS,
+        **figures,
+    )
+    assert set(active) == {"200"} and active["200"] > 0, active
+    assert canary.get("500", 0) >= 1 and set(canary) <= {"200", "500"}, canary
+    # every request a client saw fail was one of the canary's 500s
+    assert all(o.status == 500 and "--fail-every" in o.detail for o in bad), bad[:3]
+    assert len(bad) == canary["500"]

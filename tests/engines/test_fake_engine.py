@@ -1,6 +1,7 @@
 """The fake engine's own options, as a real process (``python -m agentd.engines.fake``)."""
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -54,3 +55,27 @@ def test_a_stream_ends_with_a_usage_only_event_when_asked_as_vllm_does(tmp_path)
     last = json.loads(asked[-2])
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
     assert len(asked) == len(plain) + 1
+
+
+def test_fail_every_answers_500_to_every_nth_completion_and_serves_the_rest(tmp_path):
+    engine = FakeEngine(tmp_path, "tiny", "--fail-every", "3")
+    try:
+
+        def ask() -> tuple[int, dict]:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{engine.port}/v1/completions",
+                data=json.dumps({"model": "tiny", "max_tokens": 2, "prompt": "hi"}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    return resp.status, json.load(resp)
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.load(exc)
+
+        answers = [ask() for _ in range(9)]
+    finally:
+        engine.kill()
+    assert [status for status, _ in answers] == [200, 200, 500] * 3
+    assert answers[2][1]["error"]["type"] == "internal_error"
+    assert answers[3][1]["choices"][0]["text"] == "the quick"

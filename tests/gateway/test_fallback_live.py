@@ -84,3 +84,33 @@ def test_replicas_that_fail_every_try_fall_back_and_a_client_error_does_not(
     status, headers, _ = post(gateway_server, "/v1/chat/completions", {"model": "big"}, secret)
     assert status == 400 and "x-llmgw-fallback" not in headers
     assert small.served == served
+
+
+def test_a_keys_fallbacks_answer_after_the_models_own_in_order(gateway_server, upstreams):
+    # given: big names small (down too); the key names tiny and small after it
+    tiny, small = upstreams("tiny"), upstreams("small")
+    ready_model("tiny", [tiny])
+    ready_model("small", [small])
+    Model.objects.create(name="big", desired_replicas=0, fallbacks=["small"])
+    Model.objects.create(name="idle", desired_replicas=0)
+    _, plain = inference_key("plain")
+    _, keyed = inference_key("keyed", fallbacks=["idle", "tiny", "small"])
+
+    # when: small answers for big through either key, the model's own fallback first
+    for secret in (plain, keyed):
+        status, headers, _ = post(gateway_server, "/v1/chat/completions", ASK, secret)
+        assert status == 200 and headers["x-llmgw-fallback"] == "small"
+
+    # and a model with no fallbacks of its own: only the key that names some is answered
+    ask = {**ASK, "model": "idle"}
+    status, headers, body = post(gateway_server, "/v1/chat/completions", ask, plain)
+    assert status == 503 and json.loads(body)["error"]["code"] == "no_ready_replica"
+    status, headers, _ = post(gateway_server, "/v1/chat/completions", ask, keyed)
+
+    # then: the key's first fallback with a ready replica answers (idle is itself)
+    assert status == 200 and headers["x-llmgw-fallback"] == "tiny"
+    assert len(tiny.requests) == 1 and len(small.requests) == 2
+    assert (
+        'llmgw_gateway_fallbacks_total{fallback="tiny",model="idle",why="no_ready_replica"} 1.0'
+        in metrics(gateway_server)
+    )

@@ -48,11 +48,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--models", default="", help="Comma-separated models an inference key may use."
         )
+        parser.add_argument(
+            "--fallbacks",
+            default="",
+            help="Comma-separated models to answer through an inference key, in order, when "
+            "the model asked for cannot.",
+        )
         parser.add_argument("--expires", help="When it expires: 30d, 12h… or an ISO 8601 time.")
         add_limit_arguments(parser)
         parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, name, scope, user, models, expires, as_user=None, **options):
+    def handle(self, *args, name, scope, user, models, fallbacks, expires, as_user=None, **options):
         try:
             actor = permissions.actor_named(as_user)
         except permissions.Refused as exc:
@@ -73,6 +79,7 @@ class Command(BaseCommand):
                 allowed_models=[m.strip() for m in models.split(",") if m.strip()],
                 expires_at=expires_at,
                 limits=limits_from(options),
+                fallbacks=[m.strip() for m in fallbacks.split(",") if m.strip()],
                 actor=actor,
             )
         except (permissions.Refused, ValueError) as exc:
