@@ -223,3 +223,21 @@ def test_a_good_body_is_passed_on_as_sent():
 )
 def test_engine_queues_are_read_from_their_metrics_and_unknown_is_not_zero(exposition, waiting):
     assert parse_waiting(exposition) == waiting
+
+
+@pytest.mark.parametrize(
+    "model_own, key_own, tried",
+    [
+        ((), (), ()),
+        (("b", "c"), (), ("b", "c")),
+        ((), ("c", "b"), ("c", "b")),
+        (("b",), ("c", "b", "d"), ("b", "c", "d")),  # the model's first, then the key's new ones
+        (("b",), ("big", "c"), ("b", "c")),  # a key's list never sends a model to itself
+    ],
+)
+def test_fallbacks_are_the_models_own_then_the_keys_in_order(model_own, key_own, tried):
+    from fleet.gateway.keys import KeyEntry
+
+    route = table.Route(1, "big", 0, [], fallbacks=model_own)
+    key = KeyEntry(1, "k", "abcd1234", "inference", frozenset(), None, False, fallbacks=key_own)
+    assert key.fallbacks_for(route) == tried
