@@ -2,7 +2,7 @@
 operator opens first, each styled (its CSS loaded and in effect), with no console
 error and no failed request, showing the node the live agent registered."""
 
-from fleet.models import Model, Node
+from fleet.models import ApiKey, Model, Node
 
 
 def test_an_operator_logs_in_through_the_admin_form(browser, live_fleet):
@@ -107,3 +107,21 @@ def test_the_api_docs_render_the_schema_from_our_own_static_files(signed_in):
     assert any("/api/v1/nodes/" in op.text for op in operations)
     scripts = [s.get_attribute("src") for s in signed_in.find_all("script[src]")]
     assert scripts and all(src.startswith(signed_in.base_url + "/static/") for src in scripts)
+
+
+def test_an_operator_mints_a_key_with_fallbacks_and_sees_its_secret_once(signed_in, live_fleet):
+    signed_in.visit("/admin/fleet/apikey/add/")
+    signed_in.assert_styled()
+    signed_in.find("#id_name").send_keys("night batch")
+    fallbacks = signed_in.find("#id_fallbacks")
+    fallbacks.clear()
+    fallbacks.send_keys(f'["{live_fleet.model}"]')
+    signed_in.screenshot("admin-key-add")
+    signed_in.find("input[name=_save]").click()
+    signed_in.wait_loaded()
+    signed_in.check_page()
+
+    key = ApiKey.objects.get(name="night batch")
+    assert key.fallbacks == [live_fleet.model]
+    assert f"lgk_{key.prefix}_" in signed_in.text("#content")
+    signed_in.screenshot("admin-key-secret")
