@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from agentd import tables
+from agentd import __version__, tables
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AUTH, EXIT_UNREACHABLE, EXIT_TIMEOUT = range(6)
 CONFIG_PATH = Path("~/.config/llmgw/cli.yaml")
@@ -136,6 +136,8 @@ class Api:
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.key}")
         req.add_header("Accept", "application/json")
+        # The audit trail says a change came through llmgw (fleet/audit.py).
+        req.add_header("User-Agent", f"llmgw/{__version__}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -577,6 +579,55 @@ def _usage(api: Api, args, out):
     return None
 
 
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _ago(text: str) -> str:
+    """'24h', '7d' … as the ISO 8601 time that long ago (UTC); an ISO time as it is."""
+    number, unit = text[:-1], text[-1:]
+    if unit in _UNITS_S and number.isdigit():
+        when = time.time() - int(number) * _UNITS_S[unit]
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+    return text
+
+
+def _change(field: str, said) -> str:
+    """One field's change: 'before → after', or for a many-to-many 'add: a, b'."""
+    if isinstance(said, dict):  # {"type": "m2m", "operation": "add", "objects": [...]}
+        objects = ", ".join(map(str, said.get("objects", [])))
+        return f"{field} {said.get('operation', '?')}: {objects}"
+    before, after = said
+    return f"{field}: {before} → {after}"
+
+
+def _audit(api: Api, args, out):
+    page = api.call(
+        "GET",
+        "audit/",
+        limit=args.limit,
+        actor=args.actor,
+        door=args.door,
+        object_type=args.type,
+        object=args.object,
+        since=_ago(args.since) if args.since else None,
+    )
+    rows = page.get("results", []) if isinstance(page, dict) else page
+    if args.json:
+        return rows
+    if not rows:
+        args.err.write("no changes recorded that match\n")
+        return None
+    table = [["WHEN (UTC)", "WHO", "DOOR", "ACTION", "OBJECT", "CHANGES"]]
+    for r in rows:
+        changes = ", ".join(_change(field, said) for field, said in r["changes"].items())
+        table.append(
+            [r["timestamp"][:19].replace("T", " "), r["actor"] or "(system)", r["door"],
+             r["action"], f"{r['object_type']} {r['object_repr']}", changes[:120]]
+        )  # fmt: skip
+    _table(table, out)
+    return None
+
+
 def _quote(part: str) -> str:
     return urllib.parse.quote(part, safe="")
 
@@ -661,6 +712,13 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--model", help="One model.")
     u.add_argument("--since", default="7d", help="How far back: 24h, 7d… (default 7d).")
     u.add_argument("--hourly", action="store_true", help="One line per hour, not totals.")
+    a = sub.add_parser("audit", help="Who changed what, when and through which door; newest first.")
+    a.add_argument("--actor", help="One user's changes.")
+    a.add_argument("--door", help="admin, console, api, llmgw, 'manage.py CMD' or system.")
+    a.add_argument("--type", help="What was changed: model, node, apikey, engineprofile …")
+    a.add_argument("--object", help="One object's changes, by its id (a node's name).")
+    a.add_argument("--since", help="How far back: 24h, 7d… or an ISO 8601 time.")
+    a.add_argument("--limit", type=int, default=50, help="How many (default 50).")
     b = sub.add_parser("engine-build", help="Which vLLM build NODE installs (docs/engines.md).")
     b.add_argument("node")
     b.add_argument("build", choices=["auto", "cu13", "cu129", "none"])
@@ -692,6 +750,7 @@ COMMANDS = {
     "engine-build": _engine_build,
     "rotate-key": _rotate,
     "usage": _usage,
+    "audit": _audit,
     "weights": _weights,
     "gc-weights": _gc_weights,
     "join-token": _secret("join-tokens/", lambda a: {"name": a.name, "ttl": a.ttl, "uses": a.uses}),

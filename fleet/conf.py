@@ -109,6 +109,10 @@ class FleetSettings:
     # Ports engines listen on, per node; a node label llmgw.io/ports=LO-HI overrides.
     shard_port_range: str = format_port_range(DEFAULT_PORT_RANGE)
 
+    # The audit trail (fleet/audit.py): entries older than this many days are
+    # removed once a day. 0: kept for ever.
+    audit_retention_days: int = 365
+
     # Cleaning up unused weights (fleet.services.weights_gc; docs/weights.md).
     weights_gc_interval_s: float = 60.0  # beat's interval for the clean-up pass
     # How long weights nothing on a node needs stay there; a model's

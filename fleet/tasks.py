@@ -20,6 +20,14 @@ def gc_weights() -> None:
 
 
 @shared_task(ignore_result=True)
+def audit_retention() -> None:
+    """Remove audit entries older than LLMGW_AUDIT_RETENTION_DAYS (beat, hourly)."""
+    from fleet import audit
+
+    audit.expire()
+
+
+@shared_task(ignore_result=True)
 def estimate_profiles() -> None:
     """Estimate what new or changed profiles' models need, from their weights' headers."""
     from fleet.services import estimate

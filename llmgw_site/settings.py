@@ -93,6 +93,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    # The audit trail's entries (fleet/audit.py says who and through which door).
+    "auditlog",
     "fleet",
 ]
 
@@ -106,6 +108,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Who changes what, through which door and from where: the audit trail's scope.
+    "fleet.audit.AuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its 429 page.
@@ -129,6 +133,7 @@ AXES_LOCKOUT_PARAMETERS = "fleet.api.authentication.lockout_parameters"
 # Behind a proxy, run the web process with --forwarded-allow-ips naming it, so the
 # connection's address is the one the proxy saw (README, "Running in production").
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
+
 
 ROOT_URLCONF = "llmgw_site.urls"
 ASGI_APPLICATION = "llmgw_site.asgi.application"
@@ -232,6 +237,12 @@ CELERY_BEAT_SCHEDULE: dict = {
     },
     # What new or changed profiles' models need (fleet.services.estimate): reads
     # weights' headers, so in the worker, never in a request or a pass.
+    # Audit entries past LLMGW_AUDIT_RETENTION_DAYS (fleet/audit.py).
+    "audit-retention": {
+        "task": "fleet.tasks.audit_retention",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
     "estimate-profiles": {
         "task": "fleet.tasks.estimate_profiles",
         "schedule": 10.0,

@@ -13,6 +13,7 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from fleet import audit
 from fleet.models import ApiKey, ApiKeyScope
 from fleet.models.access import split_prefix
 
@@ -69,6 +70,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
                 f"API key '{key.name}' belongs to inactive user '{key.user.get_username()}'"
             )
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+        audit.act_as(key.user)  # a manage key acts as its user, in the audit trail too
         return key.user, key
 
     def authenticate_header(self, request):

@@ -18,5 +18,6 @@ router.register("join-tokens", views.JoinTokenViewSet, basename="join-token")
 router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("usage", views.UsageViewSet, basename="usage")
 router.register("weights", views.WeightsViewSet)
+router.register("audit", views.AuditViewSet)
 
 urlpatterns = router.urls

@@ -3,6 +3,7 @@
 from dataclasses import asdict
 from datetime import UTC
 
+from auditlog.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Count, Prefetch, ProtectedError, Q
@@ -473,6 +474,17 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = serializers.EventSerializer
     filterset_class = filters.EventFilterSet
     ordering_fields = ("created_at",)
+
+
+class AuditViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every change to the catalog, nodes, keys, tokens, weights and users: who made it,
+    when, from where, through which door, and each field before and after. Newest first;
+    append-only (fleet/audit.py). Reading needs ``auditlog.view_logentry``."""
+
+    queryset = LogEntry.objects.select_related("content_type", "actor").order_by("-timestamp")
+    serializer_class = serializers.AuditEntrySerializer
+    filterset_class = filters.AuditFilterSet
+    ordering_fields = ("timestamp",)
 
 
 class ShardViewSet(viewsets.ReadOnlyModelViewSet):

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from fleet import audit
 from fleet.conf import fleet_settings, networks
 from fleet.models import JoinToken, Node, NodeCredential
 
@@ -260,7 +261,9 @@ def enrol(identity: AgentIdentity, node_id: str) -> tuple[AgentIdentity, str | N
     check_node(identity, node_id)
     if not identity.enrolling:
         return identity, None
-    with transaction.atomic():
+    # The agent's own act, with the join token an operator gave it.
+    scope = audit.acting("agent", node=node_id, join_token=identity.join_token_id)
+    with transaction.atomic(), scope:
         # The conditional update is the guard: two agents racing for the last
         # use of a token cannot both win it.
         now = timezone.now()
@@ -291,9 +294,11 @@ def revoke_node(node: Node, actor=SYSTEM) -> int:
     ``actor`` needs change_node (permissions.Refused otherwise)."""
     permissions.require_action(actor, "node.revoke", f"revoke node '{node.pk}'")
     with transaction.atomic():
-        count = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
+        live = list(NodeCredential.objects.filter(node=node, revoked_at__isnull=True))
+        now = timezone.now()
+        count = NodeCredential.objects.filter(pk__in=[c.pk for c in live]).update(revoked_at=now)
+        for cred in live:
+            audit.record(cred, {"revoked_at": (None, now)})
         doorbells.ring_node(node.pk, doorbells.NODE_REVOKED)
     logger.warning("node credentials revoked node=%s count=%d", node.pk, count)
     return count
@@ -302,8 +307,10 @@ def revoke_node(node: Node, actor=SYSTEM) -> int:
 def revoke_join_token(token: JoinToken, actor=SYSTEM) -> bool:
     """Revoke a join token (change_jointoken); returns whether it was usable before."""
     permissions.require_action(actor, "join_token.revoke", "revoke a join token")
-    return bool(
-        JoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
+    now = timezone.now()
+    changed = bool(
+        JoinToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now)
     )
+    if changed:
+        audit.record(token, {"revoked_at": (None, now)})
+    return changed

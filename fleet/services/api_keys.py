@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from fleet import audit
 from fleet.models import ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
 from fleet.models.catalog import fallbacks_problem
@@ -214,10 +215,10 @@ def revoke_api_keys(keys, actor=SYSTEM) -> int:
 def revoke_api_key(key: ApiKey, actor=SYSTEM) -> bool:
     """Revoke a key; returns whether it was live. Takes effect on its next request."""
     check_actor(actor, "api_key.revoke", key.user, "revoke")
-    changed = bool(
-        ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    )
+    now = timezone.now()
+    changed = bool(ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now))
     if changed:
+        audit.record(key, {"revoked_at": (None, now)})
         logger.warning("api key revoked name=%s prefix=%s", key.name, key.prefix)
         # Gateways cache keys: ring them rather than wait for their safety refresh.
         doorbells.ring_gateways("keys")

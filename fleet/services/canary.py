@@ -13,6 +13,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import audit
 from fleet.models import Event, EventKind, Model
 
 from . import permissions
@@ -62,6 +63,14 @@ def _end(model: Model, actor, why: str, verb: str, next_: str) -> str:
         active = m.canary_profile_id if verb == "promote" else m.active_profile_id
         Model.objects.filter(pk=m.pk).update(
             active_profile=active, canary_profile=None, canary_percent=0, canary_started_at=None
+        )
+        audit.record(
+            m,
+            {
+                "active_profile": (m.active_profile_id, active),
+                "canary_profile": (m.canary_profile_id, None),
+                "canary_percent": (m.canary_percent, 0),
+            },
         )
         done = {"promote": "promoted", "abort": "aborted"}[verb]
         text = f"canary '{name}' {done} by {permissions.name_of(actor)}"

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from fleet import audit
 from fleet.models import (
     DesiredState,
     Event,
@@ -43,12 +44,15 @@ logger = logging.getLogger(__name__)
 def drain_node(node: Node) -> bool:
     """Cordon the node and move its replicas away. Returns whether anything changed."""
     with transaction.atomic():
+        was = Node.objects.select_for_update().filter(pk=node.pk).values("cordoned", "draining")
+        was = was.first() or {}
         changed = bool(
             Node.objects.filter(pk=node.pk)
             .exclude(cordoned=True, draining=True)
             .update(cordoned=True, draining=True)
         )
         if changed:
+            audit.record(node, {k: (v, True) for k, v in was.items()})
             logger.info("node draining node=%s", node.pk)
             request_reconcile()
     return changed
@@ -80,10 +84,13 @@ def evict_replica(replica: Replica, how: str, actor) -> tuple[bool, str]:
         if r.evict:
             return False, f"{r}: {r.evict} was asked already, by {r.evict_by}"
         Replica.objects.filter(pk=r.pk).update(evict=how, evict_at=timezone.now(), evict_by=who)
-        if how == Evict.STOP:
+        audit.record(r, {"evict": ("", how)})
+        if how == Evict.STOP and r.model.desired_replicas > 0:
             Model.objects.filter(pk=r.model_id, desired_replicas__gt=0).update(
                 desired_replicas=F("desired_replicas") - 1
             )
+            wanted = r.model.desired_replicas
+            audit.record(r.model, {"desired_replicas": (wanted, wanted - 1)})
         text = f"{how} of {r} asked by {who}: {EVICT_WORDS[how]}"
         Event.objects.create(
             created_at=timezone.now(),

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
+from auditlog.context import disable_auditlog
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest, Least
@@ -58,7 +59,8 @@ def register_node(reg: protocol.Register, *, channel_name: str = "", again: bool
     now = timezone.now()
     digest = inventory_digest(reg)
     # No savepoint: a caller's transaction (access.as_node) rolls back as a whole.
-    with transaction.atomic(savepoint=False):
+    # Nothing an operator sets is written here: no audit entry (and no read of the old row).
+    with transaction.atomic(savepoint=False), disable_auditlog():
         node, created = Node.objects.select_for_update().get_or_create(pk=reg.node_id)
         was = node.state
         same = not created and node.inventory_digest == digest

@@ -6,9 +6,11 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import transaction
 from django.db.models import Count, F, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
+from fleet import audit
 from fleet.models import GPU, Node, NodeLoad, ShardLoad, ShardState
 from fleet.services import desired
 from fleet.services.engines import installs_summary
@@ -41,16 +43,22 @@ def cordon(node: Node) -> bool:
     changed = bool(Node.objects.filter(pk=node.pk, cordoned=False).update(cordoned=True))
     if changed:
         logger.info("node cordoned node=%s", node.pk)
+        audit.record(node, {"cordoned": (False, True)})
     return changed
 
 
 def uncordon(node: Node) -> bool:
     """Placements allowed again; also ends a drain. Returns whether anything changed."""
-    changed = bool(
-        Node.objects.filter(pk=node.pk)
-        .exclude(cordoned=False, draining=False)
-        .update(cordoned=False, draining=False)
-    )
+    with transaction.atomic():
+        was = Node.objects.select_for_update().filter(pk=node.pk).values("cordoned", "draining")
+        was = was.first() or {}
+        changed = bool(
+            Node.objects.filter(pk=node.pk)
+            .exclude(cordoned=False, draining=False)
+            .update(cordoned=False, draining=False)
+        )
+        if changed:
+            audit.record(node, {k: (v, False) for k, v in was.items()})
     if changed:
         logger.info("node uncordoned node=%s", node.pk)
         # Replicas waiting for room may fit now; an update sends no post_save.

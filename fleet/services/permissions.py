@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 
+from fleet import audit
+
 
 class Refused(Exception):
     """An actor may not do this. The message names who, what, and the permission missing."""
@@ -141,4 +143,5 @@ def actor_named(username: str | None):
         raise Refused(f"--as {username}: no such user")
     if not user.is_active:
         raise Refused(f"--as {username}: the user is inactive")
+    audit.act_as(user)  # the command's changes are this user's in the audit trail
     return user

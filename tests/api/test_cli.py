@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from django.contrib.auth import get_user_model
 
 from agentd import ctl
 from fleet.models import ApiKey, JoinToken, Model, Node
@@ -20,6 +21,7 @@ from tests.consumer.test_live_agent_socket import connect, enrol, recv
 from tests.factories import (
     add_node,
     enrol_node,
+    grant,
     manage_key,
     operator,
     register_msg,
@@ -423,3 +425,19 @@ def test_canary_promote_and_abort_say_what_happened_and_a_model_without_one_is_r
     status, _, err = cli("canary", "abort", "tiny")
     assert status == 1 and "model 'tiny' runs no canary to abort" in err
     assert cli("canary", "abort", "nope")[2] == "llmgw canary: no model named 'nope'\n"
+
+
+def test_audit_lists_the_change_llmgw_made_with_its_author_and_door(cli):
+    add_node("gpu-07")
+    assert cli("drain", "gpu-07")[0] == 0
+    assert cli("audit")[0] == ctl.EXIT_AUTH, "reading the trail needs its own permission"
+    grant(get_user_model().objects.get(username="ops"), "auditlog.view_logentry")
+
+    status, out, err = cli("audit", "--object", "gpu-07", "--since", "1h")
+
+    assert (status, err) == (0, "")
+    header, *lines = out.splitlines()
+    assert header.split()[:5] == ["WHEN", "(UTC)", "WHO", "DOOR", "ACTION"]
+    (line,) = [ln for ln in lines if "update" in ln]
+    assert "ops" in line and "llmgw" in line
+    assert "cordoned: False → True" in line and "draining: False → True" in line

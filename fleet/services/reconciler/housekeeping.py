@@ -5,6 +5,7 @@ import logging
 
 from django.db.models import F
 
+from fleet import audit
 from fleet.models import (
     SHARD_FINISHED,
     DesiredState,
@@ -26,6 +27,7 @@ def finish_drains(draining_nodes, report) -> None:
             draining=False, cordoned=True
         ):
             logger.info("node drained node=%s (stays cordoned)", node_id)
+            audit.record(Node(pk=node_id), {"draining": (True, False)})
             report.drains_finished += 1
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import audit
 from fleet.models import SHARD_FINISHED, DesiredState, LocalWeights, Shard
 from fleet.services.weight_names import Wanted
 
@@ -112,13 +113,14 @@ def set_pinned(ids, pinned: bool) -> int:
     together, as they are one copy. Returns how many rows changed."""
     rows = LocalWeights.objects.filter(pk__in=list(ids))
     shared = list(rows.filter(shared=True).values_list("path", flat=True))
-    changed = rows.exclude(pinned=pinned).update(pinned=pinned)
+    touched = rows.exclude(pinned=pinned)
     if shared:
-        changed += (
-            LocalWeights.objects.filter(path__in=shared, shared=True)
-            .exclude(pinned=pinned)
-            .update(pinned=pinned)
-        )
+        touched |= LocalWeights.objects.filter(path__in=shared, shared=True).exclude(pinned=pinned)
+    with transaction.atomic():
+        entries = list(touched.select_for_update())
+        changed = LocalWeights.objects.filter(pk__in=[e.pk for e in entries]).update(pinned=pinned)
+        for entry in entries:
+            audit.record(entry, {"pinned": (not pinned, pinned)})
     return changed
 
 
@@ -137,6 +139,8 @@ def request_removal(ids, wait_s: float = 5.0):
 
     def mark():
         with transaction.atomic():
+            for entry in LocalWeights.objects.filter(pk__in=ids, remove_requested=False):
+                audit.record(entry, {"remove_requested": (False, True)})
             LocalWeights.objects.filter(pk__in=ids).update(remove_requested=True, kept_at=None)
             # A shared path is one copy: "kept a moment ago" on another node's row of
             # it would hold the request back like a removal under way.
