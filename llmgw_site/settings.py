@@ -134,6 +134,41 @@ AXES_LOCKOUT_PARAMETERS = "fleet.api.authentication.lockout_parameters"
 # connection's address is the one the proxy saw (README, "Running in production").
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
+# Single sign-on for the admin and the console through OpenID Connect
+# (fleet/sso.py; docs/security.md, "Single sign-on"): on when
+# LLMGW_OIDC_CLIENT_ID is set. Local accounts keep working beside it.
+OIDC_RP_CLIENT_ID = os.environ.get("LLMGW_OIDC_CLIENT_ID", "").strip()
+if OIDC_RP_CLIENT_ID:
+    _OIDC_NEEDED = {
+        "OIDC_RP_CLIENT_SECRET": "LLMGW_OIDC_CLIENT_SECRET",
+        "OIDC_OP_AUTHORIZATION_ENDPOINT": "LLMGW_OIDC_AUTHORIZATION_ENDPOINT",
+        "OIDC_OP_TOKEN_ENDPOINT": "LLMGW_OIDC_TOKEN_ENDPOINT",
+        "OIDC_OP_USER_ENDPOINT": "LLMGW_OIDC_USERINFO_ENDPOINT",
+        "OIDC_OP_JWKS_ENDPOINT": "LLMGW_OIDC_JWKS_ENDPOINT",
+    }
+    if _missing := [env for env in _OIDC_NEEDED.values() if not os.environ.get(env, "").strip()]:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"LLMGW_OIDC_CLIENT_ID is set, so single sign-on needs {', '.join(_missing)} too "
+            "(docs/security.md, 'Single sign-on')"
+        )
+    for _name, _env in _OIDC_NEEDED.items():
+        globals()[_name] = os.environ[_env].strip()
+    OIDC_OP_END_SESSION_ENDPOINT = os.environ.get("LLMGW_OIDC_END_SESSION_ENDPOINT", "").strip()
+    OIDC_RP_SIGN_ALGO = os.environ.get("LLMGW_OIDC_SIGN_ALGO", "RS256").strip()
+    OIDC_RP_SCOPES = os.environ.get("LLMGW_OIDC_SCOPES", "openid email profile").strip()
+    LLMGW_OIDC_GROUPS_CLAIM = os.environ.get("LLMGW_OIDC_GROUPS_CLAIM", "groups").strip()
+    OIDC_USE_PKCE = True
+    OIDC_STORE_ID_TOKEN = True  # the hint for signing out at the provider
+    OIDC_OP_LOGOUT_URL_METHOD = "fleet.sso.provider_logout"
+    OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+    LOGIN_REDIRECT_URL_FAILURE = "/admin/login/?sso=refused"
+    AUTHENTICATION_BACKENDS += ["fleet.sso.Backend"]
+# Where a sign-in lands when it was not sent from a page: the cluster page; and
+# where signing out does (after the provider's own, for a single sign-on).
+LOGIN_REDIRECT_URL = "/admin/cluster/"
+LOGOUT_REDIRECT_URL = "/admin/login/"
 
 ROOT_URLCONF = "llmgw_site.urls"
 ASGI_APPLICATION = "llmgw_site.asgi.application"

@@ -1,10 +1,21 @@
+from django.conf import settings
 from django.contrib import admin
 from django.shortcuts import redirect
 from django.templatetags.static import static
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from mozilla_django_oidc.views import OIDCLogoutView
+
+# Single sign-on (fleet/sso.py): the provider's way in, and out through it too.
+sso = []
+if settings.OIDC_RP_CLIENT_ID:
+    sso = [
+        path("oidc/", include("mozilla_django_oidc.urls")),
+        path("admin/logout/", OIDCLogoutView.as_view(), name="sso-logout"),
+    ]
 
 urlpatterns = [
+    *sso,
     # Before the admin's own URLs, whose catch-all would answer these 404.
     path("admin/cluster/", include("fleet.console.urls")),
     path("admin/", admin.site.urls),
