@@ -162,6 +162,13 @@ class FleetSettings:
     gateway_cooldown_after: int = 2
     gateway_cooldown_s: float = 5.0
     gateway_max_outstanding_per_replica: int = 256  # in flight per replica before 429
+    # Requests per model (in each gateway process) that wait for room when every
+    # replica is at that bound, or their key at its max_concurrent, rather than a
+    # 429 at once; taken in weighted fair order across keys (fleet/gateway/fair.py),
+    # or arrival order with gateway_fair_share off. 0: no queue.
+    gateway_fair_queue: int = 0
+    gateway_fair_share: bool = True
+    gateway_fair_wait_s: float = 30.0  # the longest a request waits there, then 429
     gateway_engine_scrape_s: float = 5.0  # how often engines' queue lengths are read
     # What the gateway accepts from an engine; past any of these the answer is
     # a 502 (an error event once a stream has started) and the connection closes.

@@ -220,6 +220,8 @@ class ApiKeyForm(forms.ModelForm):
             "tokens_per_minute",
             "tokens_per_day",
             "tokens_per_month",
+            "max_concurrent",
+            "share_weight",
         )
 
     # The user asking (ApiKeyAdmin.get_form): the owner of a new key whose form has no
@@ -228,6 +230,8 @@ class ApiKeyForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if "share_weight" in self.fields:
+            self.fields["share_weight"].required = False
         if "user" in self.fields:
             self.fields["user"].queryset = get_user_model().objects.filter(is_active=True)
             self.fields[
@@ -242,6 +246,9 @@ class ApiKeyForm(forms.ModelForm):
 
     def clean_allowed_models(self):
         return sorted(m.name for m in self.cleaned_data["allowed_models"])
+
+    def clean_share_weight(self):
+        return self.cleaned_data.get("share_weight") or 1  # left empty: the default
 
     def clean_fallbacks(self):
         found = self.cleaned_data["fallbacks"]

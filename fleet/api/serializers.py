@@ -722,6 +722,19 @@ class ApiKeyLimitsSerializer(serializers.Serializer):
     tokens_per_month = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=_BIGINT_MAX
     )
+    max_concurrent = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=_INT_MAX,
+        help_text="Requests in flight at once; more wait their turn. 0 or null: no bound.",
+    )
+    share_weight = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100,
+        help_text="Its share against other keys' when a model is busy (default 1).",
+    )
 
 
 class ApiKeyChangeSerializer(ApiKeyLimitsSerializer):

@@ -30,6 +30,8 @@ class KeyEntry:
     limits: KeyLimits = NO_LIMITS
     rotated: bool = False  # the secret before a rotation; expires_at ends its grace
     fallbacks: tuple[str, ...] = ()  # tried in order after the model's own
+    max_concurrent: int = 0  # requests in flight at once (0: no bound); fair.py
+    share_weight: int = 1  # its share when a model is busy, against other keys'
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -72,10 +74,12 @@ def load_keys() -> dict[str, KeyEntry]:
         "previous_secret_hash",
         "previous_secret_expires_at",
         "fallbacks",
+        "max_concurrent",
+        "share_weight",
     )
     found = {}
     for pk, name, prefix, scope, allowed, expires, revoked, digest, *rest in rows:
-        own, previous, grace, fallbacks = rest[:4], rest[4], rest[5], rest[6]
+        own, previous, grace, fallbacks, concurrent, weight = rest[:4], *rest[4:]
         limits = KeyLimits(*(d if v is None else v for v, d in zip(own, defaults, strict=True)))
         entry = found[digest] = KeyEntry(
             pk,
@@ -87,6 +91,8 @@ def load_keys() -> dict[str, KeyEntry]:
             revoked is not None,
             limits if limits.on else NO_LIMITS,
             fallbacks=tuple(n for n in (fallbacks or []) if isinstance(n, str)),
+            max_concurrent=concurrent or 0,
+            share_weight=weight or 1,
         )
         if previous and grace is not None:
             ends = grace.timestamp()

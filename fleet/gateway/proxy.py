@@ -230,6 +230,38 @@ def choose(gw, route: table.Route, at: int | None, tried) -> tuple[table.Upstrea
     return table.pick_prefix(route, at, gw.limits.prefix_policy, tried)
 
 
+async def admit(gw, route: table.Route, up: table.Upstream, key, at) -> table.Upstream | None:
+    """The replica a first attempt goes to once there is room: on it (under
+    ``max_outstanding``) and for the key (under its ``max_concurrent``). Without room,
+    the request waits its turn in fair order (fleet/gateway/fair.py), or is answered
+    429 when the gateway holds no queue."""
+    limits, again = gw.limits, False
+    while True:
+        full = up.outstanding >= limits.max_outstanding
+        key_full = key is not None and gw.fair.key_full(key)
+        if not full and not key_full:
+            return up
+        if key is None or not gw.fair.size:
+            check_capacity(route, up, limits)  # no queue: the 429 at once
+            raise GatewayError(
+                429,
+                f"API key '{key.name}' has {key.max_concurrent} requests in flight, its most",
+                code="too_many_in_flight",
+                retry_after=1,
+            )
+        why = (
+            f"{len(route.upstreams)} replica(s) with {limits.max_outstanding} requests in "
+            "flight each"
+            if full
+            else f"API key '{key.name}' has {key.max_concurrent} requests in flight, its most"
+        )
+        await gw.fair.wait(route.name, key, why, again)
+        again = True
+        up, _ = choose(gw, route, at, [])
+        if up is None:
+            return None
+
+
 def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
     """The 429 when even the least busy replica has ``max_outstanding`` requests in flight."""
     if up.outstanding >= limits.max_outstanding:
@@ -379,6 +411,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
     limits = gw.limits
     tried: list[table.Upstream] = []
     last = ""
+    counted = None  # the key, once its request holds a slot (fair share)
     # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
     at = ring_key(gw, route, req)
     try:
@@ -389,7 +422,15 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
                     route.metrics.prefix_routed(how)
                 if up is None:
                     break
-                check_capacity(route, up, limits)
+                if attempt:
+                    check_capacity(route, up, limits)
+                else:
+                    up = await admit(gw, route, up, key, at)
+                    if up is None:
+                        break
+                    if key is not None:
+                        gw.fair.started(key)
+                        counted = key
                 if attempt:
                     route.metrics.retries.inc()
                 try:
@@ -411,6 +452,8 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
             )
             return
         raise too_slow(gw, route) from None
+    finally:
+        gw.fair.ended(route.name, counted)
     if tried:
         raise GatewayError(
             502,

@@ -24,7 +24,7 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, keys, metrics, prefix, ratelimit, table, usage, waiting
+from . import engines, fair, keys, metrics, prefix, ratelimit, table, usage, waiting
 from .errors import GatewayError
 from .upstream import Client, ReadLimits
 
@@ -107,6 +107,11 @@ _AUTH_CACHE = 4096
 class Gateway:
     def __init__(self):
         self.limits = Limits.from_settings()
+        c = fleet_settings()
+        # Requests waiting for room on a busy model, taken in fair order across keys.
+        self.fair = fair.FairShare(
+            c.gateway_fair_queue, c.gateway_fair_share, c.gateway_fair_wait_s
+        )
         self.routes: dict[str, table.Route] = {}
         # Answers per profile of each model running a canary, since this process saw
         # it: {(model, canary profile id): {profile: Tally}} (fleet.services.canary_figures).

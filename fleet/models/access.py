@@ -11,6 +11,7 @@ import hmac
 import secrets
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -185,6 +186,19 @@ class ApiKey(_Secret):
         null=True,
         blank=True,
         help_text="Token budget per UTC calendar month. Empty: the default; 0: none.",
+    )
+    # Fair share when a model is busy (docs/gateway.md, "Fair share").
+    max_concurrent = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Requests in flight at once through this key; more wait their turn. "
+        "Empty or 0: no bound.",
+    )
+    share_weight = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Its share (1 to 100) against other keys' when a model's replicas are all "
+        "busy: a key of weight 2 is given twice the requests of a key of weight 1.",
     )
     # Rotation: the secret before the last rotation, accepted until this time.
     previous_secret_hash = models.CharField(max_length=64, blank=True, default="", editable=False)

@@ -136,7 +136,14 @@ def check_actor(actor, action: str, owner, verb: str) -> None:
     )
 
 
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month")
+LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "tokens_per_day",
+    "tokens_per_month",
+    "max_concurrent",
+    "share_weight",
+)
 
 
 def check_limits(limits: dict | None) -> dict:
@@ -147,7 +154,10 @@ def check_limits(limits: dict | None) -> dict:
             raise ApiKeyError(
                 name, f"unknown limit '{name}'; choose from {', '.join(LIMIT_FIELDS)}"
             )
-        if value is not None and (
+        if name == "share_weight":
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+                raise ApiKeyError(name, "share_weight must be a whole number from 1 to 100")
+        elif value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 0
         ):
             raise ApiKeyError(

@@ -119,6 +119,8 @@ def test_limits_are_set_and_cleared_through_the_api(api):
         "tokens_per_minute": 200,
         "tokens_per_day": 1000,
         "tokens_per_month": None,
+        "max_concurrent": None,
+        "share_weight": 1,
         "fallbacks": [],
     }
     assert bad.status_code == 400 and "tokens_per_day" in bad.json()

@@ -241,3 +241,71 @@ def test_fallbacks_are_the_models_own_then_the_keys_in_order(model_own, key_own,
     route = table.Route(1, "big", 0, [], fallbacks=model_own)
     key = KeyEntry(1, "k", "abcd1234", "inference", frozenset(), None, False, fallbacks=key_own)
     assert key.fallbacks_for(route) == tried
+
+
+@pytest.mark.parametrize(
+    "weights, expected",
+    [
+        # equal weights: turns alternate, the first to wait first
+        ({1: 1, 2: 1}, [1, 2, 1, 2, 1, 2]),
+        # weight 2: twice the turns of weight 1 while both wait
+        ({1: 2, 2: 1}, [1, 2, 1, 1, 2, 1]),
+    ],
+)
+def test_waiters_are_given_slots_in_weighted_fair_order(weights, expected):
+    import asyncio
+    from types import SimpleNamespace
+
+    from fleet.gateway.fair import FairShare
+
+    async def run() -> list[int]:
+        share = FairShare(size=100, fair=True, timeout_s=5)
+        keys = {k: SimpleNamespace(id=k, name=f"k{k}", max_concurrent=0, share_weight=w)
+                for k, w in weights.items()}  # fmt: skip
+        served: list[int] = []
+
+        async def one(k):
+            await share.wait("m", keys[k], "busy")
+            served.append(k)
+
+        # key 1 queues six, then key 2 six: arrival order is all of 1's first
+        tasks = [asyncio.ensure_future(one(k)) for k in (1,) * 6 + (2,) * 6]
+        await asyncio.sleep(0)
+        for _ in range(6):
+            share.ended("m", None)  # a request ends: one slot
+            await asyncio.sleep(0)
+        for t in tasks:
+            t.cancel()
+        return served
+
+    assert asyncio.run(run()) == expected
+
+
+def test_a_key_at_its_max_concurrent_waits_while_another_key_goes():
+    import asyncio
+    from types import SimpleNamespace
+
+    from fleet.gateway.fair import FairShare
+
+    async def run() -> list[str]:
+        share = FairShare(size=10, fair=True, timeout_s=5)
+        capped = SimpleNamespace(id=1, name="capped", max_concurrent=1, share_weight=1)
+        other = SimpleNamespace(id=2, name="other", max_concurrent=0, share_weight=1)
+        share.started(capped)  # one in flight: at its bound
+        served: list[str] = []
+
+        async def one(key):
+            await share.wait("m", key, "busy")
+            served.append(key.name)
+
+        tasks = [asyncio.ensure_future(one(k)) for k in (capped, other)]
+        await asyncio.sleep(0)
+        share.ended("m", None)  # another key's request ends: capped may not go yet
+        await asyncio.sleep(0)
+        share.ended("m", capped)  # its own ends: now it may
+        await asyncio.sleep(0)
+        for t in tasks:
+            t.cancel()
+        return served
+
+    assert asyncio.run(run()) == ["other", "capped"]

@@ -9,6 +9,8 @@ LIMIT_OPTIONS = {
     "tpm": "tokens_per_minute",
     "tokens_per_day": "tokens_per_day",
     "tokens_per_month": "tokens_per_month",
+    "max_concurrent": "max_concurrent",
+    "share_weight": "share_weight",
 }
 
 
@@ -23,6 +25,12 @@ def add_limit_arguments(parser) -> None:
         parser.add_argument(
             option, type=int, help=f"Limit: {what}. 0: none; left out: the gateway's default."
         )
+    parser.add_argument(
+        "--max-concurrent", type=int, help="Requests in flight at once; more wait. 0: no bound."
+    )
+    parser.add_argument(
+        "--share-weight", type=int, help="Its share (1-100) when a model is busy (default 1)."
+    )
 
 
 def limits_from(options) -> dict:

@@ -1,0 +1,160 @@
+"""Fair share when a model's replicas are all busy (docs/gateway.md, "Fair share").
+
+With ``LLMGW_GATEWAY_FAIR_QUEUE`` above 0, a request that finds every replica
+of its model at ``LLMGW_GATEWAY_MAX_OUTSTANDING_PER_REPLICA`` waits in this
+process for a slot instead of a 429, as does one whose key is at its own
+``max_concurrent``. Each request that ends frees a slot, and the next waiter is
+taken in weighted fair order across keys, not arrival order: every key has a
+virtual clock that advances by 1/``share_weight`` per request it is given, and
+the key whose clock is furthest behind goes next (a key that starts waiting
+starts at the queue's present, so an idle spell earns no credit). A key
+sending ten times the traffic of another therefore waits behind its own
+requests, and the light key's wait is about one request's, whatever the heavy
+one sends. ``LLMGW_GATEWAY_FAIR_SHARE=false`` takes them in arrival order
+instead (for comparison: docs/benchmarks.md).
+
+Per process, per model: nothing is shared between gateway processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from .errors import GatewayError
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future
+    key_id: int
+    seq: int  # arrival order, for first come first served
+
+
+@dataclass
+class Queue:
+    """One model's waiters in one process."""
+
+    fair: bool = True
+    by_key: dict[int, deque[_Waiter]] = field(default_factory=dict)
+    clock: dict[int, float] = field(default_factory=dict)  # each key's virtual time
+    now: float = 0.0  # the virtual time of the last request given a slot
+    size: int = 0
+
+    def join(self, key_id: int, seq: int, again: bool = False) -> _Waiter:
+        """``again``: woken, but the slot was taken first; it keeps its place."""
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), key_id, seq)
+        q = self.by_key.setdefault(key_id, deque())
+        if not q and not again:
+            self.clock[key_id] = max(self.clock.get(key_id, 0.0), self.now)
+        if again:
+            q.appendleft(waiter)
+        else:
+            q.append(waiter)
+        self.size += 1
+        return waiter
+
+    def leave(self, waiter: _Waiter) -> None:
+        """A waiter that gave up (its timeout, its client gone)."""
+        q = self.by_key.get(waiter.key_id)
+        if q and waiter in q:
+            q.remove(waiter)
+            self.size -= 1
+            if not q:
+                del self.by_key[waiter.key_id]
+
+    def next_key(self, eligible) -> int | None:
+        """The key whose waiter goes next, among keys ``eligible(key_id)`` allows."""
+        keys = [k for k, q in self.by_key.items() if q and eligible(k)]
+        if not keys:
+            return None
+        if self.fair:
+            return min(keys, key=lambda k: (self.clock[k], self.by_key[k][0].seq))
+        return min(keys, key=lambda k: self.by_key[k][0].seq)
+
+    def wake(self, key_id: int, weight: float) -> None:
+        q = self.by_key[key_id]
+        waiter = q.popleft()
+        self.size -= 1
+        if not q:
+            del self.by_key[key_id]
+        self.now = self.clock[key_id]
+        self.clock[key_id] += 1.0 / weight
+        if not waiter.future.done():
+            waiter.future.set_result(None)
+
+
+class FairShare:
+    """Every model's queue in this process, and each key's requests in flight."""
+
+    def __init__(self, size: int, fair: bool, timeout_s: float):
+        self.size, self.fair, self.timeout_s = size, fair, timeout_s
+        self.queues: dict[str, Queue] = {}
+        self.in_flight: dict[int, int] = {}  # by key id
+        self.weights: dict[int, float] = {}
+        self.limits: dict[int, int] = {}  # a key's max_concurrent (0: none)
+        self._seq = itertools.count()
+
+    def key_full(self, key) -> bool:
+        return bool(key.max_concurrent) and self.in_flight.get(key.id, 0) >= key.max_concurrent
+
+    async def wait(self, route_name: str, key, why: str, again: bool = False) -> None:
+        """Wait for a slot; GatewayError past the queue's size or the wait bound."""
+        queue = self.queues.setdefault(route_name, Queue(fair=self.fair))
+        if queue.size >= self.size and not again:
+            raise GatewayError(
+                429,
+                f"model '{route_name}' is at capacity ({why}) and {queue.size} requests "
+                "are waiting in this gateway already",
+                code="model_at_capacity",
+                retry_after=1,
+            )
+        self.weights[key.id] = float(key.share_weight or 1)
+        self.limits[key.id] = key.max_concurrent or 0
+        waiter = queue.join(key.id, next(self._seq), again)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await waiter.future
+        except TimeoutError:
+            queue.leave(waiter)
+            raise GatewayError(
+                429,
+                f"model '{route_name}' stayed at capacity ({why}) for {self.timeout_s:g} s",
+                code="model_at_capacity",
+                retry_after=1,
+            ) from None
+        except asyncio.CancelledError:
+            queue.leave(waiter)
+            raise
+
+    def started(self, key) -> None:
+        if key is not None:
+            self.in_flight[key.id] = self.in_flight.get(key.id, 0) + 1
+
+    def ended(self, route_name: str, key) -> None:
+        """A request of ``key`` ended: its slot goes to the next waiter, fairly."""
+        if key is not None:
+            left = self.in_flight.get(key.id, 1) - 1
+            if left:
+                self.in_flight[key.id] = left
+            else:
+                self.in_flight.pop(key.id, None)
+        limits = self.limits
+
+        def eligible(key_id: int) -> bool:
+            cap = limits.get(key_id, 0)
+            return not cap or self.in_flight.get(key_id, 0) < cap
+
+        queue = self.queues.get(route_name)
+        key_id = queue.next_key(eligible) if queue and queue.size else None
+        if key_id is not None:
+            queue.wake(key_id, self.weights.get(key_id, 1.0))
+        if key is not None and key.max_concurrent:
+            # The key is under its own bound again: a waiter of it on another model
+            # may go (it checks that model's replicas again when woken).
+            for name, other in self.queues.items():
+                if name != route_name and other.by_key.get(key.id) and eligible(key.id):
+                    other.wake(key.id, self.weights.get(key.id, 1.0))
+                    break
