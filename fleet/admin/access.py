@@ -216,12 +216,7 @@ class ApiKeyForm(forms.ModelForm):
             "allowed_models",
             "fallbacks",
             "expires_at",
-            "requests_per_minute",
-            "tokens_per_minute",
-            "tokens_per_day",
-            "tokens_per_month",
-            "max_concurrent",
-            "share_weight",
+            *LIMITS,
         )
 
     # The user asking (ApiKeyAdmin.get_form): the owner of a new key whose form has no

@@ -34,7 +34,7 @@ from fleet.models import (
     Shard,
 )
 
-from . import permissions
+from . import nodes, permissions
 from .readiness import replica_ready
 from .reconciler.ask import request_reconcile
 
@@ -43,18 +43,10 @@ logger = logging.getLogger(__name__)
 
 def drain_node(node: Node) -> bool:
     """Cordon the node and move its replicas away. Returns whether anything changed."""
-    with transaction.atomic():
-        was = Node.objects.select_for_update().filter(pk=node.pk).values("cordoned", "draining")
-        was = was.first() or {}
-        changed = bool(
-            Node.objects.filter(pk=node.pk)
-            .exclude(cordoned=True, draining=True)
-            .update(cordoned=True, draining=True)
-        )
-        if changed:
-            audit.record(node, {k: (v, True) for k, v in was.items()})
-            logger.info("node draining node=%s", node.pk)
-            request_reconcile()
+    changed = nodes.set_intent(node, cordoned=True, draining=True)
+    if changed:
+        logger.info("node draining node=%s", node.pk)
+        request_reconcile()
     return changed
 
 

@@ -47,18 +47,20 @@ def cordon(node: Node) -> bool:
     return changed
 
 
+def set_intent(node: Node, **flags: bool) -> bool:
+    """Set ``cordoned``/``draining`` as given, in one UPDATE, recording what they were.
+    Returns whether anything changed."""
+    with transaction.atomic():
+        was = Node.objects.select_for_update().filter(pk=node.pk).values(*flags).first() or {}
+        changed = bool(Node.objects.filter(pk=node.pk).exclude(**flags).update(**flags))
+        if changed:
+            audit.record(node, {k: (v, flags[k]) for k, v in was.items()})
+    return changed
+
+
 def uncordon(node: Node) -> bool:
     """Placements allowed again; also ends a drain. Returns whether anything changed."""
-    with transaction.atomic():
-        was = Node.objects.select_for_update().filter(pk=node.pk).values("cordoned", "draining")
-        was = was.first() or {}
-        changed = bool(
-            Node.objects.filter(pk=node.pk)
-            .exclude(cordoned=False, draining=False)
-            .update(cordoned=False, draining=False)
-        )
-        if changed:
-            audit.record(node, {k: (v, False) for k, v in was.items()})
+    changed = set_intent(node, cordoned=False, draining=False)
     if changed:
         logger.info("node uncordoned node=%s", node.pk)
         # Replicas waiting for room may fit now; an update sends no post_save.
