@@ -697,6 +697,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     k.add_argument("--expires", help="30d, 12h… or an ISO 8601 time.")
     k.add_argument(
+        "--max-concurrent", type=int, help="Requests in flight at once; more wait. 0: no bound."
+    )
+    k.add_argument(
+        "--share-weight", type=int, help="Its share (1-100) when a model is busy (default 1)."
+    )
+    k.add_argument(
         "--user",
         help="Whose key it is (default: yours, the manage key's user); another user's "
         "needs the permission fleet.manage_others_api_keys.",
@@ -762,6 +768,8 @@ COMMANDS = {
             "models": [m.strip() for m in a.models.split(",") if m.strip()],
             "fallbacks": [m.strip() for m in a.fallbacks.split(",") if m.strip()],
             **({"expires": a.expires} if a.expires else {}),
+            **({"max_concurrent": a.max_concurrent} if a.max_concurrent is not None else {}),
+            **({"share_weight": a.share_weight} if a.share_weight is not None else {}),
             **({"user": a.user} if a.user else {}),
         },
     ),

@@ -47,6 +47,12 @@ class LogEntryAdmin(auditlog_admin.LogEntryAdmin):
     list_display = [*auditlog_admin.LogEntryAdmin.list_display, "door", "remote_addr"]
     list_filter = [*auditlog_admin.LogEntryAdmin.list_filter, DoorFilter]
 
+    fieldsets = [
+        (None, {"fields": ["created", "user_url", "door", "remote_addr", "resource_url", "cid"]}),
+        *auditlog_admin.LogEntryAdmin.fieldsets[1:],
+    ]
+    readonly_fields = [*auditlog_admin.LogEntryAdmin.readonly_fields, "door", "remote_addr"]
+
     def has_delete_permission(self, request, obj=None):
         return False  # removed only by LLMGW_AUDIT_RETENTION_DAYS
 

@@ -195,11 +195,18 @@ def test_the_audit_trail_is_read_only_in_the_admin(admin_client):
     node_service.cordon(node)
     (entry,) = of(node, start)
 
+    LogEntry.objects.filter(pk=entry.pk).update(
+        remote_addr="10.9.8.7", additional_data={"door": "llmgw"}
+    )
+    page = admin_client.get(reverse("admin:auditlog_logentry_change", args=[entry.pk]))
     listing = admin_client.get(reverse("admin:auditlog_logentry_changelist"))
     deleted = admin_client.post(
         reverse("admin:auditlog_logentry_delete", args=[entry.pk]), {"post": "yes"}
     )
 
     assert listing.status_code == 200 and "gpu-01" in listing.content.decode()
+    # an entry's page says through which door, and from where
+    shown = page.content.decode()
+    assert page.status_code == 200 and "llmgw" in shown and "10.9.8.7" in shown
     assert deleted.status_code == 403
     assert LogEntry.objects.filter(pk=entry.pk).exists()

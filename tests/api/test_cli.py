@@ -208,8 +208,12 @@ def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, m
     assert not ApiKey.objects.filter(name="client").exists()
 
     Model.objects.create(name="small")
-    status, _, _ = cli("api-key", "client", "--fallbacks", "small")
-    assert status == 0 and ApiKey.objects.get(name="client").fallbacks == ["small"]
+    status, _, _ = cli(
+        "api-key", "client", "--fallbacks", "small", "--max-concurrent", "4", "--share-weight", "3"
+    )
+    made = ApiKey.objects.get(name="client")
+    assert status == 0 and made.fallbacks == ["small"]
+    assert (made.max_concurrent, made.share_weight) == (4, 3)
     status, _, err = cli("api-key", "other", "--fallbacks", "ghost")
     assert status == ctl.EXIT_REFUSED and "no model named 'ghost'" in err
 
