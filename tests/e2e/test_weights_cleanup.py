@@ -8,6 +8,7 @@ entries); a model's own short retention stands in for the fleet's day.
 import os
 import re
 import shutil
+import subprocess
 from datetime import timedelta
 
 import pytest
@@ -152,7 +153,13 @@ def _restart_beat(stack, **env):
     for proc, _ in stack.celery:
         proc.terminate()
     for proc, _ in stack.celery:
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            # A worker's warm shutdown can wait out a prefetched message (seen at 31 s
+            # under a loaded CI); the test restarts it for new settings, not to time it.
+            proc.kill()
+            proc.wait(10)
     stack.env.update(env)
     stack.start_celery()
 
