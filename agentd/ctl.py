@@ -281,16 +281,45 @@ def _models(api: Api, args, out):
     if not models:
         out.write("no models in the catalog: llmgw apply -f catalog.yaml\n")
         return None
-    rows = [["MODEL", "REPLICAS", "PRIORITY", "SCALING", "PROFILE", "DESCRIPTION"]]
+    rows = [["MODEL", "TEAM", "REPLICAS", "PRIORITY", "SCALING", "PROFILE", "DESCRIPTION"]]
     for m in models:
         rows.append(
             [
                 m["name"],
+                m.get("team") or "-",
                 str(m.get("desired_replicas", "-")),
                 str(m.get("priority", "-")),  # an older control plane has none
                 m.get("scaling") or "-",  # an older control plane has no such field
                 str(m.get("active_profile_name") or m.get("active_profile") or "-"),
                 (m.get("description") or "")[:60],
+            ]
+        )
+    _table(rows, out)
+    return None
+
+
+def _teams(api: Api, args, out):
+    teams = _all_pages(api, "teams/")
+    if args.json:
+        return teams
+    if not teams:
+        out.write("no teams: every model and key is the fleet's\n")
+        return None
+
+    def of(used, quota) -> str:
+        return f"{used} of {quota}" if quota is not None else f"{used}"
+
+    rows = [["TEAM", "MEMBERS", "GPUS", "GPU MEMORY (GB)", "REPLICAS", "TOKENS THIS MONTH"]]
+    for t in teams:
+        use = t.get("in_use") or {}
+        rows.append(
+            [
+                t["name"],
+                ",".join(t.get("members") or []) or "-",
+                of(use.get("gpus", 0), t.get("max_gpus")),
+                of(use.get("gpu_memory_gb", 0), t.get("max_gpu_memory_gb")),
+                of(use.get("replicas", 0), t.get("max_replicas")),
+                of(use.get("tokens_this_month", 0), t.get("tokens_per_month")),
             ]
         )
     _table(rows, out)
@@ -655,6 +684,7 @@ def _parser() -> argparse.ArgumentParser:
     n = sub.add_parser("node", help="One node in full.")
     n.add_argument("node")
     sub.add_parser("models", help="The catalog's models.")
+    sub.add_parser("teams", help="Teams: members, and what they hold against their quotas.")
     e = sub.add_parser("explain", help="Why a new replica of MODEL could run on each node.")
     e.add_argument("model")
     e.add_argument("--profile", help="Ask about this profile instead of the active one.")
@@ -707,6 +737,7 @@ def _parser() -> argparse.ArgumentParser:
         help="Whose key it is (default: yours, the manage key's user); another user's "
         "needs the permission fleet.manage_others_api_keys.",
     )
+    k.add_argument("--team", help="The team that owns it (default: yours, if you are in one).")
     rk = sub.add_parser("revoke-key", help="Refuse an API key from now on (cannot be undone).")
     rk.add_argument("prefix", help="The key's prefix (the 8 characters after lgk_).")
     rk.add_argument("--yes", action="store_true", help="Yes, refuse it from now on.")
@@ -744,6 +775,7 @@ COMMANDS = {
     "nodes": _nodes,
     "node": _node,
     "models": _models,
+    "teams": _teams,
     "explain": _explain,
     "apply": _apply,
     "drain": _intent("drain"),
@@ -771,6 +803,7 @@ COMMANDS = {
             **({"max_concurrent": a.max_concurrent} if a.max_concurrent is not None else {}),
             **({"share_weight": a.share_weight} if a.share_weight is not None else {}),
             **({"user": a.user} if a.user else {}),
+            **({"team": a.team} if a.team else {}),
         },
     ),
     "revoke-key": _revoke_key,

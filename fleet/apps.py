@@ -11,7 +11,10 @@ class FleetConfig(AppConfig):
             audit,
             signals,  # noqa: F401 - connects the reconciler's receivers
         )
-        from .services import fleet_metrics
+        from .services import (
+            fleet_metrics,
+            teams,  # noqa: F401 - registers teams' object permissions (django-rules)
+        )
         from .services.autoscaler import metrics as autoscaler_metrics
         from .services.reconciler import metrics as reconciler_metrics
         from .services.weights_gc import metrics as weights_metrics

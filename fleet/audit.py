@@ -182,6 +182,7 @@ def register() -> None:
         Model,
         Node,
         NodeCredential,
+        Team,
         WantedEngine,
     )
 
@@ -190,7 +191,7 @@ def register() -> None:
         left = {*leave_out, *KEPT_UP}
         return [f.name for f in model._meta.concrete_fields if f.name not in left]
 
-    for model in (Model, EngineProfile, WantedEngine):
+    for model in (Model, EngineProfile, WantedEngine, Team):
         auditlog.register(model, include_fields=fields(model))
     auditlog.register(Node, include_fields=NODE_FIELDS)
     auditlog.register(ApiKey, include_fields=fields(ApiKey, SECRETS))

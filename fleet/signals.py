@@ -8,7 +8,7 @@ for a pass itself when a shard fails, gets ready or stops, or a node returns.
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from fleet.models import EngineProfile, Model, Node, WantedEngine
+from fleet.models import EngineProfile, Model, Node, Team, WantedEngine
 from fleet.services.reconciler.ask import request_reconcile
 
 
@@ -28,3 +28,14 @@ def _wanted_engines_changed(sender, **kwargs) -> None:
     from fleet.services.engines import tell_nodes
 
     tell_nodes()
+
+
+@receiver(post_save, sender=Team)
+@receiver(post_delete, sender=Team)
+def _team_changed(sender, **kwargs) -> None:
+    """A quota moved: placement looks again, and the gateways reload their keys (each
+    carries its team's token budget)."""
+    from fleet.services import doorbells
+
+    request_reconcile()
+    doorbells.ring_gateways("keys")

@@ -17,10 +17,10 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html_join
 
 from fleet.models import ApiKey, ApiKeyScope, JoinToken, KeyUsage, Model, NodeCredential
-from fleet.services import access, api_keys, doorbells, permissions
+from fleet.services import access, api_keys, doorbells, permissions, teams
 from fleet.services.api_keys import LIMIT_FIELDS as LIMITS
 
-from .common import ReadOnlyAdmin
+from .common import ReadOnlyAdmin, TeamScoped
 
 
 def _status(obj) -> str:
@@ -213,6 +213,7 @@ class ApiKeyForm(forms.ModelForm):
             "name",
             "scope",
             "user",
+            "team",
             "allowed_models",
             "fallbacks",
             "expires_at",
@@ -260,6 +261,12 @@ class ApiKeyForm(forms.ModelForm):
         except permissions.Refused as exc:
             self.add_error("user" if "user" in self.fields else None, str(exc))
             return data
+        if instance.pk is None:
+            try:
+                data["team"] = teams.team_for_new(self.acting_user, data.get("team"), "an API key")
+            except permissions.Refused as exc:
+                self.add_error("team" if "team" in self.fields else None, str(exc))
+                return data
         try:
             api_keys.check_api_key(
                 data.get("name", instance.name),
@@ -277,21 +284,22 @@ class ApiKeyForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
+class ApiKeyAdmin(TeamScoped, SecretOnceMixin, admin.ModelAdmin):
     form = ApiKeyForm
     list_display = (
         "name",
         "prefix",
         "scope",
         "user",
+        "team",
         "status",
         "allowed",
         "expires_at",
         "last_used_at",
     )
-    list_filter = ("scope", SecretStatusFilter)
+    list_filter = ("scope", "team", SecretStatusFilter)
     search_fields = ("name", "prefix", "user__username")
-    list_select_related = ("user",)
+    list_select_related = ("user", "team")
     actions = ("revoke_keys",)
     secret_hint = "Send it as 'Authorization: Bearer {secret}'."
 
@@ -318,6 +326,7 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             "prefix",
             "scope",
             "user",
+            "team",
             "status",
             "created_at",
             "last_used_at",
@@ -331,7 +340,16 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             # Without the permission for others' keys, a new key is the asking user's own:
             # the form offers no owner to choose and takes none from a post.
             owner = ("user",) if self.has_others_permission(request) else ()
-            return ("name", "scope", *owner, "allowed_models", "fallbacks", "expires_at", *LIMITS)
+            return (
+                "name",
+                "scope",
+                *owner,
+                "team",
+                "allowed_models",
+                "fallbacks",
+                "expires_at",
+                *LIMITS,
+            )
         return (
             "name",
             "allowed_models",
@@ -357,6 +375,7 @@ class ApiKeyAdmin(SecretOnceMixin, admin.ModelAdmin):
             expires_at=data.get("expires_at"),
             limits={f: data.get(f) for f in LIMITS},
             fallbacks=data.get("fallbacks") or [],
+            team=data.get("team"),
             actor=request.user,
         )
 

@@ -7,6 +7,8 @@ from fleet.models import EngineProfile, Event, Model, ReplicaState
 from fleet.services import canary, estimate, permissions, profiles
 from fleet.services.autoscaler.status import scaling_status
 
+from .common import TeamScoped
+
 ARGS_ENV = ("args", "env")
 ARGS_ENV_RECORD = ("args_env_changed_by", "args_env_changed_at")
 
@@ -23,7 +25,7 @@ def stamp_if_args_env_changed(request, form) -> None:
             setattr(form.instance, name, value)
 
 
-class EngineProfileInline(admin.StackedInline):
+class EngineProfileInline(TeamScoped, admin.StackedInline):
     model = EngineProfile
     extra = 0
     show_change_link = True
@@ -48,9 +50,10 @@ class EngineProfileInline(admin.StackedInline):
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(TeamScoped, admin.ModelAdmin):
     list_display = (
         "name",
+        "team",
         "desired_replicas",
         "replicas_display",
         "scaling_display",
@@ -60,7 +63,7 @@ class ModelAdmin(admin.ModelAdmin):
         "prefix_routing",
         "updated_at",
     )
-    list_filter = ("placement_policy", "prefix_routing")
+    list_filter = ("team", "placement_policy", "prefix_routing")
     search_fields = ("name", "description")
     inlines = (EngineProfileInline,)
     readonly_fields = (
@@ -73,7 +76,10 @@ class ModelAdmin(admin.ModelAdmin):
         "updated_at",
     )
     fieldsets = (
-        (None, {"fields": ("name", "description", "active_profile", "placement_policy")}),
+        (
+            None,
+            {"fields": ("name", "team", "description", "active_profile", "placement_policy")},
+        ),
         ("Replicas", {"fields": ("desired_replicas", "priority", "replace_after_s")}),
         ("Routing and weights", {"fields": ("prefix_routing", "fallbacks", "weights_retention_s")}),
         (
@@ -132,7 +138,7 @@ class ModelAdmin(admin.ModelAdmin):
             super()
             .get_queryset(request)
             # A profile's name shows its model's: without the model, a query per row.
-            .select_related("active_profile__model")
+            .select_related("active_profile__model", "team")
             .annotate(
                 replica_count=Count("replicas", distinct=True),
                 ready_count=Count(
@@ -172,7 +178,7 @@ class ModelAdmin(admin.ModelAdmin):
 
 
 @admin.register(EngineProfile)
-class EngineProfileAdmin(admin.ModelAdmin):
+class EngineProfileAdmin(TeamScoped, admin.ModelAdmin):
     list_display = (
         "__str__",
         "engine",
@@ -187,7 +193,7 @@ class EngineProfileAdmin(admin.ModelAdmin):
         "node_selector",
         "updated_at",
     )
-    list_filter = ("engine", "model")
+    list_filter = ("engine", "model__team", "model")
     search_fields = ("name", "model__name", "model_path", "served_model_name")
     list_select_related = ("model",)
 

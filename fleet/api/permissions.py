@@ -1,6 +1,8 @@
 """Who may do what through the management API: Django's model permissions, as in the admin."""
 
-from rest_framework.permissions import DjangoModelPermissions
+from rest_framework.permissions import SAFE_METHODS, DjangoModelPermissions
+
+from fleet.services import teams
 
 
 class FleetModelPermissions(DjangoModelPermissions):
@@ -11,6 +13,10 @@ class FleetModelPermissions(DjangoModelPermissions):
     imperative action (``drain``, ``cordon``) is a POST that creates nothing, so
     it does not ride on ``add_<model>``: the viewset lists what each one needs in
     ``action_permissions``.
+
+    A write to one model, profile, replica or API key also needs it to be in the
+    user's team's scope (fleet.services.teams): the same permissions asked of the
+    object, which django-rules answers; the 403 says whose it is.
     """
 
     perms_map = {
@@ -26,3 +32,16 @@ class FleetModelPermissions(DjangoModelPermissions):
             return super().has_permission(request, view)
         user = request.user
         return bool(user and user.is_authenticated and user.has_perms(needed))
+
+    def has_object_permission(self, request, view, obj):
+        if request.method in SAFE_METHODS or not teams.owned(obj):
+            return True
+        needed = getattr(view, "action_permissions", {}).get(getattr(view, "action", None))
+        if needed is None:
+            needed = self.get_required_permissions(request.method, type(obj))
+        scoped = [p for p in needed if p in teams.SCOPED]
+        if request.user.has_perms(scoped, obj):
+            return True
+        what = f"{view.action.replace('_', ' ')} {obj._meta.verbose_name} '{obj}'"
+        self.message = teams.problem(request.user, teams.team_of(obj), what)
+        return False

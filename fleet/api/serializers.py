@@ -6,6 +6,7 @@ holds the same through the API as in the admin, field by field.
 
 from copy import copy
 
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
 from django.utils import timezone
@@ -29,14 +30,16 @@ from fleet.models import (
     Replica,
     ReplicaState,
     Shard,
+    Team,
     VllmBuild,
     WantedEngine,
 )
 from fleet.models.catalog import GPU_MEMORY_GB_MAX, PRIORITY_MAX
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import nodes as node_service
-from fleet.services import profiles
+from fleet.services import profiles, teams
 from fleet.services.autoscaler.status import scaling_status
+from fleet.services.permissions import Refused
 from fleet.services.units import over_gpu_budget
 
 SMALLINT_MAX = 32767
@@ -55,6 +58,30 @@ class StrictCharField(serializers.CharField):
     def __init__(self, **kwargs):
         kwargs.setdefault("trim_whitespace", False)
         super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A number, as JSON says it: DRF's FloatField takes ``true`` as 1.0 and "0.5"."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class NameRelatedField(serializers.SlugRelatedField):
+    """A row by its name, as a string (DRF would find the group "0" for 0), or null
+    where allowed; "" is neither (DRF would take it as null)."""
+
+    def run_validation(self, data=serializers.empty):
+        if data == "":
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+        return super().run_validation(data)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
@@ -83,6 +110,7 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         models.CharField: StrictCharField,
         models.TextField: StrictCharField,
         models.BooleanField: StrictBooleanField,
+        models.FloatField: StrictFloatField,
     }
 
     def validate(self, attrs):
@@ -252,7 +280,23 @@ class WantedEngineSerializer(ValidatedModelSerializer):
         read_only_fields = ("updated_at",)
 
 
+def _actor(serializer):
+    return getattr(serializer.context.get("request"), "user", None)
+
+
+def team_field(owner):
+    return NameRelatedField(
+        slug_field="name",
+        queryset=Team.objects.all(),
+        allow_null=True,
+        required=False,
+        help_text=owner._meta.get_field("team").help_text
+        + " Left out of a new one: the asking user's team when they are in one.",
+    )
+
+
 class ModelSerializer(ValidatedModelSerializer):
+    team = team_field(Model)
     active_profile = serializers.PrimaryKeyRelatedField(
         queryset=EngineProfile.objects.all(), allow_null=True, required=False
     )
@@ -270,6 +314,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "id",
             "name",
             "description",
+            "team",
             "desired_replicas",
             "min_replicas",
             "max_replicas",
@@ -328,6 +373,19 @@ class ModelSerializer(ValidatedModelSerializer):
         help_text='"scaled to zero", "starting for N waiting requests", '
         '"autoscaled MIN-MAX: N wanted"; empty without autoscaling.'
     )
+
+    def validate(self, attrs):
+        # Before the model's rules: whose the model is comes first (fleet.services.teams).
+        actor = _actor(self)
+        try:
+            if self.instance is None:
+                name = attrs.get("name", "")
+                attrs["team"] = teams.team_for_new(actor, attrs.get("team"), f"model '{name}'")
+            elif "team" in attrs and attrs["team"] != self.instance.team:
+                teams.team_for_new(actor, attrs["team"], f"model '{self.instance.name}'")
+        except Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        return super().validate(attrs)
 
     def get_scaling(self, obj) -> str:
         ready = getattr(obj, "ready_count", None)
@@ -505,6 +563,10 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         return super().validate(attrs)
 
     def validate_model(self, value):
+        if self.instance is None and (
+            why := teams.problem(_actor(self), value.team_id, f"add a profile to model '{value}'")
+        ):
+            raise PermissionDenied(why)
         # A profile belongs to its model for life: replicas and the model's
         # active_profile point at it, and moving it would take them along.
         if self.instance is not None and value.pk != self.instance.model_id:
@@ -759,6 +821,12 @@ class ApiKeyRequestSerializer(ApiKeyLimitsSerializer):
         required=False, max_length=40, help_text="30d, 12h… or an ISO 8601 time."
     )
     fallbacks = fallbacks_field(ApiKey)
+    team = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text="The team that owns it, by name. Left out: the asking user's team when "
+        "they are in one.",
+    )
 
 
 class ApiKeyRotateSerializer(serializers.Serializer):
@@ -885,3 +953,84 @@ class AuditEntrySerializer(serializers.Serializer):
 
     def get_changes(self, entry) -> dict:
         return entry.changes_dict
+
+
+class TeamSerializer(ValidatedModelSerializer):
+    group = NameRelatedField(
+        slug_field="name",
+        queryset=Group.objects.all(),
+        required=False,
+        help_text="The Django group whose users are its members. Left out of a new team: "
+        "a group of the team's name, made if there is none.",
+    )
+    members = serializers.SerializerMethodField(help_text="Its members' user names.")
+    in_use = serializers.SerializerMethodField(
+        help_text="What it holds now: GPUs, GPU memory (GB), replicas placed, and tokens "
+        "its keys used this UTC month."
+    )
+
+    class Meta:
+        model = Team
+        fields = (
+            "id",
+            "name",
+            "description",
+            "group",
+            "members",
+            "max_gpus",
+            "max_gpu_memory_gb",
+            "max_replicas",
+            "tokens_per_month",
+            "in_use",
+            "created_at",
+        )
+        read_only_fields = ("created_at",)
+        extra_kwargs = {
+            "max_gpus": {"max_value": INT_MAX},
+            "max_gpu_memory_gb": {"max_value": INT_MAX},
+            "max_replicas": {"max_value": INT_MAX},
+            "tokens_per_month": {"max_value": 2**63 - 1},
+        }
+
+    def validate(self, attrs):
+        if self.instance is None and "group" not in attrs and attrs.get("name"):
+            group = Group.objects.filter(name=attrs["name"]).first()
+            attrs["group"] = group or Group(name=attrs["name"])
+        group = attrs.get("group")
+        if group is not None and group.pk is not None:
+            other = Team.objects.filter(group=group).exclude(
+                pk=self.instance.pk if self.instance else None
+            )
+            if other.exists():
+                raise serializers.ValidationError(
+                    {"group": [f"group '{group.name}' is team '{other.first().name}' already"]}
+                )
+        # The fields' own validators have run (DRF's, from the model's); full_clean()
+        # would refuse a group not made yet, which create() makes.
+        return serializers.ModelSerializer.validate(self, attrs)
+
+    def create(self, validated_data):
+        group = validated_data["group"]
+        if group.pk is None:
+            group.save()
+        return super().create(validated_data)
+
+    def get_members(self, obj) -> list[str]:
+        return sorted(obj.group.user_set.values_list("username", flat=True))
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "properties": {
+                "gpus": {"type": "integer"},
+                "gpu_memory_gb": {"type": "number"},
+                "replicas": {"type": "integer"},
+                "tokens_this_month": {"type": "integer"},
+            },
+        }
+    )
+    def get_in_use(self, obj) -> dict:
+        use = self.context.get("team_use")
+        if use is None:
+            use = self.context["team_use"] = teams.in_use()
+        return use.get(obj.pk, teams.NOTHING_IN_USE)

@@ -19,5 +19,6 @@ router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("usage", views.UsageViewSet, basename="usage")
 router.register("weights", views.WeightsViewSet)
 router.register("audit", views.AuditViewSet)
+router.register("teams", views.TeamViewSet)
 
 urlpatterns = router.urls

@@ -34,6 +34,7 @@ from fleet.models import (
     Replica,
     ReplicaState,
     Shard,
+    Team,
     WantedEngine,
 )
 from fleet.services import access, api_keys, catalog, node_logs, permissions, snapshot
@@ -476,6 +477,17 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ("created_at",)
 
 
+class TeamViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
+    """Teams: their members (a group's users), the models and keys they own, their quotas
+    and what they hold now."""
+
+    queryset = Team.objects.select_related("group")
+    serializer_class = serializers.TeamSerializer
+    search_fields = ("name", "description")
+    ordering_fields = ("name",)
+    filterset_fields = ("name",)
+
+
 class AuditViewSet(viewsets.ReadOnlyModelViewSet):
     """Every change to the catalog, nodes, keys, tokens, weights and users: who made it,
     when, from where, through which door, and each field before and after. Newest first;
@@ -648,6 +660,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
                 expires_at=expires_at,
                 limits={f: data[f] for f in api_keys.LIMIT_FIELDS if f in data},
                 fallbacks=data.get("fallbacks") or [],
+                team=_team(data["team"]) if data.get("team") else None,
                 actor=request.user,
             )
         except permissions.Refused as exc:
@@ -735,6 +748,14 @@ def _user(username: str):
     if user is None:
         raise ValidationError({"user": [f"no user '{username}'"]})
     return user
+
+
+def _team(name: str) -> Team:
+    team = Team.objects.filter(name=name).first()
+    if team is None:
+        known = ", ".join(Team.objects.values_list("name", flat=True)) or "none"
+        raise ValidationError({"team": [f"no team named '{name}' (teams: {known})"]})
+    return team
 
 
 def _api_key(prefix: str) -> ApiKey:

@@ -76,11 +76,22 @@ def load_keys() -> dict[str, KeyEntry]:
         "fallbacks",
         "max_concurrent",
         "share_weight",
+        "team_id",
+        "team__name",
+        "team__tokens_per_month",
     )
     found = {}
     for pk, name, prefix, scope, allowed, expires, revoked, digest, *rest in rows:
-        own, previous, grace, fallbacks, concurrent, weight = rest[:4], *rest[4:]
-        limits = KeyLimits(*(d if v is None else v for v, d in zip(own, defaults, strict=True)))
+        own, (previous, grace, fallbacks, concurrent, weight, team_id, team, budget) = (
+            rest[:4],
+            rest[4:],
+        )
+        limits = KeyLimits(
+            *(d if v is None else v for v, d in zip(own, defaults, strict=True)),
+            team_id=team_id or 0,
+            team=team or "",
+            team_tokens_per_month=budget or 0,
+        )
         entry = found[digest] = KeyEntry(
             pk,
             name,

@@ -2,7 +2,9 @@
 
 Four limits per key (``ApiKey`` fields, else the ``LLMGW_GATEWAY_DEFAULT_*``
 settings; 0 is none): requests per minute, tokens per minute, and token
-budgets per UTC day and per UTC calendar month. Each is a counter in a fixed
+budgets per UTC day and per UTC calendar month; and a fifth, the monthly token
+budget of the key's team (``Team.tokens_per_month``), one counter shared by
+every key of the team. Each is a counter in a fixed
 window whose name carries the window (``…:rq:<key>:m<minute>``), so a window
 ends by itself at its boundary and the counters expire after it.
 
@@ -62,28 +64,34 @@ REFUSED = Counter(
     registry=REGISTRY,
 )
 
-# KEYS: requests this minute, tokens this minute, this day, this month.
-# ARGV: the four limits (0: none), then the request counter's expiry in seconds.
+# KEYS: requests this minute, tokens this minute, this day, this month, and the
+# team's tokens this month.
+# ARGV: the five limits (0: none), then the request counter's expiry in seconds.
 # Expiries are set when a counter is made and outlast its window.
-# Returns {refused, requests, tokens minute, tokens day, tokens month}; refused
-# names the limit (1 requests, 2 tokens/min, 3 day, 4 month) or is 0.
+# Returns {refused, requests, tokens minute, tokens day, tokens month, team's
+# month}; refused names the limit (1 requests, 2 tokens/min, 3 day, 4 month, 5
+# the team's month) or is 0.
 _CHECK = """
 local rq = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tm = tonumber(redis.call('GET', KEYS[2]) or '0')
 local td = tonumber(redis.call('GET', KEYS[3]) or '0')
 local tmo = tonumber(redis.call('GET', KEYS[4]) or '0')
+local ttm = 0
 local lr, lt, ld, lmo = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ltm = tonumber(ARGV[5])
+if ltm > 0 then ttm = tonumber(redis.call('GET', KEYS[5]) or '0') end
 local refused = 0
-if lmo > 0 and tmo >= lmo then refused = 4
+if ltm > 0 and ttm >= ltm then refused = 5
+elseif lmo > 0 and tmo >= lmo then refused = 4
 elseif ld > 0 and td >= ld then refused = 3
 elseif lt > 0 and tm >= lt then refused = 2
 elseif lr > 0 and rq >= lr then refused = 1
 end
 if refused == 0 and lr > 0 then
   rq = redis.call('INCR', KEYS[1])
-  if rq == 1 then redis.call('EXPIRE', KEYS[1], ARGV[5]) end
+  if rq == 1 then redis.call('EXPIRE', KEYS[1], ARGV[6]) end
 end
-return {refused, rq, tm, td, tmo}
+return {refused, rq, tm, td, tmo, ttm}
 """
 
 # KEYS: the token counters to charge; ARGV: each one's expiry, then the tokens.
@@ -106,6 +114,7 @@ _NAMES = {
     2: "tokens_per_minute",
     3: "tokens_per_day",
     4: "tokens_per_month",
+    5: "team_tokens_per_month",
 }
 
 
@@ -115,6 +124,10 @@ class KeyLimits:
     tokens_per_minute: int = 0
     tokens_per_day: int = 0
     tokens_per_month: int = 0
+    # The key's team's budget, shared by all of its keys (0: none, or no team).
+    team_id: int = 0
+    team: str = ""
+    team_tokens_per_month: int = 0
 
     @property
     def on(self) -> bool:
@@ -123,11 +136,17 @@ class KeyLimits:
             or self.tokens_per_minute
             or self.tokens_per_day
             or self.tokens_per_month
+            or self.team_tokens_per_month
         )
 
     @property
     def tokens_on(self) -> bool:
-        return bool(self.tokens_per_minute or self.tokens_per_day or self.tokens_per_month)
+        return bool(
+            self.tokens_per_minute
+            or self.tokens_per_day
+            or self.tokens_per_month
+            or self.team_tokens_per_month
+        )
 
 
 NO_LIMITS = KeyLimits()
@@ -247,13 +266,14 @@ class Limiter:
         async with asyncio.timeout(self.timeout):
             return await self._scripts[script](keys=keys, args=args)
 
-    def _keys(self, key_id: int, w: Windows) -> list[str]:
+    def _keys(self, key_id: int, w: Windows, team_id: int = 0) -> list[str]:
         p = self.prefix
         return [
             f"{p}:rq:{key_id}:m{w.minute}",
             f"{p}:tk:{key_id}:m{w.minute}",
             f"{p}:tk:{key_id}:d{w.day}",
             f"{p}:tk:{key_id}:M{w.month}",
+            f"{p}:team:{team_id}:M{w.month}",
         ]
 
     def _unavailable(self, exc: Exception) -> None:
@@ -284,7 +304,8 @@ class Limiter:
         w = Windows.at(now)
         try:
             args = [*_limits(lim), _MINUTE_TTL_S]
-            refused, rq, tm, td, tmo = await self._run(_CHECK, self._keys(entry.id, w), args)
+            keys = self._keys(entry.id, w, lim.team_id)
+            refused, rq, tm, td, tmo, ttm = await self._run(_CHECK, keys, args)
         except _FAILURES as exc:
             self._unavailable(exc)
             if self.fail_open:
@@ -299,7 +320,7 @@ class Limiter:
                 retry_after=max(1, math.ceil(self.retry_s)),
             ) from None
         self._available()
-        headers = _headers(lim, w, rq, tm, td, tmo)
+        headers = _headers(lim, w, rq, tm, td, tmo, ttm)
         if refused:
             REFUSED.labels(_NAMES[refused]).inc()
             raise _refusal(entry, lim, w, refused, headers)
@@ -315,12 +336,13 @@ class Limiter:
             return
         now = time.time() if now is None else now
         w = Windows.at(now)
-        _, tk_min, tk_day, tk_month = self._keys(entry.id, w)
+        _, tk_min, tk_day, tk_month, team_month = self._keys(entry.id, w, lim.team_id)
         keys, ttls = [], []
         for limit, k, ttl in (
             (lim.tokens_per_minute, tk_min, _MINUTE_TTL_S),
             (lim.tokens_per_day, tk_day, _DAY_TTL_S),
             (lim.tokens_per_month, tk_month, _MONTH_TTL_S),
+            (lim.team_tokens_per_month, team_month, _MONTH_TTL_S),
         ):
             if limit:
                 keys.append(k)
@@ -333,22 +355,24 @@ class Limiter:
         self._available()
 
 
-def _limits(lim: KeyLimits) -> tuple[int, int, int, int]:
+def _limits(lim: KeyLimits) -> tuple[int, int, int, int, int]:
     return (
         lim.requests_per_minute,
         lim.tokens_per_minute,
         lim.tokens_per_day,
         lim.tokens_per_month,
+        lim.team_tokens_per_month,
     )
 
 
-def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int):
+def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int, ttm: int = 0):
     """(limit, remaining, seconds left) of the token limit with the least left."""
     best = None
     for limit, used, left in (
         (lim.tokens_per_minute, tm, w.minute_left),
         (lim.tokens_per_day, td, w.day_left),
         (lim.tokens_per_month, tmo, w.month_left),
+        (lim.team_tokens_per_month, ttm, w.month_left),
     ):
         if limit:
             remaining = max(0, limit - used)
@@ -357,7 +381,7 @@ def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int):
     return best
 
 
-def _headers(lim: KeyLimits, w: Windows, rq, tm, td, tmo) -> list[tuple[bytes, bytes]]:
+def _headers(lim: KeyLimits, w: Windows, rq, tm, td, tmo, ttm=0) -> list[tuple[bytes, bytes]]:
     headers = []
     if lim.requests_per_minute:
         headers += [
@@ -368,7 +392,7 @@ def _headers(lim: KeyLimits, w: Windows, rq, tm, td, tmo) -> list[tuple[bytes, b
             ),
             (b"x-ratelimit-reset-requests", reset_text(w.minute_left).encode()),
         ]
-    tokens = _tokens_window(lim, w, tm, td, tmo)
+    tokens = _tokens_window(lim, w, tm, td, tmo, ttm)
     if tokens is not None:
         limit, remaining, left = tokens
         headers += [
@@ -390,8 +414,14 @@ def _refusal(entry, lim: KeyLimits, w: Windows, refused: int, headers) -> Gatewa
     elif refused == 3:
         message = f"{who} has used its budget of {lim.tokens_per_day} tokens for today (UTC)"
         left, code = w.day_left, "insufficient_quota"
-    else:
+    elif refused == 4:
         message = f"{who} has used its budget of {lim.tokens_per_month} tokens for this month (UTC)"
+        left, code = w.month_left, "insufficient_quota"
+    else:
+        message = (
+            f"team '{lim.team}' (of {who}) has used its budget of {lim.team_tokens_per_month} "
+            "tokens for this month (UTC)"
+        )
         left, code = w.month_left, "insufficient_quota"
     err = GatewayError(
         429, f"{message}; try again in {reset_text(left)}", code=code, retry_after=math.ceil(left)

@@ -26,6 +26,7 @@ from .nodes import (
     WantedEngine,
 )
 from .status import Event, FleetStatus
+from .teams import Team
 from .weights import WeightsEvent
 from .workload import Replica, Shard
 
@@ -58,6 +59,7 @@ __all__ = [
     "Shard",
     "ShardLoad",
     "ShardState",
+    "Team",
     "Storage",
     "VllmBuild",
     "WantedEngine",

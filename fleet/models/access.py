@@ -158,6 +158,15 @@ class ApiKey(_Secret):
         on_delete=models.CASCADE,
         help_text="For manage keys: the user the API acts as.",
     )
+    team = models.ForeignKey(
+        "Team",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="api_keys",
+        help_text="The team that owns it: its members manage it, and what it uses counts "
+        "against the team's token quota. Empty: the fleet's.",
+    )
     allowed_models = models.JSONField(
         default=list, blank=True, help_text="Model names this key may use. Empty: all."
     )

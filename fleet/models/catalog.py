@@ -58,6 +58,15 @@ class Model(models.Model):
         help_text="The name clients ask for in the OpenAI API.",
     )
     description = models.TextField(blank=True)
+    team = models.ForeignKey(
+        "Team",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="models",
+        help_text="The team that owns it: its members manage it, its quotas bound it. "
+        "Empty: the fleet's, managed by those in no team.",
+    )
     desired_replicas = models.IntegerField(
         default=1,
         help_text="How many replicas should run. With autoscaling (min and max replicas set), "

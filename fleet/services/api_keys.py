@@ -12,7 +12,7 @@ from fleet.models import ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
 from fleet.models.catalog import fallbacks_problem
 
-from . import doorbells, permissions
+from . import doorbells, permissions, teams
 from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
@@ -120,15 +120,16 @@ def _whose(owner) -> str:
     return f"user '{owner.get_username()}'" if owner is not None else "no user"
 
 
-def check_actor(actor, action: str, owner, verb: str) -> None:
+def check_actor(actor, action: str, owner, verb: str, key: ApiKey | None = None) -> None:
     """Raise permissions.Refused unless ``actor`` may do ``action`` to a key of ``owner``.
 
-    The action's own permission (add or change_apikey), and for a key that is
-    not the actor's own — another user's, or one of no user — also
+    The action's own permission (add or change_apikey); the key's team's scope
+    (fleet.services.teams) for an existing ``key``; and for a key that is not the
+    actor's own — another user's, or one of no user — also
     ``manage_others_api_keys``: a key acts as its owner, so making or taking
     one for someone else is acting as them.
     """
-    permissions.require_action(actor, action, f"{verb} an API key")
+    permissions.require_action(actor, action, f"{verb} an API key", on=key)
     if actor is SYSTEM or (owner is not None and owner.pk == actor.pk):
         return
     permissions.require(
@@ -176,6 +177,7 @@ def create_api_key(
     expires_at: datetime | None = None,
     limits: dict | None = None,
     fallbacks: list[str] | None = None,
+    team=None,
     actor=SYSTEM,
 ) -> tuple[ApiKey, str]:
     """A new API key for ``user``; returns (key, secret). The secret is shown once and kept
@@ -185,6 +187,7 @@ def create_api_key(
     ApiKeyError (see check_api_key) for bad input; either way it creates nothing.
     """
     check_actor(actor, "api_key.create", user, "mint")
+    team = teams.team_for_new(actor, team, "an API key")
     allowed = check_api_key(
         name,
         scope=scope,
@@ -200,6 +203,7 @@ def create_api_key(
         allowed_models=allowed,
         fallbacks=fallbacks or [],
         expires_at=expires_at,
+        team=team,
         **check_limits(limits),
     )
     logger.info(
@@ -218,13 +222,13 @@ def revoke_api_keys(keys, actor=SYSTEM) -> int:
     revokes nothing. Returns how many were live."""
     keys = list(keys)
     for key in keys:
-        check_actor(actor, "api_key.revoke", key.user, f"revoke '{key.name}' ({key.prefix}),")
+        check_actor(actor, "api_key.revoke", key.user, f"revoke '{key.name}' ({key.prefix}),", key)
     return sum(revoke_api_key(k) for k in keys)
 
 
 def revoke_api_key(key: ApiKey, actor=SYSTEM) -> bool:
     """Revoke a key; returns whether it was live. Takes effect on its next request."""
-    check_actor(actor, "api_key.revoke", key.user, "revoke")
+    check_actor(actor, "api_key.revoke", key.user, "revoke", key)
     now = timezone.now()
     changed = bool(ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now))
     if changed:
@@ -240,7 +244,7 @@ def set_limits(key: ApiKey, limits: dict, actor=SYSTEM) -> ApiKey:
 
     Limits are the operator's to set on anyone's key (change_apikey): they bound
     a key, they do not let anyone act as its owner."""
-    permissions.require_action(actor, "api_key.set_limits", "change an API key's limits")
+    permissions.require_action(actor, "api_key.set_limits", "change an API key's limits", on=key)
     limits = check_limits(limits)
     for name, value in limits.items():
         setattr(key, name, value)
@@ -260,7 +264,7 @@ def set_fallbacks(key: ApiKey, names: list[str], actor=SYSTEM) -> ApiKey:
 
     Like limits, fallbacks bound what a key's requests reach among the models it
     may use already, so change_apikey suffices, whoever owns the key."""
-    permissions.require_action(actor, "api_key.set_limits", "change an API key's fallbacks")
+    permissions.require_action(actor, "api_key.set_limits", "change an API key's fallbacks", on=key)
     check_fallbacks(names, scope=key.scope, allowed=key.allowed_models)
     key.fallbacks = list(names)
     key.save(update_fields=["fallbacks"])
@@ -281,7 +285,7 @@ def rotate_api_key(key: ApiKey, grace: timedelta, now: datetime | None = None, a
     The new secret acts as the key's owner, so rotating another's key needs
     ``manage_others_api_keys`` (``check_actor``).
     """
-    check_actor(actor, "api_key.rotate", key.user, "rotate")
+    check_actor(actor, "api_key.rotate", key.user, "rotate", key)
     if key.revoked:
         raise ApiKeyError("key", f"API key '{key.name}' ({key.prefix}) is revoked")
     if grace < timedelta(0):

@@ -54,7 +54,9 @@ def abort(model: Model, actor, why: str = "") -> str:
 
 
 def _end(model: Model, actor, why: str, verb: str, next_: str) -> str:
-    permissions.require_action(actor, "model.canary", f"{verb} the canary of {model.name}")
+    permissions.require_action(
+        actor, "model.canary", f"{verb} the canary of {model.name}", on=model
+    )
     with transaction.atomic():
         m = Model.objects.select_for_update().get(pk=model.pk)
         if m.canary_profile_id is None:

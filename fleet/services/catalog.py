@@ -39,9 +39,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentd import safeyaml
-from fleet.models import EngineProfile, Model, WantedEngine
+from fleet.models import EngineProfile, Model, Team, WantedEngine
 
-from . import permissions, profiles
+from . import permissions, profiles, teams
 from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
@@ -105,25 +105,31 @@ class ApplyResult:
     unchanged: list[str] = field(default_factory=list)
     # Action (fleet.services.permissions) -> what in the file needs it.
     needs: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    # (team id or None, what in the file): changes that need that team's scope.
+    scopes: list[tuple[int | None, str]] = field(default_factory=list, repr=False)
 
     def need(self, action: str, what: str) -> None:
         self.needs.setdefault(action, []).append(what)
 
 
-def _refusal(actor, needs: dict[str, list[str]]) -> str | None:
-    """Why ``actor`` may not apply changes that need ``needs``, or None when it may:
-    each missing permission with the first few things in the file that need it."""
+def _refusal(actor, result: ApplyResult) -> str | None:
+    """Why ``actor`` may not apply the file's changes, or None when it may: each missing
+    permission with the first few things in the file that need it, else the first
+    change outside the actor's team (fleet.services.teams)."""
     lines = []
-    for action, whats in needs.items():
+    for action, whats in result.needs.items():
         for perm in permissions.missing(actor, permissions.needs(action)):
             shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
             lines.append(f"{perm} ({shown})")
-    if not lines:
-        return None
-    return (
-        f"{permissions.name_of(actor)} may not apply this file; nothing applied. "
-        f"It needs: {'; '.join(lines)}"
-    )
+    if lines:
+        return (
+            f"{permissions.name_of(actor)} may not apply this file; nothing applied. "
+            f"It needs: {'; '.join(lines)}"
+        )
+    for team_id, what in result.scopes:
+        if why := teams.problem(actor, team_id, f"change {what}"):
+            return f"{why}; nothing applied"
+    return None
 
 
 def parse(text: str) -> list[dict]:
@@ -162,7 +168,9 @@ def _parse(text: str) -> dict:
             errors.append(f"{where}.name: model '{name}' appears twice")
         seen.add(name)
         where = f"model {name}" if name else where
-        for key in sorted(set(entry) - set(MODEL_KEYS) - {"profile", "profiles", "canary_profile"}):
+        for key in sorted(
+            set(entry) - set(MODEL_KEYS) - {"profile", "profiles", "canary_profile", "team"}
+        ):
             errors.append(f"{where}: unknown field '{key}'")
         profiles = entry.get("profiles", [])
         if not isinstance(profiles, list):
@@ -256,7 +264,7 @@ def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:
                     errors.append(f"model {entry['name']}.fallbacks: {problem}")
         for engine, version in data.get("engines", {}).items():
             errors += _apply_engine(str(engine), str(version), result)
-        if (why := _refusal(actor, result.needs)) is not None:
+        if (why := _refusal(actor, result)) is not None:
             transaction.set_rollback(True)
             raise permissions.Refused(why)
         if errors:
@@ -304,6 +312,9 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
         # does not name it leaves it where it is (the bounds still apply).
         values["desired_replicas"] = model.desired_replicas
     diffs = _assign(model, values, model_defaults)
+    before_team, needs_before = model.team_id, sum(map(len, result.needs.values()))
+    if problem := _assign_team(model, entry, created, author["actor"], diffs):
+        return [f"{where}.team: {problem}"]
     model.fallbacks_checked_later = True  # by apply(), once the whole file is in
     model.canary_checked_later = True  # below, once its profiles are in
     errors = _validate(model, where, exclude=["active_profile"])
@@ -338,6 +349,11 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
         result.need("model.add", where)
     elif diffs:
         result.need("model.change", where)
+    if sum(map(len, result.needs.values())) > needs_before:
+        # Its team's members change it: the team it had, and the one it gets.
+        if not created:
+            result.scopes.append((before_team, where))
+        result.scopes.append((model.team_id, where))
     if created:
         result.changes.append(f"model {name} created")
     elif diffs:
@@ -345,6 +361,32 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
     else:
         result.unchanged.append(f"model {name}")
     return []
+
+
+def _assign_team(model, entry, created: bool, actor, diffs: list[str]) -> str | None:
+    """The file's ``team`` (a team's name, or null for none) on ``model``; a model new to
+    the catalog with none named is its author's team (``teams.team_for_new``), one
+    already there keeps its own. Returns what is wrong with the name, else None."""
+    if "team" in entry:
+        name = entry["team"]
+        if name is not None and not isinstance(name, str):
+            return f"a team's name, or null for none (got {name!r})"
+        team = Team.objects.filter(name=name).first() if name else None
+        if name and team is None:
+            known = ", ".join(Team.objects.values_list("name", flat=True)) or "none"
+            return f"no team named '{name}' (teams: {known})"
+    elif created:
+        try:
+            team = teams.team_for_new(actor, None, f"model '{model.name}'")
+        except permissions.Refused as exc:
+            return str(exc)
+    else:
+        return None
+    if model.team_id != (team.pk if team else None):
+        diffs.append(f"team {model.team.name if model.team_id else None!r} → "
+                     f"{team.name if team else None!r}")  # fmt: skip
+        model.team = team
+    return None
 
 
 def _apply_canary(model, name, where: str, diffs: list[str]) -> list[str]:

@@ -67,7 +67,7 @@ def evict_replica(replica: Replica, how: str, actor) -> tuple[bool, str]:
     """
     if how not in EVICT_WORDS:
         raise ValueError(f"unknown action '{how}' (known: {', '.join(EVICT_WORDS)})")
-    permissions.require_action(actor, f"replica.{how}", f"{how} replica {replica}")
+    permissions.require_action(actor, f"replica.{how}", f"{how} replica {replica}", on=replica)
     who = permissions.name_of(actor)
     with transaction.atomic():
         r = Replica.objects.select_for_update().select_related("model").get(pk=replica.pk)

@@ -74,6 +74,8 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "profile.args_env": (ARGS_ENV,),
     "engine.add": ("fleet.add_wantedengine",),
     "engine.change": ("fleet.change_wantedengine",),
+    "team.add": ("fleet.add_team",),
+    "team.change": ("fleet.change_team",),
 }
 
 
@@ -118,8 +120,84 @@ def require(actor, perms, doing: str) -> None:
         )
 
 
-def require_action(actor, action: str, doing: str | None = None) -> None:
-    require(actor, needs(action), doing or action.replace(".", " ").replace("_", " "))
+def require_action(actor, action: str, doing: str | None = None, *, on=None) -> None:
+    """Raise Refused unless the actor has the action's permissions and, for an action
+    ``on`` a model, profile, replica or API key, that object is in their team's scope
+    (fleet.services.teams)."""
+    doing = doing or action.replace(".", " ").replace("_", " ")
+    require(actor, needs(action), doing)
+    if on is not None and (why := scope_problem(actor, team_of(on), doing)):
+        raise Refused(why)
+
+
+# ---- teams' scope ----------------------------------------------------------------------
+#
+# On top of an action's permissions: a member of a team changes only what that team
+# owns (models, their profiles and replicas, API keys), someone in no team only what
+# belongs to no team, and MANAGE_ALL_TEAMS (superusers have it) everything. The
+# admin and the API ask it as object permissions (fleet.services.teams).
+
+MANAGE_ALL_TEAMS = "fleet.manage_all_teams"
+
+
+def team_of(obj) -> int | None:
+    """The id of the team that owns ``obj`` (a model, profile, replica or API key)."""
+    from fleet.models import ApiKey, EngineProfile, Model, Replica
+
+    if isinstance(obj, Model | ApiKey):
+        return obj.team_id
+    if isinstance(obj, EngineProfile | Replica):
+        return obj.model.team_id
+    raise TypeError(f"{type(obj).__name__} belongs to no team")
+
+
+def teams_of(user) -> dict[int, str]:
+    """The teams ``user`` is a member of, id -> name; kept on the user for its request."""
+    from fleet.models import Team
+
+    cached = getattr(user, "_llmgw_teams", None)
+    if cached is None:
+        cached = dict(
+            Team.objects.filter(group__user=user).order_by("name").values_list("pk", "name")
+        )
+        user._llmgw_teams = cached
+    return cached
+
+
+def manages_all(actor) -> bool:
+    return actor is SYSTEM or actor.has_perm(MANAGE_ALL_TEAMS)
+
+
+def team_names(teams: dict[int, str]) -> str:
+    return ", ".join(f"'{n}'" for n in teams.values())
+
+
+def scope_problem(actor, team_id: int | None, what: str) -> str | None:
+    """Why ``actor`` may not ``what`` (e.g. "change model 'llama'") of team ``team_id``
+    (None: the fleet's), or None when they may."""
+    if actor is SYSTEM or not getattr(actor, "is_authenticated", False):
+        return None  # the permission check refuses the anonymous already
+    if manages_all(actor):
+        return None
+    mine = teams_of(actor)
+    if team_id is None:
+        if not mine:
+            return None
+        return (
+            f"{name_of(actor)} may not {what}: it belongs to no team, and they may change "
+            f"only what team {team_names(mine)} owns (or need the permission "
+            f"{MANAGE_ALL_TEAMS})"
+        )
+    if team_id in mine:
+        return None
+    from fleet.models import Team
+
+    owner = Team.objects.filter(pk=team_id).values_list("name", flat=True).first()
+    return (
+        f"{name_of(actor)} may not {what}: it belongs to team '{owner}', and they are "
+        f"{'in team ' + team_names(mine) if mine else 'in no team'} (or need the permission "
+        f"{MANAGE_ALL_TEAMS})"
+    )
 
 
 AS_HELP = (

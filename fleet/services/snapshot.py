@@ -41,7 +41,7 @@ from .placement import (
     Verdict,
     explain,
 )
-from .units import MB_PER_GB, MIB_PER_GIB
+from .units import MB_PER_GB, share_mb
 from .weights_gc.facts import ts as unix_seconds
 
 
@@ -215,14 +215,6 @@ def build() -> Snapshot:
     return Snapshot(list(nodes.values()), default_port_range(), reserve_mb)
 
 
-def share_mb(gpu_memory_gb: float | None) -> int:
-    """A profile's share of each GPU in MiB, as NVML counts GPU memory; 0: whole GPUs.
-
-    GPU memory is in binary units, as drivers and engines report it: an "80 GB"
-    H100 has 81,559 MiB, 79.6 GB here."""
-    return round(gpu_memory_gb * MIB_PER_GIB) if gpu_memory_gb else 0
-
-
 def estimated_bytes(profile) -> int:
     """What the profile's model needs by its estimate (0: none, or made from other inputs)."""
     found = profile.estimate or {}
@@ -356,8 +348,18 @@ def explain_model(model_name: str, profile_name: str | None = None) -> Explanati
                 f"model '{model_name}' has no profile '{profile_name}' (it has: {names})"
             )
     snap = build()
-    verdicts, result = explain(snap, request_for(model, profile))
-    if isinstance(result, NoPlacement):
+    req = request_for(model, profile)
+    verdicts, result = explain(snap, req)
+    over = None
+    if model.team_id is not None:
+        from .teams import Holdings
+
+        over = Holdings.now(snap).refusal(
+            model.team_id, req, None if isinstance(result, NoPlacement) else result
+        )
+    if over:
+        choice, chosen = f"cannot be placed: {over}", None
+    elif isinstance(result, NoPlacement):
         choice, chosen = f"cannot be placed: {result.summary}", None
     else:
         where = ", ".join(

@@ -64,3 +64,11 @@ def size_text(n: int) -> str:
             value = n / scale
             return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
     return f"{n} B"
+
+
+def share_mb(gpu_memory_gb: float | None) -> int:
+    """A profile's share of each GPU in MiB, as NVML counts GPU memory; 0: whole GPUs.
+
+    GPU memory is in binary units, as drivers and engines report it: an "80 GB"
+    H100 has 81,559 MiB, 79.6 GB here."""
+    return round(gpu_memory_gb * MIB_PER_GIB) if gpu_memory_gb else 0

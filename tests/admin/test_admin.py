@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.auth.models import Group
 from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
@@ -21,6 +22,7 @@ from fleet.models import (
     Model,
     Node,
     NodeCredential,
+    Team,
 )
 from fleet.models.access import hash_secret
 from fleet.services import access, catalog
@@ -68,6 +70,10 @@ def fleet():
         provision=[{"engine": "llamacpp", "version": "0.3.16", "state": "installed"}],
     )
     model = add_model("qwen-7b", **LLAMACPP_CPU)
+    research = Team.objects.create(
+        name="research", group=Group.objects.create(name="research"), max_gpus=8
+    )
+    Model.objects.filter(pk=model.pk).update(team=research)
     replica = add_replica(model, model.active_profile, ["gpu-01"])
     # A node's load counts only for shards it holds.
     shard = replica.shards.get()

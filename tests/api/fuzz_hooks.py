@@ -110,10 +110,16 @@ def _made_valid(case):
             case.body.update(canary_profile=None, canary_percent=0)
         if case.body.get("fallbacks"):
             case.body["fallbacks"] = []  # names of other models that exist, in words only
+        if case.body.get("team") is not None:
+            case.body["team"] = None  # a team that exists, in words only
         _consistent_bounds(case.body)
     elif path in ("/api/v1/catalog/apply/", "/api/v1/catalog/explain/"):
         if "catalog" in case.body or path.endswith("apply/"):
             case.body["catalog"] = CATALOG
+    elif path.startswith("/api/v1/teams/") and case.method in ("POST", "PUT", "PATCH"):
+        # A group that exists and is no other team's, in words only: a new team's is
+        # made with it, a team's own is kept.
+        case.body.pop("group", None)
     elif path == "/api/v1/join-tokens/":
         case.body["ttl"] = "24h"
     elif path == "/api/v1/api-keys/{prefix}/rotate/":
@@ -123,6 +129,7 @@ def _made_valid(case):
     elif path == "/api/v1/api-keys/":
         case.body.pop("models", None)  # names of models that exist, in words only
         case.body.pop("fallbacks", None)
+        case.body.pop("team", None)  # a team that exists, in words only
         if "user" in case.body:
             case.body["user"] = "fuzz"  # a user that exists: the test's own
         if "expires" in case.body:

@@ -35,6 +35,28 @@ def test_create_api_key_takes_limits_and_the_gateway_falls_back_to_the_defaults(
     assert (entry.limits.tokens_per_day, entry.limits.tokens_per_month) == (5000, 900000)
 
 
+def test_a_key_of_a_team_carries_the_teams_month_budget_to_the_gateway():
+    from django.contrib.auth.models import Group
+
+    from fleet.models import Team
+
+    research = Team.objects.create(
+        name="research", group=Group.objects.create(name="research"), tokens_per_month=10**6
+    )
+    out, _ = run("create_api_key", "ci", "--team", "research")
+    key = ApiKey.objects.get()
+    assert key.team == research
+    (entry,) = keys.load_keys().values()
+    assert (entry.limits.team, entry.limits.team_tokens_per_month) == ("research", 10**6)
+    assert entry.limits.on  # checked in Redis, though the key has no limits of its own
+
+    Team.objects.filter(pk=research.pk).update(tokens_per_month=None)
+    (entry,) = keys.load_keys().values()
+    assert not entry.limits.on
+    with pytest.raises(CommandError, match="no team named 'vision' \\(teams: research\\)"):
+        run("create_api_key", "other", "--team", "vision")
+
+
 def test_a_negative_limit_is_refused_naming_it():
     with pytest.raises(CommandError, match="tokens_per_minute must be a whole number"):
         run("create_api_key", "team-a", "--tpm", "-5")

@@ -3,12 +3,13 @@
 import re
 
 import pytest
+from django.contrib.auth.models import Group
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from fleet.models import FleetStatus, Node, ReplicaState
+from fleet.models import FleetStatus, Model, Node, ReplicaState, Team
 from tests.console.helpers import simulated_fleet
 from tests.factories import add_model, add_node, add_replica, operator, report_load, staff_user
 
@@ -141,17 +142,42 @@ def _queries(client, url) -> int:
     return len(ctx.captured_queries)
 
 
-def test_the_queries_do_not_grow_with_the_fleet(client):
+@pytest.mark.parametrize("with_teams", [False, True], ids=["no teams", "teams"])
+def test_the_queries_do_not_grow_with_the_fleet(client, with_teams):
     client.force_login(operator())
     simulated_fleet(10, prefix="small")
+    if with_teams:  # the Teams table: its use counted from every shard of its models
+        research = Team.objects.create(name="research", group=Group.objects.create(name="r"))
+        Model.objects.update(team=research)
     small = (_queries(client, CLUSTER), _queries(client, FRAGMENT))
 
     simulated_fleet(90, prefix="more")  # 100 nodes in all, 800 GPUs, 100 shards
+    Model.objects.filter(team=None).update(team=Team.objects.first())
     large = (_queries(client, CLUSTER), _queries(client, FRAGMENT))
 
     assert small == large
     print(f"cluster page queries: page {large[0]}, fragment {large[1]}")
-    assert large[0] <= 16, large
+    # One for the teams; three more for what they hold when there are some.
+    assert large[0] <= (20 if with_teams else 17), large
+
+
+def test_the_teams_table_shows_use_against_quotas(client):
+    client.force_login(operator())
+    simulated_fleet(3, prefix="n")  # one ready shard per node, a GPU each
+    group = Group.objects.create(name="research")
+    research = Team.objects.create(name="research", group=group, max_gpus=8, max_replicas=3)
+    operator("alice").groups.add(group)
+    Model.objects.update(team=research)
+    Team.objects.create(name="vision", group=Group.objects.create(name="vision"))
+
+    page = client.get(CLUSTER).content.decode()
+
+    row = re.search(r'<tr class="team-row" data-team="research">.*?</tr>', page).group(0)
+    assert '<td class="team-gpus">3 of 8</td>' in row
+    assert '<td class="team-replicas">3 of 3</td>' in row
+    assert '<td class="team-memory">238.9</td>' in row  # three H100s, no memory quota
+    assert "<td>1</td>" in row  # its member
+    assert 'data-team="vision"' in page
 
 
 def test_anonymous_and_non_staff_users_are_refused(client):

@@ -112,6 +112,45 @@ async def test_a_month_budget_resets_on_the_first_even_across_a_year():
     assert new_year["x-ratelimit-remaining-tokens"] == "50"
 
 
+async def test_a_teams_month_budget_is_shared_by_its_keys_and_refuses_them_all():
+    lim = limiter()
+    team = {"team_id": 3, "team": "research", "team_tokens_per_month": 1000}
+    ci = entry(**team)
+    notebook = KeyEntry(
+        8, "notebook", "efgh5678", "inference", frozenset(), None, False, KeyLimits(**team)
+    )
+    other = KeyEntry(  # another team's key: its own counter
+        9, "vision-ci", "ijkl9012", "inference", frozenset(), None, False,
+        KeyLimits(team_id=4, team="vision", team_tokens_per_month=1000),
+    )  # fmt: skip
+    now = at(2026, 12, 4, 10, 0, 0)
+    try:
+        await lim.check(ci, now)
+        await lim.charge(ci, 600, now)
+        shown = as_dict(await lim.check(notebook, now + 1))
+        await lim.charge(notebook, 400, now + 1)
+        refused = []
+        for key in (ci, notebook):
+            with pytest.raises(GatewayError) as spent:
+                await lim.check(key, now + 2)
+            refused.append(spent.value)
+        others = as_dict(await lim.check(other, now + 2))
+        next_month = as_dict(await lim.check(ci, at(2027, 1, 1, 0, 0, 0)))
+    finally:
+        await lim.close()
+    # The headers count the team's budget, which notebook shares with ci.
+    assert shown["x-ratelimit-limit-tokens"] == "1000"
+    assert shown["x-ratelimit-remaining-tokens"] == "400"
+    assert [e.status for e in refused] == [429, 429]
+    assert refused[0].code == "insufficient_quota"
+    assert refused[1].message.startswith(
+        "team 'research' (of API key 'notebook' (efgh5678)) has used its budget of 1000 tokens "
+        "for this month (UTC)"
+    )
+    assert others["x-ratelimit-remaining-tokens"] == "1000"
+    assert next_month["x-ratelimit-remaining-tokens"] == "1000"
+
+
 async def test_a_key_without_limits_never_asks_redis():
     lim = limiter(url="unix:///nonexistent/redis.sock")
     before = UNCHECKED._value.get()

@@ -56,10 +56,12 @@ from fleet.models import (
     LocalWeights,
     Model,
     Node,
+    Team,
     WantedEngine,
 )
 from fleet.services import api_keys
 from fleet.services.permissions import ARGS_ENV, OTHERS_API_KEYS
+from fleet.services.teams import MANAGE_ALL as MANAGE_ALL_TEAMS
 from tests.admin.helpers import form_data
 from tests.factories import add_model, join_token, node_with_weights
 
@@ -152,6 +154,8 @@ class World:
     token: JoinToken
     root_key: ApiKey
     event: Event
+    team: object = None  # a team of its own group, owning team_model
+    team_model: Model | None = None
     catalog_file: str = ""
     prepared: object = None  # what the walk's prepare() made
     seq: itertools.count = field(default_factory=itertools.count)
@@ -179,7 +183,13 @@ def world(settings, tmp_path) -> World:
     root_key, _ = api_keys.create_api_key("root's", scope="manage", user=root)
     token, _ = join_token()
     catalog = tmp_path / "catalog.yaml"
+    team = Team.objects.create(name="research", group=Group.objects.create(name="research"))
+    team_model = add_model("theirs", engine="llamacpp", gpus_per_node=0)
+    Model.objects.filter(pk=team_model.pk).update(team=team)
+    team_model.refresh_from_db()
     return World(
+        team=team,
+        team_model=team_model,
         root=root,
         bystander=bystander,
         group=group,
@@ -535,11 +545,61 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(
             "fleet.change_model",
             go=api("patch", lambda w: f"/api/v1/models/{w.spare.pk}/", {"desired_replicas": 3}),
-        )
+        ),
+        # A team's model, to walkers in no team: the team's scope is one more permission.
+        walk(
+            "fleet.change_model",
+            MANAGE_ALL_TEAMS,
+            name="a team's",
+            go=api(
+                "patch", lambda w: f"/api/v1/models/{w.team_model.pk}/", {"desired_replicas": 3}
+            ),
+        ),
+        walk(
+            "fleet.change_model",
+            MANAGE_ALL_TEAMS,
+            name="given to a team",
+            go=api("patch", lambda w: f"/api/v1/models/{w.spare.pk}/", {"team": "research"}),
+        ),
     ],
     "api:ModelViewSet.destroy": [
-        walk("fleet.delete_model", go=api("delete", lambda w: f"/api/v1/models/{w.spare.pk}/"))
+        walk("fleet.delete_model", go=api("delete", lambda w: f"/api/v1/models/{w.spare.pk}/")),
+        walk(
+            "fleet.delete_model",
+            MANAGE_ALL_TEAMS,
+            name="a team's",
+            go=api("delete", lambda w: f"/api/v1/models/{w.team_model.pk}/"),
+        ),
     ],
+    "api:TeamViewSet.create": [
+        # Its group made with it, empty and granting nothing: no auth.add_group needed.
+        walk("fleet.add_team", go=api("post", "/api/v1/teams/", {"name": "t"})),
+        walk(
+            "fleet.add_team",
+            name="of a group there is",
+            go=api("post", "/api/v1/teams/", {"name": "ops", "group": "operators"}),
+        ),
+    ],
+    "api:TeamViewSet.update": [
+        walk(
+            "fleet.change_team",
+            go=api(
+                "put",
+                lambda w: f"/api/v1/teams/{w.team.pk}/",
+                {"name": "research", "group": "research", "max_gpus": 8},
+            ),
+        )
+    ],
+    "api:TeamViewSet.partial_update": [
+        walk(
+            "fleet.change_team",
+            go=api("patch", lambda w: f"/api/v1/teams/{w.team.pk}/", {"max_gpus": 8}),
+        )
+    ],
+    "api:TeamViewSet.destroy": NoChange(
+        api("delete", lambda w: f"/api/v1/teams/{w.team.pk}/"),
+        "a team that owns models is kept (409): delete or move them first",
+    ),
     "api:EngineProfileViewSet.create": [
         walk(
             "fleet.add_engineprofile",
@@ -822,6 +882,31 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             go=admin_action("fleet.apikey", "revoke_keys", lambda w: [w.root_key]),
         ),
     ],
+    "admin:fleet.team:add": [
+        walk(
+            "fleet.add_team",
+            go=admin_form("add", "fleet.team", lambda w: {"name": "t", "group": str(w.group.pk)}),
+        )
+    ],
+    "admin:fleet.team:change": [
+        walk(
+            "fleet.change_team",
+            go=admin_form(
+                "change",
+                "fleet.team",
+                lambda w: {"name": "research", "group": str(w.team.group_id), "max_gpus": "8"},
+                lambda w: w.team,
+            ),
+        )
+    ],
+    "admin:fleet.team:delete": NoChange(
+        admin_delete("fleet.team", lambda w: w.team),
+        "a team that owns models is kept: delete or move them first",
+    ),
+    "admin:fleet.team:action:delete_selected": NoChange(
+        admin_action("fleet.team", "delete_selected", lambda w: [w.team]),
+        "a team that owns models is kept: delete or move them first",
+    ),
     "admin:fleet.model:add": [
         walk(
             "fleet.add_model",

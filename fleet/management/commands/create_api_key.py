@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from fleet.models import ApiKeyScope
+from fleet.models import ApiKeyScope, Team
 from fleet.services import api_keys, permissions
 
 LIMIT_OPTIONS = {
@@ -63,10 +63,25 @@ class Command(BaseCommand):
             "the model asked for cannot.",
         )
         parser.add_argument("--expires", help="When it expires: 30d, 12h… or an ISO 8601 time.")
+        parser.add_argument(
+            "--team", help="The team that owns it. With --as and left out: that user's team."
+        )
         add_limit_arguments(parser)
         parser.add_argument("--as", dest="as_user", metavar="USER", help=permissions.AS_HELP)
 
-    def handle(self, *args, name, scope, user, models, fallbacks, expires, as_user=None, **options):
+    def handle(
+        self,
+        *args,
+        name,
+        scope,
+        user,
+        models,
+        fallbacks,
+        expires,
+        team=None,
+        as_user=None,
+        **options,
+    ):
         try:
             actor = permissions.actor_named(as_user)
         except permissions.Refused as exc:
@@ -78,6 +93,12 @@ class Command(BaseCommand):
                 owner = User.objects.get(**{User.USERNAME_FIELD: user})
             except User.DoesNotExist:
                 raise CommandError(f"no user '{user}'") from None
+        owning = None
+        if team:
+            owning = Team.objects.filter(name=team).first()
+            if owning is None:
+                known = ", ".join(Team.objects.values_list("name", flat=True)) or "none"
+                raise CommandError(f"no team named '{team}' (teams: {known})")
         try:
             expires_at = api_keys.parse_expiry(expires) if expires else None
             key, secret = api_keys.create_api_key(
@@ -88,6 +109,7 @@ class Command(BaseCommand):
                 expires_at=expires_at,
                 limits=limits_from(options),
                 fallbacks=[m.strip() for m in fallbacks.split(",") if m.strip()],
+                team=owning,
                 actor=actor,
             )
         except (permissions.Refused, ValueError) as exc:

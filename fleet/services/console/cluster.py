@@ -23,6 +23,7 @@ from fleet.models import (
     ReplicaState,
     Shard,
     ShardState,
+    Team,
 )
 
 from ..autoscaler.status import scaling_status
@@ -70,6 +71,58 @@ class ModelLine:
     scaling: str = ""  # autoscaler.status.scaling_status: "" without autoscaling
 
 
+@dataclass
+class TeamLine:
+    """One team's use against its quotas; a quota of None is no bound."""
+
+    name: str
+    members: int
+    models: int
+    gpus: int
+    max_gpus: int | None
+    gpu_memory_gb: float
+    max_gpu_memory_gb: int | None
+    replicas: int
+    max_replicas: int | None
+    tokens: int
+    tokens_per_month: int | None
+
+
+def team_lines() -> list[TeamLine]:
+    """Each team with what it holds now and its tokens this month: a query when there are
+    no teams, four when there are (``teams.in_use``)."""
+    from ..teams import NOTHING_IN_USE, in_use
+
+    rows = list(
+        Team.objects.annotate(
+            n_models=Count("models", distinct=True),
+            n_members=Count("group__user", distinct=True),
+        ).order_by("name")
+    )
+    if not rows:
+        return []
+    use = in_use(rows)
+    lines = []
+    for t in rows:
+        u = use.get(t.pk, NOTHING_IN_USE)
+        lines.append(
+            TeamLine(
+                t.name,
+                t.n_members,
+                t.n_models,
+                u["gpus"],
+                t.max_gpus,
+                u["gpu_memory_gb"],
+                t.max_gpu_memory_gb,
+                u["replicas"],
+                t.max_replicas,
+                u["tokens_this_month"],
+                t.tokens_per_month,
+            )
+        )
+    return lines
+
+
 # Models listed on the cluster page, by name; a catalog larger than this is in the admin.
 MODELS_SHOWN = 200
 
@@ -108,6 +161,7 @@ class Cluster:
     pending: list[PendingLine]
     pending_total: int
     models: list[ModelLine] = field(default_factory=list)
+    teams: list[TeamLine] = field(default_factory=list)
     at: datetime = field(default_factory=timezone.now)
 
 
@@ -236,5 +290,6 @@ def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = 
         pending=pending,
         pending_total=t.replicas_by_state.get(ReplicaState.PENDING, 0),
         models=model_lines(),
+        teams=team_lines(),
         at=now,
     )

@@ -23,7 +23,7 @@ from fleet.models import (
     ShardState,
 )
 
-from .. import placement, preemption
+from .. import placement, preemption, teams
 from .. import snapshot as snapshots
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class Placing:
         self._holders: list[preemption.Holder] | None = None
         self._preempting: dict[str, list[str]] | None = None
         self._preemptions_left: int | None = None
+        holdings = teams.Holdings.now(snap)  # a team's quota bounds what it is given
         for r in todo:
             model = self.models[r.model_id]
             prefer = self.prefer.get(r.pk)
@@ -56,6 +57,9 @@ class Placing:
             if key in unplaceable:
                 self.unplaced(r, unplaceable[key])
                 continue
+            if over := holdings.refusal(model.team_id, req):
+                self.unplaced(r, over)  # nothing is preempted for a team past its quota
+                continue
             result = placement.place(snap, req)
             if isinstance(result, placement.NoPlacement):
                 if key is not None and not model.priority:
@@ -63,7 +67,11 @@ class Placing:
                 if not self.make_room(r, req, snap):
                     self.unplaced(r, result.summary)
                 continue
+            if over := holdings.refusal(model.team_id, req, result):
+                self.unplaced(r, over)
+                continue
             snap.commit(result, req)
+            holdings.add(model.team_id, r.pk, req, result)
             spec = self.spec_of(r, result, snap)
             self.new_shards.extend(
                 Shard(

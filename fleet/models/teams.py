@@ -1,0 +1,71 @@
+"""Teams: who owns which models and API keys, and how much of the fleet they may take.
+
+A team's members are the users of its Django group, so a single sign-on's
+groups claim makes someone a member with no step of its own. Members manage
+their team's models and keys and see the rest read-only
+(fleet.services.teams). Its quotas bound what placement gives its models and
+what the gateway lets its keys spend; empty is no bound.
+"""
+
+from django.contrib.auth.models import Group
+from django.db import models
+
+from .catalog import name_validator
+
+
+class Team(models.Model):
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        validators=[name_validator],
+        help_text="How placement's reasons, the cluster page and the audit trail name it.",
+    )
+    description = models.TextField(blank=True)
+    group = models.OneToOneField(
+        Group,
+        on_delete=models.PROTECT,
+        related_name="team",
+        help_text="Its members: the users in this group (with single sign-on, the "
+        "provider's group of the same name). Their group permissions say what they may "
+        "do; the team, on which models and keys.",
+    )
+    max_gpus = models.PositiveIntegerField(
+        "GPU quota",
+        null=True,
+        blank=True,
+        help_text="GPUs its replicas may hold at once, whole or shared (a share counts as "
+        "one). Empty: no bound.",
+    )
+    max_gpu_memory_gb = models.PositiveIntegerField(
+        "GPU memory quota (GB)",
+        null=True,
+        blank=True,
+        help_text="GPU memory its replicas may hold at once: a whole GPU counts all of its "
+        "memory, a share what its profile asks. Empty: no bound.",
+    )
+    max_replicas = models.PositiveIntegerField(
+        "replica quota",
+        null=True,
+        blank=True,
+        help_text="Replicas of its models placed at once; more wait, pending, with the "
+        "reason. Empty: no bound.",
+    )
+    tokens_per_month = models.PositiveBigIntegerField(
+        "tokens per month",
+        null=True,
+        blank=True,
+        help_text="Prompt + completion tokens per UTC calendar month across all of its "
+        "API keys; past it the gateway answers 429. Empty: no bound.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [
+            # Without it, a member of a team changes only that team's models and
+            # keys, and someone in no team only those of no team.
+            ("manage_all_teams", "Can change the models and API keys of every team"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
