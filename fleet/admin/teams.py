@@ -2,7 +2,9 @@
 
 from contextvars import ContextVar
 
+from django import forms
 from django.contrib import admin
+from django.contrib.auth.models import Group
 
 from fleet.models import Team
 from fleet.services import teams
@@ -11,8 +13,32 @@ from fleet.services import teams
 _USE: ContextVar[dict | None] = ContextVar("team_use", default=None)
 
 
+class TeamForm(forms.ModelForm):
+    class Meta:
+        model = Team
+        fields = (
+            "name",
+            "description",
+            "group",
+            "max_gpus",
+            "max_gpu_memory_gb",
+            "max_replicas",
+            "tokens_per_month",
+        )
+
+    def clean(self):
+        data = super().clean()
+        name, group = data.get("name"), data.get("group")
+        if name and group is None and self.instance.pk is None:
+            taken = Team.objects.filter(group__name=name).first()
+            if taken is not None:
+                self.add_error("group", f"group '{name}' is team '{taken.name}' already")
+        return data
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
+    form = TeamForm
     list_display = (
         "name",
         "group",
@@ -49,6 +75,21 @@ class TeamAdmin(admin.ModelAdmin):
         ),
     )
     readonly_fields = ("in_use",)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None and "group" in form.base_fields:
+            field = form.base_fields["group"]
+            field.required = False
+            field.help_text = "Empty: a group of the team's name, made with it. " + str(
+                field.help_text
+            )
+        return form
+
+    def save_model(self, request, obj, form, change):
+        if obj.group_id is None:
+            obj.group = Group.objects.get_or_create(name=obj.name)[0]
+        super().save_model(request, obj, form, change)
 
     def changelist_view(self, request, extra_context=None):
         token = _USE.set(teams.in_use())

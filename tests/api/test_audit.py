@@ -57,6 +57,34 @@ def test_an_api_change_is_its_keys_user_s_once_with_the_fields_before_and_after(
     assert entry.changes_dict == {"desired_replicas": ["1", "3"]}
 
 
+def test_a_teams_quota_and_a_model_given_to_it_are_recorded_with_their_author(client):
+    from django.contrib.auth.models import Group
+
+    from fleet.models import Team
+
+    research = Team.objects.create(name="research", group=Group.objects.create(name="research"))
+    model = add_model("qwen", replicas=1)
+    key, secret = manage_key()
+    start = mark()
+
+    quota = client.patch(
+        f"/api/v1/teams/{research.pk}/", {"max_gpus": 8}, content_type="application/json",
+        **bearer(secret),
+    )  # fmt: skip
+    given = client.patch(
+        f"/api/v1/models/{model.pk}/", {"team": "research"}, content_type="application/json",
+        **bearer(secret),
+    )  # fmt: skip
+
+    assert quota.status_code == given.status_code == 200
+    (entry,) = of(research, start)
+    assert (entry.actor, entry.additional_data["door"]) == (key.user, "api")
+    assert entry.changes_dict == {"max_gpus": ["None", "8"]}
+    (entry,) = of(model, start)
+    assert entry.actor == key.user
+    assert entry.changes_dict == {"team": ["None", str(research.pk)]}
+
+
 def test_llmgw_and_apply_are_their_own_doors(client):
     key, secret = manage_key()
     node = add_node("gpu-01")

@@ -1,8 +1,11 @@
 """Teams through every door: a member changes their team's models and keys, sees the
 rest read-only, and a refusal names whose it is and changes nothing."""
 
+import re
+
 import pytest
 from django.contrib.auth.models import Group, Permission
+from django.urls import reverse
 
 from fleet.models import ApiKey, EngineProfile, Model, Team
 from fleet.services import api_keys, catalog, permissions
@@ -227,3 +230,38 @@ def test_teams_api_shows_members_quotas_and_use(client, fleet):
     )
     assert taken.status_code == 400
     assert "group 'research' is team 'research' already" in str(taken.json())
+
+
+def test_in_the_admin_another_teams_model_is_read_only_and_a_new_one_is_the_members(client, fleet):
+    client.force_login(fleet["alice"])
+    theirs = reverse("admin:fleet_model_change", args=[fleet["vit"].pk])
+    page = client.get(theirs).content.decode()
+    assert "View model" in page and 'name="_save"' not in page
+    refused = client.post(theirs, {"name": "vit", "desired_replicas": "9"})
+    assert refused.status_code == 403
+    assert Model.objects.get(name="vit").desired_replicas == 1
+
+    ours = client.get(reverse("admin:fleet_model_change", args=[fleet["llama"].pk]))
+    assert 'name="_save"' in ours.content.decode()
+    add = client.get(reverse("admin:fleet_model_add")).content.decode()
+    choices = re.findall(
+        r'<option value="(\d+)"[^>]*>([^<]+)</option>',
+        add.split('id="id_team"')[1].split("</select>")[0],
+    )
+    assert [name for _, name in choices] == ["research"]  # only their own team to give it to
+
+
+def test_the_admin_makes_a_new_teams_group_unless_one_is_chosen(admin_client, fleet):
+    add = reverse("admin:fleet_team_add")
+    made = admin_client.post(add, {"name": "platform", "max_gpus": "8"})
+    assert made.status_code == 302
+    assert Team.objects.get(name="platform").group.name == "platform"
+
+    taken = admin_client.post(add, {"name": "research"})
+    assert taken.status_code == 200  # the form again, with why
+    assert "team with this name already exists" in taken.content.decode().lower()
+    Group.objects.create(name="ml")
+    Team.objects.create(name="ml-old", group=Group.objects.get(name="ml"))
+    clash = admin_client.post(add, {"name": "ml"})
+    assert "group &#x27;ml&#x27; is team &#x27;ml-old&#x27; already" in clash.content.decode()
+    assert not Team.objects.filter(name="ml").exists()
