@@ -218,6 +218,27 @@ def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, m
     assert status == ctl.EXIT_REFUSED and "no model named 'ghost'" in err
 
 
+def test_teams_lists_use_against_quotas_and_api_key_gives_a_key_to_a_team(cli):
+    from django.contrib.auth.models import Group
+
+    from fleet.models import Team
+
+    assert cli("teams") == (0, "no teams: every model and key is the fleet's\n", "")
+    research = Team.objects.create(
+        name="research", group=Group.objects.create(name="research"), max_gpus=8
+    )
+    status, out, _ = cli("teams")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["TEAM", "MEMBERS", "GPUS"]
+    assert lines[1].split() == ["research", "-", "0", "of", "8", "0.0", "0", "0"]
+
+    status, _, _ = cli("api-key", "notebook", "--team", "research")
+    assert status == 0 and ApiKey.objects.get(name="notebook").team == research
+    status, _, err = cli("api-key", "other", "--team", "nope")
+    assert status == ctl.EXIT_REFUSED and "no team named 'nope'" in err
+
+
 def test_usage_totals_and_hours_and_a_rotated_key_keeps_working_for_its_grace(cli, monkeypatch):
     from datetime import timedelta
 
