@@ -128,7 +128,8 @@ def test_apply_then_models_and_explain(cli, tmp_path):
     assert cli("apply", "-f", str(catalog))[1] == "nothing to change\n"
 
     status, out, _ = cli("models")
-    assert status == 0 and out.splitlines()[1].split()[:3] == ["tiny", "1", "40"]
+    # model, team (none: the fleet's), replicas, priority
+    assert status == 0 and out.splitlines()[1].split()[:4] == ["tiny", "-", "1", "40"]
     profile = Model.objects.get(name="tiny").active_profile
     assert (profile.context_tokens, profile.sequences) == (8192, 4)
 
