@@ -76,6 +76,10 @@ class TeamAdmin(admin.ModelAdmin):
     )
     readonly_fields = ("in_use",)
 
+    def get_queryset(self, request):
+        # The members column: every team's users in one query, not one per row.
+        return super().get_queryset(request).prefetch_related("group__user_set")
+
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
         if obj is None and "group" in form.base_fields:
@@ -109,7 +113,7 @@ class TeamAdmin(admin.ModelAdmin):
 
     @admin.display(description="members")
     def members(self, obj):
-        return ", ".join(sorted(obj.group.user_set.values_list("username", flat=True))) or "-"
+        return ", ".join(sorted(u.username for u in obj.group.user_set.all())) or "-"
 
     @admin.display(description="GPUs")
     def gpus_display(self, obj):
