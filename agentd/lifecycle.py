@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from agentd import state
+from agentd import protocol, state
 from agentd.config import refused_env
 from agentd.engines import Engine, EngineUnavailable, Probe
 from agentd.engines.base import Launch, tree_size, weights_path
@@ -71,7 +71,13 @@ class EngineLifecycle:
             profile = spec.profile
             if model_path is not None:
                 profile = profile.model_copy(update={"model_path": str(model_path)})
-            launch = engine.build(profile, spec, host=self.host, port=port)
+            loaded = []
+            if engine.adapters_at_start and engine.serves_http(spec):
+                loaded = await self._start_adapters(sh, spec)
+            local = [protocol.AdapterSpec(name=n, source=p) for n, p in loaded]
+            launch = engine.build(
+                profile, spec.model_copy(update={"adapters": local}), host=self.host, port=port
+            )
             if engine.gpus_by_index and spec.gpu_uuids:
                 launch = await self._by_index(launch, spec)
         except EngineUnavailable as exc:
@@ -93,6 +99,9 @@ class EngineLifecycle:
         except OSError as exc:
             return await self._fail(sh, f"could not start {launch.argv[0]}: {exc}")
         sh.port = port
+        sh.model_local = model_path
+        if engine.adapters_at_start:
+            self._started_with(sh, loaded)
         sh.gen += 1
         sh.stopping = False
         sh.started_at = sh.progress_at = time.monotonic()
@@ -189,6 +198,12 @@ class EngineLifecycle:
             sh.log.read_new()
             if not sh.alive():
                 if sh.stopping or sh.gen != gen:
+                    return
+                if sh.state != ShardState.READY and self.adapter_start_failed(sh):
+                    # An adapter it could not load: reported, and it starts without it.
+                    sh.process, sh.state = None, ShardState.STARTING
+                    await self._emit_status(sh)
+                    self._spawn(self._converge(sh))
                     return
                 code = sh.process.returncode
                 return await self._fail(sh, exit_reason(code), exit_code=code)

@@ -329,6 +329,17 @@ class Heartbeat(_Msg):
         return _unique(v, "engine", "engine")
 
 
+class AdapterStatus(_Part):
+    """A LoRA adapter as a shard's engine holds it: loading, loaded, or failed and why."""
+
+    name: ShortStr
+    # Free text, like a shard's state: a newer agent's state is shown, not refused.
+    state: Annotated[str, Field(min_length=1, max_length=16)]
+    error: Text = ""
+    # The engine's own number for it, where requests name it so (llama.cpp's "lora" id).
+    id: SmallCount | None = None
+
+
 class ShardStatus(_Msg):
     type: Literal["shard_status"]
     shard_id: ShardId
@@ -338,6 +349,8 @@ class ShardStatus(_Msg):
     error: Text = ""
     exit_code: Int32 | None = None
     last_output: Annotated[list[Text], Field(max_length=200)] = []
+    # The adapters its engine holds now; None: no news (an older agent, or unchanged).
+    adapters: Annotated[list[AdapterStatus], Field(max_length=64)] | None = None
 
 
 class FetchProgress(_Msg):
@@ -410,6 +423,19 @@ class ProfileSpec(_Part):
     # GB of each GPU the engine may use where the profile shares GPUs (the shard's
     # gpu_memory_fraction says it as a part of the GPU); None: whole GPUs.
     gpu_memory_gb: Annotated[float, Field(gt=0, le=1024)] | None = None
+    # LoRA adapters a replica holds at once; 0: LoRA off (the engine starts without it).
+    max_adapters: Annotated[int, Field(ge=0, le=64)] = 0
+
+
+class AdapterSpec(_Part):
+    """A LoRA adapter a shard's engine should hold: fetched like weights, then loaded."""
+
+    name: ShortStr
+    # As a profile's model_path: a local path, an https:// URL, or hf://org/name[...].
+    source: Annotated[str, Field(min_length=1, max_length=1024)]
+    sha256: Annotated[
+        dict[Annotated[str, Field(max_length=1024)], Sha256Hex], Field(max_length=256)
+    ] = {}
 
 
 class DesiredShard(_Part):
@@ -440,6 +466,9 @@ class DesiredShard(_Part):
     # (1, 2, …), which the leader names in --rpc and each follower listens on.
     rpc_servers: Annotated[list[ShortStr], Field(max_length=64)] = []
     profile: ProfileSpec
+    # The model's LoRA adapters this replica should hold, most recently asked for first,
+    # at most profile.max_adapters. A change loads and unloads them; it is no new spec.
+    adapters: Annotated[list[AdapterSpec], Field(max_length=64)] = []
 
 
 class ServerAck(_Msg):

@@ -22,8 +22,9 @@ LIVE = (ShardState.STARTING, ShardState.LOADING, ShardState.READY, ShardState.DR
 
 
 def identity(spec: DesiredShard) -> DesiredShard:
-    """The parts of a spec that decide the process; a new timeout restarts nothing."""
-    return spec.model_copy(update={"state": "running", "startup_timeout_s": 1.0})
+    """The parts of a spec that decide the process; a new timeout restarts nothing, and
+    adapters are loaded and unloaded apart (``agentd.adapters``)."""
+    return spec.model_copy(update={"state": "running", "startup_timeout_s": 1.0, "adapters": []})
 
 
 def parse_spec(raw) -> DesiredShard | None:
@@ -60,6 +61,12 @@ class Shard:
         self.fetch_bytes = -1
         self.fetch_checked = 0.0
         self.fetching: str | None = None  # the source whose fetch this shard waits for
+        self.model_local: Path | None = None  # the fetched weights it was started with
+        # LoRA adapters (agentd.adapters): name -> {"name", "state", "error", "id"?}; the
+        # local paths llama.cpp was started with; adapters being fetched.
+        self.adapters: dict[str, dict] = {}
+        self.adapter_paths: dict[str, str] = {}
+        self.adapter_fetches: set[str] = set()
         self.lock = asyncio.Lock()  # one change at a time: start, stop, drain
         self.log = ShardLog(log_path)
 
@@ -90,6 +97,12 @@ class Shard:
             error=self.error[:4096],
             exit_code=exit_code,
             last_output=self.log.recent(LAST_LINES) if failed else [],
+            adapters=[
+                protocol.AdapterStatus(
+                    name=a["name"], state=a["state"], error=a.get("error", ""), id=a.get("id")
+                )
+                for a in sorted(self.adapters.values(), key=lambda a: a["name"])
+            ],
         )
 
     def progress(self, done: int, total: int | None, source: str) -> protocol.FetchProgress:

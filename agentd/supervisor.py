@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agentd import protocol, state
+from agentd.adapters import AdapterLifecycle
 from agentd.engines import Engine, EngineUnavailable, engine_classes, make_engines
 from agentd.fetch import sources
 from agentd.fetch.fetcher import FetchCancelled, Fetcher, FetchError
@@ -55,7 +56,7 @@ Event = protocol.ShardStatus | protocol.FetchProgress
 OnEvent = Callable[[Event], Awaitable[None]]
 
 
-class Supervisor(EngineLifecycle):
+class Supervisor(EngineLifecycle, AdapterLifecycle):
     """Runs this node's shards. The agent calls it; it never talks to the control plane itself.
 
     ``state_dir`` holds the state file and ``shards/<id>.log``. ``port_range``
@@ -387,8 +388,10 @@ class Supervisor(EngineLifecycle):
                 logger.info("shard %s: spec changed, restarting its engine", sh.shard_id)
                 await self._stop(sh, None)
                 await self._launch(sh, want)
+                return
             else:
                 sh.spec = want
+            await self._converge_adapters(sh, want)
             return
         if sh.state in LIVE and not sh.before_launch:
             return  # it just died: the monitor reports it, and nothing restarts it here
@@ -396,6 +399,17 @@ class Supervisor(EngineLifecycle):
             if identity(want) == identity(sh.failed_spec):
                 return
         await self._launch(sh, want)
+
+    async def _converge_adapters(self, sh: Shard, want: protocol.DesiredShard) -> None:
+        """A serving engine's adapters, to match its desired entry (agentd.adapters)."""
+        engine = self._engines.get(sh.engine)
+        if engine is None or sh.state != ShardState.READY or not engine.serves_http(want):
+            return  # once ready (the transition converges again)
+        self._release_adapters(sh, keep={a.name for a in want.adapters})
+        if engine.adapters_at_start:
+            await self._restart_for_adapters(sh, want)
+        else:
+            await self._runtime_adapters(sh, want)
 
     # ---- fetching before the start -------------------------------------------------
 
@@ -479,6 +493,8 @@ class Supervisor(EngineLifecycle):
             return
         sh.state, sh.error = new, error
         self._save()
+        if new == ShardState.READY and sh.want is not None and sh.want.profile.max_adapters:
+            self._spawn(self._converge(sh))  # its adapters, now that it serves
         level = logging.WARNING if new == ShardState.FAILED else logging.INFO
         logger.log(level, "shard %s: %s%s", sh.shard_id, new.value, f" ({error})" if error else "")
         await self._emit_status(sh, exit_code)

@@ -8,7 +8,7 @@ for a pass itself when a shard fails, gets ready or stops, or a node returns.
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from fleet.models import EngineProfile, Model, Node, Team, WantedEngine
+from fleet.models import Adapter, EngineProfile, Model, Node, Team, WantedEngine
 from fleet.services.reconciler.ask import request_reconcile
 
 
@@ -39,3 +39,15 @@ def _team_changed(sender, **kwargs) -> None:
 
     request_reconcile()
     doorbells.ring_gateways("keys")
+
+
+@receiver(post_save, sender=Adapter)
+@receiver(post_delete, sender=Adapter)
+def _adapter_changed(sender, instance, **kwargs) -> None:
+    """The replicas of its base model load or unload it (their nodes get a new desired
+    set), and the gateways list and route it."""
+    from fleet.services import adapters, doorbells
+    from fleet.services.desired import bump_desired
+
+    bump_desired(adapters.nodes_of([instance.model_id]))
+    doorbells.ring_gateways("routes")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # the fake engine imports this module and should start fast
     from agentd.protocol import DesiredShard, ProfileSpec
 
 PROBE_TIMEOUT_S = 2.0
+ADAPTER_TIMEOUT_S = 300.0  # a load reads the adapter's weights onto the GPUs
 VERSION_TIMEOUT_S = 60.0
 _MAX_BODY = 4 * 1024 * 1024
 
@@ -148,6 +150,11 @@ class Engine:
     # Engines that read CUDA_VISIBLE_DEVICES as integers: given NVML indices (with
     # CUDA_DEVICE_ORDER=PCI_BUS_ID) instead of the UUIDs placement names.
     gpus_by_index: ClassVar[bool] = False
+    # LoRA adapters (agentd.adapters): loaded at start only (a change restarts the
+    # engine: llama.cpp), else through the engine's API while it serves. The API's
+    # paths: (load, unload), each taking {"lora_name", "lora_path"}.
+    adapters_at_start: ClassVar[bool] = False
+    adapter_api: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, binary: str | None = None):
         self.binary = binary
@@ -183,6 +190,18 @@ class Engine:
         argv = self.command() + self.args(profile, shard, host, port) + list(profile.args)
         return Launch(argv=argv, env=self.env(profile, shard))
 
+    async def load_adapter(self, host: str, port: int, name: str, path: str) -> str:
+        """Load a LoRA adapter into the running engine; "" when loaded, else the engine's
+        reason."""
+        if self.adapter_api is None:
+            return f"{self.name} loads no adapters while it runs"
+        return await _adapter_call(host, port, self.adapter_api[0], name, path)
+
+    async def unload_adapter(self, host: str, port: int, name: str) -> str:
+        if self.adapter_api is None:
+            return ""
+        return await _adapter_call(host, port, self.adapter_api[1], name, None)
+
     async def probe(self, host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> Probe:
         try:
             status, _ = await http_get(host, port, self.health_path, timeout)
@@ -201,6 +220,19 @@ class Engine:
         if status != 200:
             return None
         return metric_sum(body.decode("utf-8", "replace"), self.in_flight_series)
+
+
+async def _adapter_call(host: str, port: int, path: str, name: str, lora: str | None) -> str:
+    body = {"lora_name": name} if lora is None else {"lora_name": name, "lora_path": lora}
+    try:
+        status, answer = await http_request(
+            host, port, path, ADAPTER_TIMEOUT_S, method="POST", body=json.dumps(body).encode()
+        )
+    except (OSError, TimeoutError, ValueError) as exc:
+        return f"{path} did not answer: {exc or type(exc).__name__}"
+    if status == 200:
+        return ""
+    return f"{path} answered {status}: {answer.decode('utf-8', 'replace').strip()[:1000]}"
 
 
 def metric_sum(text: str, names: tuple[str, ...]) -> int | None:
@@ -223,11 +255,23 @@ def metric_sum(text: str, names: tuple[str, ...]) -> int | None:
 
 async def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes]:
     """A bare HTTP/1.0 GET: status and body. Small on purpose, so the agent needs no client."""
+    return await http_request(host, port, path, timeout)
+
+
+async def http_request(
+    host: str, port: int, path: str, timeout: float, method: str = "GET", body: bytes = b""
+) -> tuple[int, bytes]:
+    """A bare HTTP/1.0 request (a JSON body, if any): status and body."""
     async with asyncio.timeout(timeout):
         reader, writer = await asyncio.open_connection(host, port)
         try:
+            extra = (
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body else ""
+            )
             writer.write(
-                f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+                f"{method} {path} HTTP/1.0\r\nHost: {host}:{port}\r\n{extra}"
+                "Connection: close\r\n\r\n".encode()
+                + body
             )
             await writer.drain()
             data = b""

@@ -53,6 +53,10 @@ def _has_llama_cpp_server() -> bool:
 
 class LlamaCpp(Engine):
     name = "llamacpp"
+    # llama-server loads LoRA adapters with --lora at start only, and a request applies
+    # one by its number ("lora": [{"id", "scale"}]); llama_cpp.server cannot, so a
+    # profile with max_adapters runs llama-server (tools/server/README.md).
+    adapters_at_start = True
 
     def flavour(self) -> tuple[str, list[str]]:
         """("server", argv prefix) for llama-server, ("python", ...) for llama_cpp.server."""
@@ -111,6 +115,10 @@ class LlamaCpp(Engine):
         )
 
     def build(self, profile: ProfileSpec, shard: DesiredShard, *, host: str, port: int) -> Launch:
+        if shard.nnodes <= 1 and profile.max_adapters:
+            argv = [self.tool("llama-server"), *self._server_args(profile, shard, host, port)]
+            argv += [*_lora_args(shard), *profile.args]
+            return Launch(argv, self.env(profile, shard))
         if shard.nnodes <= 1:
             return super().build(profile, shard, host=host, port=port)
         if len(shard.rpc_servers) != shard.nnodes - 1:
@@ -128,7 +136,7 @@ class LlamaCpp(Engine):
         layers = str(shard.gpu_layers) if shard.gpu_layers >= 0 else "all"
         argv = [self.tool("llama-server"), "-m", model, "--host", host, "--port", str(port),
                 "--alias", name, "--metrics", "--rpc", ",".join(shard.rpc_servers),
-                "--n-gpu-layers", layers, *profile.args]  # fmt: skip
+                "--n-gpu-layers", layers, *_lora_args(shard), *profile.args]  # fmt: skip
         # The script by its path: engines start without the agent's import path.
         wait = [sys.executable, rpcwait.__file__, "--timeout", f"{shard.startup_timeout_s:g}"]
         return Launch([*wait, *shard.rpc_servers, "--", *argv], env)
@@ -153,11 +161,26 @@ class LlamaCpp(Engine):
             if shard.gpu_layers >= 0:  # a share of a GPU: the layers that fit its budget
                 argv += ["--n_gpu_layers", str(shard.gpu_layers)]
             return argv
+        return self._server_args(profile, shard, host, port)
+
+    def _server_args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int):
+        model, name = gguf_in(model_of(profile, shard)), served_name(profile, shard)
         # --metrics turns on /metrics, which drain reads for requests in flight.
         argv = ["-m", model, "--host", host, "--port", str(port), "--alias", name, "--metrics"]
         if shard.gpu_layers >= 0:
             argv += ["--n-gpu-layers", str(shard.gpu_layers)]
         return argv
+
+
+def _lora_args(shard: DesiredShard) -> list[str]:
+    """--lora for each adapter (``source`` is its local path by now: agentd.adapters),
+    numbered in this order; none applied unless a request names it."""
+    if not shard.adapters:
+        return []
+    argv = []
+    for adapter in shard.adapters:
+        argv += ["--lora", gguf_in(adapter.source)]
+    return [*argv, "--lora-init-without-apply"]
 
 
 _PART = re.compile(r"-(\d+)-of-\d+\.gguf$")

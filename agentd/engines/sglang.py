@@ -25,6 +25,9 @@ class SGLang(Engine):
     name = "sglang"
     # Only exported with --enable-metrics, which every launch here passes.
     in_flight_series = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+    # docs.sglang.io, advanced_features/lora: "Dynamic LoRA loading"; a request names
+    # the adapter in lora_path.
+    adapter_api = ("/load_lora_adapter", "/unload_lora_adapter")
 
     def python(self) -> str:
         # SGLang is usually installed into a Python of its own (an image's
@@ -66,4 +69,9 @@ class SGLang(Engine):
             # torch.distributed meets; --node-rank says which part of the model is ours.
             argv += ["--nnodes", str(shard.nnodes), "--node-rank", str(shard.rank)]
             argv += ["--dist-init-addr", f"{shard.leader_addr}:{shard.leader_port}"]
+        if profile.max_adapters:
+            # Started with no adapter, SGLang needs the rank and target modules up front;
+            # the profile's args (they come last) may say otherwise.
+            argv += ["--enable-lora", "--max-loras-per-batch", str(profile.max_adapters)]
+            argv += ["--max-lora-rank", "16", "--lora-target-modules", "all"]
         return argv

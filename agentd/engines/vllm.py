@@ -22,6 +22,15 @@ class VLLM(Engine):
     name = "vllm"
     # Counted by the API server; waiting requests are in flight too when draining.
     in_flight_series = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    # docs/features/lora.md, "Dynamically serving LoRA Adapters": needs
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING; a loaded adapter is served under its lora_name.
+    adapter_api = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+
+    def env(self, profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
+        env = super().env(profile, shard)
+        if profile.max_adapters:
+            env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        return env
 
     def command(self) -> list[str]:
         return [which(self.binary or "vllm")]
@@ -59,4 +68,7 @@ class VLLM(Engine):
                 argv += ["--master-port", str(shard.leader_port)]
             if shard.rank > 0:
                 argv.append("--headless")
+        if profile.max_adapters:
+            # Ranks above vLLM's default of 16 need --max-lora-rank in the profile's args.
+            argv += ["--enable-lora", "--max-loras", str(profile.max_adapters)]
         return argv

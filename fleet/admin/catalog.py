@@ -3,8 +3,8 @@
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
-from fleet.models import EngineProfile, Event, Model, ReplicaState
-from fleet.services import canary, estimate, permissions, profiles
+from fleet.models import Adapter, EngineProfile, Event, Model, ReplicaState
+from fleet.services import adapters, canary, estimate, permissions, profiles
 from fleet.services.autoscaler.status import scaling_status
 
 from .common import TeamScoped
@@ -38,7 +38,7 @@ class EngineProfileInline(TeamScoped, admin.StackedInline):
         "served_model_name",
         ("args", "env"),
         ARGS_ENV_RECORD,
-        "startup_timeout_s",
+        ("startup_timeout_s", "max_adapters"),
     )
 
     def get_readonly_fields(self, request, obj=None):
@@ -47,6 +47,30 @@ class EngineProfileInline(TeamScoped, admin.StackedInline):
     @admin.display(description="memory estimate")
     def memory_estimate(self, obj):
         return estimate.profile_text(obj) if obj.pk else "-"
+
+
+class AdapterInline(TeamScoped, admin.TabularInline):
+    model = Adapter
+    extra = 0
+    fields = ("name", "source", "sha256", "rank", "where")
+    readonly_fields = ("where",)
+
+    @admin.display(description="loaded on")
+    def where(self, obj):
+        return adapters.where_text(obj) if obj.pk else "-"
+
+
+@admin.register(Adapter)
+class AdapterAdmin(TeamScoped, admin.ModelAdmin):
+    list_display = ("name", "model", "source", "rank", "where", "last_request_at")
+    list_filter = ("model__team", "model")
+    search_fields = ("name", "model__name", "source")
+    list_select_related = ("model",)
+    readonly_fields = ("where", "last_request_at", "created_at", "updated_at")
+
+    @admin.display(description="loaded on")
+    def where(self, obj):
+        return adapters.where_text(obj) if obj.pk else "-"
 
 
 @admin.register(Model)
@@ -65,7 +89,7 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
     )
     list_filter = ("team", "placement_policy", "prefix_routing")
     search_fields = ("name", "description")
-    inlines = (EngineProfileInline,)
+    inlines = (EngineProfileInline, AdapterInline)
     readonly_fields = (
         "canary_started_at",
         "scaling_display",

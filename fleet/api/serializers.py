@@ -18,6 +18,7 @@ from rest_framework.settings import api_settings
 
 from fleet.models import (
     GPU,
+    Adapter,
     ApiKey,
     Engine,
     EngineInstall,
@@ -36,8 +37,8 @@ from fleet.models import (
 )
 from fleet.models.catalog import GPU_MEMORY_GB_MAX, PRIORITY_MAX
 from fleet.selectors import SELECTOR_PATTERN
+from fleet.services import adapters, profiles, teams
 from fleet.services import nodes as node_service
-from fleet.services import profiles, teams
 from fleet.services.autoscaler.status import scaling_status
 from fleet.services.permissions import Refused
 from fleet.services.units import over_gpu_budget
@@ -524,6 +525,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
             "estimate",
             "node_selector",
             "startup_timeout_s",
+            "max_adapters",
             "args_env_changed_by",
             "args_env_changed_at",
             "created_at",
@@ -574,6 +576,59 @@ class EngineProfileSerializer(ValidatedModelSerializer):
                 f"profile '{self.instance.name}' belongs to model '{self.instance.model.name}'; "
                 "create a new profile for another model"
             )
+        return value
+
+
+class AdapterPlaceSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    node = serializers.CharField()
+    state = serializers.CharField(help_text="loading, loaded or failed")
+    error = serializers.CharField(help_text="The engine's reason, where it failed.")
+
+
+class AdapterSerializer(ValidatedModelSerializer):
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    sha256 = Sha256MapField(
+        child=StrictCharField(
+            trim_whitespace=False,
+            error_messages={"invalid": "sha256 must map file names to sha256 hex digests"},
+        ),
+        error_messages={
+            "not_a_dict": "sha256 must map file names to sha256 hex digests, not {input_type}"
+        },
+        required=False,
+        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
+    )
+    loaded = serializers.SerializerMethodField(help_text="Where its base model's replicas hold it.")
+
+    class Meta:
+        model = Adapter
+        fields = (
+            "id",
+            "name",
+            "model",
+            "model_name",
+            "description",
+            "source",
+            "sha256",
+            "rank",
+            "loaded",
+            "last_request_at",
+            "created_at",
+            "updated_at",
+        )
+        extra_kwargs = {"rank": {"max_value": SMALLINT_MAX}}
+        read_only_fields = ("last_request_at", "created_at", "updated_at")
+
+    @extend_schema_field(AdapterPlaceSerializer(many=True))
+    def get_loaded(self, obj) -> list:
+        return [
+            {"replica": r, "node": n, "state": s, "error": e} for r, n, s, e in adapters.where(obj)
+        ]
+
+    def validate_model(self, value):
+        if why := teams.problem(_actor(self), value.team_id, f"add an adapter to model '{value}'"):
+            raise PermissionDenied(why)
         return value
 
 

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 
 from fleet.models import (
     GPU,
+    Adapter,
     ApiKey,
     EngineProfile,
     Event,
@@ -419,6 +420,16 @@ class EngineProfileViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     serializer_class = serializers.EngineProfileSerializer
     filterset_class = filters.EngineProfileFilterSet
     search_fields = ("name", "model__name", "model_path")
+    ordering_fields = ("model", "name", "updated_at")
+
+
+class AdapterViewSet(viewsets.ModelViewSet):
+    """LoRA adapters: asked for by name like models, served by their base model's replicas."""
+
+    queryset = Adapter.objects.select_related("model")
+    serializer_class = serializers.AdapterSerializer
+    filterset_fields = ("model",)
+    search_fields = ("name", "model__name", "source")
     ordering_fields = ("model", "name", "updated_at")
 
 

@@ -116,6 +116,8 @@ def admit(gw, key, req, t0: float):
     """The route for a parsed request (``validate.read``); the GatewayError that says why not."""
     route = _route_for(gw, key, req.model)
     gw.last_request[route.name] = t0
+    if route.base:
+        gw.last_request[route.base] = t0  # an adapter's request is its base model's too
     return route
 
 
@@ -307,7 +309,10 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
 
 async def _models(gw, key, model_id: str | None, reply, head: bool = False) -> None:
     def obj(route):
-        return {"id": route.name, "object": "model", "created": route.created, "owned_by": "llmgw"}
+        out = {"id": route.name, "object": "model", "created": route.created, "owned_by": "llmgw"}
+        if route.base:  # an adapter names its base model, as vLLM's listing does
+            out["parent"] = route.base
+        return out
 
     if model_id is None:
         data = [obj(r) for name, r in sorted(gw.routes.items()) if key.may_use(name)]

@@ -22,8 +22,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 REQUESTS = Counter(
     "llmgw_gateway_requests",
-    "Requests answered by the gateway, by model and HTTP status.",
-    ["model", "status"],
+    'Requests answered by the gateway, by model, LoRA adapter ("" for the model itself) '
+    "and HTTP status.",
+    ["model", "adapter", "status"],
     registry=REGISTRY,
 )
 LATENCY = Histogram(
@@ -112,13 +113,17 @@ class RouteMetrics:
         "retries",
         "statuses",
         "model",
+        "base",
         "prompt",
         "completion",
         "prefix_routes",
     )
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, base: str = ""):
+        """``model``: the name asked for; for a LoRA adapter, ``base`` is its model's, and
+        requests are counted under the base with the adapter named."""
         self.model = model
+        self.base = base
         self.latency = LATENCY.labels(model)
         self.ttft = TTFT.labels(model)
         self.retries = RETRIES.labels(model)
@@ -153,7 +158,8 @@ class RouteMetrics:
     def count(self, status: int) -> None:
         child = self.statuses.get(status)
         if child is None:
-            child = self.statuses[status] = REQUESTS.labels(self.model, str(status))
+            model, adapter = (self.base, self.model) if self.base else (self.model, "")
+            child = self.statuses[status] = REQUESTS.labels(model, adapter, str(status))
         child.inc()
 
 
@@ -193,7 +199,7 @@ def count_unrouted(status: int) -> None:
     Model names from unauthenticated clients never become labels, so nobody can
     grow the registry by inventing names.
     """
-    REQUESTS.labels("-", str(status)).inc()
+    REQUESTS.labels("-", "", str(status)).inc()
 
 
 class InFlightCollector:

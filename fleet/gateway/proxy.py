@@ -281,8 +281,19 @@ def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, 
     if up.served_name == req.model and not strip_usage:
         return None, strip_usage
     # The engine serves the profile's name; the client asked for the model's (or for
-    # another model, whose fallback this is).
-    changed = {**req.body, "model": up.served_name}
+    # another model, whose fallback this is), or for an adapter the engine holds.
+    if route.base:
+        fields = up.adapters.get(route.name)
+        if fields is None:  # unloaded since the request was routed: ask again
+            raise GatewayError(
+                503,
+                f"adapter '{route.name}' was unloaded from replica {up.replica_id}; try again",
+                code="no_ready_replica",
+                retry_after=1,
+            )
+        changed = {**req.body, **fields}
+    else:
+        changed = {**req.body, "model": up.served_name}
     if strip_usage:
         # The engine reports usage in a last chunk only when asked; the client
         # did not ask, so that chunk is taken out again on the way back.

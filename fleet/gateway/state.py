@@ -204,12 +204,15 @@ class Gateway:
 
     async def reload_routes(self) -> None:
         async with self._routes_lock:
-            models, replicas = await database_sync_to_async(table.load_snapshot)()
-            new = table.build_routes(models, replicas, self.routes)
+            models, replicas, adapters = await database_sync_to_async(table.load_snapshot)()
+            new = table.build_routes(models, replicas, self.routes, adapters)
             self._log_changes(self.routes, new)
             for route in new.values():
                 old = self.routes.get(route.name)
-                route.metrics = old.metrics if old is not None else metrics.RouteMetrics(route.name)
+                if old is not None and old.base == route.base:
+                    route.metrics = old.metrics
+                else:
+                    route.metrics = metrics.RouteMetrics(route.name, route.base)
             # Replicas that left the table (draining, say) with requests still in
             # flight stay visible in the in-flight gauge until those finish.
             live = {id(u) for r in new.values() for u in r.upstreams}
@@ -227,6 +230,8 @@ class Gateway:
     def upstreams_in_service(self):
         """(model, upstream) for every replica in the table or still finishing requests."""
         for route in list(self.routes.values()):
+            if route.base:
+                continue  # an adapter's replicas are its base model's, counted there
             for up in route.upstreams:
                 yield route.name, up
         for model, up in self.retired:

@@ -31,6 +31,7 @@ class ShardView:
     port: int | None
     node_state: str
     error: str = ""
+    adapters: tuple = ()  # what its engine holds, as the agent reported (Shard.adapters)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class ReplicaView:
     shards: tuple[ShardView, ...]
     profile_id: int = 0
     profile: str = ""  # its name
+    engine: str = ""
+    max_adapters: int = 0  # its profile's: LoRA adapters it may hold at once
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,13 @@ class ModelView:
     canary_percent: int = 0
 
 
+@dataclass(frozen=True)
+class AdapterView:
+    name: str
+    model_id: int
+    created: int
+
+
 @dataclass(eq=False)
 class Upstream:
     """One ready replica, as the gateway sees it. Kept across refreshes: it holds live counters."""
@@ -78,6 +88,11 @@ class Upstream:
     suspect: bool = False  # a shard is on a suspect node: picked only as a last resort
     engine_waiting: float | None = None  # queued inside the engine, from its /metrics
     metrics_absent_until: float = 0.0  # time.monotonic(); its engine has no /metrics
+    # The LoRA adapters its engine holds: name -> what a request for it changes in the
+    # body (``adapter_fields``); and those that failed to load: name -> the engine's reason.
+    adapters: dict[str, dict] = field(default_factory=dict)
+    adapters_failed: dict[str, str] = field(default_factory=dict)
+    max_adapters: int = 0
     _heads: dict = field(default_factory=dict, repr=False)
 
     def request_head(self, endpoint: str) -> bytes:
@@ -121,6 +136,21 @@ class Route:
     # Set when the model routes by prompt prefix: a ring over ``upstreams``,
     # rebuilt only when they change (``prefix.Ring``).
     ring: prefix.Ring | None = None
+    # A LoRA adapter's route: its base model's name; upstreams are the base's
+    # replicas that hold it.
+    base: str = ""
+
+
+def adapter_fields(engine: str, served: str, name: str, number: int | None) -> dict:
+    """What a request for adapter ``name`` changes in the body sent to an engine of
+    ``engine`` serving its base as ``served``. vLLM serves an adapter under its own
+    name once loaded; SGLang takes its name in ``lora_path`` (as its docs' OpenAI
+    example does); llama.cpp's server applies adapters by number, per request."""
+    if engine == "llamacpp":
+        return {"model": served, "lora": [{"id": number, "scale": 1.0}]}
+    if engine == "sglang":
+        return {"model": served, "lora_path": name}
+    return {"model": name}
 
 
 # The order in which a model's unready replicas are described: what will be
@@ -187,7 +217,10 @@ def describe_unready(counts: dict[tuple[str, str], int], desired: int) -> tuple[
 
 
 def build_routes(
-    models: list[ModelView], replicas: list[ReplicaView], old: dict[str, Route] | None = None
+    models: list[ModelView],
+    replicas: list[ReplicaView],
+    old: dict[str, Route] | None = None,
+    adapters: list[AdapterView] = (),
 ) -> dict[str, Route]:
     """The table, by served model name. Upstreams of ``old`` are reused so counters survive."""
     previous: dict[tuple[str, str], Upstream] = {}
@@ -212,18 +245,14 @@ def build_routes(
             url = upstream_url(leader.mgmt_addr, leader.port)
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
             u.served_name, u.profile = r.served_name, r.profile
+            u.adapters, u.adapters_failed = _held(r, leader)
+            u.max_adapters = r.max_adapters
             u.canary = r.profile_id == m.canary_profile_id
             u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
             upstreams.append(u)
         route = Route(m.id, m.name, m.created, upstreams)
         if m.prefix_routing and upstreams:
-            # Rebuilt only when the ready set changed: a refresh that found the
-            # same replicas keeps the ring it had.
-            before = (old or {}).get(m.name)
-            ring = before.ring if before is not None else None
-            if ring is None or not ring.same_members(upstreams):
-                ring = prefix.Ring(upstreams)
-            route.ring = ring
+            _ring(route, old)
         route.waits, route.max_waiting, route.max_wait_s, route.fallbacks = (
             m.autoscaled,
             m.max_waiting,
@@ -237,7 +266,63 @@ def build_routes(
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
         table[m.name] = route
+    for a in adapters:
+        base = next((m for m in models if m.id == a.model_id), None)
+        if base is not None and base.name in table:
+            table[a.name] = _adapter_route(a, base, table[base.name], old)
     return table
+
+
+def _ring(route: Route, old: dict[str, Route] | None) -> None:
+    # Rebuilt only when the ready set changed: a refresh that found the
+    # same replicas keeps the ring it had.
+    before = (old or {}).get(route.name)
+    ring = before.ring if before is not None else None
+    if ring is None or not ring.same_members(route.upstreams):
+        ring = prefix.Ring(route.upstreams)
+    route.ring = ring
+
+
+def _held(r: ReplicaView, leader: ShardView) -> tuple[dict[str, dict], dict[str, str]]:
+    loaded, failed = {}, {}
+    for a in leader.adapters:
+        if not isinstance(a, dict) or not a.get("name"):
+            continue
+        if a.get("state") == "loaded":
+            loaded[a["name"]] = adapter_fields(r.engine, r.served_name, a["name"], a.get("id"))
+        elif a.get("state") == "failed":
+            failed[a["name"]] = a.get("error") or "it failed to load"
+    return loaded, failed
+
+
+def _adapter_route(a: AdapterView, m: ModelView, base: Route, old) -> Route:
+    """An adapter's route: the base's ready replicas that hold it. With none, a request
+    waits (within the base's bounds) while a replica loads it, unless none can."""
+    holders = [u for u in base.upstreams if a.name in u.adapters]
+    route = Route(m.id, a.name, a.created, holders, base=m.name)
+    route.max_waiting, route.max_wait_s = m.max_waiting, m.max_wait_s
+    if m.prefix_routing and holders:
+        _ring(route, old)
+    if holders:
+        route.waits = True
+        return route
+    what = f"adapter '{a.name}' of model '{m.name}'"
+    if not base.upstreams:
+        # A replica starting (llama.cpp restarts to change its adapters) is waited for.
+        route.waits, route.retry_after = base.waits or base.retry_after == 5, base.retry_after
+        route.unavailable = f"{what} has no ready replica: " + base.unavailable.split(": ", 1)[-1]
+    elif not any(u.max_adapters for u in base.upstreams):
+        route.unavailable = (
+            f"{what} cannot be served: the replicas of '{m.name}' hold no adapters "
+            "(their profile's max_adapters is 0)"
+        )
+    elif all(a.name in u.adapters_failed for u in base.upstreams):
+        reason = next(u.adapters_failed[a.name] for u in base.upstreams)
+        route.unavailable = f"{what} failed to load: {reason}"
+    else:
+        route.waits, route.retry_after = True, 5
+        route.unavailable = f"{what} is not loaded on a ready replica yet"
+    return route
 
 
 def pick(route: Route, exclude=(), now: float | None = None) -> Upstream | None:
@@ -289,9 +374,9 @@ def pick_prefix(
     return up, result
 
 
-def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
-    """Read what the table is built from: three queries, whatever the fleet's size."""
-    from fleet.models import Model, Replica, Shard
+def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterView]]:
+    """Read what the table is built from: four queries, whatever the fleet's size."""
+    from fleet.models import Adapter, Model, Replica, Shard
 
     models = [
         ModelView(
@@ -350,23 +435,32 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView]]:
             "port",
             "node__state",
             "error",
+            "adapters",
         )
         .iterator()
     ):
-        rid, rank, state, desired, node_id, addr, port, node_state, error = row
+        rid, rank, state, desired, node_id, addr, port, node_state, error, held = row
         shards.setdefault(rid, []).append(
-            ShardView(rank, state, desired, node_id, addr or "", port, node_state or "", error)
-        )
+            ShardView(
+                rank, state, desired, node_id, addr or "", port, node_state or "", error,
+                tuple(held or ()),
+            )
+        )  # fmt: skip
     replicas = [
         ReplicaView(
             pk, model_id, state, reason, served or model_name, tuple(shards.get(pk, ())),
-            profile_id, profile,
+            profile_id, profile, engine, max_adapters,
         )
-        for pk, model_id, state, reason, served, model_name, profile_id, profile in (
+        for pk, model_id, state, reason, served, model_name, profile_id, profile, engine,
+        max_adapters in (
             Replica.objects.exclude(state=ReplicaState.STOPPED).values_list(
                 "pk", "model_id", "state", "reason", "profile__served_model_name", "model__name",
-                "profile_id", "profile__name",
+                "profile_id", "profile__name", "profile__engine", "profile__max_adapters",
             )
         )
     ]  # fmt: skip
-    return models, replicas
+    adapters = [
+        AdapterView(name, model_id, int(created.timestamp()))
+        for name, model_id, created in Adapter.objects.values_list("name", "model_id", "created_at")
+    ]
+    return models, replicas, adapters

@@ -1,4 +1,5 @@
 from .access import ApiKey, JoinToken, KeyUsage, NodeCredential
+from .adapters import Adapter
 from .catalog import EngineProfile, Model
 from .choices import (
     SHARD_FINISHED,
@@ -32,6 +33,7 @@ from .workload import Replica, Shard
 
 __all__ = [
     "GPU",
+    "Adapter",
     "SHARD_FINISHED",
     "SHARD_STARTING",
     "ApiKey",

@@ -3,6 +3,7 @@
 import hashlib
 import json
 
+from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -270,6 +271,8 @@ class Model(models.Model):
 
     def clean(self) -> None:
         errors = {}
+        if self.name and self.adapter_named(self.name):
+            errors["name"] = f"'{self.name}' is an adapter's name; a model needs a name of its own"
         if self.desired_replicas is not None and self.desired_replicas < 0:
             errors["desired_replicas"] = (
                 f"replicas cannot be negative (got {self.desired_replicas})"
@@ -284,6 +287,11 @@ class Model(models.Model):
             )
         if errors:
             raise ValidationError(errors)
+
+    @staticmethod
+    def adapter_named(name: str) -> bool:
+        # Through the app registry: fleet.models.adapters imports this module.
+        return apps.get_model("fleet", "Adapter").objects.filter(name=name).exists()
 
     @property
     def autoscaled(self) -> bool:
@@ -411,6 +419,13 @@ class EngineProfile(models.Model):
         help_text="Label selector, e.g. 'gpu=h100,zone!=b,coding'.",
     )
     startup_timeout_s = models.PositiveIntegerField("startup timeout (s)", default=1800)
+    max_adapters = models.PositiveSmallIntegerField(
+        "max adapters",
+        default=0,
+        validators=[MaxValueValidator(64)],
+        help_text="LoRA adapters of the model each replica holds at once, up to 64; when "
+        "more are asked for, the least recently used is unloaded. 0: none (LoRA off).",
+    )
     # args and env reach the engine process on every node that runs this
     # profile (an LD_PRELOAD, a --trust-remote-code): who set them last is kept.
     args_env_changed_by = models.ForeignKey(
@@ -465,24 +480,26 @@ class EngineProfile(models.Model):
         "served_model_name",
         "weights_sha256",
         "gpu_memory_gb",
+        "max_adapters",
     )
     # Left out of the spec and its hash while empty: profiles from before they
     # existed keep their hash, and their running replicas are not rolled by an upgrade.
-    SPEC_OPTIONAL = ("weights_sha256", "gpu_memory_gb")
+    SPEC_OPTIONAL = ("weights_sha256", "gpu_memory_gb", "max_adapters")
 
     def spec(self) -> dict:
         """What a shard of this profile runs, as its desired set carries it."""
         spec = {f: getattr(self, f) for f in ("name", *self.SPEC_FIELDS)}
         spec["served_model_name"] = self.served_model_name or self.model.name
-        if spec["gpu_memory_gb"] is None:
-            del spec["gpu_memory_gb"]
+        for name in ("gpu_memory_gb", "max_adapters"):
+            if not spec[name]:
+                del spec[name]
         return {"model": self.model.name, "profile": spec}
 
     @property
     def spec_hash(self) -> str:
         spec = {f: getattr(self, f) for f in self.SPEC_FIELDS}
         for name in self.SPEC_OPTIONAL:
-            if spec[name] in (None, {}):
+            if spec[name] in (None, {}, 0):
                 del spec[name]
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 

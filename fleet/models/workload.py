@@ -115,6 +115,12 @@ class Shard(models.Model):
     error = models.TextField(blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     last_output = models.JSONField(default=list, blank=True, help_text="Last lines of output.")
+    adapters = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The LoRA adapters its engine holds, as the agent last reported them: "
+        '[{"name", "state" (loading, loaded, failed), "error", "id"}].',
+    )
     fetch_source = models.CharField(max_length=1024, blank=True)
     fetch_bytes_done = models.PositiveBigIntegerField(null=True, blank=True)
     fetch_bytes_total = models.PositiveBigIntegerField(null=True, blank=True)

@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from fleet import audit
-from fleet.models import ApiKey, ApiKeyScope, Model
+from fleet.models import Adapter, ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
 from fleet.models.catalog import fallbacks_problem
 
@@ -92,8 +92,11 @@ def check_api_key(
             raise ApiKeyError("allowed_models", "allowed models apply to inference keys only")
     if allowed:
         known = set(Model.objects.filter(name__in=allowed).values_list("name", flat=True))
+        known |= set(Adapter.objects.filter(name__in=allowed).values_list("name", flat=True))
         if missing := [m for m in allowed if m not in known]:
-            raise ApiKeyError("allowed_models", f"unknown model(s): {', '.join(missing)}")
+            raise ApiKeyError(
+                "allowed_models", f"unknown model(s) or adapter(s): {', '.join(missing)}"
+            )
     if expires_at is not None and expires_at <= timezone.now():
         raise ApiKeyError("expires_at", "an API key cannot expire in the past")
     check_fallbacks(fallbacks, scope=scope, allowed=allowed)

@@ -24,6 +24,11 @@ see agentd.safeyaml)::
             gpus_per_node: 1
             gpu_class: H100
             # weights_sha256: {model.gguf: 3a7b…}   # optional, for fetched weights
+            max_adapters: 4           # optional: LoRA adapters each replica holds
+        adapters:                     # optional: LoRA adapters, asked for by name
+          - name: qwen2.5-7b-sql
+            source: hf://acme/qwen-sql-lora   # a path, https://…/file or hf://…
+            rank: 16                  # optional
 
     engines:                          # optional: the engines every node installs
       vllm: 0.11.2                    # (docs/engines.md); engines not named are left
@@ -88,7 +93,9 @@ PROFILE_KEYS = {
     "sequences",
     "node_selector",
     "startup_timeout_s",
+    "max_adapters",
 }
+ADAPTER_KEYS = {"name", "description", "source", "sha256", "rank"}
 
 
 class CatalogError(Exception):
@@ -155,7 +162,7 @@ def _parse(text: str) -> dict:
     unknown = set(data) - {"models", "engines"}
     if unknown:
         raise CatalogError([f"unknown top-level key(s): {', '.join(sorted(unknown))}"])
-    errors, seen = [], set()
+    errors, seen, seen_adapters = [], set(), set()
     for i, entry in enumerate(data["models"]):
         where = f"models[{i}]"
         if not isinstance(entry, dict):
@@ -169,9 +176,12 @@ def _parse(text: str) -> dict:
         seen.add(name)
         where = f"model {name}" if name else where
         for key in sorted(
-            set(entry) - set(MODEL_KEYS) - {"profile", "profiles", "canary_profile", "team"}
+            set(entry)
+            - set(MODEL_KEYS)
+            - {"profile", "profiles", "canary_profile", "team", "adapters"}
         ):
             errors.append(f"{where}: unknown field '{key}'")
+        errors += _check_adapters(entry.get("adapters", []), where, seen_adapters)
         profiles = entry.get("profiles", [])
         if not isinstance(profiles, list):
             errors.append(f"{where}.profiles: must be a list")
@@ -201,6 +211,45 @@ def _parse(text: str) -> dict:
     if errors:
         raise CatalogError(errors)
     return data
+
+
+def _check_adapters(adapters, where: str, seen: set) -> list[str]:
+    if not isinstance(adapters, list):
+        return [f"{where}.adapters: must be a list"]
+    errors = []
+    for j, adapter in enumerate(adapters):
+        awhere = f"{where}.adapters[{j}]"
+        if not isinstance(adapter, dict):
+            errors.append(f"{awhere}: must be a mapping")
+            continue
+        name = adapter.get("name")
+        if not name:
+            errors.append(f"{awhere}.name: required")
+        elif name in seen:
+            errors.append(f"{awhere}.name: adapter '{name}' appears twice")
+        seen.add(name)
+        errors += [f"{awhere}: unknown field '{k}'" for k in sorted(set(adapter) - ADAPTER_KEYS)]
+    return errors
+
+
+def _apply_adapter(model, values: dict, result) -> list[str]:
+    from fleet.models import Adapter
+
+    where = f"adapter {values['name']}"
+    adapter = Adapter.objects.filter(name=values["name"]).first()
+    created = adapter is None
+    if not created and adapter.model_id != model.pk:
+        return [f"{where}: belongs to model '{adapter.model.name}'; an adapter keeps its base"]
+    adapter = adapter or Adapter(model=model, name=values["name"])
+    defaults = _defaults(Adapter, ADAPTER_KEYS - {"name"})
+    diffs = _assign(adapter, {k: v for k, v in values.items() if k != "name"}, defaults)
+    if errors := _validate(adapter, where):
+        return errors
+    if created or diffs:
+        adapter.save()
+        result.need("adapter.add" if created else "adapter.change", where)
+        result.changes.append(f"{where} created" if created else f"{where}: " + ", ".join(diffs))
+    return []
 
 
 def _messages(where: str, exc: ValidationError) -> list[str]:
@@ -330,6 +379,8 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
     errors = []
     for prof in entry.get("profiles", []):
         errors += _apply_profile(model, prof, profile_defaults, result, author)
+    for adapter in entry.get("adapters", []):
+        errors += _apply_adapter(model, adapter, result)
     active = entry.get("profile")
     if active is None and len(entry.get("profiles", [])) == 1:
         active = entry["profiles"][0]["name"]  # the only one there is

@@ -21,7 +21,7 @@ from agentd import protocol
 from fleet.conf import fleet_settings
 from fleet.models import DesiredState, Node, Shard, ShardState
 
-from . import doorbells
+from . import adapters, doorbells
 
 # ---- keeping up -----------------------------------------------------------------
 #
@@ -106,6 +106,10 @@ def bump_desired(node_ids) -> None:
     transaction.on_commit(lambda: doorbells.run_ring(ring_all))
 
 
+def _max_adapters(shard: Shard) -> int:
+    return ((shard.spec or {}).get("profile") or {}).get("max_adapters", 0)
+
+
 def desired_set(node_id: str) -> protocol.Desired:
     """The full desired set of a node, as the agent receives it."""
     version = Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
@@ -124,6 +128,8 @@ def desired_sets(versions: dict[str, int]) -> dict[str, protocol.Desired]:
         .select_related("replica__model", "replica__profile")
     )
     out: dict[str, list] = {node_id: [] for node_id in versions}
+    shards = list(shards)
+    lora = adapters.by_model({s.replica.model_id for s in shards if _max_adapters(s)})
     for s in shards:
         p = s.replica.profile
         # What the shard was placed with (the reconciler keeps it on the row):
@@ -152,6 +158,7 @@ def desired_sets(versions: dict[str, int]) -> dict[str, protocol.Desired]:
                 gpu_layers=spec.get("gpu_layers", -1),
                 rpc_servers=spec.get("rpc_servers", []),
                 profile=protocol.ProfileSpec(**spec["profile"]),
+                adapters=adapters.specs(lora.get(s.replica.model_id, ()), _max_adapters(s)),
             )
         )
     return {

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from auditlog.context import disable_auditlog
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F, Value
+from django.db.models import Case, DateTimeField, F, Value, When
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
@@ -255,8 +255,15 @@ def apply_shard_status(node_id: str, msg: protocol.ShardStatus) -> bool:
         or (f"agent reported unknown state '{msg.state}'" if state != msg.state else ""),
         "exit_code": msg.exit_code,
         "last_output": msg.last_output,
-        "state_changed_at": timezone.now(),
+        # A report of the same state (its adapters changed) restarts no timer.
+        "state_changed_at": Case(
+            When(state=state, state_changed_at__isnull=False, then=F("state_changed_at")),
+            default=Value(timezone.now()),
+            output_field=DateTimeField(),
+        ),
     }
+    if msg.adapters is not None:
+        fields["adapters"] = [a.model_dump(mode="json") for a in msg.adapters]
     updated = Shard.objects.filter(pk=msg.shard_id, node_id=node_id).update(**fields)
     if not updated:
         logger.warning(

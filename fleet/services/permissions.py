@@ -72,6 +72,8 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "profile.add": ("fleet.add_engineprofile",),
     "profile.change": ("fleet.change_engineprofile",),
     "profile.args_env": (ARGS_ENV,),
+    "adapter.add": ("fleet.add_adapter",),
+    "adapter.change": ("fleet.change_adapter",),
     "engine.add": ("fleet.add_wantedengine",),
     "engine.change": ("fleet.change_wantedengine",),
     "team.add": ("fleet.add_team",),
@@ -141,12 +143,13 @@ MANAGE_ALL_TEAMS = "fleet.manage_all_teams"
 
 
 def team_of(obj) -> int | None:
-    """The id of the team that owns ``obj`` (a model, profile, replica or API key)."""
-    from fleet.models import ApiKey, EngineProfile, Model, Replica
+    """The id of the team that owns ``obj`` (a model, its profile, replica or adapter, or an
+    API key)."""
+    from fleet.models import Adapter, ApiKey, EngineProfile, Model, Replica
 
     if isinstance(obj, Model | ApiKey):
         return obj.team_id
-    if isinstance(obj, EngineProfile | Replica):
+    if isinstance(obj, EngineProfile | Replica | Adapter):
         return obj.model.team_id
     raise TypeError(f"{type(obj).__name__} belongs to no team")
 

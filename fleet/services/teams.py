@@ -26,7 +26,16 @@ from dataclasses import dataclass, field
 
 import rules
 
-from fleet.models import SHARD_FINISHED, EngineProfile, Model, Replica, ReplicaState, Shard, Team
+from fleet.models import (
+    SHARD_FINISHED,
+    Adapter,
+    EngineProfile,
+    Model,
+    Replica,
+    ReplicaState,
+    Shard,
+    Team,
+)
 from fleet.models.access import ApiKey
 
 from .permissions import (
@@ -49,8 +58,8 @@ problem = scope_problem
 
 
 def owned(obj) -> bool:
-    """Whether ``obj`` is of a kind teams own: a model, profile, replica or API key."""
-    return isinstance(obj, Model | ApiKey | EngineProfile | Replica)
+    """Whether ``obj`` is of a kind teams own: a model, profile, replica, adapter or API key."""
+    return isinstance(obj, Model | ApiKey | EngineProfile | Replica | Adapter)
 
 
 def team_for_new(actor, team: Team | None, what: str) -> Team | None:
@@ -103,6 +112,8 @@ SCOPED = (
     "fleet.delete_model",
     "fleet.change_engineprofile",
     "fleet.delete_engineprofile",
+    "fleet.change_adapter",
+    "fleet.delete_adapter",
     "fleet.set_engine_args_env",
     "fleet.change_apikey",
     "fleet.delete_apikey",

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.models import (
+    Adapter,
     ApiKey,
     ApiKeyScope,
     EngineProfile,
@@ -22,6 +23,7 @@ from fleet.models import (
     Model,
     Node,
     NodeCredential,
+    Shard,
     Team,
 )
 from fleet.models.access import hash_secret
@@ -77,6 +79,11 @@ def fleet():
     replica = add_replica(model, model.active_profile, ["gpu-01"])
     # A node's load counts only for shards it holds.
     shard = replica.shards.get()
+    # A LoRA adapter of it, which the replica's engine reports it holds.
+    Adapter.objects.create(name="qwen-7b-sql", model=model, source="/models/sql.gguf")
+    Shard.objects.filter(pk=shard.pk).update(
+        adapters=[{"name": "qwen-7b-sql", "state": "loaded", "error": "", "id": 0}]
+    )
     report_load("gpu-01", shards=[{"shard_id": shard.pk, "cpu_cores": 1.5, "rss_bytes": 2**33}])
     access.create_join_token("rack-4", ttl=timedelta(hours=1))
     key, _ = ApiKey.issue(name="client", scope=ApiKeyScope.INFERENCE)

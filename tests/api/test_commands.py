@@ -227,7 +227,7 @@ def test_create_inference_key_with_models_and_expiry():
         (["--scope", "manage"], "a manage key needs a user to act as"),
         (["--scope", "manage", "--user", "nobody"], "no user 'nobody'"),
         (["--scope", "manage", "--user", "clerk"], "user 'clerk' is not an active staff user"),
-        (["--models", "qwen-7b,gpt-9"], "unknown model(s): gpt-9"),
+        (["--models", "qwen-7b,gpt-9"], "unknown model(s) or adapter(s): gpt-9"),
         (["--expires", "soon"], "'soon' is neither a duration"),
         (["--expires", "2001-01-01T00:00Z"], "is in the past"),
     ],

@@ -73,7 +73,7 @@ def test_what_a_gateway_records_is_what_its_metrics_count():
     from fleet.gateway import metrics
 
     before = metrics.model_figures(lambda: [_Gateway()])["bench-model"]
-    metrics.REQUESTS.labels("bench-model", "200").inc(5)
+    metrics.REQUESTS.labels("bench-model", "", "200").inc(5)
     metrics.LATENCY.labels("bench-model").observe(0.5)
     metrics.RouteMetrics("bench-model").tokens({"prompt_tokens": 7, "completion_tokens": 12})
 

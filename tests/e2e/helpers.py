@@ -7,11 +7,17 @@ from tests.processes import Stack
 
 
 def apply_model(
-    stack: Stack, path: Path, name: str = "tiny-llama", replicas: int = 1, **fields
+    stack: Stack,
+    path: Path,
+    name: str = "tiny-llama",
+    replicas: int = 1,
+    profile_fields: dict | None = None,
+    **fields,
 ) -> int:
     """Declare a llama.cpp CPU model through the DRF API, as an operator's script would.
 
-    ``fields``: more of the model's fields, e.g. ``placement_policy="spread"``.
+    ``fields``: more of the model's fields, e.g. ``placement_policy="spread"``;
+    ``profile_fields`` more of its profile's.
     """
     model = stack.api(
         "post", "models/", json={"name": name, "desired_replicas": replicas, **fields}
@@ -19,7 +25,13 @@ def apply_model(
     profile = stack.api(
         "post",
         "engine-profiles/",
-        json={"model": model["id"], "name": "cpu", "engine": "llamacpp", "model_path": str(path)},
+        json={
+            "model": model["id"],
+            "name": "cpu",
+            "engine": "llamacpp",
+            "model_path": str(path),
+            **(profile_fields or {}),
+        },
     )
     stack.api("patch", f"models/{model['id']}/", json={"active_profile": profile["id"]})
     return model["id"]

@@ -156,6 +156,8 @@ class World:
     event: Event
     team: object = None  # a team of its own group, owning team_model
     team_model: Model | None = None
+    adapter: object = None  # a LoRA adapter of spare
+    team_adapter: object = None  # one of team_model
     catalog_file: str = ""
     prepared: object = None  # what the walk's prepare() made
     seq: itertools.count = field(default_factory=itertools.count)
@@ -187,7 +189,13 @@ def world(settings, tmp_path) -> World:
     team_model = add_model("theirs", engine="llamacpp", gpus_per_node=0)
     Model.objects.filter(pk=team_model.pk).update(team=team)
     team_model.refresh_from_db()
+    from fleet.models import Adapter
+
     return World(
+        adapter=Adapter.objects.create(name="spare-sql", model=spare, source="/m/sql.gguf"),
+        team_adapter=Adapter.objects.create(
+            name="theirs-sql", model=team_model, source="/m/t.gguf"
+        ),
         team=team,
         team_model=team_model,
         root=root,
@@ -675,6 +683,59 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             go=api("delete", lambda w: f"/api/v1/engine-profiles/{w.spare_profile.pk}/"),
         )
     ],
+    "api:AdapterViewSet.create": [
+        walk(
+            "fleet.add_adapter",
+            go=api(
+                "post",
+                "/api/v1/adapters/",
+                lambda w: {"name": "spare-poet", "model": w.spare.pk, "source": "/m/poet.gguf"},
+            ),
+        ),
+        walk(
+            "fleet.add_adapter",
+            MANAGE_ALL_TEAMS,
+            name="to a team's model",
+            go=api(
+                "post",
+                "/api/v1/adapters/",
+                lambda w: {"name": "their-poet", "model": w.team_model.pk, "source": "/m/p.gguf"},
+            ),
+        ),
+    ],
+    "api:AdapterViewSet.update": [
+        walk(
+            "fleet.change_adapter",
+            go=api(
+                "put",
+                lambda w: f"/api/v1/adapters/{w.adapter.pk}/",
+                lambda w: {"name": "spare-sql", "model": w.spare.pk, "source": "/m/sql2.gguf"},
+            ),
+        )
+    ],
+    "api:AdapterViewSet.partial_update": [
+        walk(
+            "fleet.change_adapter",
+            go=api("patch", lambda w: f"/api/v1/adapters/{w.adapter.pk}/", {"rank": 8}),
+        ),
+        walk(
+            "fleet.change_adapter",
+            MANAGE_ALL_TEAMS,
+            name="a team's",
+            go=api("patch", lambda w: f"/api/v1/adapters/{w.team_adapter.pk}/", {"rank": 8}),
+        ),
+    ],
+    "api:AdapterViewSet.destroy": [
+        walk(
+            "fleet.delete_adapter", go=api("delete", lambda w: f"/api/v1/adapters/{w.adapter.pk}/")
+        ),
+        walk(
+            "fleet.delete_adapter",
+            MANAGE_ALL_TEAMS,
+            name="a team's",
+            go=api("delete", lambda w: f"/api/v1/adapters/{w.team_adapter.pk}/"),
+        ),
+    ],
     "api:CatalogViewSet.apply": [
         walk(*needs, name=n, go=api("post", "/api/v1/catalog/apply/", {"catalog": text}))
         for n, (needs, text) in APPLY_WALKS.items()
@@ -923,6 +984,7 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(
             "fleet.delete_model",
             "fleet.delete_engineprofile",
+            "fleet.delete_adapter",  # its adapters go with it
             go=admin_delete("fleet.model", lambda w: w.spare),
         )
     ],
@@ -930,6 +992,7 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(
             "fleet.delete_model",
             "fleet.delete_engineprofile",
+            "fleet.delete_adapter",  # its adapters go with it
             go=admin_action("fleet.model", "delete_selected", lambda w: [w.spare]),
         )
     ],
@@ -999,6 +1062,33 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(
             "fleet.delete_engineprofile",
             go=admin_action("fleet.engineprofile", "delete_selected", lambda w: [w.spare_profile]),
+        )
+    ],
+    "admin:fleet.adapter:add": [
+        walk(
+            "fleet.add_adapter",
+            go=admin_form(
+                "add",
+                "fleet.adapter",
+                lambda w: {"name": "spare-poet", "model": str(w.spare.pk), "source": "/m/p.gguf"},
+            ),
+        )
+    ],
+    "admin:fleet.adapter:change": [
+        walk(
+            "fleet.change_adapter",
+            go=admin_form(
+                "change", "fleet.adapter", {"source": "/m/sql2.gguf"}, lambda w: w.adapter
+            ),
+        )
+    ],
+    "admin:fleet.adapter:delete": [
+        walk("fleet.delete_adapter", go=admin_delete("fleet.adapter", lambda w: w.adapter))
+    ],
+    "admin:fleet.adapter:action:delete_selected": [
+        walk(
+            "fleet.delete_adapter",
+            go=admin_action("fleet.adapter", "delete_selected", lambda w: [w.adapter]),
         )
     ],
     "admin:fleet.node:change": [

@@ -36,8 +36,8 @@ from fleet.models import (
     ShardState,
 )
 
+from .. import adapters, canary_figures, permissions
 from .. import canary as canary_service
-from .. import canary_figures, permissions
 from ..autoscaler.step import step as autoscale
 from ..desired import bump_desired
 from ..doorbells import ring_gateways
@@ -149,6 +149,8 @@ class _Pass(Placing):
         if self.report.scaled:
             ring_gateways("routes")
         self.phase("autoscale")
+        # Which adapters replicas hold: the least recently used make way.
+        bump_desired(adapters.step(self.now))
         for model in self.models.values():
             self.scale(model, self.by_model.get(model.pk, []))
         self.phase("scaling")
