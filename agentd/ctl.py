@@ -326,6 +326,24 @@ def _teams(api: Api, args, out):
     return None
 
 
+def _adapters(api: Api, args, out):
+    adapters = _all_pages(api, "adapters/")
+    if args.json:
+        return adapters
+    if not adapters:
+        out.write("no adapters: declare them under their model (llmgw apply -f catalog.yaml)\n")
+        return None
+    rows = [["ADAPTER", "MODEL", "SOURCE", "LOADED ON"]]
+    for a in adapters:
+        where = [
+            f"{w['node']} ({w['state']})" + (f": {w['error'][:60]}" if w.get("error") else "")
+            for w in a.get("loaded") or []
+        ]
+        rows.append([a["name"], a["model_name"], a["source"][:60], ", ".join(where) or "-"])
+    _table(rows, out)
+    return None
+
+
 def _all_pages(api: Api, path: str) -> list:
     page = api.call("GET", path)
     if isinstance(page, list):
@@ -685,6 +703,7 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("node")
     sub.add_parser("models", help="The catalog's models.")
     sub.add_parser("teams", help="Teams: members, and what they hold against their quotas.")
+    sub.add_parser("adapters", help="LoRA adapters, their models and where they are loaded.")
     e = sub.add_parser("explain", help="Why a new replica of MODEL could run on each node.")
     e.add_argument("model")
     e.add_argument("--profile", help="Ask about this profile instead of the active one.")
@@ -776,6 +795,7 @@ COMMANDS = {
     "node": _node,
     "models": _models,
     "teams": _teams,
+    "adapters": _adapters,
     "explain": _explain,
     "apply": _apply,
     "drain": _intent("drain"),

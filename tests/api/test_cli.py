@@ -240,6 +240,38 @@ def test_teams_lists_use_against_quotas_and_api_key_gives_a_key_to_a_team(cli):
     assert status == ctl.EXIT_REFUSED and "no team named 'nope'" in err
 
 
+def test_adapters_lists_each_with_its_model_and_where_it_is_loaded(cli):
+    from fleet.models import Adapter, Shard
+    from tests.factories import add_model, add_node, add_replica
+
+    assert cli("adapters")[1].startswith("no adapters")
+    add_node("gpu-01")
+    model = add_model("qwen", max_adapters=2)
+    shard = add_replica(model, model.active_profile, ["gpu-01"]).shards.get()
+    Adapter.objects.create(name="qwen-sql", model=model, source="/lora/sql.gguf")
+    Adapter.objects.create(name="qwen-bad", model=model, source="/lora/bad.gguf")
+    Shard.objects.filter(pk=shard.pk).update(
+        adapters=[
+            {"name": "qwen-sql", "state": "loaded", "error": "", "id": 0},
+            {"name": "qwen-bad", "state": "failed", "error": "bad magic", "id": None},
+        ]
+    )
+    status, out, _ = cli("adapters")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["ADAPTER", "MODEL", "SOURCE", "LOADED", "ON"]
+    assert lines[1].split() == [
+        "qwen-bad",
+        "qwen",
+        "/lora/bad.gguf",
+        "gpu-01",
+        "(failed):",
+        "bad",
+        "magic",
+    ]
+    assert lines[2].split() == ["qwen-sql", "qwen", "/lora/sql.gguf", "gpu-01", "(loaded)"]
+
+
 def test_usage_totals_and_hours_and_a_rotated_key_keeps_working_for_its_grace(cli, monkeypatch):
     from datetime import timedelta
 

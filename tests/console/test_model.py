@@ -42,6 +42,35 @@ def test_replicas_where_and_why(client, qwen):
     assert 'data-replicas="pending">pending <b>1</b>' in body and "<html" not in body
 
 
+def test_its_adapters_where_each_is_loaded_or_why_not_and_their_usage(client, qwen):
+    from django.utils import timezone
+
+    from fleet.models import Adapter, ApiKey, KeyUsage, Shard
+
+    Adapter.objects.create(name="qwen-sql", model=qwen, source="/lora/sql.gguf")
+    Adapter.objects.create(name="qwen-bad", model=qwen, source="/lora/bad.gguf")
+    Shard.objects.filter(replica__model=qwen).update(
+        adapters=[
+            {"name": "qwen-sql", "state": "loaded", "error": "", "id": 0},
+            {"name": "qwen-bad", "state": "failed", "error": "bad magic in file", "id": None},
+        ]
+    )
+    key, _ = ApiKey.issue(name="client")
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    KeyUsage.objects.create(
+        key=key, model="qwen-sql", hour=hour, requests=3, prompt_tokens=10, completion_tokens=20
+    )
+    client.force_login(operator())
+
+    html = client.get(reverse("console:model", args=[qwen.pk])).content.decode()
+
+    sql = html.split('data-adapter="qwen-sql">')[1].split("</tr>")[0]
+    assert "gpu-01 (replica" in sql and ": loaded" in sql
+    assert "<td>3</td><td>30</td>" in sql
+    bad = html.split('data-adapter="qwen-bad">')[1].split("</tr>")[0]
+    assert ": failed" in bad and "bad magic in file" in bad
+
+
 def test_gateway_figures_from_what_the_gateways_recorded(client, qwen):
     now = time.time()
     # One gateway process: 60 requests in the minute between its two points,

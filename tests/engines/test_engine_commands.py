@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from agentd import rpcwait
+from agentd import protocol, rpcwait
 from agentd.engines import EngineUnavailable, make_engines
 from agentd.engines.base import metric_sum
 from agentd.engines.llamacpp import LlamaCpp
@@ -63,6 +63,14 @@ VLLM_CASES = [
          "--served-model-name", "llama-70b", "--tensor-parallel-size", "1",
          "--pipeline-parallel-size", "1", "--gpu-memory-utilization", "0.3678"],
     ),
+    (
+        "LoRA adapters, loaded while it serves",
+        dict(max_adapters=4),
+        dict(),
+        ["serve", "/models/llama-70b", "--host", "0.0.0.0", "--port", "8001",
+         "--served-model-name", "llama-70b", "--tensor-parallel-size", "1",
+         "--pipeline-parallel-size", "1", "--enable-lora", "--max-loras", "4"],
+    ),
 ]  # fmt: skip
 
 
@@ -105,6 +113,15 @@ SGLANG_CASES = [
         ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
          "30000", "--served-model-name", "llama-8b", "--tp-size", "16", "--enable-metrics",
          "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.11:29500"],
+    ),
+    (
+        "LoRA adapters, loaded while it serves",
+        dict(max_adapters=2),
+        dict(),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "1", "--enable-metrics",
+         "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "16",
+         "--lora-target-modules", "all"],
     ),
 ]  # fmt: skip
 
@@ -311,3 +328,32 @@ def test_llama_cpp_over_nodes_without_the_rpc_tools_or_their_addresses_says_what
         )  # fmt: skip
     with pytest.raises(EngineUnavailable, match="needs 1 rpc-server addresses; .* sent 0"):
         engine.build(p, shard(engine="llamacpp", profile=p, nnodes=2), host="0.0.0.0", port=1)
+
+
+def test_vllm_with_adapters_may_load_them_at_runtime(bins):
+    p = profile("vllm", model_path="/models/llama-70b", max_adapters=2)
+    env = VLLM(bins["vllm"]).build(p, shard(engine="vllm", profile=p), host="h", port=1).env
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = profile("vllm", model_path="/models/llama-70b")
+    env = VLLM(bins["vllm"]).build(plain, shard(engine="vllm", profile=plain), host="h", port=1)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env.env
+
+
+def test_llama_cpp_with_adapters_runs_llama_server_with_each_adapter_numbered(tmp_path):
+    # llama-cpp-python's server cannot apply adapters per request: llama-server beside it does
+    python = tmp_path / "env" / "bin" / "python3"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    server = stub_binary(python.parent, "llama-server", "true")
+    p = profile("llamacpp", model_path="/w/tiny.gguf", max_adapters=2, args=["-c", "512"])
+    local = [
+        protocol.AdapterSpec(name="pirate", source="/w/pirate.gguf"),
+        protocol.AdapterSpec(name="poet", source="/w/poet.gguf"),
+    ]
+    s = shard(engine="llamacpp", profile=p, adapters=local)
+    launch = LlamaCpp(str(python)).build(p, s, host="127.0.0.1", port=9000)
+    assert launch.argv == [
+        server, "-m", "/w/tiny.gguf", "--host", "127.0.0.1", "--port", "9000",
+        "--alias", "tiny-llama", "--metrics", "--lora", "/w/pirate.gguf",
+        "--lora", "/w/poet.gguf", "--lora-init-without-apply", "-c", "512",
+    ]  # fmt: skip

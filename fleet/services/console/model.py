@@ -5,13 +5,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Sum
 from django.utils import timezone
 
 from fleet.conf import fleet_settings
-from fleet.models import Event, Model, Replica, ReplicaState, Shard
+from fleet.models import Adapter, Event, KeyUsage, Model, Replica, ReplicaState, Shard
 
 from .. import canary_figures, history, prometheus
+from ..adapters import held
 from ..autoscaler.status import last_decision, scaling_status
 
 
@@ -40,6 +41,15 @@ class GatewayFigures:
 
 
 @dataclass
+class AdapterLine:
+    name: str
+    source: str
+    where: list  # (replica, node, state, error) per serving shard that reports it
+    requests: int = 0  # through the gateways, all told (usage rows)
+    tokens: int = 0  # prompt + completion
+
+
+@dataclass
 class ModelDetail:
     model: Model
     replicas: list[ReplicaLine]
@@ -53,6 +63,7 @@ class ModelDetail:
     # (canary_figures): [(profile, answers, error rate, p95 time to first token)].
     canary: list[tuple[str, int, float, float | None]] | None = None
     canary_error: str = ""
+    adapters: list[AdapterLine] | None = None
 
 
 def canary_figures_of(model: Model) -> dict:
@@ -143,6 +154,7 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
         for r in replicas
     ]
     by_state = {s: 0 for s in ReplicaState.values}
+    adapter_lines = adapters_of(model, lines)
     for r in lines:
         by_state[r.state] = by_state.get(r.state, 0) + 1
     return ModelDetail(
@@ -152,5 +164,34 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
         gateway_figures(model.name, now.timestamp()),
         scaling=scaling_status(model, by_state[ReplicaState.READY]),
         last_decision=last_decision(model),
+        adapters=adapter_lines,
         **canary_figures_of(model),
     )
+
+
+def adapters_of(model: Model, lines: list[ReplicaLine]) -> list[AdapterLine]:
+    """Its LoRA adapters, where its replicas hold them (from the shards read already), and
+    their requests and tokens: two queries, whatever the number of adapters."""
+    out = {
+        name: AdapterLine(name, source, [])
+        for name, source in Adapter.objects.filter(model=model).values_list("name", "source")
+    }
+    if not out:
+        return []
+    for r in lines:
+        for s in r.shards:
+            if s.rank != 0 or s.state in ("stopped", "failed"):
+                continue
+            for name, got in held(s.adapters).items():
+                if name in out:
+                    out[name].where.append(
+                        (r.id, s.node_id or "-", got.get("state", ""), got.get("error", ""))
+                    )
+    for name, requests, prompt, completion in (
+        KeyUsage.objects.filter(model__in=list(out))
+        .values("model")
+        .annotate(r=Sum("requests"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+        .values_list("model", "r", "p", "c")
+    ):
+        out[name].requests, out[name].tokens = requests or 0, (prompt or 0) + (completion or 0)
+    return list(out.values())
