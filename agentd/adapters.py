@@ -113,8 +113,8 @@ class AdapterLifecycle:
         return sorted(local.items())[: want.profile.max_adapters]
 
     def _started_with(self, sh: Shard, loaded: list[tuple]) -> None:
-        failed = {n: a for n, a in sh.adapters.items() if a["state"] == FAILED}
-        sh.adapters = {**failed}
+        # Those that failed stay reported, those still fetching stay loading.
+        sh.adapters = {n: a for n, a in sh.adapters.items() if a["state"] in (FAILED, LOADING)}
         for number, (name, _path) in enumerate(loaded):
             sh.adapters[name] = {"name": name, "state": LOADED, "error": "", "id": number}
         sh.adapter_paths = dict(loaded)
@@ -149,21 +149,24 @@ class AdapterLifecycle:
         words, and the shard is to start again without it."""
         if not sh.adapter_paths:
             return False
+        sh.log.read_new()  # what it printed as it exited
         lines = sh.log.recent(80)
+        starts = [i for i, line in enumerate(lines) if line.startswith("--- llmgw ")]
+        lines = lines[starts[-1] + 1 :] if starts else lines  # this start's output only
         culprit, reason = None, []
         for line in lines:
-            for name, path in sh.adapter_paths.items():
-                if path in line and "lora" in line.lower():
-                    culprit = name
             low = line.lower()
-            if culprit and ("error" in low or "failed" in low or "exception" in low):
+            named = [n for n, p in sh.adapter_paths.items() if p in line and "lora" in low]
+            if named:
+                culprit = named[0]
+            if ("lora" in low or "gguf" in low) and ("error" in low or "failed" in low):
                 reason.append(line.strip())
         if culprit is None or not reason:
             return False
         spec = next((a for a in (sh.want.adapters if sh.want else []) if a.name == culprit), None)
         if spec is None:
             return False
-        self._adapter_failed(sh, spec, "; ".join(reason[-3:]))
+        self._adapter_failed(sh, spec, "; ".join(reason[:3]))
         sh.adapter_paths.pop(culprit, None)
         return True
 

@@ -146,6 +146,9 @@ class Shard:
             start_ticks=self.process.ticks if alive else None,
             spec=spec.model_dump(mode="json") if spec else None,
             error=self.error,
+            adapters={"held": self.adapters, "paths": self.adapter_paths}
+            if self.adapters
+            else None,
         )
 
     def restore(self, rec: state.ShardRecord) -> None:
@@ -157,5 +160,10 @@ class Shard:
             rec.error,
         )
         self.spec = self.want = parse_spec(rec.spec)
+        adapters = rec.adapters or {}
+        self.adapters = {
+            n: a for n, a in (adapters.get("held") or {}).items() if a.get("state") != "loading"
+        }
+        self.adapter_paths = dict(adapters.get("paths") or {})
         if self.want and rec.target != self.want.state:
             self.want = self.want.model_copy(update={"state": rec.target})

@@ -47,6 +47,9 @@ class ShardRecord:
     start_ticks: int | None = None  # /proc/<pid>/stat field 22: tells a reused PID apart
     spec: dict | None = None  # the DesiredShard it runs, as JSON
     error: str = ""
+    # Its engine's LoRA adapters, so an agent that adopts it neither restarts it nor
+    # loads them again: {"held": {name: status}, "paths": {name: local path}}.
+    adapters: dict | None = None
 
 
 def marks(state_dir: Path, shard_id: str, engine: str, port: int, spec_json: str) -> dict:

@@ -1,6 +1,7 @@
 """A tiny llama GGUF with random weights, written with the standard library.
 
 ``python -m agentd.tinygguf OUT.gguf [--layers N --embd N --ff N --ctx N --seed N]``
+``python -m agentd.tinygguf --lora OUT.gguf [--seed N --rank N]`` (a LoRA adapter for it)
 
 What it says is noise, but real llama.cpp loads and serves it on a CPU in
 milliseconds, so every byte of the path a request takes is real: the agent starts
@@ -101,8 +102,6 @@ def write(
     """
     if embd % N_HEAD:
         raise ValueError(f"the embedding length must be a multiple of {N_HEAD}, not {embd}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     tokens, scores, types = vocabulary()
     meta = [
@@ -131,9 +130,8 @@ def write(
     ]
 
     def weight(cols: int, rows: int) -> tuple[tuple[int, int], array]:
-        # GGUF dims are columns first. Small values keep the activations finite
-        # through the norms: noise, not NaNs.
-        return (cols, rows), array("f", (rng.gauss(0.0, 0.02) for _ in range(rows * cols)))
+        # Small values keep the activations finite through the norms: noise, not NaNs.
+        return _normal(rng, cols, rows, 0.02)
 
     def ones(n: int) -> tuple[tuple[int], array]:
         return (n,), array("f", [1.0] * n)
@@ -151,6 +149,56 @@ def write(
         tensors[f"blk.{i}.ffn_gate.weight"] = weight(embd, ff)
         tensors[f"blk.{i}.ffn_up.weight"] = weight(embd, ff)
         tensors[f"blk.{i}.ffn_down.weight"] = weight(ff, embd)
+    return _write_gguf(path, meta, tensors)
+
+
+def write_lora(
+    path: Path | str,
+    *,
+    seed: int = 1,
+    rank: int = 4,
+    alpha: float | None = None,
+    scale: float = 0.25,
+    layers: int = N_LAYER,
+    embd: int = N_EMBD,
+    ff: int = N_FF,
+) -> Path:
+    """Write a LoRA adapter for the model of these sizes to ``path`` and return it.
+
+    Pairs for attn_q, attn_v and ffn_up in every block, ``lora_a`` [cols, rank] and
+    ``lora_b`` [rank, rows] as llama.cpp's loader checks them, entries drawn with
+    standard deviation ``scale``: big enough that the adapter changes what the model
+    says at temperature 0, and each seed changes it differently. ``alpha`` (default
+    ``rank``) is stored as ``adapter.lora.alpha``; llama.cpp scales by alpha / rank.
+    """
+    if rank < 1:
+        raise ValueError(f"the rank must be at least 1, not {rank}")
+    rng = random.Random(seed)
+    meta = [
+        _kv("general.architecture", STRING, "llama"),
+        _kv("general.type", STRING, "adapter"),
+        _kv("general.name", STRING, "llmgw tiny llama lora"),
+        _kv("general.alignment", U32, ALIGN),
+        _kv("adapter.type", STRING, "lora"),
+        _kv("adapter.lora.alpha", F32, float(rank if alpha is None else alpha)),
+    ]
+    tensors = {}
+    for i in range(layers):
+        for name, rows in (("attn_q", embd), ("attn_v", embd), ("ffn_up", ff)):
+            tensors[f"blk.{i}.{name}.weight.lora_a"] = _normal(rng, embd, rank, scale)
+            tensors[f"blk.{i}.{name}.weight.lora_b"] = _normal(rng, rank, rows, scale)
+    return _write_gguf(path, meta, tensors)
+
+
+def _normal(rng: random.Random, cols: int, rows: int, std: float) -> tuple[tuple, array]:
+    # GGUF dims are columns first (ggml's ne order).
+    return (cols, rows), array("f", (rng.gauss(0.0, std) for _ in range(rows * cols)))
+
+
+def _write_gguf(path: Path | str, meta: list[bytes], tensors: dict) -> Path:
+    """Header, metadata, tensor infos, then float32 data: whole, then renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     infos, offset = [], 0
     for name, (dims, data) in tensors.items():
         infos.append(
@@ -179,17 +227,24 @@ def _padded(n: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentd.tinygguf", description=__doc__)
-    parser.add_argument("out", type=Path, help="where to write the .gguf file")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("out", type=Path, nargs="?", help="where to write the .gguf file")
+    parser.add_argument("--lora", type=Path, metavar="OUT", help="write a LoRA adapter")
+    parser.add_argument("--seed", type=int, help="default 0 for a model, 1 for an adapter")
+    parser.add_argument("--rank", type=int, default=4, help="the adapter's rank")
     parser.add_argument("--layers", type=int, default=N_LAYER, help="transformer blocks")
     parser.add_argument("--embd", type=int, default=N_EMBD, help="embedding length")
     parser.add_argument("--ff", type=int, default=N_FF, help="feed-forward length")
     parser.add_argument("--ctx", type=int, default=N_CTX, help="context length")
     args = parser.parse_args(argv)
+    if (args.out is None) == (args.lora is None):
+        parser.error("give either OUT or --lora OUT, not both or neither")
+    sizes = {"layers": args.layers, "embd": args.embd, "ff": args.ff}
     try:
-        path = write(
-            args.out, args.seed, layers=args.layers, embd=args.embd, ff=args.ff, ctx=args.ctx
-        )
+        if args.lora is not None:
+            seed = 1 if args.seed is None else args.seed
+            path = write_lora(args.lora, seed=seed, rank=args.rank, **sizes)
+        else:
+            path = write(args.out, args.seed or 0, ctx=args.ctx, **sizes)
     except ValueError as exc:
         parser.error(str(exc))
     print(f"{path} ({path.stat().st_size} bytes)")

@@ -173,14 +173,14 @@ class LlamaCpp(Engine):
 
 
 def _lora_args(shard: DesiredShard) -> list[str]:
-    """--lora for each adapter (``source`` is its local path by now: agentd.adapters),
-    numbered in this order; none applied unless a request names it."""
+    """The adapters (``source`` is each one's local path by now: agentd.adapters), numbered
+    in this order, in one comma-separated --lora: given twice, the server warns that only
+    the last counts. A request without "lora" gets every adapter at the server's own
+    scales, so the gateway names them in every request (fleet.gateway.table)."""
     if not shard.adapters:
         return []
-    argv = []
-    for adapter in shard.adapters:
-        argv += ["--lora", gguf_in(adapter.source)]
-    return [*argv, "--lora-init-without-apply"]
+    paths = ",".join(gguf_in(adapter.source) for adapter in shard.adapters)
+    return ["--lora", paths, "--lora-init-without-apply"]
 
 
 _PART = re.compile(r"-(\d+)-of-\d+\.gguf$")

@@ -18,6 +18,7 @@ from drf_spectacular.utils import extend_schema_field
 
 from fleet.models import (
     GPU,
+    Adapter,
     EngineProfile,
     Event,
     LocalWeights,
@@ -173,6 +174,15 @@ class EngineProfileFilterSet(FilterSet):
     class Meta:
         model = EngineProfile
         fields = {"engine": ["exact"], "gpu_class": ["exact", "icontains"]}
+
+
+class AdapterFilterSet(FilterSet):
+    model = IdFilter(field_name="model_id", label="The base model's id.")
+    model_name = django_filters.CharFilter(field_name="model__name")
+
+    class Meta:
+        model = Adapter
+        fields = ()
 
 
 class ReplicaFilterSet(FilterSet):

@@ -428,7 +428,7 @@ class AdapterViewSet(viewsets.ModelViewSet):
 
     queryset = Adapter.objects.select_related("model")
     serializer_class = serializers.AdapterSerializer
-    filterset_fields = ("model",)
+    filterset_class = filters.AdapterFilterSet
     search_fields = ("name", "model__name", "source")
     ordering_fields = ("model", "name", "updated_at")
 

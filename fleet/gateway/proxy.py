@@ -278,7 +278,7 @@ def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, 
     """The body to send where it is not the client's own (None where it is), and whether
     the gateway asked the engine for usage on its own."""
     strip_usage = wants_usage_added(req)
-    if up.served_name == req.model and not strip_usage:
+    if up.served_name == req.model and not strip_usage and up.base_fields is None:
         return None, strip_usage
     # The engine serves the profile's name; the client asked for the model's (or for
     # another model, whose fallback this is), or for an adapter the engine holds.
@@ -293,7 +293,7 @@ def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, 
             )
         changed = {**req.body, **fields}
     else:
-        changed = {**req.body, "model": up.served_name}
+        changed = {**req.body, "model": up.served_name, **(up.base_fields or {})}
     if strip_usage:
         # The engine reports usage in a last chunk only when asked; the client
         # did not ask, so that chunk is taken out again on the way back.

@@ -92,6 +92,9 @@ class Upstream:
     # body (``adapter_fields``); and those that failed to load: name -> the engine's reason.
     adapters: dict[str, dict] = field(default_factory=dict)
     adapters_failed: dict[str, str] = field(default_factory=dict)
+    # What a request for the model itself adds to the body, where the engine needs it
+    # told that no adapter applies (``base_fields``); None: nothing.
+    base_fields: dict | None = None
     max_adapters: int = 0
     _heads: dict = field(default_factory=dict, repr=False)
 
@@ -146,8 +149,8 @@ def adapter_fields(engine: str, served: str, name: str, number: int | None) -> d
     ``engine`` serving its base as ``served``. vLLM serves an adapter under its own
     name once loaded; SGLang takes its name in ``lora_path`` (as its docs' OpenAI
     example does); llama.cpp's server applies adapters by number, per request."""
-    if engine == "llamacpp":
-        return {"model": served, "lora": [{"id": number, "scale": 1.0}]}
+    if engine == "llamacpp":  # the others it holds default to 0 when one is named
+        return {"model": served, "lora": [{"id": number, "scale": 1.0}], **_NO_CACHE}
     if engine == "sglang":
         return {"model": served, "lora_path": name}
     return {"model": name}
@@ -246,6 +249,9 @@ def build_routes(
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
             u.served_name, u.profile = r.served_name, r.profile
             u.adapters, u.adapters_failed = _held(r, leader)
+            u.base_fields = base_fields(
+                r.engine, [a for a in leader.adapters if isinstance(a, dict)]
+            )
             u.max_adapters = r.max_adapters
             u.canary = r.profile_id == m.canary_profile_id
             u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
@@ -281,6 +287,22 @@ def _ring(route: Route, old: dict[str, Route] | None) -> None:
     if ring is None or not ring.same_members(route.upstreams):
         ring = prefix.Ring(route.upstreams)
     route.ring = ring
+
+
+# llama.cpp's server reuses a prompt's cached KV across requests for other adapters, and
+# the answer is then partly the previous adapter's (ggml-org/llama.cpp#26207, open; seen
+# on the pinned build): a replica holding adapters gets every request without the cache.
+_NO_CACHE = {"cache_prompt": False}
+
+
+def base_fields(engine: str, held: list[dict]) -> dict | None:
+    """What a request for the base model adds for an engine holding adapters ``held``.
+    llama.cpp's server applies its adapters at its own scales to a request that names
+    none, so each is named at 0."""
+    numbers = [a.get("id") for a in held if a.get("state") == "loaded" and a.get("id") is not None]
+    if engine != "llamacpp" or not numbers:
+        return None
+    return {"lora": [{"id": n, "scale": 0.0} for n in sorted(numbers)], **_NO_CACHE}
 
 
 def _held(r: ReplicaView, leader: ShardView) -> tuple[dict[str, dict], dict[str, str]]:

@@ -16,11 +16,14 @@ used one makes way and the nodes running the model are rung.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from agentd import protocol
 from fleet.models import Adapter, Shard, ShardState
+
+logger = logging.getLogger(__name__)
 
 
 def _order(a: Adapter) -> tuple:
@@ -109,6 +112,12 @@ def step(now: datetime) -> set[str]:
             Adapter.objects.filter(pk=a.pk).update(last_request_at=at)
         if any({a.name for a in wanted(before, n)} != names for n, names in sets_before.items()):
             ring.add(model_id)
+            logger.info(
+                "adapters model=%s asked for: %s; replicas now hold the most recent of %s",
+                model_id,
+                ", ".join(a.name for a, _at in times),
+                ", ".join(a.name for a in wanted(before, max(limits[model_id]))),
+            )
     return {n for n, m, limit in shards if m in ring and limit}
 
 

@@ -112,7 +112,27 @@ def _made_valid(case):
             case.body["fallbacks"] = []  # names of other models that exist, in words only
         if case.body.get("team") is not None:
             case.body["team"] = None  # a team that exists, in words only
+        name = case.body.get("name")
+        if isinstance(name, str) and name.startswith("lora-"):
+            # Adapters' names, which a link may carry over, are not models' (in words only).
+            case.body["name"] = "model-" + name[len("lora-") :]
         _consistent_bounds(case.body)
+    elif path.startswith("/api/v1/adapters/") and case.method in ("POST", "PUT", "PATCH"):
+        if "model" in case.body or case.method != "PATCH":
+            case.body["model"] = _model_id()
+        if case.body.get("rank") is not None:
+            case.body["rank"] = 16  # one of the ranks engines take, in words only
+        if isinstance(case.body.get("name"), str):
+            # Not a model's name (models and adapters share one namespace), in words only.
+            if not case.body["name"].startswith("lora-"):
+                case.body["name"] = ("lora-" + case.body["name"])[:128]
+        # Checksums are for files the node fetches, named as the URL names its file: a
+        # fetched source always, so checksums a link carries over fit it too.
+        if "source" in case.body or case.method != "PATCH":
+            case.body["source"] = "https://models.example/a.gguf"
+        sums = case.body.get("sha256")
+        if isinstance(sums, dict) and sums:
+            case.body["sha256"] = {"a.gguf": next(iter(sums.values()))}
     elif path in ("/api/v1/catalog/apply/", "/api/v1/catalog/explain/"):
         if "catalog" in case.body or path.endswith("apply/"):
             case.body["catalog"] = CATALOG

@@ -354,6 +354,6 @@ def test_llama_cpp_with_adapters_runs_llama_server_with_each_adapter_numbered(tm
     launch = LlamaCpp(str(python)).build(p, s, host="127.0.0.1", port=9000)
     assert launch.argv == [
         server, "-m", "/w/tiny.gguf", "--host", "127.0.0.1", "--port", "9000",
-        "--alias", "tiny-llama", "--metrics", "--lora", "/w/pirate.gguf",
-        "--lora", "/w/poet.gguf", "--lora-init-without-apply", "-c", "512",
+        "--alias", "tiny-llama", "--metrics", "--lora", "/w/pirate.gguf,/w/poet.gguf",
+        "--lora-init-without-apply", "-c", "512",
     ]  # fmt: skip

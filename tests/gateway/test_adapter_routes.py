@@ -52,7 +52,11 @@ def test_an_adapter_goes_only_to_the_replicas_that_hold_it_and_shares_their_coun
     "engine, sent",
     [
         # llama.cpp's server: the base's name, and the adapter applied by its number
-        ("llamacpp", {"model": "qwen-served", "lora": [{"id": 1, "scale": 1.0}]}),
+        # (without the prompt cache: ggml-org/llama.cpp#26207)
+        (
+            "llamacpp",
+            {"model": "qwen-served", "lora": [{"id": 1, "scale": 1.0}], "cache_prompt": False},
+        ),
         # vLLM serves a loaded adapter under its own name
         ("vllm", {"model": "qwen-sql"}),
         # SGLang: the base's name, the adapter in lora_path
@@ -108,3 +112,19 @@ def test_while_the_base_restarts_an_adapters_request_waits_for_it():
     route = table.build_routes([MODEL], [starting], adapters=[SQL])["qwen-sql"]
     assert route.waits and route.upstreams == []
     assert route.unavailable.startswith("adapter 'qwen-sql' of model 'qwen' has no ready replica")
+
+
+def test_a_request_for_the_model_itself_tells_llama_cpp_that_no_adapter_applies():
+    # llama.cpp's server would apply its adapters at its own scales to a request naming
+    # none, and keep a prompt cache made with them
+    routes = table.build_routes(
+        [MODEL], [replica("a", loaded("qwen-sql", 1), loaded("qwen-chat", 0))], adapters=[SQL]
+    )
+    body, _ = _changed(routes["qwen"], Req("qwen"), routes["qwen"].upstreams[0])
+    assert body["model"] == "qwen-served"
+    assert body["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
+    assert body["cache_prompt"] is False  # ggml-org/llama.cpp#26207
+    # other engines, and llama.cpp holding none, get the body as it was
+    for view in (replica("b", loaded("qwen-sql"), engine="vllm"), replica("c")):
+        up = table.build_routes([MODEL], [view])["qwen"].upstreams[0]
+        assert "lora" not in (_changed(routes["qwen"], Req("qwen"), up)[0] or {})
