@@ -217,8 +217,9 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
     def paths_in_use(self) -> list[str]:
-        """Model paths of every shard that runs or is wanted running, not only running ones:
-        a starting engine reads them. One stopped for good, its engine gone, uses nothing.
+        """Model and adapter paths of every shard that runs or is wanted running, not only
+        running ones: a starting engine reads them. One stopped for good, its engine gone,
+        uses nothing.
 
         A fetched source counts twice: as the profile names it, and as its entry
         in a weights dir (blocking: a few stats; call it off the event loop).
@@ -226,16 +227,20 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         paths = set()
         for sh in list(self._shards.values()):
             spec = sh.spec_or_want
-            if spec is None or not spec.profile.model_path:
+            if spec is None:
                 continue
             if not sh.alive() and sh.target in ("stopped", "absent"):
                 continue
-            paths.add(spec.profile.model_path)
-            source = _source_or_none(spec.profile.model_path)
-            if source is not None and self._fetcher is not None:
-                entry = self._fetcher.entry(source)
-                if entry is not None:
-                    paths.add(str(entry))
+            # Its weights, and its LoRA adapters' files (agentd.adapters).
+            for text in (spec.profile.model_path, *(a.source for a in spec.adapters)):
+                if not text:
+                    continue
+                paths.add(text)
+                source = _source_or_none(text)
+                if source is not None and self._fetcher is not None:
+                    entry = self._fetcher.entry(source)
+                    if entry is not None:
+                        paths.add(str(entry))
         return sorted(paths)
 
     def weights_in_use(self) -> list[str]:

@@ -222,6 +222,20 @@ async def test_a_download_that_progresses_is_not_a_hung_start(state_dir, tmp_pat
         await sup.close()
 
 
+async def test_the_adapters_a_shard_should_hold_are_in_use_like_its_weights(state_dir, tmp_path):
+    # a weights clean-up must not take an adapter's file from under a replica that loads it
+    from agentd import protocol
+
+    adapter = protocol.AdapterSpec(name="sql", source=str(tmp_path / "sql.gguf"))
+    spec = shard(profile=None).model_copy(update={"adapters": [adapter]})
+    sup, rec = await started(state_dir, spec)
+    try:
+        await rec.wait_for("r1-s0", "ready", timeout=30)
+        assert sup.paths_in_use() == [str(tmp_path / "sql.gguf")]
+    finally:
+        await sup.close()
+
+
 async def test_tail_shows_the_engine_output(state_dir):
     sup, rec = await started(state_dir, shard())
     try:
