@@ -176,6 +176,7 @@ def register() -> None:
     from django.db.models.signals import post_save, pre_save
 
     from fleet.models import (
+        Adapter,
         ApiKey,
         EngineProfile,
         JoinToken,
@@ -191,7 +192,7 @@ def register() -> None:
         left = {*leave_out, *KEPT_UP}
         return [f.name for f in model._meta.concrete_fields if f.name not in left]
 
-    for model in (Model, EngineProfile, WantedEngine, Team):
+    for model in (Model, EngineProfile, Adapter, WantedEngine, Team):
         auditlog.register(model, include_fields=fields(model))
     auditlog.register(Node, include_fields=NODE_FIELDS)
     auditlog.register(ApiKey, include_fields=fields(ApiKey, SECRETS))

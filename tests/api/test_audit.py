@@ -85,6 +85,30 @@ def test_a_teams_quota_and_a_model_given_to_it_are_recorded_with_their_author(cl
     assert entry.changes_dict == {"team": ["None", str(research.pk)]}
 
 
+def test_an_adapters_new_source_is_recorded_with_its_author_and_its_gateway_times_are_not(
+    client,
+):
+    from fleet.models import Adapter
+
+    model = add_model("qwen")
+    adapter = Adapter.objects.create(name="qwen-sql", model=model, source="/l/v1.gguf")
+    key, secret = manage_key()
+    start = mark()
+
+    changed = client.patch(
+        f"/api/v1/adapters/{adapter.pk}/", {"source": "/l/v2.gguf"},
+        content_type="application/json", **bearer(secret),
+    )  # fmt: skip
+    Adapter.objects.filter(pk=adapter.pk).update(last_request_at=timezone.now())
+    adapter.refresh_from_db()
+    adapter.save()  # the system's own times: no change of anyone's
+
+    assert changed.status_code == 200
+    (entry,) = of(adapter, start)
+    assert entry.actor == key.user
+    assert entry.changes_dict == {"source": ["/l/v1.gguf", "/l/v2.gguf"]}
+
+
 def test_llmgw_and_apply_are_their_own_doors(client):
     key, secret = manage_key()
     node = add_node("gpu-01")
