@@ -410,6 +410,8 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         engine = self._engines.get(sh.engine)
         if engine is None or sh.state != ShardState.READY or not engine.serves_http(want):
             return  # once ready (the transition converges again)
+        if not want.profile.max_adapters and not sh.adapters:
+            return  # LoRA off, and nothing held
         self._release_adapters(sh, keep={a.name for a in want.adapters})
         if engine.adapters_at_start:
             await self._restart_for_adapters(sh, want)

@@ -11,7 +11,10 @@ Under the NVML double (``LLMGW_FAKE_NVML``) it holds GPU memory on the GPUs in
 CUDA_VISIBLE_DEVICES while it runs, as vLLM does: ``--gpu-memory-utilization``
 of each GPU's total, or ``--gpu-memory-bytes`` on each. It
 answers /health (503 while loading), /v1/models, /v1/chat/completions and
-/v1/completions (streamed or not), /v1/embeddings and /metrics. Plain asyncio,
+/v1/completions (streamed or not), /v1/embeddings and /metrics, and loads LoRA
+adapters while it runs as vLLM does (/v1/load_lora_adapter and
+/v1/unload_lora_adapter: a path that does not exist is refused with 400; a loaded
+adapter is listed and answers under its own name). Plain asyncio,
 no dependencies, so it is also the gateway benchmark's stub. Use the real
 llama.cpp engine wherever a real engine will do.
 
@@ -44,6 +47,7 @@ class FakeEngine(Engine):
     name = "fake"
     opt_in = True
     in_flight_series = ("fake:requests_running",)
+    adapter_api = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")  # as vLLM's
 
     def command(self) -> list[str]:
         return [which(self.binary or sys.executable), "-m", "agentd.engines.fake"]
@@ -83,6 +87,7 @@ class FakeServer:
         self.served = 0
         self.cancelled = 0
         self.completions = 0  # asked for, failed ones too (--fail-every)
+        self.adapters: dict[str, str] = {}  # LoRA adapters loaded: name -> path
 
     # -- HTTP plumbing ---------------------------------------------------------
 
@@ -157,7 +162,8 @@ class FakeServer:
             )
         if path == "/v1/models" and method == "GET":
             model = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw-fake"}
-            return await self.send(writer, 200, {"object": "list", "data": [model]}, keep)
+            data = [model] + [{**model, "id": a, "parent": name} for a in sorted(self.adapters)]
+            return await self.send(writer, 200, {"object": "list", "data": data}, keep)
         if method != "POST":
             return await self.send(writer, 404, self.error(f"no route {method} {path}"), keep)
         try:
@@ -166,11 +172,31 @@ class FakeServer:
                 raise ValueError("the body must be a JSON object")
         except ValueError as exc:
             return await self.send(writer, 400, self.error(f"invalid JSON body: {exc}"), keep)
+        if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            status, text = self.lora(path.endswith("/load_lora_adapter"), req)
+            if status != 200:
+                return await self.send(writer, status, self.error(text), keep)
+            return await self.send(writer, status, text.encode(), keep, "text/plain")
         if path == "/v1/embeddings":
             return await self.embeddings(req, writer, keep)
         if path in ("/v1/chat/completions", "/v1/completions"):
             return await self.complete(path.endswith("chat/completions"), req, writer, keep)
         return await self.send(writer, 404, self.error(f"no route {path}"), keep)
+
+    def lora(self, load: bool, req: dict) -> tuple[int, str]:
+        name, where = req.get("lora_name"), req.get("lora_path")
+        if not isinstance(name, str) or not name:
+            return 400, "'lora_name' must be a name"
+        if not load:
+            if self.adapters.pop(name, None) is None:
+                return 404, f"The lora adapter '{name}' cannot be found."
+            return 200, f"Success: LoRA adapter '{name}' removed successfully."
+        if name in self.adapters:
+            return 400, f"The lora adapter '{name}' has already been loaded."
+        if not isinstance(where, str) or not os.path.exists(where):
+            return 400, f"Loading lora {name} failed: No adapter found for {where}"
+        self.adapters[name] = where
+        return 200, f"Success: LoRA adapter '{name}' added successfully."
 
     async def embeddings(self, req: dict, writer, keep: bool) -> None:
         inputs = req.get("input")
@@ -204,7 +230,12 @@ class FakeServer:
             )
         rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{self.served}"
         kind = "chat.completion" if chat else "text_completion"
-        base = {"id": rid, "created": int(time.time()), "model": self.opts.served_model_name}
+        model = req.get("model") if req.get("model") in self.adapters else None
+        base = {
+            "id": rid,
+            "created": int(time.time()),
+            "model": model or self.opts.served_model_name,
+        }
         self.running += 1
         self.served += 1
         try:
