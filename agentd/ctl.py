@@ -274,74 +274,66 @@ def _engine_build(api: Api, args, out):
     return None
 
 
-def _models(api: Api, args, out):
-    models = _all_pages(api, "models/")
+def _listing(api: Api, args, out, path: str, empty: str, header: list[str], row):
+    """A collection of the API as a table (``row`` makes each line), or its JSON."""
+    items = _all_pages(api, path)
     if args.json:
-        return models
-    if not models:
-        out.write("no models in the catalog: llmgw apply -f catalog.yaml\n")
+        return items
+    if not items:
+        out.write(empty + "\n")
         return None
-    rows = [["MODEL", "TEAM", "REPLICAS", "PRIORITY", "SCALING", "PROFILE", "DESCRIPTION"]]
-    for m in models:
-        rows.append(
-            [
-                m["name"],
-                m.get("team") or "-",
-                str(m.get("desired_replicas", "-")),
-                str(m.get("priority", "-")),  # an older control plane has none
-                m.get("scaling") or "-",  # an older control plane has no such field
-                str(m.get("active_profile_name") or m.get("active_profile") or "-"),
-                (m.get("description") or "")[:60],
-            ]
-        )
-    _table(rows, out)
+    _table([header, *map(row, items)], out)
     return None
+
+
+def _models(api: Api, args, out):
+    def row(m) -> list[str]:
+        return [
+            m["name"],
+            m.get("team") or "-",
+            str(m.get("desired_replicas", "-")),
+            str(m.get("priority", "-")),  # an older control plane has none
+            m.get("scaling") or "-",  # an older control plane has no such field
+            str(m.get("active_profile_name") or m.get("active_profile") or "-"),
+            (m.get("description") or "")[:60],
+        ]
+
+    header = ["MODEL", "TEAM", "REPLICAS", "PRIORITY", "SCALING", "PROFILE", "DESCRIPTION"]
+    empty = "no models in the catalog: llmgw apply -f catalog.yaml"
+    return _listing(api, args, out, "models/", empty, header, row)
 
 
 def _teams(api: Api, args, out):
-    teams = _all_pages(api, "teams/")
-    if args.json:
-        return teams
-    if not teams:
-        out.write("no teams: every model and key is the fleet's\n")
-        return None
-
     def of(used, quota) -> str:
         return f"{used} of {quota}" if quota is not None else f"{used}"
 
-    rows = [["TEAM", "MEMBERS", "GPUS", "GPU MEMORY (GB)", "REPLICAS", "TOKENS THIS MONTH"]]
-    for t in teams:
+    def row(t) -> list[str]:
         use = t.get("in_use") or {}
-        rows.append(
-            [
-                t["name"],
-                ",".join(t.get("members") or []) or "-",
-                of(use.get("gpus", 0), t.get("max_gpus")),
-                of(use.get("gpu_memory_gb", 0), t.get("max_gpu_memory_gb")),
-                of(use.get("replicas", 0), t.get("max_replicas")),
-                of(use.get("tokens_this_month", 0), t.get("tokens_per_month")),
-            ]
-        )
-    _table(rows, out)
-    return None
+        return [
+            t["name"],
+            ",".join(t.get("members") or []) or "-",
+            of(use.get("gpus", 0), t.get("max_gpus")),
+            of(use.get("gpu_memory_gb", 0), t.get("max_gpu_memory_gb")),
+            of(use.get("replicas", 0), t.get("max_replicas")),
+            of(use.get("tokens_this_month", 0), t.get("tokens_per_month")),
+        ]
+
+    header = ["TEAM", "MEMBERS", "GPUS", "GPU MEMORY (GB)", "REPLICAS", "TOKENS THIS MONTH"]
+    empty = "no teams: every model and key is the fleet's"
+    return _listing(api, args, out, "teams/", empty, header, row)
 
 
 def _adapters(api: Api, args, out):
-    adapters = _all_pages(api, "adapters/")
-    if args.json:
-        return adapters
-    if not adapters:
-        out.write("no adapters: declare them under their model (llmgw apply -f catalog.yaml)\n")
-        return None
-    rows = [["ADAPTER", "MODEL", "SOURCE", "LOADED ON"]]
-    for a in adapters:
+    def row(a) -> list[str]:
         where = [
             f"{w['node']} ({w['state']})" + (f": {w['error'][:60]}" if w.get("error") else "")
             for w in a.get("loaded") or []
         ]
-        rows.append([a["name"], a["model_name"], a["source"][:60], ", ".join(where) or "-"])
-    _table(rows, out)
-    return None
+        return [a["name"], a["model_name"], a["source"][:60], ", ".join(where) or "-"]
+
+    header = ["ADAPTER", "MODEL", "SOURCE", "LOADED ON"]
+    empty = "no adapters: declare them under their model (llmgw apply -f catalog.yaml)"
+    return _listing(api, args, out, "adapters/", empty, header, row)
 
 
 def _all_pages(api: Api, path: str) -> list:

@@ -423,6 +423,17 @@ class Sha256MapField(serializers.DictField):
     """File name -> sha256, as the schema says it: 64 lowercase hex digits each."""
 
 
+def sha256_map(name: str) -> Sha256MapField:
+    """Checksums of the files a node fetches (a profile's weights, an adapter's)."""
+    wrong = f"{name} must map file names to sha256 hex digests"
+    return Sha256MapField(
+        child=StrictCharField(trim_whitespace=False, error_messages={"invalid": wrong}),
+        error_messages={"not_a_dict": wrong + ", not {input_type}"},
+        required=False,
+        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
+    )
+
+
 @extend_schema_field({"type": "string", "pattern": SELECTOR_PATTERN, "maxLength": 1024})
 class SelectorField(serializers.Field):
     """A label selector, checked as given (by EngineProfile.clean()): never trimmed into one.
@@ -486,18 +497,7 @@ class EngineProfileSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Extra environment variables.",
     )
-    weights_sha256 = Sha256MapField(
-        child=StrictCharField(
-            trim_whitespace=False,
-            error_messages={"invalid": "weights_sha256 must map file names to sha256 hex digests"},
-        ),
-        error_messages={
-            "not_a_dict": "weights_sha256 must map file names to sha256 hex digests, "
-            "not {input_type}"
-        },
-        required=False,
-        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
-    )
+    weights_sha256 = sha256_map("weights_sha256")
 
     class Meta:
         model = EngineProfile
@@ -588,17 +588,7 @@ class AdapterPlaceSerializer(serializers.Serializer):
 
 class AdapterSerializer(ValidatedModelSerializer):
     model_name = serializers.CharField(source="model.name", read_only=True)
-    sha256 = Sha256MapField(
-        child=StrictCharField(
-            trim_whitespace=False,
-            error_messages={"invalid": "sha256 must map file names to sha256 hex digests"},
-        ),
-        error_messages={
-            "not_a_dict": "sha256 must map file names to sha256 hex digests, not {input_type}"
-        },
-        required=False,
-        help_text='Optional checksums of fetched files: {"file name": "64 lowercase hex digits"}.',
-    )
+    sha256 = sha256_map("sha256")
     loaded = serializers.SerializerMethodField(help_text="Where its base model's replicas hold it.")
 
     class Meta:

@@ -10,9 +10,7 @@ as weights, fetched and verified by the node (agentd.fetch).
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from agentd.fetch import sources
-
-from .catalog import Model, name_validator
+from .catalog import Model, fetch_errors, name_validator
 
 # What vLLM accepts as --max-lora-rank (its LoRAConfig), and so a rank an adapter may state.
 RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -69,18 +67,7 @@ class Adapter(models.Model):
         errors = {}
         if self.name and Model.objects.filter(name=self.name).exists():
             errors["name"] = f"'{self.name}' is a model's name; an adapter needs a name of its own"
-        try:
-            source = sources.parse(self.source or "")
-        except sources.SourceError as exc:
-            errors["source"] = str(exc)
-            source = None
-        if problems := sources.check_sha256(self.sha256):
-            errors["sha256"] = "; ".join(problems)
-        elif self.sha256 and source is None and "source" not in errors:
-            errors["sha256"] = (
-                "checksums are for files the node fetches: source must be an https:// URL "
-                "or hf://org/name[/path][@revision]"
-            )
+        errors.update(fetch_errors(self.source, self.sha256, "source", "sha256"))
         if self.rank is not None and self.rank not in RANKS:
             errors["rank"] = (
                 f"rank {self.rank} is not one engines take; one of {', '.join(map(str, RANKS))}"

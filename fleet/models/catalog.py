@@ -330,6 +330,38 @@ class Model(models.Model):
         return errors
 
 
+def fetch_errors(text: str, sums, where: str, sums_where: str) -> dict[str, str]:
+    """What is wrong with a source of files a node fetches (a profile's weights, an
+    adapter's) and its checksums, by field; {} when nothing is."""
+    errors = {}
+    try:
+        source = sources.parse(text or "")
+    except sources.SourceError as exc:
+        errors[where] = str(exc)
+        source = None
+    if problems := sources.check_sha256(sums):
+        errors[sums_where] = "; ".join(problems)
+    elif where in errors or not sums:
+        pass  # the checksums are judged against a source once it is a valid one
+    elif source is None:
+        errors[sums_where] = (
+            f"checksums are for files the node fetches: {where} must be an "
+            "https:// URL or hf://org/name[/path][@revision]"
+        )
+    elif names := sorted(n for n in sums if not source.holds(n)):
+        if source.kind == sources.URL:
+            errors[sums_where] = (
+                f"the URL fetches one file, {source.file_name}; not {', '.join(names)}"
+            )
+        else:
+            errors[sums_where] = (
+                f"{source.text} fetches only {source.path} (and what is under it or "
+                f"split from it); not {', '.join(names)}: name files by their path "
+                "in the repository"
+            )
+    return errors
+
+
 # More than any GPU has: a typo, not a share.
 GPU_MEMORY_GB_MAX = 1024
 
@@ -540,32 +572,9 @@ class EngineProfile(models.Model):
             errors["node_selector"] = str(exc)
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             errors["args"] = "args must be a list of strings"
-        try:
-            source = sources.parse(self.model_path or "")
-        except sources.SourceError as exc:
-            errors["model_path"] = str(exc)
-            source = None
-        if problems := sources.check_sha256(self.weights_sha256):
-            errors["weights_sha256"] = "; ".join(problems)
-        elif "model_path" in errors:
-            pass  # the checksums are judged against a source once it is a valid one
-        elif self.weights_sha256 and source is None:
-            errors["weights_sha256"] = (
-                "checksums are for weights the node fetches: model_path must be an "
-                "https:// URL or hf://org/name[/path][@revision]"
-            )
-        elif source is not None and self.weights_sha256:
-            names = sorted(n for n in self.weights_sha256 if not source.holds(n))
-            if names and source.kind == sources.URL:
-                errors["weights_sha256"] = (
-                    f"the URL fetches one file, {source.file_name}; not {', '.join(names)}"
-                )
-            elif names:
-                errors["weights_sha256"] = (
-                    f"{source.text} fetches only {source.path} (and what is under it or "
-                    f"split from it); not {', '.join(names)}: name files by their path "
-                    "in the repository"
-                )
+        errors.update(
+            fetch_errors(self.model_path, self.weights_sha256, "model_path", "weights_sha256")
+        )
         if not isinstance(self.env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):

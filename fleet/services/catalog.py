@@ -162,7 +162,8 @@ def _parse(text: str) -> dict:
     unknown = set(data) - {"models", "engines"}
     if unknown:
         raise CatalogError([f"unknown top-level key(s): {', '.join(sorted(unknown))}"])
-    errors, seen, seen_adapters = [], set(), set()
+    # Adapters' names are the file's (they are asked for by name), profiles' each model's.
+    errors, seen, adapters = [], set(), set()
     for i, entry in enumerate(data["models"]):
         where = f"models[{i}]"
         if not isinstance(entry, dict):
@@ -181,24 +182,8 @@ def _parse(text: str) -> dict:
             - {"profile", "profiles", "canary_profile", "team", "adapters"}
         ):
             errors.append(f"{where}: unknown field '{key}'")
-        errors += _check_adapters(entry.get("adapters", []), where, seen_adapters)
-        profiles = entry.get("profiles", [])
-        if not isinstance(profiles, list):
-            errors.append(f"{where}.profiles: must be a list")
-            continue
-        names = set()
-        for j, prof in enumerate(profiles):
-            pwhere = f"{where}.profiles[{j}]"
-            if not isinstance(prof, dict):
-                errors.append(f"{pwhere}: must be a mapping")
-                continue
-            if not prof.get("name"):
-                errors.append(f"{pwhere}.name: required")
-            elif prof["name"] in names:
-                errors.append(f"{pwhere}.name: profile '{prof['name']}' appears twice")
-            names.add(prof.get("name"))
-            for key in sorted(set(prof) - PROFILE_KEYS):
-                errors.append(f"{pwhere}: unknown field '{key}'")
+        errors += _check_named(entry.get("profiles", []), where, "profile", PROFILE_KEYS, set())
+        errors += _check_named(entry.get("adapters", []), where, "adapter", ADAPTER_KEYS, adapters)
     engines = data.get("engines", {})
     if not isinstance(engines, dict):
         errors.append("engines: must be a mapping of engine: version, e.g. vllm: 0.11.2")
@@ -213,22 +198,24 @@ def _parse(text: str) -> dict:
     return data
 
 
-def _check_adapters(adapters, where: str, seen: set) -> list[str]:
-    if not isinstance(adapters, list):
-        return [f"{where}.adapters: must be a list"]
+def _check_named(items, where: str, kind: str, keys: set, seen: set) -> list[str]:
+    """A model's list of profiles or adapters: mappings, each with a name not in ``seen``
+    and no field outside ``keys``."""
+    if not isinstance(items, list):
+        return [f"{where}.{kind}s: must be a list"]
     errors = []
-    for j, adapter in enumerate(adapters):
-        awhere = f"{where}.adapters[{j}]"
-        if not isinstance(adapter, dict):
-            errors.append(f"{awhere}: must be a mapping")
+    for j, item in enumerate(items):
+        iwhere = f"{where}.{kind}s[{j}]"
+        if not isinstance(item, dict):
+            errors.append(f"{iwhere}: must be a mapping")
             continue
-        name = adapter.get("name")
+        name = item.get("name")
         if not name:
-            errors.append(f"{awhere}.name: required")
+            errors.append(f"{iwhere}.name: required")
         elif name in seen:
-            errors.append(f"{awhere}.name: adapter '{name}' appears twice")
+            errors.append(f"{iwhere}.name: {kind} '{name}' appears twice")
         seen.add(name)
-        errors += [f"{awhere}: unknown field '{k}'" for k in sorted(set(adapter) - ADAPTER_KEYS)]
+        errors += [f"{iwhere}: unknown field '{k}'" for k in sorted(set(item) - keys)]
     return errors
 
 

@@ -119,7 +119,7 @@ def test_checksums_of_a_file_a_hub_path_does_not_fetch_are_refused(path, name):
 
 def test_checksums_need_a_fetched_source():
     p = profile(model_path="/models/tiny.gguf", weights_sha256={"tiny.gguf": SHA})
-    with pytest.raises(ValidationError, match="checksums are for weights the node fetches"):
+    with pytest.raises(ValidationError, match="checksums are for files the node fetches"):
         p.full_clean()
 
 
