@@ -59,7 +59,7 @@ def test_the_gateway_only_entry_point_on_uvicorn(transactional_db, tmp_path, eng
     try:
         use_every_endpoint(openai.OpenAI(base_url=server.url + "/v1", api_key=secret))
         metrics = urllib.request.urlopen(server.url + "/metrics").read().decode()
-        assert 'llmgw_gateway_requests_total{model="tiny",adapter="",status="200"} 4.0' in metrics
+        assert 'llmgw_gateway_requests_total{adapter="",model="tiny",status="200"} 4.0' in metrics
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(server.url + "/admin/")
         assert err.value.code == 404

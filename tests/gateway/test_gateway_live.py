@@ -193,8 +193,8 @@ def test_metrics_count_requests_time_to_first_token_and_in_flight(gateway_server
     with pytest.raises(openai.NotFoundError):
         chat(c, model="nope")
     text = urllib.request.urlopen(gateway_server.url + "/metrics").read().decode()
-    assert 'llmgw_gateway_requests_total{model="tiny",adapter="",status="200"} 2.0' in text
-    assert 'llmgw_gateway_requests_total{model="-",adapter="",status="404"} 1.0' in text
+    assert 'llmgw_gateway_requests_total{adapter="",model="tiny",status="200"} 2.0' in text
+    assert 'llmgw_gateway_requests_total{adapter="",model="-",status="404"} 1.0' in text
     assert 'llmgw_gateway_time_to_first_token_seconds_count{model="tiny"} 1.0' in text
     assert 'llmgw_gateway_request_duration_seconds_count{model="tiny"} 2.0' in text
     assert "llmgw_gateway_in_flight_requests{" in text
