@@ -76,6 +76,10 @@ def test_adapters_answer_by_name_load_on_demand_and_a_broken_one_is_reported(
     stack.api(
         "post", "adapters/", json={"name": "tiny-broken", "model": model_id, "source": str(broken)}
     )
+    client = stack.openai()
+    stack.wait(
+        lambda: "tiny-broken" in {m.id for m in client.models.list()}, "the gateway to route it"
+    )
     import openai
 
     with pytest.raises(openai.APIStatusError) as refused:
