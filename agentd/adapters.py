@@ -66,9 +66,10 @@ class AdapterLifecycle:
             if path is not None:
                 local[spec.name] = str(path)
             elif spec.name not in sh.adapter_fetches:
-                sh.adapter_fetches.add(spec.name)
+                sh.adapter_fetches[spec.name] = spec.source
                 sh.adapters[spec.name] = {"name": spec.name, "state": LOADING, "error": ""}
-                fetched = self._fetcher.want(source, dict(spec.sha256), _wanter(sh, spec), _quiet)
+                who = _wanter(sh, spec.name)
+                fetched = self._fetcher.want(source, dict(spec.sha256), who, _quiet)
                 self._spawn(self._fetch_adapter(sh, spec, fetched))
         return local
 
@@ -81,7 +82,7 @@ class AdapterLifecycle:
             self._adapter_failed(sh, spec, f"fetching it failed: {exc}")
             await self._emit_status(sh)
         finally:
-            sh.adapter_fetches.discard(spec.name)
+            sh.adapter_fetches.pop(spec.name, None)
         await self._converge(sh)
 
     def _adapter_failed(self, sh: Shard, spec: protocol.AdapterSpec, error: str) -> None:
@@ -94,13 +95,13 @@ class AdapterLifecycle:
         }
 
     def _release_adapters(self, sh: Shard, keep=()) -> None:
+        """Stop fetching adapters no longer wanted (the desired entry has dropped them)."""
         if self._fetcher is None:
             return
-        want = sh.want.adapters if sh.want else []
-        for spec in want:
-            if spec.name in sh.adapter_fetches and spec.name not in keep:
-                self._fetcher.release(spec.source, _wanter(sh, spec))
-                sh.adapter_fetches.discard(spec.name)
+        for name, source in list(sh.adapter_fetches.items()):
+            if name not in keep:
+                self._fetcher.release(source, _wanter(sh, name))
+                del sh.adapter_fetches[name]
 
     # ---- at start (llama.cpp) -------------------------------------------------------
 
@@ -200,8 +201,8 @@ class AdapterLifecycle:
             await self._emit_status(sh)
 
 
-def _wanter(sh: Shard, spec: protocol.AdapterSpec) -> str:
-    return f"{sh.shard_id}:lora:{spec.name}"
+def _wanter(sh: Shard, name: str) -> str:
+    return f"{sh.shard_id}:lora:{name}"
 
 
 async def _quiet(done: int, total: int | None) -> None:

@@ -66,7 +66,7 @@ class Shard:
         # local paths llama.cpp was started with; adapters being fetched.
         self.adapters: dict[str, dict] = {}
         self.adapter_paths: dict[str, str] = {}
-        self.adapter_fetches: set[str] = set()
+        self.adapter_fetches: dict[str, str] = {}  # name -> source, while it is fetched
         self.lock = asyncio.Lock()  # one change at a time: start, stop, drain
         self.log = ShardLog(log_path)
 

@@ -272,8 +272,9 @@ def build_routes(
             reason, route.retry_after = describe_unready(counts, m.desired_replicas)
             route.unavailable = f"model '{m.name}' has no ready replica: {reason}"
         table[m.name] = route
+    by_id = {m.id: m for m in models} if adapters else {}
     for a in adapters:
-        base = next((m for m in models if m.id == a.model_id), None)
+        base = by_id.get(a.model_id)
         if base is not None and base.name in table:
             table[a.name] = _adapter_route(a, base, table[base.name], old)
     return table
