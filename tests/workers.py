@@ -1,10 +1,11 @@
 """Each pytest-xdist worker gets a state dir and a Redis database of its own.
 
 `make test` runs the suite in parallel processes (pytest-xdist): most of the live
-and e2e tiers wait on processes they started, so two workers on two cores finish
-in about half the time. The workers share the machine's PostgreSQL and Redis and
-the run's state dir, and pytest-django already gives each its own test database;
-this module gives each the rest of what it would otherwise share:
+and e2e tiers wait on processes they started, so three workers keep two cores
+busy where two left a third of their time idle. The workers share the machine's
+PostgreSQL and Redis and the run's state dir, and pytest-django already gives
+each its own test database; this module gives each the rest of what it would
+otherwise share:
 
 - ``LLMGW_STATE_DIR``: the run's dir plus the worker's name (``var/test/gw0``), so
   the SQLite test database, the private Redis's socket, the collected static files
