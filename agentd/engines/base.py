@@ -159,10 +159,6 @@ class Engine:
     def __init__(self, binary: str | None = None):
         self.binary = binary
 
-    @property
-    def configured(self) -> bool:
-        return bool(self.binary)
-
     # -- to be provided ------------------------------------------------------
 
     def command(self) -> list[str]:

@@ -14,7 +14,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -247,7 +247,3 @@ def trim_events(now: datetime) -> int:
     if ids:
         WeightsEvent.objects.filter(pk__in=ids).delete()
     return len(ids)
-
-
-def from_unix(t: float | None) -> datetime | None:
-    return None if t is None else datetime.fromtimestamp(t, tz=UTC)
