@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from agentd import protocol, state
 from agentd.engines.base import http_get
 from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
 from tests.processes import ROOT, port_block
+from tests.processes.base import wait_for
 
 pytestmark = pytest.mark.live
 
@@ -82,10 +82,7 @@ async def test_an_engine_that_died_while_the_agent_was_down_is_reported_failed(s
     kill_9(host)
     os.killpg(pid, signal.SIGKILL)
     # SIGKILL is delivered, not awaited: on a busy machine the engine lingers a moment.
-    deadline = time.monotonic() + 10
-    while state.find_marked(state_dir) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not state.find_marked(state_dir), "the engine outlived SIGKILL for 10 s"
+    wait_for(lambda: not state.find_marked(state_dir), "the engine killed -9 to be gone", 10)
     rec = Recorder()
     sup = fake_supervisor(state_dir, rec, port_range=(lo, lo + 19))
     await sup.start()
