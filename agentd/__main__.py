@@ -174,6 +174,8 @@ def _shards(cfg, agent):
             fetcher=fetcher,
             gpu_memory=agent.gpu_memory,
             gpu_indices=agent.gpu_indices,
+            model_dirs=cfg.local_roots,
+            private_paths=cfg.private_paths,
         )
     )
 

@@ -4,7 +4,9 @@
 desired entry lists the adapters its engine should hold (``DesiredShard.adapters``,
 at most the profile's ``max_adapters``, most recently asked for first). Each one's
 files are made local first: a path is used as it is, a URL or hub source is
-fetched and verified by the node's fetcher. Then:
+fetched and verified by the node's fetcher. A local path is used only under the
+roots this node's agent.yaml names (``agentd.localpaths``); outside them the
+adapter is failed with the reason and the engine never hears of it. Then:
 
 - vLLM and SGLang load and unload adapters through their own HTTP API while they
   serve (``Engine.load_adapter``): nothing restarts.
@@ -53,7 +55,15 @@ class AdapterLifecycle:
                 self._adapter_failed(sh, spec, f"source: {exc}")
                 continue
             if source is None:
-                local[spec.name] = spec.source
+                # A local path: only under this node's roots, checked before the engine
+                # hears of it (agentd.localpaths).
+                problem = await asyncio.to_thread(
+                    self.local_roots.problem, spec.source, f"adapter {spec.name}'s source"
+                )
+                if problem:
+                    self._adapter_failed(sh, spec, problem)
+                else:
+                    local[spec.name] = spec.source
                 continue
             if self._fetcher is None:
                 self._adapter_failed(sh, spec, "this agent fetches nothing")

@@ -256,6 +256,9 @@ class Config(BaseModel):
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     log_file: Path | None = None  # default: <state_dir>/agent.log
     weights_dirs: list[Path] = []
+    # Directories holding weights that local model_path and adapter sources may
+    # name, beyond weights_dirs: a local path outside both is refused (agentd.localpaths).
+    model_dirs: list[Path] = []
     engines: EnginesConfig = EnginesConfig()
     install: InstallConfig = InstallConfig()
     fetch: FetchConfig = FetchConfig()
@@ -304,6 +307,14 @@ class Config(BaseModel):
             raise ValueError("is empty; leave it out once the node has a credential")
         return value.strip() if value else value
 
+    @field_validator("model_dirs")
+    @classmethod
+    def _absolute(cls, value: list[Path]) -> list[Path]:
+        for path in value:
+            if not path.is_absolute():
+                raise ValueError(f"{str(path)!r} is not an absolute path")
+        return value
+
     @field_validator("engine_port_range")
     @classmethod
     def _ports(cls, value: tuple[int, int]) -> tuple[int, int]:
@@ -346,6 +357,17 @@ class Config(BaseModel):
     @property
     def log_path(self) -> Path:
         return self.log_file or self.state_dir / "agent.log"
+
+    @property
+    def local_roots(self) -> list[Path]:
+        """Where a local model_path or adapter source may point: weights_dirs, model_dirs."""
+        return [*self.weights_dirs, *self.model_dirs]
+
+    @property
+    def private_paths(self) -> list[Path]:
+        """The agent's own files, never handed to an engine (agentd.localpaths)."""
+        own = [self.state_dir, self.credential_path, self.tls_key_file, self.tls_cert_file]
+        return [p for p in own if p is not None]
 
     def read_credential(self) -> str | None:
         """The node credential written after enrolment, if there is one."""

@@ -3,7 +3,7 @@
 ``EngineLifecycle`` is a mixin of ``agentd.supervisor.Supervisor``, which decides
 what should run and reports every transition; the steps that act on a single
 engine process live here. It has no state of its own: it uses the supervisor's
-settings (``host``, ``port_range``, ``state_dir``, the timeouts), its
+settings (``host``, ``port_range``, ``state_dir``, ``local_roots``, the timeouts), its
 ``_engines``, ``_disabled``, ``_allow_env``, ``_shards`` and ``_closed``, and its ``_set``,
 ``_fail``, ``_emit`` and ``_spawn``.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from agentd import protocol, state
 from agentd.config import refused_env
 from agentd.engines import Engine, EngineUnavailable, Probe
-from agentd.engines.base import Launch, tree_size, weights_path
+from agentd.engines.base import Launch, model_of, tree_size, weights_path
 from agentd.protocol import DesiredShard, ShardState
 from agentd.shard import LIVE, Shard
 from agentd.shardproc import EngineProcess, exit_reason, port_taken
@@ -50,6 +50,13 @@ class EngineLifecycle:
         engine = self._engines.get(name)
         short = await self._gpu_room(spec) if spec.profile.gpu_memory_gb else ""
         try:
+            if model_path is None:  # a local path, or a hub id: only under this node's roots
+                what = "model_path" if spec.profile.model_path else "the model name"
+                problem = await asyncio.to_thread(
+                    self.local_roots.problem, model_of(spec.profile, spec), what
+                )
+                if problem:
+                    raise EngineUnavailable(problem)
             if short:
                 raise EngineUnavailable(short)
             if name in self._disabled:

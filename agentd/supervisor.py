@@ -42,6 +42,7 @@ from agentd.lifecycle import FETCH_CHECK_S as FETCH_CHECK_S
 from agentd.lifecycle import TICK_READY_S as TICK_READY_S
 from agentd.lifecycle import TICK_STARTING_S as TICK_STARTING_S
 from agentd.lifecycle import EngineLifecycle
+from agentd.localpaths import LocalRoots
 from agentd.protocol import ShardState
 from agentd.shard import LIVE, Shard, identity, parse_spec
 from agentd.shardproc import exit_reason
@@ -74,6 +75,10 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
     used) MiB by UUID, now (NVML; blocking): a shard with a share of its GPUs
     starts only where each has its budget free. ``gpu_indices`` maps each GPU's
     UUID to its NVML index, for engines that take GPUs by index only.
+    ``model_dirs`` (agent.yaml's ``weights_dirs`` and ``model_dirs``) are where a
+    local model path or adapter source may point; ``private_paths`` (the agent's
+    own files) are never handed to an engine (``agentd.localpaths``). Without
+    them, no local path is used; a hub id the engine resolves itself still is.
 
     Call ``start()`` once before anything else, and ``close()`` at the end.
     """
@@ -94,6 +99,8 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         fetcher: Fetcher | None = None,
         gpu_memory: Callable[[], dict[str, tuple[int, int]]] | None = None,
         gpu_indices: Callable[[], dict[str, int]] | None = None,
+        model_dirs: list[Path] | None = None,
+        private_paths: list[Path] | None = None,
     ):
         lo, hi = port_range
         if not (1 <= lo <= hi <= 65535):
@@ -114,6 +121,12 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         self._fetcher = fetcher
         self._gpu_memory = gpu_memory
         self._gpu_indices = gpu_indices
+        # Engines start in log_dir (agentd.shardproc), where a relative path resolves.
+        self.local_roots = LocalRoots(
+            roots=[Path(p) for p in model_dirs or []],
+            private=[self.state_dir, *(Path(p) for p in private_paths or [])],
+            cwd=self.log_dir,
+        )
         self._shards: dict[str, Shard] = {}
         self._version = 0
         self._versions: dict[str, str] = {}

@@ -70,6 +70,11 @@ def ensure_agent_config(directory: Path, ws_url: str, ports: tuple[int, int]) ->
         # its configuration names or what its agent installed (docs/engines.md).
         "engines": {"binaries": {"llamacpp": sys.executable}},
     }
+    given = os.environ.get("LLMGW_DEMO_MODEL")
+    if given:
+        # A GGUF of the user's own, outside the models dir: the agent hands an engine
+        # a local path only under a directory its agent.yaml names (docs/agent.md).
+        config["model_dirs"] = [str(Path(given).expanduser().resolve().parent)]
     secret = credential.read_text().strip() if credential.exists() else ""
     identity = access.identify(secret) if secret else None
     if identity is None or identity.node_id != node_id:

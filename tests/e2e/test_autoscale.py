@@ -203,7 +203,7 @@ def fake_model(stack, name, **fields) -> None:
             "model": model["id"],
             "name": "fake",
             "engine": "fake",
-            "model_path": "/nonexistent/fake-weights",  # the fake engine loads nothing
+            "model_path": str(stack.tmp / "fake-weights"),  # the fake engine loads nothing
             "args": ["--token-delay", "0.05"],  # 40 tokens: 2 s in flight
         },
     )

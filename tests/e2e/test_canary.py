@@ -141,7 +141,7 @@ def test_a_canary_answering_500s_is_rolled_back_by_itself_and_the_active_profile
             "model": model_id,
             "name": "broken",
             "engine": "fake",
-            "model_path": "/nonexistent/fake-weights",  # the fake engine loads nothing
+            "model_path": str(stack.tmp / "fake-weights"),  # the fake engine loads nothing
             "args": ["--fail-every", "3"],
         },
     )["id"]

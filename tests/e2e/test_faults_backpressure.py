@@ -155,7 +155,7 @@ def test_an_engine_flooding_its_logs_and_a_page_following_them_keep_desired_sync
             "model": model["id"],
             "name": "fake",
             "engine": "fake",
-            "model_path": "/nonexistent/fake-weights",  # the fake engine loads nothing
+            "model_path": str(stack.tmp / "fake-weights"),  # the fake engine loads nothing
             "args": flood,
         },
     )

@@ -53,7 +53,7 @@ def shared_model(stack: Stack, name: str, gpu_memory_gb: float, args=(), **field
             "model": model["id"],
             "name": "shared",
             "engine": "fake",
-            "model_path": "/nonexistent/fake-weights",  # the fake engine loads nothing
+            "model_path": str(stack.tmp / "fake-weights"),  # the fake engine loads nothing
             "gpus_per_node": 1,
             "tp": 1,
             "gpu_memory_gb": gpu_memory_gb,

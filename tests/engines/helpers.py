@@ -93,14 +93,31 @@ class Recorder:
                 pass
 
 
+async def adapters_reported(rec: Recorder, check, timeout: float = 20) -> dict:
+    """The newest report of the shard's adapters (name -> state) once ``check`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        for e in reversed(rec.events):
+            if e.type == "shard_status" and e.adapters:
+                held = {a.name: a.state for a in e.adapters}
+                if check(held):
+                    return held
+                break
+        assert asyncio.get_running_loop().time() < deadline, rec.events[-3:]
+        await asyncio.sleep(0.05)
+
+
 def fake_supervisor(state_dir: Path, recorder: Recorder | None = None, **kwargs) -> Supervisor:
-    """A supervisor that may run the fake engine, with short timings for tests."""
+    """A supervisor that may run the fake engine, with short timings for tests; local
+    model paths under the state dir's parent (the test's tmp_path)."""
     if "port_range" not in kwargs:
         kwargs["port_range"] = port_block(20)
     kwargs.setdefault("binaries", {"fake": sys.executable})
     kwargs.setdefault("stop_grace_s", 2)
     kwargs.setdefault("drain_timeout_s", 5)
     kwargs.setdefault("host", "127.0.0.1")
+    # Local model paths only under the test's own tmp tree (agentd.localpaths).
+    kwargs.setdefault("model_dirs", [Path(state_dir).resolve().parent])
     return Supervisor(state_dir, on_event=recorder, **kwargs)
 
 

@@ -49,7 +49,7 @@ async def test_a_vllm_shard_sees_its_gpus_by_nvml_index_in_pci_bus_order(state_d
     )
     await sup.start()
     try:
-        p = profile("vllm", model_path="/m", tp=2, gpus_per_node=2)
+        p = profile("vllm", model_path=str(tmp_path / "m"), tp=2, gpus_per_node=2)
         await sup.apply(desired(1, shard(engine="vllm", profile=p, gpu_uuids=H100_UUIDS)))
         env = await asyncio.to_thread(_env_seen, seen)
     finally:
@@ -66,7 +66,7 @@ async def test_a_gpu_the_node_does_not_have_fails_the_shard_naming_it(state_dir,
     )
     await sup.start()
     try:
-        p = profile("vllm", model_path="/m", tp=2, gpus_per_node=2)
+        p = profile("vllm", model_path=str(tmp_path / "m"), tp=2, gpus_per_node=2)
         await sup.apply(desired(1, shard(engine="vllm", profile=p, gpu_uuids=H100_UUIDS)))
         failed = await asyncio.wait_for(_failed(rec, "r1-s0"), 20)
     finally:

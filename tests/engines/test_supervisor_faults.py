@@ -9,7 +9,14 @@ import pytest
 
 from agentd import protocol, state
 from agentd.engines.base import http_get
-from tests.engines.helpers import Recorder, desired, fake_supervisor, profile, shard
+from tests.engines.helpers import (
+    Recorder,
+    adapters_reported,
+    desired,
+    fake_supervisor,
+    profile,
+    shard,
+)
 from tests.processes import pid_alive
 
 pytestmark = pytest.mark.live
@@ -247,7 +254,7 @@ async def test_adapters_load_and_unload_while_the_engine_serves_and_a_bad_one_sa
     sup, rec = await started(state_dir, base.model_copy(update={"adapters": [sql]}))
     try:
         await rec.wait_for("r1-s0", "ready")
-        held = await _adapters_reported(rec, lambda a: a.get("sql") == "loaded")
+        held = await adapters_reported(rec, lambda a: a.get("sql") == "loaded")
         (running,) = sup.running_shards()
         pid, port = running.pid, running.port
         _, body = await http_get("127.0.0.1", port, "/v1/models", 2)
@@ -257,7 +264,7 @@ async def test_adapters_load_and_unload_while_the_engine_serves_and_a_bad_one_sa
         await sup.apply(desired(2, base.model_copy(update={"adapters": [gone]})))
 
         # then: the first is unloaded, the second reported failed with the engine's words,
-        held = await _adapters_reported(rec, lambda a: "gone" in a and "sql" not in a)
+        held = await adapters_reported(rec, lambda a: "gone" in a and "sql" not in a)
         assert held["gone"] == "failed"
         last = rec.events[-1]
         (failed,) = [a for a in last.adapters if a.name == "gone"]
@@ -269,20 +276,6 @@ async def test_adapters_load_and_unload_while_the_engine_serves_and_a_bad_one_sa
         assert status == 200 and b'"sql"' not in body
     finally:
         await sup.close()
-
-
-async def _adapters_reported(rec, check, timeout: float = 20) -> dict:
-    """The newest report of the shard's adapters (name -> state) once ``check`` holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        for e in reversed(rec.events):
-            if e.type == "shard_status" and e.adapters:
-                held = {a.name: a.state for a in e.adapters}
-                if check(held):
-                    return held
-                break
-        assert asyncio.get_running_loop().time() < deadline, rec.events[-3:]
-        await asyncio.sleep(0.05)
 
 
 async def test_tail_shows_the_engine_output(state_dir):

@@ -15,11 +15,18 @@ from tests.processes.base import ROOT
 
 
 def write_config(directory: Path, url: str, **fields) -> Path:
-    """An agent.yaml in ``directory`` with its state dir beside it."""
+    """An agent.yaml in ``directory`` with its state dir beside it.
+
+    Local model paths and adapter sources are used only under the directories
+    agent.yaml names (agentd.localpaths): by default the directory above this
+    one, the test's own tmp tree, where its models are written. A test of the
+    refusal names ``model_dirs`` itself.
+    """
     data = {
         "control_plane_url": url,
         "state_dir": str(directory / "state"),
         "heartbeat_interval_s": 1,
+        "model_dirs": [str(directory.resolve().parent)],
         **fields,
     }
     path = directory / "agent.yaml"

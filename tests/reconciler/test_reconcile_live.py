@@ -61,7 +61,10 @@ def shard_state(model):
 
 def test_placed_ready_then_killed_engine_restarted_after_backoff(agent):
     state_dir, logs = agent
-    model = add_model("fake-llm", engine="fake", gpus_per_node=0, args=["--load-time", "0.3"])
+    # a path under the agent's tmp tree, which its agent.yaml names (the fake engine reads none)
+    weights = str(state_dir.parent / "fake-llm")
+    model = add_model("fake-llm", engine="fake", gpus_per_node=0, args=["--load-time", "0.3"],
+                      model_path=weights)  # fmt: skip
 
     # a pass places it; the node's socket hears the doorbell and the agent starts the engine
     reconcile.run_pass()
