@@ -276,6 +276,7 @@ class ApiKeyForm(forms.ModelForm):
                 # An existing key may keep an expiry that has passed; a new one may not.
                 expires_at=data.get("expires_at") if instance.pk is None else None,
                 fallbacks=data.get("fallbacks"),
+                team=data["team"] if "team" in data else instance.team_id,
             )
         except api_keys.ApiKeyError as exc:
             field = exc.field if exc.field in self.fields else None

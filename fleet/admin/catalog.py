@@ -1,10 +1,11 @@
 """The catalog: models and how they run. This is what operators edit."""
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
 from fleet.models import Adapter, EngineProfile, Event, Model, ReplicaState
-from fleet.services import adapters, canary, estimate, permissions, profiles
+from fleet.services import adapters, canary, estimate, permissions, profiles, reach
 from fleet.services.autoscaler.status import scaling_status
 
 from .common import TeamScoped
@@ -73,8 +74,27 @@ class AdapterAdmin(TeamScoped, admin.ModelAdmin):
         return adapters.where_text(obj) if obj.pk else "-"
 
 
+class ModelReachForm(forms.ModelForm):
+    # The user asking (ModelAdmin.get_form): what the model may reach is theirs to set.
+    acting_user = None
+
+    def clean(self):
+        data = super().clean()
+        was = self.instance  # as stored: the form's values go on it after clean()
+        probe = Model(
+            name=data.get("name", was.name),
+            team=data["team"] if "team" in data else was.team,
+            fallbacks=data["fallbacks"] if "fallbacks" in data else was.fallbacks,
+        )
+        before = (was.team_id, was.fallbacks) if was.pk else None
+        if why := reach.model_fallbacks_problem(self.acting_user, probe, before):
+            self.add_error("fallbacks" if "fallbacks" in self.fields else None, why)
+        return data
+
+
 @admin.register(Model)
 class ModelAdmin(TeamScoped, admin.ModelAdmin):
+    form = ModelReachForm
     list_display = (
         "name",
         "team",
@@ -105,7 +125,10 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
             {"fields": ("name", "team", "description", "active_profile", "placement_policy")},
         ),
         ("Replicas", {"fields": ("desired_replicas", "priority", "replace_after_s")}),
-        ("Routing and weights", {"fields": ("prefix_routing", "fallbacks", "weights_retention_s")}),
+        (
+            "Routing and weights",
+            {"fields": ("private", "prefix_routing", "fallbacks", "weights_retention_s")},
+        ),
         (
             "Canary",
             {
@@ -190,6 +213,7 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
+        form.acting_user = request.user  # a class made for this request
         # Only this model's own profiles can be its active one.
         field = form.base_fields.get("active_profile")
         if field is not None:

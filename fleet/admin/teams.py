@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.contrib.auth.models import Group
 
 from fleet.models import Team
-from fleet.services import teams
+from fleet.services import reach, teams
 
 # What every team holds, worked out once for a list page's rows.
 _USE: ContextVar[dict | None] = ContextVar("team_use", default=None)
@@ -24,10 +24,29 @@ class TeamForm(forms.ModelForm):
             "max_gpu_memory_gb",
             "max_replicas",
             "tokens_per_month",
+            "max_priority",
+            "guaranteed_gpu_memory_gb",
         )
+
+    # The user asking (TeamAdmin.get_form): capacity rights need manage_all_teams.
+    acting_user = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "max_priority" in self.fields:
+            self.fields["max_priority"].required = False
+
+    def clean_max_priority(self):
+        found = self.cleaned_data.get("max_priority")
+        return 0 if found is None else found  # left empty: the default, none
 
     def clean(self):
         data = super().clean()
+        probe = Team(**{f: data.get(f, getattr(self.instance, f)) for f in reach.CAPACITY_FIELDS})
+        probe.name = data.get("name") or self.instance.name
+        before = self.instance if self.instance.pk else None
+        if why := reach.team_capacity_problem(self.acting_user, probe, before):
+            self.add_error(None, why)
         name, group = data.get("name"), data.get("group")
         if name and group is None and self.instance.pk is None:
             taken = Team.objects.filter(group__name=name).first()
@@ -61,6 +80,16 @@ class TeamAdmin(admin.ModelAdmin):
             },
         ),
         (
+            "Priority across teams",
+            {
+                "fields": (("max_priority", "guaranteed_gpu_memory_gb"),),
+                "description": "Set only by those with the permission to manage every team. "
+                "Its models' priorities stay within its maximum; another team's replica of "
+                "higher priority preempts one of its own only while it holds more GPU memory "
+                'than it is guaranteed (docs/security.md, "Teams").',
+            },
+        ),
+        (
             "Quotas",
             {
                 "fields": (
@@ -82,6 +111,7 @@ class TeamAdmin(admin.ModelAdmin):
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
+        form.acting_user = request.user  # a class made for this request
         if obj is None and "group" in form.base_fields:
             field = form.base_fields["group"]
             field.required = False

@@ -37,7 +37,7 @@ from fleet.models import (
 )
 from fleet.models.catalog import GPU_MEMORY_GB_MAX, PRIORITY_MAX
 from fleet.selectors import SELECTOR_PATTERN
-from fleet.services import adapters, profiles, teams
+from fleet.services import adapters, profiles, reach, teams
 from fleet.services import nodes as node_service
 from fleet.services.autoscaler.status import scaling_status
 from fleet.services.permissions import Refused
@@ -329,6 +329,7 @@ class ModelSerializer(ValidatedModelSerializer):
             "last_scaled_at",
             "placement_policy",
             "priority",
+            "private",
             "prefix_routing",
             "fallbacks",
             "canary_profile",
@@ -386,7 +387,18 @@ class ModelSerializer(ValidatedModelSerializer):
                 teams.team_for_new(actor, attrs["team"], f"model '{self.instance.name}'")
         except Refused as exc:
             raise PermissionDenied(str(exc)) from None
-        return super().validate(attrs)
+        attrs = super().validate(attrs)
+        # What it would point at beyond its team (fleet.services.reach).
+        was = self.instance
+        probe = Model(
+            name=attrs.get("name", was.name if was else ""),
+            team=attrs["team"] if "team" in attrs else (was.team if was else None),
+            fallbacks=attrs.get("fallbacks", was.fallbacks if was else []),
+        )
+        before = (was.team_id, was.fallbacks) if was else None
+        if why := reach.model_fallbacks_problem(actor, probe, before):
+            raise PermissionDenied(why)
+        return attrs
 
     def get_scaling(self, obj) -> str:
         ready = getattr(obj, "ready_count", None)
@@ -1026,6 +1038,8 @@ class TeamSerializer(ValidatedModelSerializer):
             "max_gpu_memory_gb",
             "max_replicas",
             "tokens_per_month",
+            "max_priority",
+            "guaranteed_gpu_memory_gb",
             "in_use",
             "created_at",
         )
@@ -1033,6 +1047,8 @@ class TeamSerializer(ValidatedModelSerializer):
         extra_kwargs = {
             "max_gpus": {"max_value": INT_MAX},
             "max_gpu_memory_gb": {"max_value": INT_MAX},
+            "guaranteed_gpu_memory_gb": {"max_value": INT_MAX},
+            "max_priority": {"min_value": 0, "max_value": PRIORITY_MAX},
             "max_replicas": {"max_value": INT_MAX},
             "tokens_per_month": {"max_value": 2**63 - 1},
         }
@@ -1051,8 +1067,19 @@ class TeamSerializer(ValidatedModelSerializer):
                     {"group": [f"group '{group.name}' is team '{other.first().name}' already"]}
                 )
         # The fields' own validators have run (DRF's, from the model's); full_clean()
-        # would refuse a group not made yet, which create() makes.
-        return serializers.ModelSerializer.validate(self, attrs)
+        # would refuse a group not made yet, which create() makes: clean() is asked alone.
+        attrs = serializers.ModelSerializer.validate(self, attrs)
+        probe = copy(self.instance) if self.instance is not None else Team()
+        for name, value in attrs.items():
+            if name != "group":
+                setattr(probe, name, value)
+        if why := reach.team_capacity_problem(_actor(self), probe, self.instance):
+            raise PermissionDenied(why)
+        try:
+            probe.clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(_field_errors(exc)) from None
+        return attrs
 
     def create(self, validated_data):
         group = validated_data["group"]

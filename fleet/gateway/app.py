@@ -137,6 +137,14 @@ def _route_for(gw, key, model: str):
             param="model",
             code="model_not_found",
         )
+    if not key.may_call(route):
+        raise GatewayError(
+            403,
+            f"model '{model}' is kept to team '{route.kept_to[1]}''s API keys, and key "
+            f"'{key.name}' is {'of another team' if key.team_id else 'of no team'}",
+            param="model",
+            code="model_not_allowed",
+        )
     if not route.upstreams and not route.waits and not key.fallbacks_for(route):
         raise GatewayError(
             503, route.unavailable, code="no_ready_replica", retry_after=route.retry_after
@@ -255,7 +263,7 @@ async def _serve_or_fall_back(gw, route, req, scope, receive, reply, t0, key) ->
         first = exc
     for name in chain:
         other = gw.routes.get(name)
-        if other is None or not other.upstreams or not key.may_use(name):
+        if other is None or not other.upstreams or not key.may_call(other):
             continue
         metrics.FALLBACKS.labels(route.name, name, why).inc()
         logger.info("fallback model=%s fallback=%s why=%s", route.name, name, why)
@@ -315,11 +323,11 @@ async def _models(gw, key, model_id: str | None, reply, head: bool = False) -> N
         return out
 
     if model_id is None:
-        data = [obj(r) for name, r in sorted(gw.routes.items()) if key.may_use(name)]
+        data = [obj(r) for _, r in sorted(gw.routes.items()) if key.may_call(r)]
         body = {"object": "list", "data": data}
     else:
         route = gw.routes.get(model_id)
-        if route is None or not key.may_use(model_id):
+        if route is None or not key.may_call(route):
             raise GatewayError(404, f"model '{model_id}' does not exist", code="model_not_found")
         body = obj(route)
     raw = json.dumps(body).encode()

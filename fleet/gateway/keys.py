@@ -32,9 +32,16 @@ class KeyEntry:
     fallbacks: tuple[str, ...] = ()  # tried in order after the model's own
     max_concurrent: int = 0  # requests in flight at once (0: no bound); fair.py
     share_weight: int = 1  # its share when a model is busy, against other keys'
+    team_id: int | None = None  # its team: models kept to a team answer only its keys
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+    def may_call(self, route) -> bool:
+        """Whether this key may call ``route`` (a model or adapter): its allowed models,
+        and a model kept to its team's keys only by those (fleet.models.Model.private)."""
+        kept = route.kept_to
+        return self.may_use(route.name) and (kept is None or kept[0] == self.team_id)
 
     def fallbacks_for(self, route) -> tuple[str, ...]:
         """The models that may answer instead of ``route``: its own, then this key's."""
@@ -104,6 +111,7 @@ def load_keys() -> dict[str, KeyEntry]:
             fallbacks=tuple(n for n in (fallbacks or []) if isinstance(n, str)),
             max_concurrent=concurrent or 0,
             share_weight=weight or 1,
+            team_id=team_id,
         )
         if previous and grace is not None:
             ends = grace.timestamp()

@@ -63,6 +63,7 @@ class ModelView:
     fallbacks: tuple[str, ...] = ()  # models answering in its stead, in order
     canary_profile_id: int | None = None  # a second profile with canary_percent of requests
     canary_percent: int = 0
+    kept_to: tuple[int, str] | None = None  # (team id, name): only its keys call it
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class Route:
     # A LoRA adapter's route: its base model's name; upstreams are the base's
     # replicas that hold it.
     base: str = ""
+    # A model kept to its team's keys (its adapters too): (team id, team name).
+    kept_to: tuple[int, str] | None = None
 
 
 def adapter_fields(engine: str, served: str, name: str, number: int | None) -> dict:
@@ -256,7 +259,7 @@ def build_routes(
             u.canary = r.profile_id == m.canary_profile_id
             u.suspect = any(s.node_state == NodeState.SUSPECT for s in serving_shards(r.shards))
             upstreams.append(u)
-        route = Route(m.id, m.name, m.created, upstreams)
+        route = Route(m.id, m.name, m.created, upstreams, kept_to=m.kept_to)
         if m.prefix_routing and upstreams:
             _ring(route, old)
         route.waits, route.max_waiting, route.max_wait_s, route.fallbacks = (
@@ -322,7 +325,7 @@ def _adapter_route(a: AdapterView, m: ModelView, base: Route, old) -> Route:
     """An adapter's route: the base's ready replicas that hold it. With none, a request
     waits (within the base's bounds) while a replica loads it, unless none can."""
     holders = [u for u in base.upstreams if a.name in u.adapters]
-    route = Route(m.id, a.name, a.created, holders, base=m.name)
+    route = Route(m.id, a.name, a.created, holders, base=m.name, kept_to=m.kept_to)
     route.max_waiting, route.max_wait_s = m.max_waiting, m.max_wait_s
     if m.prefix_routing and holders:
         _ring(route, old)
@@ -414,6 +417,7 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterVie
             fallbacks=tuple(fallbacks or ()),
             canary_profile_id=canary,
             canary_percent=percent,
+            kept_to=(team_id, team) if private and team_id is not None else None,
         )
         for (
             pk,
@@ -428,6 +432,9 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterVie
             fallbacks,
             canary,
             percent,
+            private,
+            team_id,
+            team,
         ) in (
             Model.objects.values_list(
                 "pk",
@@ -442,6 +449,9 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterVie
                 "fallbacks",
                 "canary_profile_id",
                 "canary_percent",
+                "private",
+                "team_id",
+                "team__name",
             )
         )
     ]

@@ -129,9 +129,18 @@ class Model(models.Model):
     priority = models.PositiveSmallIntegerField(
         default=0,
         validators=[MaxValueValidator(PRIORITY_MAX)],
-        help_text=f"0 to {PRIORITY_MAX}. A replica that finds no GPU memory may take the "
-        "place of replicas of lower priority (they drain first, then wait for room); "
-        "never of equal or higher.",
+        help_text=f"0 to {PRIORITY_MAX}, and no more than its team's maximum priority. A "
+        "replica that finds no GPU memory may take the place of replicas of lower priority "
+        "(they drain first, then wait for room): its own team's, the fleet's, and another "
+        "team's only while that team holds more than its guaranteed GPU memory; never of "
+        "equal or higher priority.",
+    )
+    private = models.BooleanField(
+        "only its team's keys",
+        default=False,
+        help_text="Only API keys of its team may call it or its adapters, directly or as a "
+        "fallback. Off: any key whose allowed models include it. A model of no team is the "
+        "fleet's, open to every key.",
     )
     fallbacks = models.JSONField(
         default=list,
@@ -280,6 +289,7 @@ class Model(models.Model):
         errors.update(self._autoscale_errors())
         if problem := self.fallbacks_problem():
             errors["fallbacks"] = problem
+        errors.update(self._team_errors())
         errors.update(self.canary_errors())
         if self.active_profile_id and self.active_profile.model_id != self.pk:
             errors["active_profile"] = (
@@ -287,6 +297,23 @@ class Model(models.Model):
             )
         if errors:
             raise ValidationError(errors)
+
+    def _team_errors(self) -> dict[str, str]:
+        # The rules that need no actor; those that do are fleet.services.reach's.
+        errors = {}
+        team = self.team if self.team_id else None
+        if team is None:
+            if self.private:
+                errors["private"] = (
+                    "a model of no team is the fleet's, open to every key; give it a team first"
+                )
+        elif (self.priority or 0) > team.max_priority:
+            errors["priority"] = (
+                f"priority {self.priority} is above team '{team.name}''s maximum of "
+                f"{team.max_priority} (a team's maximum priority is set by those with the "
+                "permission fleet.manage_all_teams)"
+            )
+        return errors
 
     @staticmethod
     def adapter_named(name: str) -> bool:

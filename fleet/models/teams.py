@@ -8,9 +8,11 @@ what the gateway lets its keys spend; empty is no bound.
 """
 
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
 from django.db import models
 
-from .catalog import name_validator
+from .catalog import PRIORITY_MAX, name_validator
 
 
 class Team(models.Model):
@@ -57,6 +59,26 @@ class Team(models.Model):
         help_text="Prompt + completion tokens per UTC calendar month across all of its "
         "API keys; past it the gateway answers 429. Empty: no bound.",
     )
+    # Capacity across teams (docs/security.md, "Teams"): both set only by those with
+    # fleet.manage_all_teams (fleet.services.reach).
+    max_priority = models.PositiveSmallIntegerField(
+        "maximum priority",
+        default=0,
+        validators=[MaxValueValidator(PRIORITY_MAX)],
+        help_text=f"The highest priority its models may have, 0 to {PRIORITY_MAX}: a "
+        "priority lets a replica take the place of others. Set only by those with the "
+        "permission fleet.manage_all_teams.",
+    )
+    guaranteed_gpu_memory_gb = models.PositiveIntegerField(
+        "guaranteed GPU memory (GB)",
+        null=True,
+        blank=True,
+        help_text="GPU memory its replicas keep against other teams' priorities: while the "
+        "team holds no more than this, no other team's replica takes the place of one of "
+        "its own. What it holds above this is borrowed, and another team's replica of "
+        "higher priority may take it back. Empty: nothing guaranteed. Set only by those "
+        "with the permission fleet.manage_all_teams.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -69,3 +91,25 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        errors = {}
+        guaranteed, quota = self.guaranteed_gpu_memory_gb, self.max_gpu_memory_gb
+        if guaranteed is not None and quota is not None and guaranteed > quota:
+            errors["guaranteed_gpu_memory_gb"] = (
+                f"{guaranteed} GB guaranteed is more than the team's GPU memory quota of {quota} GB"
+            )
+        if self.pk is not None and self.max_priority is not None:
+            above = list(
+                self.models.filter(priority__gt=self.max_priority)
+                .order_by("-priority", "name")
+                .values_list("name", "priority")[:5]
+            )
+            if above:
+                named = ", ".join(f"'{n}' ({p})" for n, p in above)
+                errors["max_priority"] = (
+                    f"team '{self.name}' has models above priority {self.max_priority}: "
+                    f"{named}; lower theirs first"
+                )
+        if errors:
+            raise ValidationError(errors)

@@ -12,7 +12,7 @@ from fleet.models import Adapter, ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
 from fleet.models.catalog import fallbacks_problem
 
-from . import doorbells, permissions, teams
+from . import doorbells, permissions, reach, teams
 from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
@@ -70,11 +70,13 @@ def check_api_key(
     allowed_models: list[str] | None = None,
     expires_at: datetime | None = None,
     fallbacks: list[str] | None = None,
+    team=None,
 ) -> list[str]:
     """Raise ApiKeyError for a key that could never work; return the allowed models, sorted.
 
     A manage key acts as its user and only staff may manage; model names must
-    exist, since a typo would otherwise lock a client out without a word.
+    exist, since a typo would otherwise lock a client out without a word; and a key
+    of ``team`` names no model kept to another team's keys (fleet.services.reach).
     """
     if not (name or "").strip():
         raise ApiKeyError("name", "an API key needs a name")
@@ -97,17 +99,23 @@ def check_api_key(
             raise ApiKeyError(
                 "allowed_models", f"unknown model(s) or adapter(s): {', '.join(missing)}"
             )
+        team_id = getattr(team, "pk", team)
+        if problem := reach.key_models_problem(team_id, allowed, "allowed models"):
+            raise ApiKeyError("allowed_models", problem)
     if expires_at is not None and expires_at <= timezone.now():
         raise ApiKeyError("expires_at", "an API key cannot expire in the past")
-    check_fallbacks(fallbacks, scope=scope, allowed=allowed)
+    check_fallbacks(fallbacks, scope=scope, allowed=allowed, team=team)
     return allowed
 
 
-def check_fallbacks(names, *, scope: str, allowed) -> None:
-    """Raise ApiKeyError unless ``names`` are fallbacks a key of this scope could use."""
+def check_fallbacks(names, *, scope: str, allowed, team=None) -> None:
+    """Raise ApiKeyError unless ``names`` are fallbacks a key of this scope and ``team``
+    (a Team, its id, or None) could use."""
     if names is None:
         return
     if problem := fallbacks_problem(names):
+        raise ApiKeyError("fallbacks", problem)
+    if problem := reach.key_models_problem(getattr(team, "pk", team), names, "fallbacks"):
         raise ApiKeyError("fallbacks", problem)
     if names and scope == ApiKeyScope.MANAGE:
         raise ApiKeyError("fallbacks", "fallbacks apply to inference keys only")
@@ -198,6 +206,7 @@ def create_api_key(
         allowed_models=allowed_models,
         expires_at=expires_at,
         fallbacks=fallbacks,
+        team=team,
     )
     key, secret = ApiKey.issue(
         name=name.strip(),
@@ -268,7 +277,7 @@ def set_fallbacks(key: ApiKey, names: list[str], actor=SYSTEM) -> ApiKey:
     Like limits, fallbacks bound what a key's requests reach among the models it
     may use already, so change_apikey suffices, whoever owns the key."""
     permissions.require_action(actor, "api_key.set_limits", "change an API key's fallbacks", on=key)
-    check_fallbacks(names, scope=key.scope, allowed=key.allowed_models)
+    check_fallbacks(names, scope=key.scope, allowed=key.allowed_models, team=key.team_id)
     key.fallbacks = list(names)
     key.save(update_fields=["fallbacks"])
     logger.info(

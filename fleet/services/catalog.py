@@ -12,6 +12,7 @@ see agentd.safeyaml)::
         replicas: 2
         placement_policy: spread      # or binpack (default)
         prefix_routing: true          # optional; default false (docs/gateway.md)
+        private: true                 # optional: only its team's keys call it
         replace_after_s: 120          # optional; default: the fleet's
         min_replicas: 0               # optional, with max_replicas: autoscaling
         max_replicas: 4               # (replicas is then its starting point,
@@ -46,7 +47,7 @@ from django.utils import timezone
 from agentd import safeyaml
 from fleet.models import EngineProfile, Model, Team, WantedEngine
 
-from . import permissions, profiles, teams
+from . import permissions, profiles, reach, teams
 from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ MODEL_KEYS = {
     "replicas": "desired_replicas",
     "placement_policy": "placement_policy",
     "priority": "priority",
+    "private": "private",
     "prefix_routing": "prefix_routing",
     "replace_after_s": "replace_after_s",
     "min_replicas": "min_replicas",
@@ -114,6 +116,8 @@ class ApplyResult:
     needs: dict[str, list[str]] = field(default_factory=dict, repr=False)
     # (team id or None, what in the file): changes that need that team's scope.
     scopes: list[tuple[int | None, str]] = field(default_factory=list, repr=False)
+    # By model name, its (team id, fallbacks) before the file: what reach judges new.
+    before: dict[str, tuple] = field(default_factory=dict, repr=False)
 
     def need(self, action: str, what: str) -> None:
         self.needs.setdefault(action, []).append(what)
@@ -292,15 +296,26 @@ def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:
     with transaction.atomic():
         for entry in entries:
             errors += _apply_model(entry, model_defaults, profile_defaults, result, author)
-        # Once every model of the file exists: the fallbacks they name must.
+        # Once every model of the file exists: the fallbacks they name must, and be
+        # models the actor may send its overflow to (fleet.services.reach).
+        beyond = []
         for entry in entries:
             if entry.get("fallbacks"):
                 model = Model.objects.filter(name=entry["name"]).first()
-                if model is not None and (problem := model.fallbacks_problem()):
+                if model is None:
+                    continue
+                if problem := model.fallbacks_problem():
                     errors.append(f"model {entry['name']}.fallbacks: {problem}")
+                elif wide := reach.model_fallbacks_problem(
+                    actor, model, result.before.get(model.name)
+                ):
+                    beyond.append(wide)
         for engine, version in data.get("engines", {}).items():
             errors += _apply_engine(str(engine), str(version), result)
-        if (why := _refusal(actor, result)) is not None:
+        why = _refusal(actor, result)
+        if why is None and beyond:
+            why = f"{beyond[0]}; nothing applied"
+        if why is not None:
             transaction.set_rollback(True)
             raise permissions.Refused(why)
         if errors:
@@ -341,6 +356,8 @@ def _apply_model(entry, model_defaults, profile_defaults, result, author) -> lis
     where = f"model {name}"
     model = Model.objects.filter(name=name).first()
     created = model is None
+    if not created:
+        result.before[name] = (model.team_id, list(model.fallbacks or ()))
     model = model or Model(name=name)
     values = {MODEL_KEYS[k]: v for k, v in entry.items() if k in MODEL_KEYS}
     if not created and "replicas" not in entry and "max_replicas" in entry:

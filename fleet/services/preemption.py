@@ -6,6 +6,12 @@ whose removal lets placement put the replica there, of the lowest priorities
 among the sets of that size; never a replica of equal or higher priority. The
 node is judged by placement itself on a copy of it with those replicas' GPUs
 given back, so every other rule (engine, labels, weights, NVLink) still holds.
+
+Teams (docs/security.md, "Teams"): a replica may take the place of its own
+team's replicas and the fleet's (no team), but of another team's only while that
+team holds more GPU memory than it is guaranteed (``Team.guaranteed_gpu_memory_gb``),
+and only what it borrowed: each of that team's victims but the last is taken
+while the team is still above its guarantee.
 """
 
 import copy
@@ -32,6 +38,8 @@ class Holder:
     node_id: str
     gpu_uuids: tuple[str, ...]
     share_mb: int = 0  # its budget on each GPU; 0: it holds them whole
+    team_id: int | None = None  # its model's team; None: the fleet's
+    memory_mb: int = 0  # GPU memory it holds, all GPUs together (MiB)
 
 
 @dataclass(frozen=True)
@@ -61,14 +69,43 @@ def _fits(snap: Snapshot, node: NodeInfo, req: Request, victims) -> Placement | 
     return None if isinstance(result, NoPlacement) else result
 
 
+def takeable(h: Holder, team_id: int | None, borrowed: dict[int, int]) -> bool:
+    """Whether a replica of team ``team_id`` may take ``h``'s place, by team alone: the
+    fleet's and its own team's, and another team's while that team borrows."""
+    return h.team_id is None or h.team_id == team_id or borrowed.get(h.team_id, 0) > 0
+
+
+def within_borrowed(victims, team_id: int | None, borrowed: dict[int, int]) -> bool:
+    """Whether ``victims`` take back from each other team only what it borrowed: all of
+    that team's but the last are gone before it is down to its guarantee."""
+    taken: dict[int, list[int]] = {}
+    for v in victims:
+        if v.team_id is not None and v.team_id != team_id:
+            taken.setdefault(v.team_id, []).append(v.memory_mb)
+    return all(sum(mb) - max(mb) < borrowed.get(t, 0) for t, mb in taken.items())
+
+
 def choose_victims(
-    snap: Snapshot, req: Request, priority: int, holders: list[Holder]
+    snap: Snapshot,
+    req: Request,
+    priority: int,
+    holders: list[Holder],
+    team_id: int | None = None,
+    borrowed: dict[int, int] | None = None,
 ) -> Room | None:
     """The fewest replicas of lower priority than ``priority``, all on one node, whose
-    removal lets ``req`` be placed there; None when no such set exists."""
+    removal lets ``req`` (of team ``team_id``) be placed there; None when no such set
+    exists. ``borrowed``: by team, the GPU memory (MiB) it holds above its guarantee;
+    a team not in it borrows nothing, and its replicas are not taken."""
+    borrowed = borrowed or {}
     by_node: dict[str, list[Holder]] = {}
     for h in holders:
-        if h.priority < priority and h.node_id in snap.nodes and h.gpu_uuids:
+        if (
+            h.priority < priority
+            and h.node_id in snap.nodes
+            and h.gpu_uuids
+            and takeable(h, team_id, borrowed)
+        ):
             by_node.setdefault(h.node_id, []).append(h)
     viable = {}
     for node_id, found in by_node.items():
@@ -83,6 +120,8 @@ def choose_victims(
             for victims in itertools.combinations(found, size):
                 rank = (max(v.priority for v in victims), sum(v.priority for v in victims))
                 if best is not None and rank >= best[0]:
+                    continue
+                if not within_borrowed(victims, team_id, borrowed):
                     continue
                 fit = _fits(snap, snap.nodes[node_id], req, victims)
                 if fit is not None:

@@ -236,8 +236,8 @@ class Holdings:
         quota = team.max_gpu_memory_gb
         if quota is not None and mb and h.memory_mb + mb > quota * MIB_PER_GIB:
             return (
-                f"team {team.name}: {_gib(h.memory_mb)} of {quota} GB of GPU memory in use, "
-                f"needs {_gib(mb)} more"
+                f"team {team.name}: {gib_text(h.memory_mb)} of {quota} GB of GPU memory in use, "
+                f"needs {gib_text(mb)} more"
             )
         return None
 
@@ -252,7 +252,7 @@ class Holdings:
                 h.memory_mb += req.gpu_memory_mb or self.memory_of((s.node_id, u))
 
 
-def _gib(mib: int) -> str:
+def gib_text(mib: int) -> str:
     """GPU memory in GB as engines count it (GiB), whole when exact, else to a tenth."""
     whole, rest = divmod(mib, MIB_PER_GIB)
     return str(whole) if not rest else f"{mib / MIB_PER_GIB:.1f}"

@@ -227,3 +227,98 @@ def test_a_replica_scaled_down_in_the_same_pass_is_not_preempted_again():
     assert not Event.objects.filter(kind=EventKind.PREEMPT).exists()
     assert [r.state for r in replicas(low)] == [ReplicaState.DRAINING]
     assert replicas(low)[0].reason == "scaled down to 0"
+
+
+# ---- teams: only what another team borrowed is taken back -----------------------------
+
+
+def of_team(h: Holder, team_id, gb) -> Holder:
+    return Holder(
+        h.replica_id, h.model, h.priority, h.node_id, h.gpu_uuids, h.share_mb, team_id, gb * GB
+    )
+
+
+def test_another_teams_replicas_are_taken_only_while_it_borrows():
+    # GPU 0 of 80 GB: team 2's 30 GB share and the fleet's 40 GB share on it
+    n1 = node_with("n1", card(0, promised=70 * GB))
+    theirs = of_team(held("theirs", 1, gb=30), 2, 30)
+    fleets = of_team(held("fleets", 5, gb=40), None, 40)
+
+    # team 2 within its guarantee: team 1's replica takes the fleet's, though of
+    # higher priority than team 2's
+    room = choose_victims(snap(n1), share(30), 50, [theirs, fleets], team_id=1, borrowed={})
+    assert [v.replica_id for v in room.victims] == ["fleets"]
+
+    # team 2 borrowing: its replica of lowest priority goes first
+    room = choose_victims(
+        snap(n1), share(30), 50, [theirs, fleets], team_id=1, borrowed={2: 10 * GB}
+    )
+    assert [v.replica_id for v in room.victims] == ["theirs"]
+
+    # one's own team's replicas are always one's own to take
+    room = choose_victims(snap(n1), share(30), 50, [of_team(theirs, 1, 30)], team_id=1)
+    assert [v.replica_id for v in room.victims] == ["theirs"]
+
+
+def test_no_more_is_taken_back_than_a_team_borrowed():
+    # GPU 0 of 80 GB: team 2's three 18 GB shares and the fleet's 20 GB (74 promised)
+    n1 = node_with("n1", card(0, promised=74 * GB))
+    holders = [of_team(held(f"t{i}", 1, gb=18), 2, 18) for i in range(3)]
+    holders.append(of_team(held("f", 9, gb=20), None, 20))
+
+    # a 40 GB share needs two of them gone. Team 2 borrowing 10 GB gives back one
+    # (it is down to its guarantee once that one is gone): the fleet's goes with it
+    room = choose_victims(snap(n1), share(40), 50, holders, team_id=1, borrowed={2: 10 * GB})
+    assert sorted(v.replica_id for v in room.victims) == ["f", "t0"]
+
+    # borrowing 25 GB, two of team 2's may go: the first while it is still above
+    room = choose_victims(snap(n1), share(40), 50, holders, team_id=1, borrowed={2: 25 * GB})
+    assert sorted(v.replica_id for v in room.victims) == ["t0", "t1"]
+
+
+def teams_fleet(guaranteed_gb):
+    """One H100; team "b" (guaranteed ``guaranteed_gb``) holds it with a 70 GB share of
+    priority 1, ready; team "a" may set priorities up to 90."""
+    from tests.api.test_teams import team
+
+    a, b = team("a", max_priority=90), team("b", guaranteed_gpu_memory_gb=guaranteed_gb)
+    one_h100()
+    low = small("low", 1, gb=70)
+    Model.objects.filter(pk=low.pk).update(team=b)
+    clock = Clock()
+    clock.pass_()
+    make_ready(low)
+    clock.pass_()
+    return a, low, clock
+
+
+@pytest.mark.django_db
+def test_a_team_within_its_guarantee_keeps_its_replica_against_another_teams_priority():
+    a, low, clock = teams_fleet(guaranteed_gb=80)
+    high = small("high", 90, gb=40)
+    Model.objects.filter(pk=high.pk).update(team=a)
+
+    passed = clock.pass_()
+
+    assert passed.preempted == 0
+    assert replicas(low)[0].state == ReplicaState.READY
+    assert replicas(high)[0].state == ReplicaState.PENDING
+    assert not Event.objects.filter(kind=EventKind.PREEMPT).exists()
+
+
+@pytest.mark.django_db
+def test_a_team_above_its_guarantee_gives_back_what_it_borrowed_and_the_event_says_so():
+    a, low, clock = teams_fleet(guaranteed_gb=20)
+    high = small("high", 90, gb=40)
+    Model.objects.filter(pk=high.pk).update(team=a)
+
+    passed = clock.pass_()
+
+    assert passed.preempted == 1
+    [drained] = replicas(low, state=ReplicaState.DRAINING)
+    assert drained.reason == "preempted by high (priority 90)"
+    [event] = Event.objects.filter(kind=EventKind.PREEMPT)
+    assert event.reason.endswith(
+        "to make room for high (priority 90): team 'b' holds 70 GB of GPU memory, above "
+        "its guaranteed 20 GB"
+    ), event.reason

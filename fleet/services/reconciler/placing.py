@@ -25,6 +25,7 @@ from fleet.models import (
 
 from .. import placement, preemption, teams
 from .. import snapshot as snapshots
+from ..units import MIB_PER_GIB
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class Placing:
         self._preempting: dict[str, list[str]] | None = None
         self._preemptions_left: int | None = None
         holdings = teams.Holdings.now(snap)  # a team's quota bounds what it is given
+        self._holdings = holdings  # and its guarantee, whose replicas may be preempted
+        self._taken_back: dict[int, int] = {}  # by team: MiB preempted in this pass
         for r in todo:
             model = self.models[r.model_id]
             prefer = self.prefer.get(r.pk)
@@ -162,7 +165,9 @@ class Placing:
             return True
         if self.exp.paused:
             return False  # the mass-failure brake: nothing is stopped on purpose
-        room = preemption.choose_victims(snap, req, model.priority, self.holders())
+        room = preemption.choose_victims(
+            snap, req, model.priority, self.holders(), model.team_id, self.borrowed()
+        )
         if room is None:
             return False
         left = self.preemptions_left()
@@ -176,14 +181,43 @@ class Placing:
             return True
         by = f"{model.name} (priority {model.priority})"
         for victim in room.victims:
-            self.preempt(victim, r, by)
+            self.preempt(victim, r, by, self.borrowing(victim, model.team_id))
         names = ", ".join(f"{v.model} (priority {v.priority})" for v in room.victims)
         self.unplaced(r, f"making room on {room.node_id}: preempting {names}")
         self._preempting[r.pk] = [v.model for v in room.victims]
         return True
 
-    def preempt(self, victim: preemption.Holder, r: Replica, by: str) -> None:
+    def borrowed(self) -> dict[int, int]:
+        """By team: the GPU memory (MiB) it holds above its guarantee, less what this
+        pass has taken back already; teams at or below it are left out."""
+        found = {}
+        for pk, team in self._holdings.teams.items():
+            guaranteed = (team.guaranteed_gpu_memory_gb or 0) * MIB_PER_GIB
+            held = self._holdings.held[pk].memory_mb - self._taken_back.get(pk, 0)
+            if held > guaranteed:
+                found[pk] = held - guaranteed
+        return found
+
+    def borrowing(self, victim: preemption.Holder, team_id: int | None) -> str:
+        """Why another team's replica may be taken: what that team holds against its
+        guarantee (said in the event); "" for the fleet's and one's own team's."""
+        if victim.team_id is None or victim.team_id == team_id:
+            return ""
+        team = self._holdings.teams[victim.team_id]
+        held = self._holdings.held[victim.team_id].memory_mb - self._taken_back.get(
+            victim.team_id, 0
+        )
+        return (
+            f"team '{team.name}' holds {teams.gib_text(held)} GB of GPU memory, above its "
+            f"guaranteed {team.guaranteed_gpu_memory_gb or 0} GB"
+        )
+
+    def preempt(self, victim: preemption.Holder, r: Replica, by: str, borrowing: str) -> None:
         replica = next(x for x in self.replicas if x.pk == victim.replica_id)
+        if victim.team_id is not None:
+            self._taken_back[victim.team_id] = (
+                self._taken_back.get(victim.team_id, 0) + victim.memory_mb
+            )
         vmodel = self.models[replica.model_id]
         why = f"preempted by {by}"
         self.retire(replica, why)
@@ -200,7 +234,8 @@ class Placing:
             kind=EventKind.PREEMPT,
             model_id=vmodel.pk,
             model_name=vmodel.name,
-            reason=f"replica {replica.pk} on {victim.node_id} drained to make room for {by}",
+            reason=f"replica {replica.pk} on {victim.node_id} drained to make room for {by}"
+            + (f": {borrowing}" if borrowing else ""),
         )
         logger.warning(
             "replica preempted replica=%s model=%s node=%s for=%s by=%s",
@@ -228,6 +263,7 @@ class Placing:
                     "replica__model__name",
                     "replica__model__priority",
                     "replica__profile__gpu_memory_gb",
+                    "replica__model__team_id",
                 )
             )
             # As this pass left them: one it retired (scaled down, say) is not yet written.
@@ -236,21 +272,24 @@ class Placing:
                 for r in self.replicas
                 if r.state in (ReplicaState.READY, ReplicaState.STARTING)
             }
-            for replica_id, node_id, uuids, name, prio, share_gb in rows:
+            for replica_id, *shard in rows:
                 if replica_id in running:
-                    found.setdefault(replica_id, []).append((node_id, uuids, name, prio, share_gb))
+                    found.setdefault(replica_id, []).append(shard)
+            memory_of = self._holdings.memory_of
             self._holders = [
                 preemption.Holder(
                     replica_id=replica_id,
                     model=name,
                     priority=prio,
                     node_id=node_id,
-                    gpu_uuids=tuple(uuids or ()),
-                    share_mb=snapshots.share_mb(share_gb),
+                    gpu_uuids=tuple(uuids),
+                    share_mb=(share := snapshots.share_mb(share_gb)),
+                    team_id=team_id,
+                    memory_mb=sum(share or memory_of((node_id, u)) for u in uuids),
                 )
                 for replica_id, shards in found.items()
                 if len(shards) == 1  # a multi-node replica is not preempted
-                for node_id, uuids, name, prio, share_gb in shards
+                for node_id, uuids, name, prio, share_gb, team_id in shards
                 if replica_id not in self.to_place and uuids
             ]
         return self._holders
