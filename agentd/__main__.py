@@ -161,6 +161,8 @@ def _shards(cfg, agent):
             ca_file=str(fetch.ca_file) if fetch.ca_file else None,
             hf_endpoint=fetch.hf_endpoint,
             hf_token=fetch.hf_token,
+            allow_private_addresses=fetch.allow_private_addresses,
+            allow_networks=tuple(fetch.allow_networks),
         )
     )
     return SupervisedShards(

@@ -6,6 +6,7 @@ exits non-zero: a typo found at start is cheaper than one found at 3 a.m.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from pathlib import Path
@@ -211,6 +212,13 @@ class FetchConfig(BaseModel):
     hf_endpoint: str = "https://huggingface.co"
     # A token for gated or private repositories. Empty: HF_TOKEN or none.
     hf_token: str = ""
+    # https:// and http:// sources (weights and adapters) are refused when the
+    # address connected to is loopback, link-local, private, unspecified, multicast
+    # or reserved, redirects included: a URL in a profile must not make the node
+    # reach its own network. True allows every address; allow_networks allows
+    # these networks (CIDRs) only. hf_endpoint is this file's own and not checked.
+    allow_private_addresses: bool = False
+    allow_networks: list[str] = []
 
     @field_validator("hf_endpoint")
     @classmethod
@@ -219,6 +227,18 @@ class FetchConfig(BaseModel):
         if parts.scheme not in ("https", "http") or not parts.hostname:
             raise ValueError(f"must be an http(s):// URL of a hub or mirror (got {value!r})")
         return value.rstrip("/")
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for text in value:
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{text!r} is not a network: an address or a CIDR (10.0.0.0/8, fd00::/8)"
+                ) from None
+        return value
 
     @field_validator("ca_file")
     @classmethod

@@ -61,6 +61,11 @@ class FetchSettings:
     ca_file: str | None = None
     hf_endpoint: str = "https://huggingface.co"
     hf_token: str = ""
+    # URL sources (https://, http://) from internal addresses: every one, or these
+    # networks (agent.yaml's fetch.allow_private_addresses, fetch.allow_networks).
+    # hf:// goes to the hub endpoint the node itself names, which is not checked.
+    allow_private_addresses: bool = False
+    allow_networks: tuple[str, ...] = ()
 
 
 @dataclass
@@ -80,6 +85,7 @@ class Fetcher:
     def __init__(self, settings: FetchSettings):
         self.settings = settings
         self.roots = [Path(r) for r in settings.roots]
+        self.guard = http.AddressGuard.of(settings.allow_private_addresses, settings.allow_networks)
         self._jobs: dict[str, _Job] = {}
         self._slots: asyncio.Semaphore | None = None
 
@@ -247,7 +253,8 @@ class Fetcher:
         found = store.find(self.roots, src)
         if found is not None:
             return store.local_model_path(found, src)
-        op = http.opener(s.ca_file)
+        # A URL names any host; the hub is the endpoint this node's agent.yaml names.
+        op = http.opener(s.ca_file, guard=None if src.kind == HUB else self.guard)
         if src.kind == HUB:
             plan = hub.plan(src, endpoint=s.hf_endpoint, token=s.hf_token, timeout_s=s.stall_s)
             files = [(f.name, f.url, f.size, f.sha256, f.git_sha1) for f in plan.files]

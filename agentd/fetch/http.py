@@ -4,11 +4,21 @@ Blocking on purpose (urllib, the standard library): the fetcher runs it with
 ``asyncio.to_thread`` and stops it through a ``threading.Event`` checked
 between chunks, and a read that gets nothing for ``stall_s`` fails instead of
 hanging. ``http_proxy``/``https_proxy`` apply as for any urllib client.
+
+An opener given an ``AddressGuard`` refuses to talk to internal addresses
+(loopback, link-local, private, unspecified, multicast, reserved) unless the
+node allows them: each connection's peer is checked once it is connected and
+before a byte is sent, so a name that resolves differently between a check and
+the connection (DNS rebinding) cannot pass, and every redirect's hop is a
+connection of its own. Through a proxy the proxy connects, so the target's
+name is resolved here and each of its addresses checked instead.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
+import ipaddress
 import re
 import socket
 import ssl
@@ -16,6 +26,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -58,9 +69,145 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}[scheme]
 
 
-def opener(ca_file: str | None = None) -> urllib.request.OpenerDirector:
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+ALLOW_KEYS = "fetch.allow_private_addresses, or its network in fetch.allow_networks"
+
+
+def address_kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """What makes an address internal ("loopback", "private", …), or None for a public one."""
+    for kind, internal in (
+        ("unspecified", ip.is_unspecified),
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("reserved", ip.is_reserved),  # before private, which counts 240.0.0.0/4 too
+        ("private", ip.is_private),
+        ("non-public", not ip.is_global),  # shared (100.64/10), documentation, …
+    ):
+        if internal:
+            return kind
+    return None
+
+
+@dataclass(frozen=True)
+class AddressGuard:
+    """Which addresses a URL source may be fetched from: public ones, and what the node allows.
+
+    ``allow_private``: every address (agent.yaml's ``fetch.allow_private_addresses``).
+    ``allow_networks``: these networks besides the public ones (``fetch.allow_networks``).
+    """
+
+    allow_private: bool = False
+    allow_networks: tuple[Network, ...] = ()
+
+    @classmethod
+    def of(cls, allow_private: bool = False, allow_networks=()) -> AddressGuard:
+        nets = tuple(ipaddress.ip_network(n, strict=False) for n in allow_networks)
+        return cls(allow_private=allow_private, allow_networks=nets)
+
+    def problem(self, address: str) -> str | None:
+        """Why this node may not fetch from ``address`` (an IP literal), or None."""
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone is not the address
+        except ValueError:
+            return f"{address!r} is not an IP address"
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+        if self.allow_private or any(ip in net for net in self.allow_networks):
+            return None
+        kind = address_kind(ip)
+        return None if kind is None else f"{ip}, a {kind} address"
+
+    def refuse(self, url: str, where: str) -> FetchError:
+        return FetchError(
+            f"{url}: {where}; this node fetches from internal addresses only where its "
+            f"agent.yaml allows them ({ALLOW_KEYS}). Nothing was fetched"
+        )
+
+
+class _GuardedHTTPConnection(http.client.HTTPConnection):
+    """Checks the address it connected to before anything is sent on it."""
+
+    guard: AddressGuard
+    url: str
+    proxied: bool
+
+    def connect(self) -> None:
+        super().connect()
+        if self.proxied:
+            return  # the proxy's address, the node's own choice; the target was checked
+        peer = self.sock.getpeername()[0]
+        problem = self.guard.problem(peer)
+        if problem is not None:
+            self.close()
+            host = urlsplit(self.url).hostname
+            raise self.guard.refuse(self.url, f"{host} is {problem}")
+
+
+class _GuardedHTTPSConnection(http.client.HTTPSConnection, _GuardedHTTPConnection):
+    """HTTPS: the TCP connection is checked (above, in the MRO) before TLS starts on it."""
+
+
+class _GuardedHandlers:
+    def __init__(self, guard: AddressGuard):
+        self.guard = guard
+
+    def connection(self, cls, req: urllib.request.Request):
+        """A factory for ``do_open``: ``cls`` connections that know what to check."""
+        target = urlsplit(req.full_url)
+        # A proxy (http_proxy, https_proxy) took the request's host: it connects, not us.
+        proxied = (req.host or "").lower() != target.netloc.lower()
+        if proxied:
+            self._check_name(req.full_url, target)
+
+        def make(host, **kwargs):
+            conn = cls(host, **kwargs)
+            conn.guard, conn.url, conn.proxied = self.guard, req.full_url, proxied
+            return conn
+
+        return make
+
+    def _check_name(self, url: str, target) -> None:
+        port = target.port or {"http": 80, "https": 443}.get(target.scheme, 443)
+        try:
+            infos = socket.getaddrinfo(target.hostname, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise FetchError(f"{url}: cannot resolve {target.hostname}: {exc}") from None
+        for info in infos:
+            problem = self.guard.problem(info[4][0])
+            if problem is not None:
+                raise self.guard.refuse(url, f"{target.hostname} resolves to {problem}")
+
+
+class _GuardedHTTP(_GuardedHandlers, urllib.request.HTTPHandler):
+    def __init__(self, guard: AddressGuard):
+        _GuardedHandlers.__init__(self, guard)
+        urllib.request.HTTPHandler.__init__(self)
+
+    def http_open(self, req):
+        return self.do_open(self.connection(_GuardedHTTPConnection, req), req)
+
+
+class _GuardedHTTPS(_GuardedHandlers, urllib.request.HTTPSHandler):
+    def __init__(self, guard: AddressGuard, context: ssl.SSLContext):
+        _GuardedHandlers.__init__(self, guard)
+        urllib.request.HTTPSHandler.__init__(self, context=context)
+        self.context = context
+
+    def https_open(self, req):
+        return self.do_open(
+            self.connection(_GuardedHTTPSConnection, req), req, context=self.context
+        )
+
+
+def opener(
+    ca_file: str | None = None, guard: AddressGuard | None = None
+) -> urllib.request.OpenerDirector:
+    """An opener for weights; with ``guard``, one that refuses the addresses it refuses."""
     ctx = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
-    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx), _Redirect())
+    if guard is None:
+        return urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx), _Redirect())
+    return urllib.request.build_opener(_GuardedHTTP(guard), _GuardedHTTPS(guard, ctx), _Redirect())
 
 
 def http_request(url: str, headers: dict[str, str], method: str = "GET") -> urllib.request.Request:

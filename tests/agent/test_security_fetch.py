@@ -33,6 +33,8 @@ class Progress:
 
 def fetcher(tmp_path, **kw) -> Fetcher:
     kw.setdefault("stall_s", 10.0)
+    # The test servers listen on loopback, which a node refuses unless it allows it.
+    kw.setdefault("allow_networks", ("127.0.0.0/8",))
     return Fetcher(FetchSettings(roots=[tmp_path / "weights"], **kw))
 
 

@@ -38,11 +38,40 @@ def fetching_shard(lo: int, hi: int):
     ).first()
 
 
-def node_with_weights(stack, tmp_path, node_id="cpu-a"):
+def node_with_weights(stack, tmp_path, node_id="cpu-a", allow_loopback=True):
+    """A node with a weights dir; it fetches from the test's server on 127.0.0.1 only
+    because its agent.yaml allows loopback (fetch.allow_networks)."""
     weights = tmp_path / f"{node_id}-weights"
-    agent = stack.add_agent(node_id, weights_dirs=[str(weights)])
+    fetch = {"allow_networks": ["127.0.0.0/8"]} if allow_loopback else {}
+    agent = stack.add_agent(node_id, weights_dirs=[str(weights)], fetch=fetch)
     stack.wait(lambda: registered(node_id), "the agent to register")
     return agent, weights
+
+
+def test_weights_on_an_internal_address_are_refused_unless_the_node_allows_it(
+    stack, tmp_path, server
+):
+    # given: a node whose agent.yaml allows no internal address
+    _, weights = node_with_weights(stack, tmp_path, allow_loopback=False)
+
+    # when: a profile names weights on 127.0.0.1
+    apply_model(stack, server.url(PATH))
+
+    # then: the shard fails with the reason, naming the setting to change
+    replica = stack.wait(
+        lambda: Replica.objects.filter(reason__contains="a loopback address").first(),
+        "the replica to fail with the node's refusal",
+    )
+    assert (
+        f"{server.url(PATH)}: 127.0.0.1 is 127.0.0.1, a loopback address; this node fetches "
+        "from internal addresses only where its agent.yaml allows them "
+        "(fetch.allow_private_addresses, or its network in fetch.allow_networks)"
+    ) in replica.reason
+    # and the agent asked the server nothing (the control plane's estimate reads the
+    # header in closed ranges from 0: fleet/services/estimate.py) and wrote nothing
+    asked = [r for r in server.requests if not re.fullmatch(r"bytes=0-\d+", r[2])]
+    assert asked == []
+    assert not weights.exists() or list(weights.iterdir()) == []
 
 
 def test_a_url_is_fetched_with_progress_and_the_replica_serves(stack, tmp_path, server):

@@ -14,6 +14,12 @@ from tests.processes.weights_server import WeightsServer
 DATA = os.urandom(200_000)
 
 
+def loopback_fetcher(*roots) -> Fetcher:
+    """A node's fetcher into ``roots``, allowing loopback, where the weights server listens
+    (a node refuses internal addresses unless its agent.yaml allows them)."""
+    return Fetcher(FetchSettings(roots=list(roots), allow_networks=("127.0.0.0/8",)))
+
+
 @pytest.fixture
 def server():
     with WeightsServer() as srv:
@@ -39,7 +45,7 @@ async def test_two_shards_of_one_source_share_a_fetch_and_start_after_it(
     server.rate = 100_000  # two seconds
     weights = tmp_path / "weights"
     rec = Recorder()
-    sup = fake_supervisor(state_dir, rec, fetcher=Fetcher(FetchSettings(roots=[weights])))
+    sup = fake_supervisor(state_dir, rec, fetcher=loopback_fetcher(weights))
     await sup.start()
     url = server.url("w/tiny.gguf")
     try:
@@ -65,7 +71,7 @@ async def test_the_last_shard_leaving_stops_the_fetch_and_removes_its_files(
     server.rate = 10_000  # far longer than the test
     weights = tmp_path / "weights"
     rec = Recorder()
-    sup = fake_supervisor(state_dir, rec, fetcher=Fetcher(FetchSettings(roots=[weights])))
+    sup = fake_supervisor(state_dir, rec, fetcher=loopback_fetcher(weights))
     await sup.start()
     url = server.url("w/tiny.gguf")
     try:
@@ -85,7 +91,7 @@ async def test_the_last_shard_leaving_stops_the_fetch_and_removes_its_files(
 
 async def test_a_failed_fetch_fails_the_shard_with_the_reason(state_dir, tmp_path, server):
     rec = Recorder()
-    sup = fake_supervisor(state_dir, rec, fetcher=Fetcher(FetchSettings(roots=[tmp_path / "w"])))
+    sup = fake_supervisor(state_dir, rec, fetcher=loopback_fetcher(tmp_path / "w"))
     await sup.start()
     try:
         await sup.apply(desired(1, spec("r1-s0", server.url("w/missing.gguf"))))
@@ -98,7 +104,7 @@ async def test_a_failed_fetch_fails_the_shard_with_the_reason(state_dir, tmp_pat
 
 async def test_an_agent_without_weights_dirs_says_so(state_dir, server):
     rec = Recorder()
-    sup = fake_supervisor(state_dir, rec, fetcher=Fetcher(FetchSettings(roots=[])))
+    sup = fake_supervisor(state_dir, rec, fetcher=loopback_fetcher())
     await sup.start()
     try:
         await sup.apply(desired(1, spec("r1-s0", server.url("w/tiny.gguf"))))
