@@ -316,9 +316,22 @@ def _teams(api: Api, args, out):
             of(use.get("gpu_memory_gb", 0), t.get("max_gpu_memory_gb")),
             of(use.get("replicas", 0), t.get("max_replicas")),
             of(use.get("tokens_this_month", 0), t.get("tokens_per_month")),
+            str(t.get("max_priority", 0)),
+            "-"
+            if t.get("guaranteed_gpu_memory_gb") is None
+            else str(t["guaranteed_gpu_memory_gb"]),
         ]
 
-    header = ["TEAM", "MEMBERS", "GPUS", "GPU MEMORY (GB)", "REPLICAS", "TOKENS THIS MONTH"]
+    header = [
+        "TEAM",
+        "MEMBERS",
+        "GPUS",
+        "GPU MEMORY (GB)",
+        "REPLICAS",
+        "TOKENS THIS MONTH",
+        "MAX PRIORITY",
+        "GUARANTEED (GB)",
+    ]
     empty = "no teams: every model and key is the fleet's"
     return _listing(api, args, out, "teams/", empty, header, row)
 

@@ -226,13 +226,18 @@ def test_teams_lists_use_against_quotas_and_api_key_gives_a_key_to_a_team(cli):
 
     assert cli("teams") == (0, "no teams: every model and key is the fleet's\n", "")
     research = Team.objects.create(
-        name="research", group=Group.objects.create(name="research"), max_gpus=8
+        name="research",
+        group=Group.objects.create(name="research"),
+        max_gpus=8,
+        max_priority=50,
+        guaranteed_gpu_memory_gb=40,
     )
     status, out, _ = cli("teams")
     assert status == 0
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["TEAM", "MEMBERS", "GPUS"]
-    assert lines[1].split() == ["research", "-", "0", "of", "8", "0.0", "0", "0"]
+    assert lines[0].split()[-4:] == ["MAX", "PRIORITY", "GUARANTEED", "(GB)"]
+    assert lines[1].split() == ["research", "-", "0", "of", "8", "0.0", "0", "0", "50", "40"]
 
     status, _, _ = cli("api-key", "notebook", "--team", "research")
     assert status == 0 and ApiKey.objects.get(name="notebook").team == research
