@@ -128,3 +128,22 @@ def test_a_request_for_the_model_itself_tells_llama_cpp_that_no_adapter_applies(
     for view in (replica("b", loaded("qwen-sql"), engine="vllm"), replica("c")):
         up = table.build_routes([MODEL], [view])["qwen"].upstreams[0]
         assert "lora" not in (_changed(routes["qwen"], Req("qwen"), up)[0] or {})
+
+
+def test_an_adapter_of_a_model_kept_to_its_team_answers_only_that_teams_keys():
+    from dataclasses import replace
+
+    from fleet.gateway.keys import KeyEntry
+
+    kept = replace(MODEL, kept_to=(7, "research"))
+    routes = table.build_routes([kept], [replica("a", loaded("qwen-sql", 1))], adapters=[SQL])
+
+    def key(team_id, allowed=()):
+        return KeyEntry(1, "k", "lgk_x", "inference", frozenset(allowed), None, False,
+                        team_id=team_id)  # fmt: skip
+
+    assert routes["qwen-sql"].kept_to == (7, "research")
+    assert key(7).may_call(routes["qwen-sql"]) and key(7).may_call(routes["qwen"])
+    assert not key(8).may_call(routes["qwen-sql"]) and not key(None).may_call(routes["qwen"])
+    # a key of the team is still bound by its own allowed models
+    assert not key(7, allowed=["qwen"]).may_call(routes["qwen-sql"])
