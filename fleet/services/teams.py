@@ -143,6 +143,7 @@ class Held:
     gpus: set = field(default_factory=set)  # (node, GPU uuid)
     memory_mb: int = 0  # MiB, as NVML counts GPU memory
     replicas: set = field(default_factory=set)  # replica ids
+    draining_mb: int = 0  # of memory_mb, what draining replicas hold until they stop
 
 
 @dataclass
@@ -182,21 +183,25 @@ class Holdings:
                 "node_id",
                 "gpu_uuids",
                 "replica__profile__gpu_memory_gb",
+                "replica__state",
             )
         )
         if snap is None:
-            uuids = {u for *_, us, _ in rows for u in us or ()}
+            uuids = {u for *_, us, _, _ in rows for u in us or ()}
             rows_mb = GPU.objects.filter(uuid__in=uuids).values_list(
                 "node_id", "uuid", "memory_total_mb"
             )
             found.gpu_mb.update(((n, u), mb) for n, u, mb in rows_mb)
-        for team_id, replica_id, node_id, uuids, share_gb in rows:
+        for team_id, replica_id, node_id, uuids, share_gb, state in rows:
             h = held[team_id]
             h.replicas.add(replica_id)
             share = share_mb(share_gb)
             for uuid in uuids or ():
                 h.gpus.add((node_id, uuid))
-                h.memory_mb += share or found.memory_of((node_id, uuid))
+                mb = share or found.memory_of((node_id, uuid))
+                h.memory_mb += mb
+                if state == ReplicaState.DRAINING:
+                    h.draining_mb += mb
         return found
 
     def memory_of(self, gpu: tuple[str, str]) -> int:

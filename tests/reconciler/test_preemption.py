@@ -322,3 +322,38 @@ def test_a_team_above_its_guarantee_gives_back_what_it_borrowed_and_the_event_sa
         "to make room for high (priority 90): team 'b' holds 70 GB of GPU memory, above "
         "its guaranteed 20 GB"
     ), event.reason
+
+
+@pytest.mark.django_db
+def test_what_a_team_gives_back_while_draining_counts_against_what_it_borrowed():
+    # given: team b holds two 35 GB shares of one H100, 35 GB above its guarantee of 35
+    from tests.api.test_teams import team
+
+    a, b = team("a", max_priority=90), team("b", guaranteed_gpu_memory_gb=35)
+    one_h100()
+    lows = [small(f"low{i}", 1, gb=35) for i in range(2)]
+    Model.objects.filter(pk__in=[m.pk for m in lows]).update(team=b)
+    clock = Clock()
+    clock.pass_()
+    for m in lows:
+        make_ready(m)
+    clock.pass_()
+
+    # when: team a asks for 40 GB twice, one model after the other
+    high = small("high", 90, gb=40)
+    Model.objects.filter(pk=high.pk).update(team=a)
+    assert clock.pass_().preempted == 1
+    high2 = small("high2", 90, gb=40)
+    Model.objects.filter(pk=high2.pk).update(team=a)
+
+    # then: while b's first replica drains, b is down to its guarantee: its other
+    # replica stays, and high2 waits
+    for _ in range(2):
+        assert clock.pass_().preempted == 0
+    assert Event.objects.filter(kind=EventKind.PREEMPT).count() == 1
+    assert sorted(r.state for m in lows for r in replicas(m)) == [
+        ReplicaState.DRAINING,
+        ReplicaState.PENDING,
+        ReplicaState.READY,
+    ]
+    assert replicas(high2)[0].state == ReplicaState.PENDING

@@ -187,15 +187,20 @@ class Placing:
         self._preempting[r.pk] = [v.model for v in room.victims]
         return True
 
+    def keeps(self, team_id: int) -> int:
+        """The GPU memory (MiB) a team keeps once what drains has stopped, less what this
+        pass has taken back already."""
+        h = self._holdings.held[team_id]
+        return h.memory_mb - h.draining_mb - self._taken_back.get(team_id, 0)
+
     def borrowed(self) -> dict[int, int]:
-        """By team: the GPU memory (MiB) it holds above its guarantee, less what this
-        pass has taken back already; teams at or below it are left out."""
+        """By team: the GPU memory (MiB) it keeps above its guarantee; teams at or below
+        it are left out."""
         found = {}
         for pk, team in self._holdings.teams.items():
-            guaranteed = (team.guaranteed_gpu_memory_gb or 0) * MIB_PER_GIB
-            held = self._holdings.held[pk].memory_mb - self._taken_back.get(pk, 0)
-            if held > guaranteed:
-                found[pk] = held - guaranteed
+            above = self.keeps(pk) - (team.guaranteed_gpu_memory_gb or 0) * MIB_PER_GIB
+            if above > 0:
+                found[pk] = above
         return found
 
     def borrowing(self, victim: preemption.Holder, team_id: int | None) -> str:
@@ -204,12 +209,9 @@ class Placing:
         if victim.team_id is None or victim.team_id == team_id:
             return ""
         team = self._holdings.teams[victim.team_id]
-        held = self._holdings.held[victim.team_id].memory_mb - self._taken_back.get(
-            victim.team_id, 0
-        )
         return (
-            f"team '{team.name}' holds {teams.gib_text(held)} GB of GPU memory, above its "
-            f"guaranteed {team.guaranteed_gpu_memory_gb or 0} GB"
+            f"team '{team.name}' holds {teams.gib_text(self.keeps(victim.team_id))} GB of GPU "
+            f"memory, above its guaranteed {team.guaranteed_gpu_memory_gb or 0} GB"
         )
 
     def preempt(self, victim: preemption.Holder, r: Replica, by: str, borrowing: str) -> None:
