@@ -30,6 +30,7 @@ from agentd.fetch import sources
 from agentd.fetch.fetcher import FetchCancelled, FetchError
 from agentd.protocol import ShardState
 from agentd.shard import Shard
+from agentd.shardlog import bounded, clean_line
 
 logger = logging.getLogger("agentd.supervisor")
 
@@ -100,7 +101,8 @@ class AdapterLifecycle:
         sh.adapters[spec.name] = {
             "name": spec.name,
             "state": FAILED,
-            "error": error[:4096],
+            # Often the engine's own words: bounded and cleaned before they travel.
+            "error": bounded(error),
             "source": spec.source,
         }
 
@@ -171,13 +173,13 @@ class AdapterLifecycle:
             if named:
                 culprit = named[0]
             if ("lora" in low or "gguf" in low) and ("error" in low or "failed" in low):
-                reason.append(line.strip())
+                reason.append(clean_line(line))
         if culprit is None or not reason:
             return False
         spec = next((a for a in (sh.want.adapters if sh.want else []) if a.name == culprit), None)
         if spec is None:
             return False
-        self._adapter_failed(sh, spec, "; ".join(reason[:3]))
+        self._adapter_failed(sh, spec, "; ".join(reason[:3]))  # at most 3 lines, 1 KiB
         sh.adapter_paths.pop(culprit, None)
         return True
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from agentd import protocol, state
 from agentd.protocol import DesiredShard, ShardState
-from agentd.shardlog import ShardLog
+from agentd.shardlog import ShardLog, bounded, reportable
 from agentd.shardproc import EngineProcess
 
 logger = logging.getLogger(__name__)
 
-LAST_LINES = 50  # sent with a failure
+LAST_LINES = 50  # looked at for a failure report; what fits is sent (shardlog.reportable)
 LIVE = (ShardState.STARTING, ShardState.LOADING, ShardState.READY, ShardState.DRAINING)
 
 
@@ -94,9 +94,10 @@ class Shard:
             shard_id=self.shard_id,
             replica_id=spec.replica_id if spec else "",
             state=self.state.value,
-            error=self.error[:4096],
+            error=bounded(self.error),
             exit_code=exit_code,
-            last_output=self.log.recent(LAST_LINES) if failed else [],
+            # Bounded and cleaned (agentd.shardlog.reportable): the log file has the rest.
+            last_output=reportable(self.log.recent(LAST_LINES)) if failed else [],
             adapters=[
                 protocol.AdapterStatus(
                     name=a["name"], state=a["state"], error=a.get("error", ""), id=a.get("id")

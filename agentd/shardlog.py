@@ -4,18 +4,68 @@ The engine's stdout and stderr go straight to the file (not through a pipe to th
 agent), so the engine never blocks or dies on a broken pipe when the agent is gone.
 The agent reads what is new into a ring of recent lines, for failure reports,
 and rotates the file when it grows too big.
+
+What of it goes back to the control plane (a failed shard's last output, an
+adapter's failure reason in the engine's words) is ``reportable``: a few lines,
+each cleaned and cut, about 1 KiB in all. An engine prints what it was given and
+sometimes what it read (llama.cpp quotes a file's first bytes when they are not
+a GGUF's magic); the log file keeps everything, the control plane sees a bounded
+summary with such bytes left out.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import shutil
 from pathlib import Path
 
 RING_LINES = 1000
 MAX_LOG_BYTES = 64 * 1024 * 1024
 _MAX_READ = 4 * 1024 * 1024  # per look: a burst beyond this keeps only its end
+
+# What the control plane is told of an engine's output: at most these lines, each at
+# most these characters, and these characters in all.
+REPORT_LINES = 8
+REPORT_LINE_CHARS = 240
+REPORT_CHARS = 1024
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Bytes an engine read and quotes back: llama.cpp's gguf reader names a file's first
+# four bytes when they are not "GGUF" (gguf.cpp: "invalid magic characters: '%c%c%c%c'").
+_ECHOED = re.compile(r"(invalid magic characters:?\s*)'.*?'(?=,\s*expected|$)", re.IGNORECASE)
+
+
+def clean_line(line: str, limit: int = REPORT_LINE_CHARS) -> str:
+    """One line of an engine's output fit to be reported: terminal colours and control
+    characters dropped, bytes it quotes from a file it read left out, cut to ``limit``."""
+    line = _CONTROL.sub("", _ANSI.sub("", line)).strip()
+    line = _ECHOED.sub(r"\1(the file's first bytes, not shown)", line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def reportable(
+    lines: list[str], max_lines: int = REPORT_LINES, max_chars: int = REPORT_CHARS
+) -> list[str]:
+    """The last of ``lines`` that fit the bounds, cleaned, in their order; empty ones dropped."""
+    out: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        text = clean_line(line)
+        if not text:
+            continue
+        if len(out) == max_lines or total + len(text) > max_chars:
+            break
+        out.append(text)
+        total += len(text)
+    return out[::-1]
+
+
+def bounded(text: str, max_chars: int = REPORT_CHARS) -> str:
+    """A reason that carries an engine's words, cleaned and cut to ``max_chars``."""
+    return clean_line(text.replace("\n", " "), max_chars)
 
 
 class ShardLog:

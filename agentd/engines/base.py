@@ -228,7 +228,8 @@ async def _adapter_call(host: str, port: int, path: str, name: str, lora: str | 
         return f"{path} did not answer: {exc or type(exc).__name__}"
     if status == 200:
         return ""
-    return f"{path} answered {status}: {answer.decode('utf-8', 'replace').strip()[:1000]}"
+    # The engine's words, cut here and bounded again with the adapter's reason.
+    return f"{path} answered {status}: {answer[:2048].decode('utf-8', 'replace').strip()}"
 
 
 def metric_sum(text: str, names: tuple[str, ...]) -> int | None:
