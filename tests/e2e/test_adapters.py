@@ -96,3 +96,56 @@ def test_adapters_answer_by_name_load_on_demand_and_a_broken_one_is_reported(
     # and the replica kept serving the model itself
     assert stack.wait(lambda: answers(stack), "the base model to answer")
     assert story(stack, "tiny-llama") == base
+
+
+def test_an_adapter_outside_the_nodes_roots_or_on_an_internal_address_is_refused(
+    stack, tiny_model, tmp_path
+):
+    from agentd.tinygguf import write_lora
+    from tests.processes.weights_server import WeightsServer
+
+    pirate = write_lora(tmp_path / "lora" / "pirate.gguf", seed=1)
+    weights = tmp_path / "cpu-a-weights"
+    with WeightsServer() as server:
+        server.files["pirate.gguf"] = pirate.read_bytes()
+
+        # given: a node naming its test tree for local weights (tests.processes'
+        # default) and allowing no internal address, and a model holding two adapters
+        stack.add_agent("cpu-a", weights_dirs=[str(weights)])
+        model_id = apply_model(stack, tiny_model, profile_fields={"max_adapters": 2})
+
+        # when: its adapters name a file outside every root and a URL on 127.0.0.1
+        for name, source in (
+            ("tiny-etc", "/etc/passwd"),
+            ("tiny-inside", server.url("pirate.gguf")),
+        ):
+            stack.api("post", "adapters/", json={"name": name, "model": model_id, "source": source})
+        wait_serving(stack)
+        stack.wait(
+            lambda: (
+                held("tiny-etc").get("state") == "failed"
+                and held("tiny-inside").get("state") == "failed"
+            ),
+            "both adapters to be refused",
+        )
+
+        # then: each is failed with the node's reason, naming what to change
+        assert held("tiny-etc")["error"] == (
+            "adapter tiny-etc's source /etc/passwd is not under a directory this node's "
+            f"agent.yaml names for weights (weights_dirs or model_dirs: {weights}, {stack.tmp}); "
+            "add its directory to model_dirs on this node to allow it. Nothing was read"
+        )
+        assert held("tiny-inside")["error"] == (
+            f"fetching it failed: {server.url('pirate.gguf')}: 127.0.0.1 is 127.0.0.1, a "
+            "loopback address; this node fetches from internal addresses only where its "
+            "agent.yaml allows them (fetch.allow_private_addresses, or its network in "
+            "fetch.allow_networks). Nothing was fetched"
+        )
+        # and nothing was asked of the server or written, nor told to the engine
+        assert server.requests == []
+        assert not weights.exists() or list(weights.iterdir()) == []
+        (shard,) = Shard.objects.filter(replica__model__name="tiny-llama", state="ready")
+        cmdline = open(f"/proc/{stack.agents[0].engines()[shard.pk]}/cmdline").read()
+        assert "/etc/passwd" not in cmdline and "--lora" not in cmdline
+    # and the model itself serves
+    assert answers(stack)
