@@ -140,7 +140,7 @@ def _route_for(gw, key, model: str):
     if not key.may_call(route):
         raise GatewayError(
             403,
-            f"model '{model}' is kept to team '{route.kept_to[1]}''s API keys, and key "
+            f"model '{model}' is kept to the API keys of team '{route.kept_to[1]}', and key "
             f"'{key.name}' is {'of another team' if key.team_id else 'of no team'}",
             param="model",
             code="model_not_allowed",

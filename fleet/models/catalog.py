@@ -309,7 +309,7 @@ class Model(models.Model):
                 )
         elif (self.priority or 0) > team.max_priority:
             errors["priority"] = (
-                f"priority {self.priority} is above team '{team.name}''s maximum of "
+                f"priority {self.priority} is above the maximum of team '{team.name}', "
                 f"{team.max_priority} (a team's maximum priority is set by those with the "
                 "permission fleet.manage_all_teams)"
             )

@@ -101,7 +101,7 @@ def team_capacity_problem(actor, team: Team, before: Team | None) -> str | None:
     if not changed:
         return None
     return (
-        f"{name_of(actor)} may not set team '{team.name}''s {' and '.join(changed)}: "
+        f"{name_of(actor)} may not set the {' and '.join(changed)} of team '{team.name}': "
         f"it needs the permission {MANAGE_ALL_TEAMS} (it decides whose replicas may be "
         "preempted)"
     )

@@ -56,7 +56,7 @@ def test_a_teams_priority_takes_only_what_another_team_borrowed(stack):
 
     # then: refused, naming the team and the bound
     assert refused.status_code == 400, refused.text
-    assert "priority 90 is above team 'a''s maximum of 50" in refused.json()["priority"][0]
+    assert "priority 90 is above the maximum of team 'a', 50" in refused.json()["priority"][0]
 
     # when: she makes it within the bound, asking for 40 GB of the GPU (9.6 GB are free)
     made = as_member(stack, alice, "post", "models/", {"name": "high", "priority": 50})

@@ -51,7 +51,7 @@ def test_a_model_kept_to_its_team_answers_only_its_teams_keys(gateway_server, up
         error = json.loads(body)["error"]
         assert error["code"] == "model_not_allowed"
         assert error["message"] == (
-            f"model 'secret' is kept to team 'research''s API keys, and key "
+            f"model 'secret' is kept to the API keys of team 'research', and key "
             f"'{'theirs' if secret == theirs else 'nobodys'}' is {whose}"
         )
     assert len(engine.requests) == 1
