@@ -96,10 +96,10 @@ def one_h100(node_id="gpu-01"):
     add_node(node_id, gpus=[{**H100_GPUS[0], "uuid": f"GPU-{node_id}-0"}])
 
 
-def small(name, prio, gb=30):
+def small(name, prio, gb=30, team=None):
     model = add_model(name, engine="vllm", gpus_per_node=1, tp=1, gpu_memory_gb=gb)
-    model.priority = prio
-    model.save(update_fields=["priority"])
+    Model.objects.filter(pk=model.pk).update(priority=prio, team=team)
+    model.refresh_from_db()
     return model
 
 
@@ -283,8 +283,7 @@ def teams_fleet(guaranteed_gb):
 
     a, b = team("a", max_priority=90), team("b", guaranteed_gpu_memory_gb=guaranteed_gb)
     one_h100()
-    low = small("low", 1, gb=70)
-    Model.objects.filter(pk=low.pk).update(team=b)
+    low = small("low", 1, gb=70, team=b)
     clock = Clock()
     clock.pass_()
     make_ready(low)
@@ -295,8 +294,7 @@ def teams_fleet(guaranteed_gb):
 @pytest.mark.django_db
 def test_a_team_within_its_guarantee_keeps_its_replica_against_another_teams_priority():
     a, low, clock = teams_fleet(guaranteed_gb=80)
-    high = small("high", 90, gb=40)
-    Model.objects.filter(pk=high.pk).update(team=a)
+    high = small("high", 90, gb=40, team=a)
 
     passed = clock.pass_()
 
@@ -309,8 +307,7 @@ def test_a_team_within_its_guarantee_keeps_its_replica_against_another_teams_pri
 @pytest.mark.django_db
 def test_a_team_above_its_guarantee_gives_back_what_it_borrowed_and_the_event_says_so():
     a, low, clock = teams_fleet(guaranteed_gb=20)
-    high = small("high", 90, gb=40)
-    Model.objects.filter(pk=high.pk).update(team=a)
+    high = small("high", 90, gb=40, team=a)
 
     passed = clock.pass_()
 
@@ -331,8 +328,7 @@ def test_what_a_team_gives_back_while_draining_counts_against_what_it_borrowed()
 
     a, b = team("a", max_priority=90), team("b", guaranteed_gpu_memory_gb=35)
     one_h100()
-    lows = [small(f"low{i}", 1, gb=35) for i in range(2)]
-    Model.objects.filter(pk__in=[m.pk for m in lows]).update(team=b)
+    lows = [small(f"low{i}", 1, gb=35, team=b) for i in range(2)]
     clock = Clock()
     clock.pass_()
     for m in lows:
@@ -340,11 +336,9 @@ def test_what_a_team_gives_back_while_draining_counts_against_what_it_borrowed()
     clock.pass_()
 
     # when: team a asks for 40 GB twice, one model after the other
-    high = small("high", 90, gb=40)
-    Model.objects.filter(pk=high.pk).update(team=a)
+    high = small("high", 90, gb=40, team=a)
     assert clock.pass_().preempted == 1
-    high2 = small("high2", 90, gb=40)
-    Model.objects.filter(pk=high2.pk).update(team=a)
+    high2 = small("high2", 90, gb=40, team=a)
 
     # then: while b's first replica drains, b is down to its guarantee: its other
     # replica stays, and high2 waits
