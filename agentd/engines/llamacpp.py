@@ -6,9 +6,11 @@ in the agent's own Python. Flags checked against llama.cpp's tools/server/README
 and llama-cpp-python's docs/server.md and llama_cpp/server/settings.py.
 
 Across nodes (llama.cpp's tools/rpc/README.md): each follower runs
-``ggml-rpc-server -H ADDR -p PORT``, and the leader ``llama-server --rpc
-ADDR:PORT,...``, which offloads layers to those servers as to local GPUs. Both
-come from the install's environment (agentd.llamatools), beside its Python.
+``ggml-rpc-server`` on 127.0.0.1 behind a relay listening on ADDR:PORT that lets
+only the leader's address through (agentd.rpcrelay), and the leader
+``llama-server --rpc ADDR:PORT,...``, which offloads layers to those servers as
+to local GPUs. Both come from the install's environment (agentd.llamatools),
+beside its Python.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from agentd import rpcwait
+from agentd import rpcrelay, rpcwait
 from agentd.engines.base import (
     Engine,
     EngineUnavailable,
@@ -128,10 +130,21 @@ class LlamaCpp(Engine):
             )
         env = self.env(profile, shard)
         if shard.rank > 0:
-            # Only on the address the leader connects to: rpc-server has no
-            # authentication (its README: never on an open network).
+            # rpc-server has no authentication (its README: never on an open network):
+            # it listens on loopback only, and the relay in front of it, on the address
+            # the leader connects to, lets the leader's address through and no other
+            # (agentd.rpcrelay; docs/security.md, "rpc-server").
+            rpc = [self.tool("ggml-rpc-server"), "-H", "127.0.0.1", "-p", "{port}"]
+            if not shard.leader_addr:
+                raise EngineUnavailable(
+                    "a llama.cpp follower lets only its leader reach its rpc-server, and the "
+                    "control plane sent no leader address (an older control plane?)"
+                )
             bind = shard.rpc_servers[shard.rank - 1].rpartition(":")[0].strip("[]")
-            return Launch([self.tool("ggml-rpc-server"), "-H", bind, "-p", str(port)], env)
+            relay = [sys.executable, rpcrelay.__file__, "--host", bind, "--port", str(port),
+                     "--allow", shard.leader_addr, "--ready-timeout",
+                     f"{shard.startup_timeout_s:g}", "--"]  # fmt: skip
+            return Launch([*relay, *rpc], env)
         model, name = gguf_in(model_of(profile, shard)), served_name(profile, shard)
         layers = str(shard.gpu_layers) if shard.gpu_layers >= 0 else "all"
         argv = [self.tool("llama-server"), "-m", model, "--host", host, "--port", str(port),

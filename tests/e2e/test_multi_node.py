@@ -3,15 +3,17 @@
 Each agent is a node of its own (its node id and state dir, loopback addresses)
 and installs llama.cpp itself, as the control plane asks: llama-cpp-python and
 llama.cpp's llama-server and ggml-rpc-server built with RPC (agentd.llamatools),
-verified before they count. The follower (rank 1) runs ggml-rpc-server; the
-leader (rank 0) runs llama-server with ``--rpc`` once the follower listens.
+verified before they count. The follower (rank 1) runs ggml-rpc-server on
+loopback behind a relay that lets only the leader's address through
+(agentd/rpcrelay.py); the leader (rank 0) runs llama-server with ``--rpc`` once
+the follower listens. A peer from another address (127.0.0.2) is refused.
 Then each fault the issue names, each timed: the follower's rpc-server killed,
 the follower's node silent past the grace, a node of the group drained. After
 each, the shards are checked: one whole group runs, never half of one.
 """
 
 import os
-import signal
+import socket
 import time
 
 import pytest
@@ -73,6 +75,21 @@ def _cmdline(pid: int) -> list[str]:
         return [p.decode() for p in fh.read().split(b"\0") if p]
 
 
+def _rpc_server(relay_pid: int):
+    """The follower's ggml-rpc-server: the child of the relay the agent started."""
+    import psutil
+
+    (child,) = psutil.Process(relay_pid).children()
+    return child
+
+
+def _recv_or_reset(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(16)
+    except ConnectionResetError:
+        return b""
+
+
 def _serving(stack, what, timeout=180, new_since=(), off=None):
     """The whole group once it serves: made of none of ``new_since``'s shards and on
     no shard of node ``off``, when given."""
@@ -110,20 +127,35 @@ def test_a_two_node_llamacpp_replica_serves_restarts_moves_and_drains_as_one_gro
     leader, follower = _serving(stack, "the two-node group to serve")
     ready_s = time.monotonic() - started
 
-    # then: rank 0 serves through llama-server with --rpc naming rank 1's rpc-server
+    # then: rank 0 serves through llama-server with --rpc naming rank 1's address, where
+    # a relay lets the leader's address through to an rpc-server listening on loopback
     running = _running(agents.values())
     assert set(running) == {leader.pk, follower.pk}
     lead_argv = _cmdline(running[leader.pk][1])
-    rpc_argv = _cmdline(running[follower.pk][1])
+    relay_argv = _cmdline(running[follower.pk][1])
     assert os.path.basename(lead_argv[0]) == "llama-server", lead_argv
     assert lead_argv[lead_argv.index("--rpc") + 1] == f"127.0.0.1:{follower.port}"
-    assert os.path.basename(rpc_argv[0]) == "ggml-rpc-server", rpc_argv
-    assert rpc_argv[rpc_argv.index("-p") + 1] == str(follower.port)
+    assert os.path.basename(relay_argv[1]) == "rpcrelay.py", relay_argv
+    assert relay_argv[relay_argv.index("--port") + 1] == str(follower.port)
+    assert relay_argv[relay_argv.index("--allow") + 1] == "127.0.0.1"  # the leader's address
+    rpc_server = _rpc_server(running[follower.pk][1])
+    assert os.path.basename(rpc_server.exe()) == "ggml-rpc-server"
+    (listening,) = [c.laddr for c in rpc_server.net_connections() if c.status == "LISTEN"]
+    assert listening.ip == "127.0.0.1" and listening.port != follower.port
+    assert answers(stack, NAME) in ("stop", "length")
+
+    # when: a peer from another address reaches the follower's port
+    log = agents[follower.node_id].state_dir / "shards" / f"{follower.pk}.log"
+    with socket.create_connection(("127.0.0.1", follower.port), 10, ("127.0.0.2", 0)) as peer:
+        peer.sendall(b"\x00" * 64)
+        # then: it is closed without an answer, logged, and the group serves on
+        assert _recv_or_reset(peer) == b""
+    stack.wait(lambda: "refused a connection from 127.0.0.2" in log.read_text(), "the refusal")
     assert answers(stack, NAME) in ("stop", "length")
 
     # when: the follower's rpc-server is killed
     killed = time.monotonic()
-    os.kill(running[follower.pk][1], signal.SIGKILL)
+    rpc_server.kill()
 
     # then: the replica restarts as a group (both shards new) and serves again;
     # the old leader is stopped, not left half a group

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from agentd import protocol, rpcwait
+from agentd import protocol, rpcrelay, rpcwait
 from agentd.engines import EngineUnavailable, make_engines
 from agentd.engines.base import metric_sum
 from agentd.engines.llamacpp import LlamaCpp
@@ -307,12 +307,22 @@ def test_llama_cpp_over_three_nodes_leader_waits_for_its_rpc_servers_then_offloa
         "--host", "0.0.0.0", "--port", "9000", "--alias", "tiny-llama", "--metrics",
         "--rpc", ",".join(RPC), "--n-gpu-layers", "all", "-c", "512",
     ]  # fmt: skip
-    # Each follower's rpc-server listens only where the leader connects (it has no auth).
+    # Each follower's rpc-server listens on loopback (it has no auth), behind a relay on
+    # the address the leader connects to that lets the leader's address through only.
     second = engine.build(
-        p, shard(engine="llamacpp", profile=p, nnodes=3, rank=2, rpc_servers=RPC),
+        p, shard(engine="llamacpp", profile=p, nnodes=3, rank=2, rpc_servers=RPC,
+                 leader_addr="10.0.0.11"),
         host="0.0.0.0", port=50053,
     )  # fmt: skip
-    assert second.argv == [rpc, "-H", "fd00::13", "-p", "50053"]
+    assert second.argv == [
+        sys.executable, rpcrelay.__file__, "--host", "fd00::13", "--port", "50053",
+        "--allow", "10.0.0.11", "--ready-timeout", "1800", "--",
+        rpc, "-H", "127.0.0.1", "-p", "{port}",
+    ]  # fmt: skip
+    # and without the leader's address there is nobody to let through: it does not start
+    with pytest.raises(EngineUnavailable, match="sent no leader address"):
+        engine.build(p, shard(engine="llamacpp", profile=p, nnodes=3, rank=1, rpc_servers=RPC),
+                     host="0.0.0.0", port=50052)  # fmt: skip
 
 
 def test_llama_cpp_over_nodes_without_the_rpc_tools_or_their_addresses_says_what_is_missing(
