@@ -22,7 +22,7 @@ of no team); these need the actor, and each door asks them before it saves.
 
 from __future__ import annotations
 
-from fleet.models import Model, Team
+from fleet.models import Adapter, Model, Team
 
 from .permissions import MANAGE_ALL_TEAMS, manages_all, name_of
 
@@ -73,9 +73,17 @@ def key_models_problem(team_id: int | None, names, what: str) -> str | None:
     if not names:
         return None
     found = Model.objects.filter(name__in=names, private=True)
+    # An adapter of a kept model is kept with it: the gateway refuses it to other keys.
+    adapters = Adapter.objects.filter(name__in=names, model__private=True)
     if team_id is not None:
         found = found.exclude(team_id=team_id)
-    kept = list(found.order_by("name").values_list("name", "team__name"))
+        adapters = adapters.exclude(model__team_id=team_id)
+    kept = sorted(
+        [
+            *found.values_list("name", "team__name"),
+            *adapters.values_list("name", "model__team__name"),
+        ]
+    )
     if not kept:
         return None
     named = ", ".join(f"'{n}' (team '{t}')" for n, t in kept)
