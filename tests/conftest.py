@@ -13,6 +13,9 @@ BROWSER_DIR = Path(__file__).parent / "browser"
 
 def pytest_configure(config):
     config.pluginmanager.register(_BrowserGate(), "llmgw-browser-gate")
+    # What the generated security walks covered, in the run's summary: registered here,
+    # as under xdist the run's own process loads no conftest below tests/.
+    config.pluginmanager.import_plugin("tests.security.summary")
     # A channel-layer prefix of this run's own, so test runs sharing a Redis
     # (CI's, or several at once on one machine) never hear each other's groups.
     from django.conf import settings
