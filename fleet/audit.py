@@ -18,6 +18,7 @@ Importable before Django is set up (manage.py opens its scope first).
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import logging
 from contextvars import ContextVar
@@ -212,8 +213,18 @@ def register() -> None:
 # ---- web requests -------------------------------------------------------------------------
 
 
+@functools.cache
+def _console_path() -> str:
+    # The console's pages sit under the admin's path (llmgw_site/urls.py), before its own.
+    from django.urls import reverse
+
+    return reverse("console:cluster")
+
+
 def door_of(request) -> str:
     path = request.path_info
+    if path.startswith(_console_path()):
+        return "console"
     if path.startswith("/admin/"):
         return "admin"
     if path.startswith("/api/"):
