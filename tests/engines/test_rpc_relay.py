@@ -137,13 +137,16 @@ def test_the_relay_ends_as_its_rpc_server_ends_and_takes_it_along(tmp_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     one, two = RelayedServer(tmp_path / "one"), RelayedServer(tmp_path / "two")
+    try:
+        # when: an rpc-server is killed, then its relay ends by the same signal (the
+        # agent reports the shard killed, as it did without the relay)
+        one.rpc_server.kill()
+        assert one.proc.wait(30) == -signal.SIGKILL
 
-    # when: an rpc-server is killed, then its relay ends by the same signal (the agent
-    # reports the shard killed, as it did without the relay)
-    one.rpc_server.kill()
-    assert one.proc.wait(30) == -signal.SIGKILL
-
-    # when: a relay is killed, then its rpc-server goes with it
-    two.proc.kill()
-    two.proc.wait(30)
-    wait_for(lambda: not pid_alive(two.rpc_server.pid), "the rpc-server to end")
+        # when: a relay is killed, then its rpc-server goes with it
+        two.proc.kill()
+        two.proc.wait(30)
+        wait_for(lambda: not pid_alive(two.rpc_server.pid), "the rpc-server to end")
+    finally:
+        one.close()
+        two.close()
