@@ -34,10 +34,10 @@ def summary_lines(stats: dict) -> list[str]:
         lines.append(line)
     if audits := walked(stats, "audit_walk"):
         lines.append(
-            f"audit walk: {len(audits)} doors, "
-            f"{sum(a['audited'] for a in audits)} walks each in the trail, "
-            f"{sum(a['unchanged'] for a in audits)} doors changing nothing, "
-            f"{sum(a['unaudited'] for a in audits)} changing only what the trail leaves out"
+            f"audit walk: {len(audits)} doors; {sum(a['audited'] for a in audits)} walks in "
+            f"the trail with their user and door, {sum(a['unaudited'] for a in audits)} "
+            "changing only what it leaves out (listed), "
+            f"{sum(a['unchanged'] for a in audits)} doors that change nothing"
         )
     return lines
 
