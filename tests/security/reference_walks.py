@@ -146,6 +146,7 @@ FORBIDDEN = "403"  # the whole page is refused: another team's model is read-onl
 OTHER_MODELS = "belongs to another model"
 NO_PROFILE_YET = "a new model has no profile of its own yet: any profile named is another's"
 FOR_LIFE = "a profile belongs to its model for life: it moves to no other model"
+MOVED = "the move itself is walked as the model's team; here only its priority is judged"
 
 
 @dataclass
@@ -547,7 +548,27 @@ FIELDS: dict[str, Field] = {
     ),
     "fleet.model.priority": Field(
         value=lambda w, v: v == 10,
-        walks=model_walks("priority", pick(50, 10), says=BOUND),
+        walks=[
+            *model_walks("priority", pick(50, 10), says=BOUND),
+            # llama-small's priority 10 is research's maximum; labs' is 0.
+            door(
+                "api:ModelViewSet.partial_update",
+                api("patch", models_url(lambda w: w.small), lambda w, t: {"team": "labs"}),
+                "fleet.change_model",
+                says=("team 'labs'", "0"),
+                name="moved to a team of a lower maximum",
+                own=False,
+                why=MOVED,
+            ),
+            *catalog_walks(
+                lambda w, t: entry("llama-small", priority=10, team="labs"),
+                "fleet.change_model",
+                says=("team 'labs'", "0"),
+                name="moved to a team of a lower maximum",
+                own=False,
+                why=MOVED,
+            ),
+        ],
     ),
     "fleet.engineprofile.model": Field(value=lambda w, v: v == w.llama.pk, walks=profile_walks()),
     "fleet.adapter.model": Field(

@@ -196,7 +196,7 @@ class RefWorld:
     also: Team  # labs: the walkers' second team, for a model moved within their own
     theirs: Team  # vision: the other team
     llama: Model  # research's, active profile "cpu", a second profile "fp8"
-    small: Model  # research's too
+    small: Model  # research's too, at its maximum priority (10)
     shared: Model  # the fleet's (no team)
     vit: Model  # vision's, kept to its keys (private)
     cpu: EngineProfile
@@ -238,6 +238,7 @@ def rw(settings, tmp_path) -> RefWorld:
     shared = add_model("shared", **cpu)
     vit = add_model("vit", **{**cpu, "profile": "vit-cpu"})
     Model.objects.filter(pk__in=[llama.pk, small.pk]).update(team=research)
+    Model.objects.filter(pk=small.pk).update(priority=10)  # research's maximum
     Model.objects.filter(pk=vit.pk).update(team=vision, private=True)
     fp8 = EngineProfile.objects.create(
         model=llama, name="fp8", engine="llamacpp", model_path="/models/llama-fp8"
