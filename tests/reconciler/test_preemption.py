@@ -307,7 +307,7 @@ def test_a_team_within_its_guarantee_keeps_its_replica_against_another_teams_pri
 @pytest.mark.django_db
 def test_a_team_above_its_guarantee_gives_back_what_it_borrowed_and_the_event_says_so():
     a, low, clock = teams_fleet(guaranteed_gb=20)
-    high = small("high", 90, gb=40, team=a)
+    small("high", 90, gb=40, team=a)
 
     passed = clock.pass_()
 
@@ -336,7 +336,7 @@ def test_what_a_team_gives_back_while_draining_counts_against_what_it_borrowed()
     clock.pass_()
 
     # when: team a asks for 40 GB twice, one model after the other
-    high = small("high", 90, gb=40, team=a)
+    small("high", 90, gb=40, team=a)
     assert clock.pass_().preempted == 1
     high2 = small("high2", 90, gb=40, team=a)
 
