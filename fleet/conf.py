@@ -71,6 +71,14 @@ class FleetSettings:
     # gateway connects there. Empty: any unicast address, loopback only from an
     # agent on this machine (fleet.services.access.mgmt_addr_refusal).
     agent_addr_networks: str = ""
+    # The memory estimate before placement (fleet/services/estimate.py) reads the
+    # headers of the weights a profile names. Local paths only under these
+    # directories of the control plane's machine (comma-separated; empty: none),
+    # and https:// sources only from public addresses and these networks (CIDRs),
+    # as nodes fetch (docs/security.md): a profile's author cannot make the control
+    # plane read its own files or probe its network.
+    estimate_dirs: str = ""
+    estimate_allow_networks: str = ""
     # Node identity by client certificate (docs/security.md): addresses or
     # networks (separated by commas) of the TLS-terminating proxies that verify
     # each agent's certificate and pass its CN in X-LLMGW-Client-CN. Set, every
@@ -257,7 +265,7 @@ def networks(text: str) -> list:
 def _parse(f: dataclasses.Field, text: str):
     if f.name == "engines":
         return _engines(text)
-    if f.name in ("agent_addr_networks", "client_cert_proxies"):
+    if f.name in ("agent_addr_networks", "client_cert_proxies", "estimate_allow_networks"):
         networks(text)  # refused at start, not at the first register
         return text
     if f.type is bool:

@@ -250,6 +250,12 @@ def main() -> int:
         env["REDIS_URL"] = redis.url
     os.environ["REDIS_URL"] = env["REDIS_URL"]
     env["PYTHONUNBUFFERED"] = "1"
+    # The memory estimate reads the demo model's header here, as the control plane
+    # reads local weights only where it is told to (docs/security.md).
+    estimate_dirs = [str(directory / "models")]
+    if given := os.environ.get("LLMGW_DEMO_MODEL"):
+        estimate_dirs.append(str(Path(given).expanduser().resolve().parent))
+    env.setdefault("LLMGW_ESTIMATE_DIRS", ",".join(estimate_dirs))
     # The app refuses to start without it unless DEBUG is on; it serves on loopback here.
     env.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
     _setup_django()

@@ -14,6 +14,7 @@ EstimateError: an estimate without the KV cache would place a model where it can
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import struct
@@ -23,7 +24,7 @@ from math import prod
 from pathlib import Path
 from urllib.parse import quote, urljoin
 
-from agentd.fetch.http import FetchError, describe_error, http_request, opener
+from agentd.fetch.http import AddressGuard, FetchError, describe_error, http_request, opener
 from agentd.fetch.sources import HUB, SPLIT_GGUF, Source, SourceError, parse
 from fleet.services.units import MIB_PER_GIB, bytes_text
 
@@ -88,8 +89,15 @@ def estimate(
     hf_endpoint: str | None = None,
     hf_token: str | None = None,
     timeout: float = 10.0,
+    roots: list[str] | None = None,
+    guard: AddressGuard | None = None,
 ) -> Estimate:
-    """The memory ``model_path`` (any form a profile's model_path takes) needs. Blocking."""
+    """The memory ``model_path`` (any form a profile's model_path takes) needs. Blocking.
+
+    ``roots``: where a local path may be read (None: anywhere, for a caller that
+    trusts the path); ``guard``: which addresses an https:// source may be read from
+    (None: any). What a profile names is read through both (``refresh_profiles``).
+    """
     if sequences < 1 or (context_tokens is not None and context_tokens < 1):
         raise EstimateError(
             f"{model_path}: {context_tokens} tokens × {sequences} sequences is "
@@ -100,11 +108,13 @@ def estimate(
     except SourceError as exc:
         raise EstimateError(str(exc)) from None
     if source is None:
+        if roots is not None:
+            _check_root(model_path, roots)
         what, tensors, geometry = _local(Path(model_path))
     elif source.kind == HUB:
         what, tensors, geometry = _hub(source, hf_endpoint, hf_token, timeout)
     else:
-        what, tensors, geometry = _url(source, timeout)
+        what, tensors, geometry = _url(source, timeout, guard)
     ctx = context_tokens or geometry.context
     if not ctx:
         raise EstimateError(f"{model_path} states no context length: give one")
@@ -124,8 +134,11 @@ class _Files:
     """Weights files by name: in a local folder (no ``url_of``), over http(s) beside a URL,
     or in a hub repository at a revision."""
 
-    def __init__(self, where_of, url_of=None, headers: dict | None = None, timeout: float = 0):
+    def __init__(
+        self, where_of, url_of=None, headers: dict | None = None, timeout: float = 0, guard=None
+    ):
         self.where, self.url_of, self.headers, self.timeout = where_of, url_of, headers, timeout
+        self.guard = guard
 
     def read(self, name: str, size: int = MAX_HEADER) -> bytes | None:
         """The first ``size`` bytes of a file; None when there is no such file."""
@@ -136,10 +149,12 @@ class _Files:
                     return fh.read(size)
             url = self.url_of(name)
             req = http_request(url, {**(self.headers or {}), "Range": f"bytes=0-{size - 1}"})
-            with opener().open(req, timeout=self.timeout) as resp:
+            with opener(guard=self.guard).open(req, timeout=self.timeout) as resp:
                 return resp.read(size)
         except FileNotFoundError:
             return None
+        except FetchError as exc:  # an address the guard refuses
+            raise EstimateError(str(exc)) from None
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
@@ -160,11 +175,24 @@ def _local(path: Path):
     return _folder(_Files(lambda n: str(path / n)), names, "", str(path))
 
 
-def _url(src: Source, timeout: float):
+def _check_root(model_path: str, roots: list[str]) -> None:
+    """Refuse a local path outside ``roots`` before anything of it is looked at: the
+    control plane reads no file a profile names but the weights it was told to."""
+    real = Path(os.path.realpath(model_path))
+    if any(real.is_relative_to(os.path.realpath(r)) for r in roots):
+        return
+    where = ", ".join(roots) if roots else "none are set"
+    raise EstimateError(
+        f"{model_path}: the control plane reads local weights only under "
+        f"LLMGW_ESTIMATE_DIRS ({where}); the nodes read it as their agent.yaml allows"
+    )
+
+
+def _url(src: Source, timeout: float, guard=None):
     def url(name: str) -> str:  # the file, or one beside it: split parts, config.json
         return src.url if name == src.file_name else urljoin(src.url, quote(name))
 
-    return _weights(_Files(url, url, {}, timeout), [src.file_name], src.text, True)
+    return _weights(_Files(url, url, {}, timeout, guard), [src.file_name], src.text, True)
 
 
 def _hub(src: Source, endpoint: str | None, token: str | None, timeout: float):
@@ -417,8 +445,12 @@ def refresh_profiles(limit: int = 20) -> int:
     profile whose weights cannot be read gets the reason, shown where the estimate
     would be. Returns how many were estimated.
     """
+    from fleet.conf import fleet_settings, networks
     from fleet.models import EngineProfile
 
+    c = fleet_settings()
+    roots = [d.strip() for d in c.estimate_dirs.split(",") if d.strip()]
+    guard = AddressGuard(allow_networks=tuple(networks(c.estimate_allow_networks)))
     done = 0
     for profile in EngineProfile.objects.only(
         "model_path", "context_tokens", "sequences", "env", "estimate"
@@ -433,6 +465,8 @@ def refresh_profiles(limit: int = 20) -> int:
                 sequences=profile.sequences,
                 hf_endpoint=profile.env.get("HF_ENDPOINT"),
                 hf_token=profile.env.get("HF_TOKEN"),
+                roots=roots,
+                guard=guard,
             )
         except EstimateError as exc:
             value = {"key": key, "error": str(exc)}

@@ -17,6 +17,12 @@ pytestmark = pytest.mark.django_db
 KV_BYTES = 1536 * 131072 * 512
 
 
+@pytest.fixture(autouse=True)
+def _estimate_dirs(settings, tmp_path):
+    """The control plane reads local weights under the test's tmp dir only."""
+    settings.LLMGW = {**settings.LLMGW, "ESTIMATE_DIRS": str(tmp_path)}
+
+
 @pytest.fixture
 def gguf(tmp_path):
     return str(tinygguf.write(tmp_path / "tiny.gguf", layers=3, embd=128, ff=96, ctx=4096))
@@ -131,3 +137,54 @@ def test_llama_cpp_sharing_a_gpu_is_told_as_many_layers_as_its_budget_holds(gguf
     # 36 of 40 GB (a tenth for compute buffers) hold one layer; 18 of 20 hold none
     assert int(40 * 2**30 * 0.9 // per_layer) == 1
     assert told == {"one-layer": 1, "no-layer": 0}
+
+
+def test_the_control_plane_reads_no_file_outside_its_estimate_dirs(tmp_path_factory, settings):
+    # given: a real GGUF outside LLMGW_ESTIMATE_DIRS, and a link to it from inside
+    outside = tmp_path_factory.mktemp("elsewhere")
+    real = tinygguf.write(outside / "tiny.gguf", layers=3, embd=128, ff=96, ctx=4096)
+    inside = tmp_path_factory.getbasetemp() / "inside"
+    inside.mkdir()
+    (inside / "link.gguf").symlink_to(real)
+    settings.LLMGW = {**settings.LLMGW, "ESTIMATE_DIRS": str(inside)}
+    add_model("direct", **{**LLAMACPP_CPU, "model_path": str(real)})
+    add_model("linked", **{**LLAMACPP_CPU, "model_path": str(inside / "link.gguf")})
+
+    # then: neither is read, and each says where the control plane reads
+    for name in ("direct", "linked"):
+        found = estimated(name).estimate
+        assert "total_bytes" not in found, found
+        assert "reads local weights only under LLMGW_ESTIMATE_DIRS" in found["error"]
+
+    # and inside them it is read
+    settings.LLMGW = {**settings.LLMGW, "ESTIMATE_DIRS": str(outside)}
+    EngineProfile.objects.update(estimate={})
+    assert estimated("direct").estimate["total_bytes"] > 0
+
+
+def test_the_control_plane_reads_no_url_on_an_internal_address_unless_allowed(
+    tiny_server, settings
+):
+    # given: weights served on 127.0.0.1
+    add_model("served", **{**LLAMACPP_CPU, "model_path": tiny_server.url("tiny.gguf")})
+
+    # then: refused, naming the address, and the server was asked nothing
+    found = estimated("served").estimate
+    assert "127.0.0.1, a loopback address" in found["error"], found
+    assert tiny_server.requests == []
+
+    # and with its network allowed, read
+    settings.LLMGW = {**settings.LLMGW, "ESTIMATE_ALLOW_NETWORKS": "127.0.0.0/8"}
+    EngineProfile.objects.update(estimate={})
+    assert estimated("served").estimate["total_bytes"] > 0
+    assert tiny_server.requests
+
+
+@pytest.fixture
+def tiny_server(tmp_path):
+    from tests.processes.weights_server import WeightsServer
+
+    data = tinygguf.write(tmp_path / "tiny.gguf", layers=3, embd=128, ff=96, ctx=4096)
+    with WeightsServer() as srv:
+        srv.files["tiny.gguf"] = data.read_bytes()
+        yield srv
