@@ -112,10 +112,12 @@ def _made_valid(case):
             case.body["fallbacks"] = []  # names of other models that exist, in words only
         if case.body.get("team") is not None:
             case.body["team"] = None  # a team that exists, in words only
+        if case.body.get("private"):
+            case.body["private"] = False  # kept to a team: the fuzz fleet's models have none
         name = case.body.get("name")
         if isinstance(name, str) and name.startswith("lora-"):
             # Adapters' names, which a link may carry over, are not models' (in words only).
-            case.body["name"] = "model-" + name[len("lora-") :]
+            case.body["name"] = ("model-" + name[len("lora-") :])[:128]
         _consistent_bounds(case.body)
     elif path.startswith("/api/v1/adapters/") and case.method in ("POST", "PUT", "PATCH"):
         if "model" in case.body or case.method != "PATCH":
@@ -140,6 +142,16 @@ def _made_valid(case):
         # A group that exists and is no other team's, in words only: a new team's is
         # made with it, a team's own is kept.
         case.body.pop("group", None)
+        # A guarantee within the team's GPU memory quota (Team.clean()), in words only.
+        quota, guaranteed = (
+            case.body.get("max_gpu_memory_gb"),
+            case.body.get("guaranteed_gpu_memory_gb"),
+        )
+        if isinstance(guaranteed, int) and guaranteed:
+            if case.method == "PATCH" and "max_gpu_memory_gb" not in case.body:
+                case.body["max_gpu_memory_gb"] = None  # the stored quota: sent with it
+            elif isinstance(quota, int) and guaranteed > quota:
+                case.body["guaranteed_gpu_memory_gb"] = quota
     elif path == "/api/v1/join-tokens/":
         case.body["ttl"] = "24h"
     elif path == "/api/v1/api-keys/{prefix}/rotate/":
