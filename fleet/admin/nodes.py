@@ -169,6 +169,7 @@ class NodeAdmin(admin.ModelAdmin):
         "vllm_build_auto",
         "vllm_build_cu13",
         "vllm_build_cu129",
+        "vllm_build_cpu",
         "vllm_build_none",
     )
     inlines = (
@@ -320,6 +321,10 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.action(description="vLLM build: CUDA 12.9", permissions=["vllm_build"])
     def vllm_build_cu129(self, request, queryset):
         self._set_build(request, queryset, VllmBuild.CU129)
+
+    @admin.action(description="vLLM build: CPU", permissions=["vllm_build"])
+    def vllm_build_cpu(self, request, queryset):
+        self._set_build(request, queryset, VllmBuild.CPU)
 
     @admin.action(description="vLLM build: none (not installed)", permissions=["vllm_build"])
     def vllm_build_none(self, request, queryset):

@@ -265,7 +265,8 @@ class NodeSerializer(serializers.ModelSerializer):
 class VllmBuildSerializer(serializers.Serializer):
     vllm_build = serializers.ChoiceField(
         choices=VllmBuild.choices,
-        help_text="auto: from the driver's CUDA version; cu13; cu129; none: not installed.",
+        help_text="auto: from the driver's CUDA version (cpu on a node without a GPU); "
+        "cu13; cu129; cpu; none: not installed.",
         error_messages={
             "invalid_choice": (
                 f"'{{input}}' is not a vLLM build; one of {', '.join(VllmBuild.values)}"
@@ -771,7 +772,7 @@ class NodeRowSerializer(serializers.Serializer):
     gpus = serializers.CharField()
     engines = serializers.CharField()
     shards = serializers.CharField(help_text="Ready/all.")
-    vllm_build = serializers.CharField(help_text="auto, cu13, cu129 or none.")
+    vllm_build = serializers.CharField(help_text="auto, cu13, cu129, cpu or none.")
     installs = serializers.CharField(help_text="Each wanted engine's install state; '-': none.")
 
 

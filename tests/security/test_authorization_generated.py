@@ -1125,6 +1125,7 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             ("revoke_credentials", "change_node"),
             ("vllm_build_cu13", "change_node"),
             ("vllm_build_cu129", "change_node"),
+            ("vllm_build_cpu", "change_node"),
             ("vllm_build_none", "change_node"),
         )
     },

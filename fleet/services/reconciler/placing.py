@@ -119,6 +119,9 @@ class Placing:
                 layers = snapshots.layers_within(profile, share)
                 if layers is not None:
                     spec["gpu_layers"] = layers
+        if profile.engine == "vllm" and not profile.gpus_per_node:
+            if kv_gb := snapshots.cpu_kv_cache_gb(profile):
+                spec["kv_cache_gb"] = kv_gb
         if len(result.shards) > 1:
             # The other ranks find rank 0 here: its management address and a
             # port of its own for the engines' rendezvous. Each node's engines
