@@ -12,11 +12,19 @@ CUDA_VISIBLE_DEVICES while it runs, as vLLM does: ``--gpu-memory-utilization``
 of each GPU's total, or ``--gpu-memory-bytes`` on each. It
 answers /health (503 while loading), /v1/models, /v1/chat/completions and
 /v1/completions (streamed or not), /v1/embeddings and /metrics, and loads LoRA
-adapters while it runs as vLLM does (/v1/load_lora_adapter and
-/v1/unload_lora_adapter: a path that does not exist is refused with 400; a loaded
-adapter is listed and answers under its own name). Plain asyncio,
+adapters while it runs (/v1/load_lora_adapter and /v1/unload_lora_adapter; a
+loaded adapter is listed and answers under its own name). Plain asyncio,
 no dependencies, so it is also the gateway benchmark's stub. Use the real
 llama.cpp engine wherever a real engine will do.
+
+It speaks vLLM's dialect of what llmgw reads from an engine: the metric names
+and labels (``vllm:num_requests_running{engine,model_name}`` and the rest), the
+LoRA endpoints' status codes and error bodies, /v1/models' ``root`` and
+``parent``, the usage objects and the stream's framing. That dialect is held to
+vLLM 0.32.0 by ``tests/engines/test_vllm_contract.py``, which sends the same
+requests to both; change the two together. Its own ``fake:`` series
+(``fake:requests_running``, ``fake:requests_total``,
+``fake:requests_cancelled_total``) are extra, for tests.
 
 The agent runs it only where agent.yaml names a Python for the ``fake`` engine.
 """
@@ -36,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentd.engines.base import Engine, served_name, which
+from agentd.engines.vllm import VLLM
 
 _AGENTD_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
@@ -46,8 +55,9 @@ if TYPE_CHECKING:
 class FakeEngine(Engine):
     name = "fake"
     opt_in = True
-    in_flight_series = ("fake:requests_running",)
-    adapter_api = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")  # as vLLM's
+    # It speaks vLLM's dialect (the module's docstring): read as vLLM is read.
+    in_flight_series = VLLM.in_flight_series
+    adapter_api = VLLM.adapter_api
 
     def command(self) -> list[str]:
         return [which(self.binary or sys.executable), "-m", "agentd.engines.fake"]
@@ -76,6 +86,9 @@ class FakeEngine(Engine):
 
 # ---- the server ---------------------------------------------------------------
 
+# JSON as vLLM writes it (pydantic's): no spaces, text as it is.
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
 WORDS = "the quick brown fox jumps over a lazy dog while seven tired engines hum".split()
 
 
@@ -87,6 +100,7 @@ class FakeServer:
         self.served = 0
         self.cancelled = 0
         self.completions = 0  # asked for, failed ones too (--fail-every)
+        self.prompt_tokens = 0  # vllm:prefix_cache_queries_total: none of them is ever a hit
         self.adapters: dict[str, str] = {}  # LoRA adapters loaded: name -> path
 
     # -- HTTP plumbing ---------------------------------------------------------
@@ -116,7 +130,7 @@ class FakeServer:
             writer.close()
 
     async def send(self, writer, status: int, payload, keep: bool, ctype="application/json"):
-        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        body = payload if isinstance(payload, bytes) else dumps(payload).encode()
         reason = {
             200: "OK",
             400: "Bad Request",
@@ -135,75 +149,132 @@ class FakeServer:
         await writer.drain()
 
     @staticmethod
-    def error(message: str, kind: str = "invalid_request_error") -> dict:
-        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    def error(message: str, kind: str, status: int, param: str | None = None) -> dict:
+        """vLLM's error body: its exception's name as the type, the status as the code."""
+        return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+    def metrics(self) -> bytes:
+        """vLLM's series that llmgw reads, with vLLM's labels, then the fake's own."""
+        labels = f'{{engine="0",model_name="{self.opts.served_model_name}"}}'
+        # (name, type, value, help) in vLLM 0.32.0's words.
+        series = [
+            ("vllm:num_requests_running", "gauge", self.running,
+             "Number of requests in model execution batches."),
+            ("vllm:num_requests_waiting", "gauge", 0,
+             "Number of requests waiting to be processed."),
+            ("vllm:kv_cache_usage_perc", "gauge", 0,
+             "KV-cache usage. 1 means 100 percent usage."),
+            ("vllm:prefix_cache_queries_total", "counter", self.prompt_tokens,
+             "Prefix cache queries, in terms of number of queried tokens."),
+            ("vllm:prefix_cache_hits_total", "counter", 0,
+             "Prefix cache hits, in terms of number of cached tokens."),
+        ]  # fmt: skip
+        lines = []
+        for name, kind, value, about in series:
+            lines += [f"# HELP {name} {about}", f"# TYPE {name} {kind}"]
+            lines.append(f"{name}{labels} {float(value)}")
+        lines += [
+            f"fake:requests_running {self.running}",
+            f"fake:requests_total {self.served}",
+            f"fake:requests_cancelled_total {self.cancelled}",
+        ]
+        return ("\n".join(lines) + "\n").encode()
 
     # -- routes ----------------------------------------------------------------
 
     async def route(self, method: str, path: str, body: bytes, writer, keep: bool) -> None:
-        name = self.opts.served_model_name
         if path == "/health":
+            # vLLM answers 200 with an empty body once it serves.
             status = 200 if self.ready else 503
-            return await self.send(
-                writer, status, {"status": "ok" if self.ready else "loading"}, keep
-            )
+            return await self.send(writer, status, b"" if self.ready else b"loading", keep)
         if path == "/metrics":
-            text = (
-                f"fake:requests_running {self.running}\n"
-                f"fake:requests_total {self.served}\n"
-                f"fake:requests_cancelled_total {self.cancelled}\n"
-            )
-            return await self.send(writer, 200, text.encode(), keep, "text/plain; version=0.0.4")
+            ctype = "text/plain; version=1.0.0; charset=utf-8"
+            return await self.send(writer, 200, self.metrics(), keep, ctype)
+        not_found = {"detail": "Not Found"}  # an unknown path, in FastAPI's words
         if not path.startswith("/v1/"):
-            return await self.send(writer, 404, self.error(f"no route {path}"), keep)
+            return await self.send(writer, 404, not_found, keep)
         if not self.ready:
             return await self.send(
-                writer, 503, self.error("the model is loading", "unavailable"), keep
+                writer, 503, self.error("the model is loading", "ServiceUnavailable", 503), keep
             )
         if path == "/v1/models" and method == "GET":
-            model = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw-fake"}
-            data = [model] + [{**model, "id": a, "parent": name} for a in sorted(self.adapters)]
-            return await self.send(writer, 200, {"object": "list", "data": data}, keep)
+            return await self.send(writer, 200, self.models(), keep)
         if method != "POST":
-            return await self.send(writer, 404, self.error(f"no route {method} {path}"), keep)
+            return await self.send(writer, 404, not_found, keep)
         try:
             req = json.loads(body or b"{}")
             if not isinstance(req, dict):
                 raise ValueError("the body must be a JSON object")
         except ValueError as exc:
-            return await self.send(writer, 400, self.error(f"invalid JSON body: {exc}"), keep)
+            return await self.send(
+                writer, 400, self.error(f"invalid JSON body: {exc}", "BadRequestError", 400), keep
+            )
         if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
-            status, text = self.lora(path.endswith("/load_lora_adapter"), req)
+            status, answer = self.lora(path.endswith("/load_lora_adapter"), req)
             if status != 200:
-                return await self.send(writer, status, self.error(text), keep)
-            return await self.send(writer, status, text.encode(), keep, "text/plain")
+                return await self.send(writer, status, answer, keep)
+            return await self.send(writer, status, answer["text"].encode(), keep, "text/plain")
         if path == "/v1/embeddings":
             return await self.embeddings(req, writer, keep)
         if path in ("/v1/chat/completions", "/v1/completions"):
             return await self.complete(path.endswith("chat/completions"), req, writer, keep)
-        return await self.send(writer, 404, self.error(f"no route {path}"), keep)
+        return await self.send(writer, 404, not_found, keep)
 
-    def lora(self, load: bool, req: dict) -> tuple[int, str]:
+    def models(self) -> dict:
+        """vLLM's list: the base model's ``root`` is its weights and ``parent`` null; an
+        adapter's ``root`` is its path and ``parent`` the base model's name."""
+        name, created = self.opts.served_model_name, int(time.time())
+        base = {"id": name, "object": "model", "created": created, "owned_by": "vllm"}
+        data = [{**base, "root": self.opts.model or name, "parent": None,
+                 "max_model_len": self.opts.max_model_len}]  # fmt: skip
+        for adapter, where in sorted(self.adapters.items()):
+            data.append({**base, "id": adapter, "root": where, "parent": name,
+                         "max_model_len": None})  # fmt: skip
+        return {"object": "list", "data": data}
+
+    def lora(self, load: bool, req: dict) -> tuple[int, dict]:
+        """(status, answer) as vLLM 0.32.0's runtime LoRA endpoints give them; a 200's
+        answer is plain text (``answer["text"]``), the others vLLM's error body."""
         name, where = req.get("lora_name"), req.get("lora_path")
-        if not isinstance(name, str) or not name:
-            return 400, "'lora_name' must be a name"
+        for field, value in (("lora_name", name), ("lora_path", where if load else "")):
+            if not isinstance(value, str):
+                # Refused by vLLM's request model (pydantic) before the endpoint runs.
+                kind, msg = (
+                    ("missing", "Field required")
+                    if value is None
+                    else ("string_type", "Input should be a valid string")
+                )
+                what = {"type": kind, "loc": f"body.{field}", "msg": msg,
+                        "input": f"<dict of {len(req)} items>"}  # fmt: skip
+                text = f"1 validation error:\n  {what}"
+                return 400, self.error(text, "Bad Request", 400, f"body.{field}")
         if not load:
             if self.adapters.pop(name, None) is None:
-                return 404, f"The lora adapter '{name}' cannot be found."
-            return 200, f"Success: LoRA adapter '{name}' removed successfully."
+                text = f"The lora adapter '{name}' cannot be found."
+                return 404, self.error(text, "NotFoundError", 404)
+            return 200, {"text": f"Success: LoRA adapter '{name}' removed successfully."}
         if name in self.adapters:
-            return 400, f"The lora adapter '{name}' has already been loaded."
-        if not isinstance(where, str) or not os.path.exists(where):
-            return 400, f"Loading lora {name} failed: No adapter found for {where}"
+            text = (
+                f"The lora adapter '{name}' has already been loaded. If you want to load "
+                "the adapter in place, set 'load_inplace' to True."
+            )
+            return 400, self.error(text, "InvalidUserInput", 400)
+        if not os.path.exists(where):
+            # vLLM writes "<path>" where the path would be: it keeps paths out of answers.
+            text = f"Loading lora {name} failed: No adapter found for <path>"
+            return 404, self.error(text, "NotFoundError", 404)
         self.adapters[name] = where
-        return 200, f"Success: LoRA adapter '{name}' added successfully."
+        return 200, {"text": f"Success: LoRA adapter '{name}' added successfully."}
 
     async def embeddings(self, req: dict, writer, keep: bool) -> None:
         inputs = req.get("input")
         inputs = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(inputs, list) or not inputs:
             return await self.send(
-                writer, 400, self.error("'input' must be a string or a list"), keep
+                writer,
+                400,
+                self.error("'input' must be a string or a list", "BadRequestError", 400),
+                keep,
             )
         data = []
         for i, text in enumerate(inputs):
@@ -217,17 +288,17 @@ class FakeServer:
     async def complete(self, chat: bool, req: dict, writer, keep: bool) -> None:
         n = req.get("max_tokens") or req.get("max_completion_tokens") or 16
         if not isinstance(n, int) or n < 1:
-            return await self.send(
-                writer, 400, self.error("'max_tokens' must be a positive integer"), keep
-            )
+            problem = self.error("'max_tokens' must be a positive integer", "BadRequestError", 400)
+            return await self.send(writer, 400, problem, keep)
         n = min(n, 4096)
         self.completions += 1
         every = self.opts.fail_every
         if every and self.completions % every == 0:
             # As an engine whose new build or flag is broken answers: a 500 with a reason.
-            return await self.send(
-                writer, 500, self.error("fake engine: --fail-every", "internal_error"), keep
-            )
+            problem = self.error("fake engine: --fail-every", "InternalServerError", 500)
+            return await self.send(writer, 500, problem, keep)
+        prompt = prompt_tokens(req, chat)
+        self.prompt_tokens += prompt
         rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{self.served}"
         kind = "chat.completion" if chat else "text_completion"
         model = req.get("model") if req.get("model") in self.adapters else None
@@ -242,7 +313,7 @@ class FakeServer:
             if req.get("stream"):
                 options = req.get("stream_options")
                 usage = isinstance(options, dict) and options.get("include_usage") is True
-                return await self.stream(chat, n, base, kind, writer, keep, usage)
+                return await self.stream(chat, n, base, kind, writer, keep, usage, prompt)
             if self.opts.token_delay:
                 await asyncio.sleep(self.opts.token_delay * n)
             text = " ".join(WORDS[i % len(WORDS)] for i in range(n))
@@ -251,17 +322,30 @@ class FakeServer:
                 if chat
                 else {"index": 0, "text": text}
             )
-            usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+            usage = {
+                **counts(prompt, n),
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            }
             payload = {**base, "object": kind, "choices": [{**choice, "finish_reason": "length"}]}
             await self.send(writer, 200, {**payload, "usage": usage}, keep)
         finally:
             self.running -= 1
 
     async def stream(
-        self, chat: bool, n: int, base: dict, kind: str, writer, keep: bool, usage: bool = False
+        self,
+        chat: bool,
+        n: int,
+        base: dict,
+        kind: str,
+        writer,
+        keep: bool,
+        usage: bool = False,
+        prompt: int = 1,
     ) -> None:
         writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+            b"Cache-Control: no-cache\r\n"
             + (b"Transfer-Encoding: chunked\r\n" if keep else b"")
             + f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n".encode()
         )
@@ -271,22 +355,26 @@ class FakeServer:
             writer.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n" if keep else raw)
             await writer.drain()
 
+        obj = kind + ".chunk" if chat else kind
         try:
+            if chat:
+                # vLLM's first chat event names the role and carries no text.
+                role = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                await event(dumps({**base, "object": obj, "choices": [
+                    {**role, "logprobs": None, "finish_reason": None}]}))  # fmt: skip
             for i in range(n):
                 word = WORDS[i % len(WORDS)] + (" " if i < n - 1 else "")
                 delta = {"content": word} if chat else None
                 choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": word}
                 last = i == n - 1
                 choice["finish_reason"] = "length" if last else None
-                obj = kind + ".chunk" if chat else kind
-                await event(json.dumps({**base, "object": obj, "choices": [choice]}))
+                await event(dumps({**base, "object": obj, "choices": [choice]}))
                 if self.opts.token_delay and not last:
                     await asyncio.sleep(self.opts.token_delay)
             if usage:
                 # stream_options.include_usage, as vLLM answers it: a last event of usage only.
-                counts = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
-                obj = kind + ".chunk" if chat else kind
-                await event(json.dumps({**base, "object": obj, "choices": [], "usage": counts}))
+                final = {**base, "object": obj, "choices": [], "usage": counts(prompt, n)}
+                await event(dumps(final))
             await event("[DONE]")
             if keep:
                 writer.write(b"0\r\n\r\n")
@@ -380,12 +468,37 @@ class FakeServer:
         os._exit(self.opts.exit_code)
 
 
+def counts(prompt: int, completion: int) -> dict:
+    """A usage object's counts, in vLLM's order."""
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
+
+
+def prompt_tokens(req: dict, chat: bool) -> int:
+    """The prompt's size, a token a word (at least one): there is no tokenizer here."""
+    if chat:
+        messages = req.get("messages")
+        parts = (
+            [m.get("content") for m in messages if isinstance(m, dict)]
+            if isinstance(messages, list)
+            else []
+        )
+    else:
+        prompt = req.get("prompt")
+        parts = prompt if isinstance(prompt, list) else [prompt]
+    return max(1, sum(len(p.split()) for p in parts if isinstance(p, str)))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m agentd.engines.fake", description=__doc__)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--served-model-name", default="fake")
-    p.add_argument("--model", default="", help="ignored: there is no model")
+    p.add_argument("--model", default="", help="listed as the model's root: there is no model")
+    p.add_argument("--max-model-len", type=int, default=2048, help="listed in /v1/models")
     p.add_argument("--load-time", type=float, default=0.0, help="seconds /health answers 503")
     p.add_argument("--crash-after", type=float, help="exit with --exit-code after this many s")
     p.add_argument("--exit-code", type=int, default=3)

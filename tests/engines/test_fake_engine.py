@@ -27,7 +27,7 @@ def test_log_flood_writes_lines_of_the_asked_size_and_the_engine_still_answers(t
         numbers = [int(ln.split()[4]) for ln in lines]
         assert numbers == list(range(len(numbers))), "in order, none lost"
         health = urllib.request.urlopen(f"http://127.0.0.1:{engine.port}/health", timeout=10)
-        assert json.load(health) == {"status": "ok"}
+        assert health.status == 200
     finally:
         engine.kill()
 
@@ -77,5 +77,5 @@ def test_fail_every_answers_500_to_every_nth_completion_and_serves_the_rest(tmp_
     finally:
         engine.kill()
     assert [status for status, _ in answers] == [200, 200, 500] * 3
-    assert answers[2][1]["error"]["type"] == "internal_error"
+    assert answers[2][1]["error"]["type"] == "InternalServerError"  # as vLLM names its 500s
     assert answers[3][1]["choices"][0]["text"] == "the quick"

@@ -153,8 +153,10 @@ class FakeEngine:
         wait_for_port(self.port, self.proc)
 
     def metrics(self) -> dict[str, float]:
+        """Each series (its labels included, as written) and its value."""
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics").read().decode()
-        return {k: float(v) for k, v in (line.split() for line in text.splitlines() if line)}
+        samples = (line.rsplit(" ", 1) for line in text.splitlines() if line[:1] not in "#")
+        return {k: float(v) for k, v in samples}
 
     def kill(self) -> None:
         self.proc.kill()
