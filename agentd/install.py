@@ -42,7 +42,7 @@ import psutil
 
 from agentd import builds, llamatools, protocol, tinygguf, tinyhf
 from agentd.config import InstallConfig
-from agentd.engines.base import http_get
+from agentd.engines.base import http_get, http_request
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
 
 logger = logging.getLogger(__name__)
@@ -436,6 +436,22 @@ class Installer:
                 timeout=self.cfg.verify_timeout_s,
                 what=f"pip uninstall {' '.join(plan.remove)}",
             )
+        if plan.xtile:
+            await self._add_xtile(python)
+
+    async def _add_xtile(self, python: Path) -> None:
+        """agentd/xtile.py into the environment's site-packages, imported by a .pth line
+        at every start of its Python (workers included)."""
+        site = tail(
+            await self._run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                timeout=self.cfg.verify_timeout_s,
+                what="finding the environment's site-packages",
+            ),
+            1,
+        )
+        shutil.copyfile(Path(__file__).with_name("xtile.py"), Path(site) / "llmgw_xtile.py")
+        (Path(site) / "llmgw_xtile.pth").write_text("import llmgw_xtile\n")
 
     async def _build_tools(self, plan: Plan, env: Path, base: Status) -> None:
         """llama.cpp's server and rpc-server, from the source of the llama-cpp-python just
@@ -596,9 +612,16 @@ class Installer:
         port = _free_port()
         server = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                   "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-                  "--dtype", "bfloat16", "--enforce-eager"]  # fmt: skip
+                  "--dtype", "bfloat16", "--enforce-eager",
+                  "--served-model-name", "tiny"]  # fmt: skip
         env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        await self._answers([("vLLM's API server", server)], port, "/v1/models", timeout, env=env)
+        # Listing the model is not enough: a kernel that cannot run here fails the first
+        # completion (an illegal instruction in the worker), so one is asked for.
+        completion = ("/v1/completions", {"model": "tiny", "prompt": "the", "max_tokens": 2})
+        await self._answers(
+            [("vLLM's API server", server)], port, "/v1/models", timeout, env=env,
+            then=completion,
+        )  # fmt: skip
         return version
 
     def _tiny_model(self) -> Path:
@@ -633,6 +656,7 @@ class Installer:
         timeout: float,
         wait_for: int | None = None,
         env: dict[str, str] | None = None,
+        then: tuple[str, dict] | None = None,
     ) -> None:
         """Start each command in turn (the next once ``wait_for`` listens, if given) until
         the last answers 200 on ``path``; then stop them all. StepFailed says which did not."""
@@ -654,6 +678,17 @@ class Installer:
                 if wait_for is not None and len(procs) < len(commands):
                     await self._until(procs, deadline, timeout, lambda: _listens(wait_for))
             await self._until(procs, deadline, timeout, lambda: _answers_200(port, path))
+            if then is not None:
+                what, _proc, log = procs[-1]
+                status, body = await http_request(
+                    "127.0.0.1", port, then[0], timeout, "POST", json.dumps(then[1]).encode()
+                )
+                if status != 200:
+                    raise StepFailed(
+                        f"{what} answered {status} to {then[0]}: "
+                        f"{body.decode(errors='replace')[:300]}\n"
+                        + tail(log.read_text(errors="replace"))
+                    )
         finally:
             for _what, proc, _log in procs:
                 if proc.returncode is None:

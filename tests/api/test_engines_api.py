@@ -61,7 +61,7 @@ def test_a_nodes_build_is_set_through_the_api_and_shown_with_its_installs(api):
                     content_type="application/json")  # fmt: skip
     assert resp.status_code == 400
     assert resp.json()["vllm_build"] == [
-        "'cu118' is not a vLLM build; one of auto, cu13, cu129, none"
+        "'cu118' is not a vLLM build; one of auto, cu13, cu129, cpu, none"
     ]
     assert Node.objects.get(pk="gpu-07").vllm_build == "cu129"
 

@@ -367,3 +367,49 @@ def test_llama_cpp_with_adapters_runs_llama_server_with_each_adapter_numbered(tm
         "--alias", "tiny-llama", "--metrics", "--lora", "/w/pirate.gguf,/w/poet.gguf",
         "--lora-init-without-apply", "-c", "512",
     ]  # fmt: skip
+
+
+def test_vllms_cpu_build_runs_its_api_server_module_with_a_kv_budget_and_the_nodes_cores(
+    tmp_path,
+):
+    from agentd.engines.vllm import cpu_binding
+
+    python = stub_binary(tmp_path, "python3", "echo 0.32.0")
+    p = profile("vllm", model_path="/models/tiny-hf", args=["--dtype", "bfloat16"])
+    engine = VLLM(python)
+    # given: a shard placed on a CPU node (no GPUs), told its KV cache's size
+    launch = engine.build(p, shard(engine="vllm", profile=p, kv_cache_gb=3), host="h", port=8001)
+    # then: the CPU build's module, --model rather than `serve` (its vllm command fails)
+    assert launch.argv[:6] == [python, "-m", "vllm.entrypoints.openai.api_server",
+                               "--model", "/models/tiny-hf", "--host"]  # fmt: skip
+    assert launch.argv[-2:] == ["--dtype", "bfloat16"]
+    assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == cpu_binding(1)
+    assert engine.version() == "0.32.0"
+    # a shard told no size gets vLLM's documented 4 GiB, not 92 % of the machine
+    launch = engine.build(p, shard(engine="vllm", profile=p), host="h", port=8001)
+    assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    # and a profile's own values win over both
+    mine = {"VLLM_CPU_KVCACHE_SPACE": "9", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    own = profile("vllm", model_path="/m", env=mine)
+    env = engine.build(own, shard(engine="vllm", profile=own, kv_cache_gb=3), host="h", port=1).env
+    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("9", "nobind")
+    # a GPU shard is told neither
+    env = VLLM("vllm").env(p, shard(engine="vllm", profile=p, gpu_uuids=H100_UUIDS))
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and "VLLM_CPU_OMP_THREADS_BIND" not in env
+
+
+@pytest.mark.parametrize(
+    "ranks, cpus, expected",
+    [
+        (1, {0, 1}, "0-1"),
+        (2, set(range(8)), "0-3|4-7"),
+        (3, set(range(8)), "0-1|2-3|4-7"),
+        (2, {0, 2, 3, 5}, "0,2|3,5"),
+        (3, {0, 1}, "0-1|0-1|0-1"),
+    ],
+)
+def test_vllm_cpu_threads_split_the_cores_between_ranks(ranks, cpus, expected):
+    from agentd.engines.vllm import cpu_binding
+
+    assert cpu_binding(ranks, cpus) == expected

@@ -251,12 +251,13 @@ class Stack:
         assert resp.status_code < 300, f"{method} {path}: {resp.status_code} {resp.text}"
         return resp.json() if resp.content else {}
 
-    def openai(self, **kwargs):
+    def openai(self, api_key: str = "", **kwargs):
         from openai import OpenAI
 
         return OpenAI(
-            base_url=f"{self.url}/v1", api_key=self.inference_key, max_retries=0, **kwargs
-        )
+            base_url=f"{self.url}/v1", api_key=api_key or self.inference_key, max_retries=0,
+            **kwargs,
+        )  # fmt: skip
 
     def logs(self) -> list[Path]:
         paths = [log for _, log in self.celery]

@@ -188,3 +188,28 @@ def tiny_server(tmp_path):
     with WeightsServer() as srv:
         srv.files["tiny.gguf"] = data.read_bytes()
         yield srv
+
+
+def test_vllm_on_a_cpu_node_is_told_its_kv_cache_from_the_estimate_or_its_memory(tmp_path):
+    from agentd import tinyhf
+    from fleet.services.desired import desired_set
+
+    # given a CPU node with vLLM, and the tiny Hugging Face model at 8,192 tokens x 64:
+    # 2 (K, V) x 2 layers x 2 heads x 64 x 2 bytes = 1,024 bytes a token, 0.5 GiB
+    hf = str(tinyhf.write(tmp_path / "tiny-hf"))
+    add_node("cpu-01", gpus=[], memory_gb=64, engines={"vllm": "0.32.0"})
+    sized = {"engine": "vllm", "gpus_per_node": 0, "model_path": hf, "sequences": 64}
+    add_model("estimated", **sized, context_tokens=8192)
+    # one whose operator reserved 6 GB: the KV cache gets what the weights leave of it
+    add_model("reserved", **sized, context_tokens=8192, min_memory_gb=6)
+    # one of 4x the tokens: 2 GiB
+    add_model("longer", **sized, context_tokens=32768)
+    estimate.refresh_profiles()
+    assert EngineProfile.objects.get(model__name="estimated").estimate["kv_bytes"] == 2**29
+
+    Clock().pass_()
+
+    told = {s.model: s.kv_cache_gb for s in desired_set("cpu-01").shards}
+    weights = EngineProfile.objects.get(model__name="reserved").estimate["weights_bytes"]
+    assert told == {"estimated": 1, "reserved": (6 * 10**9 - weights) // 2**30, "longer": 2}
+    assert told["reserved"] == 5

@@ -121,7 +121,7 @@ class NodeLine:
     last_seen: datetime | None
     agent_version: str
     fetch: str = ""  # the shards fetching weights there, summed
-    vllm_build: str = "auto"  # the operators' choice (auto, cu13, cu129, none)
+    vllm_build: str = "auto"  # the operators' choice (auto, cu13, cu129, cpu, none)
 
 
 def _engines(node: Node) -> list[EngineLine]:
