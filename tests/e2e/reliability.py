@@ -134,6 +134,11 @@ FIGURES = {
         "{active_requests}; {failed} failed + {broken} broken of {requests} requests "
         "({streamed} streamed, {rate_per_s}/s, {clients} clients), each a canary's 500"
     ),
+    "18": (
+        "{engine}: a replacement answering {replaced_s} s after the kill; {failed} failed + "
+        "{broken} broken of {requests} requests ({streamed} streamed, {rate_per_s}/s, "
+        "{clients} clients retrying every 0.25 s), {ok} answered"
+    ),
 }
 
 

@@ -273,7 +273,7 @@ def test_a_model_on_real_vllm_serves_charges_routes_adapts_drains_and_survives_a
     figures = load.summary()
     assert agent.engines()[new[0].pk] != pid
     record(
-        "vllm-kill",
+        "18",
         engine="vLLM 0.32.0 CPU build",
         replaced_s=round(replaced_s, 1),
         clients=2,
