@@ -74,15 +74,13 @@ def engines(tmp_path_factory):
     """(vLLM, the fake), serving the same tiny model under the same name, LoRA enabled."""
     work = tmp_path_factory.mktemp("vllm-contract")
     model = write(work / "tiny-hf")
-    # vLLM 0.32.0's CPU attention runs AMX tile instructions in bfloat16 without asking the
-    # kernel for them (arch_prctl ARCH_REQ_XCOMP_PERM): on a CPU with AMX its worker dies
-    # of SIGILL at the first completion. float32 takes the other kernels; nothing compared
-    # here depends on the dtype.
+    # bfloat16 (TINY_HF_ARGS), as the product runs it: the environment asks for AMX's tile
+    # state in every process (agentd/xtile.py), without which its first completion dies.
     real = VllmServer(
         vllm_env(),
         model,
         work / "vllm.log",
-        "--dtype", "float32", "--enable-lora", "--max-loras", "2", "--enforce-eager",
+        "--enable-lora", "--max-loras", "2", "--enforce-eager",
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
     )  # fmt: skip
     fake = None
