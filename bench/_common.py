@@ -644,3 +644,17 @@ def wrk(
         "non_2xx": int(bad.group(1)) if bad else 0,
         "socket_errors": errors.group(1) if errors else "",
     }
+
+
+def one_ready_replica(model_name: str, engine: str, engine_port: int) -> None:
+    """The fleet rows a gateway benchmark routes by: ``model_name`` with one ready replica
+    whose shard is ``engine`` on 127.0.0.1:``engine_port`` (Django set up by the caller)."""
+    from fleet.models import EngineProfile, Model, Node, Replica, ReplicaState, Shard, ShardState
+
+    model = Model.objects.create(name=model_name, desired_replicas=1)
+    profile = EngineProfile.objects.create(
+        model=model, name="bench", engine=engine, model_path="/none"
+    )
+    node = Node.objects.create(pk="bench-01", mgmt_addr="127.0.0.1", connected=True)
+    replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
+    Shard.objects.create(replica=replica, node=node, port=engine_port, state=ShardState.READY)

@@ -51,6 +51,7 @@ from _common import (  # noqa: E402
     cpu_seconds,
     free_port,
     gateway_env,
+    one_ready_replica,
     run_setup,
     setup_django,
     start_engine,
@@ -81,25 +82,9 @@ PAYLOADS = {
 def setup_db(engine_port: int) -> None:
     """Run in a subprocess with the bench's environment: migrate, then the fleet rows."""
     setup_django()
-    from fleet.models import (
-        ApiKey,
-        Engine,
-        EngineProfile,
-        Model,
-        Node,
-        Replica,
-        ReplicaState,
-        Shard,
-        ShardState,
-    )
+    from fleet.models import ApiKey, Engine
 
-    model = Model.objects.create(name=MODEL, desired_replicas=1)
-    profile = EngineProfile.objects.create(
-        model=model, name="bench", engine=Engine.FAKE, model_path="/none"
-    )
-    node = Node.objects.create(pk="bench-01", mgmt_addr="127.0.0.1", connected=True)
-    replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
-    Shard.objects.create(replica=replica, node=node, port=engine_port, state=ShardState.READY)
+    one_ready_replica(MODEL, Engine.FAKE, engine_port)
     _, secret = ApiKey.issue(name="bench", scope="inference")
     # Limits on, set too high to refuse anything: what checking them costs a request
     # (one Redis round trip before the engine, one after for the tokens).

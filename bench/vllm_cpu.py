@@ -49,6 +49,7 @@ from _common import (  # noqa: E402
     Procs,
     gateway_env,
     machine,
+    one_ready_replica,
     percentile,
     run_setup,
     setup_django,
@@ -92,25 +93,9 @@ BATCH, BATCH_TOKENS = 16, 128
 def setup_db(engine_port: int) -> None:
     """Run in a subprocess with the bench's environment: migrate, then the fleet rows."""
     setup_django()
-    from fleet.models import (
-        ApiKey,
-        Engine,
-        EngineProfile,
-        Model,
-        Node,
-        Replica,
-        ReplicaState,
-        Shard,
-        ShardState,
-    )
+    from fleet.models import ApiKey, Engine
 
-    model = Model.objects.create(name=MODEL, desired_replicas=1)
-    profile = EngineProfile.objects.create(
-        model=model, name="bench", engine=Engine.VLLM, model_path="/none"
-    )
-    node = Node.objects.create(pk="bench-01", mgmt_addr="127.0.0.1", connected=True)
-    replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
-    Shard.objects.create(replica=replica, node=node, port=engine_port, state=ShardState.READY)
+    one_ready_replica(MODEL, Engine.VLLM, engine_port)
     _, secret = ApiKey.issue(name="bench", scope="inference")
     print(secret)
 
