@@ -43,6 +43,7 @@ import psutil
 from agentd import builds, llamatools, protocol, tinygguf, tinyhf
 from agentd.config import InstallConfig
 from agentd.engines.base import http_get, http_request
+from agentd.engines.vllm import VLLM
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
 
 logger = logging.getLogger(__name__)
@@ -610,7 +611,7 @@ class Installer:
         if not model.is_dir():
             tinyhf.write(model)
         port = _free_port()
-        server = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        server = [python, "-m", VLLM.MODULE, "--model", str(model),
                   "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
                   "--dtype", "bfloat16", "--enforce-eager",
                   "--served-model-name", "tiny"]  # fmt: skip

@@ -9,6 +9,7 @@ vllm/utils/ompmultiprocessing.py, vLLM 0.32.0).
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,17 +122,10 @@ def cpu_binding(ranks: int, cpus: set[int] | None = None) -> str:
 
 
 def _ranges(ids: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    out: list[str] = []
-    start = prev = None
-    for i in ids:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
-        else:
-            out.append(f"{start}-{prev}" if prev != start else str(start))
-            start = prev = i
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else str(start))
+    """[0, 1, 2, 5] -> "0-2,5": runs of consecutive ids (each id less its position is
+    the same along a run)."""
+    out = []
+    for _, run in itertools.groupby(enumerate(ids), key=lambda pair: pair[1] - pair[0]):
+        first, *rest = [i for _, i in run]
+        out.append(f"{first}-{rest[-1]}" if rest else str(first))
     return ",".join(out)
