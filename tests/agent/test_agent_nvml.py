@@ -232,3 +232,141 @@ def test_processes_hold_memory_as_the_driver_lists_them(fake, tmp_path):
     finally:
         engine.kill()
         engine.wait()
+
+
+# ---- claims that must fit (the fake engine's take), and their high-water mark ---------
+
+GIB = 2**30
+
+
+def sleeper() -> subprocess.Popen:
+    """A live process whose pid can hold a claim (a claim counts while its process lives)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_claim_the_gpu_has_no_room_for_is_refused_and_claims_nothing(tmp_path):
+    from agentd.nvml_double import OutOfMemory, claim, peak, take
+
+    # given an 80 GiB H100 (535 MiB the driver's), someone else's 12 GiB job and an
+    # engine holding 40 GiB
+    spec = nvml_data.hgx(count=1)
+    uuid = spec["gpus"][0]["uuid"]
+    total = spec["gpus"][0]["memory_total_bytes"]
+    spec["processes"] = [{"pid": 4242, "gpu": 0, "used_bytes": 12 * GIB}]
+    path = nvml_data.write(tmp_path / "nvml.json", spec)
+    first, second = sleeper(), sleeper()
+    try:
+        take(path, first.pid, {uuid: 40 * GIB})
+        free = total - 535 * nvml_data.MIB - 52 * GIB
+        # when a second engine asks for more than is left
+        with pytest.raises(OutOfMemory) as refused:
+            take(path, second.pid, {uuid: free + 1})
+        # then it is told how much was free, and holds nothing
+        assert (refused.value.wanted, refused.value.free, refused.value.total) == (
+            free + 1, free, total,
+        )  # fmt: skip
+        lib = FakeNVML(path)
+        lib.nvmlInit()
+        assert [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(_handle(lib))] == [
+            4242, first.pid,
+        ]  # fmt: skip
+        # exactly what is left fits; an engine's own claim is not counted against it
+        take(path, second.pid, {uuid: free})
+        take(path, first.pid, {uuid: 40 * GIB})
+        with pytest.raises(OutOfMemory):
+            take(path, first.pid, {uuid: 40 * GIB + 1})
+        # a claim made without the check (a test's stand-in) is not refused, only recorded
+        claim(path, second.pid, {uuid: free + GIB})
+        assert peak(path) == {uuid: 40 * GIB + free + GIB}
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()
+
+
+def _handle(lib):
+    return lib.nvmlDeviceGetHandleByIndex(0)
+
+
+def test_the_peak_record_is_the_most_claimed_at_once_all_processes_together(tmp_path):
+    from agentd.nvml_double import claim, peak, peak_path, take
+
+    spec = nvml_data.hgx(count=2)
+    gpu0, gpu1 = (g["uuid"] for g in spec["gpus"])
+    path = nvml_data.write(tmp_path / "nvml.json", spec)
+    a, b = sleeper(), sleeper()
+    try:
+        assert peak(path) == {}  # nothing claimed yet
+        take(path, a.pid, {gpu0: 30 * GIB, gpu1: 10 * GIB})
+        take(path, b.pid, {gpu0: 20 * GIB})
+        assert peak(path) == {gpu0: 50 * GIB, gpu1: 10 * GIB}
+        # a release lowers what is held now, not the record
+        claim(path, a.pid, {})
+        take(path, b.pid, {gpu0: 45 * GIB})
+        assert peak(path) == {gpu0: 50 * GIB, gpu1: 10 * GIB}
+        take(path, a.pid, {gpu0: 10 * GIB})
+        assert peak(path) == {gpu0: 55 * GIB, gpu1: 10 * GIB}
+        assert json.loads(peak_path(path).read_text()) == peak(path)
+        # a dead process's claim is freed, as the driver frees it
+        b.kill()
+        b.wait()
+        take(path, a.pid, {gpu0: 60 * GIB})
+        assert peak(path)[gpu0] == 60 * GIB
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+# One engine claiming: a slow write (50 ms between its check and its claim) widens the
+# window in which engines that did not wait for each other would all see room.
+RACER = """
+import os, sys, time
+from pathlib import Path
+from agentd import nvml_double
+from agentd.nvml_double import OutOfMemory, take
+write = nvml_double._write_claim
+nvml_double._write_claim = lambda *a: (time.sleep(0.05), write(*a))
+print("ready", flush=True)
+sys.stdin.readline()  # all at once
+try:
+    take(Path(sys.argv[1]), os.getpid(), {sys.argv[2]: int(sys.argv[3])})
+    print("claimed", flush=True)
+except OutOfMemory:
+    print("refused", flush=True)
+sys.stdin.read()  # hold the claim until told to go
+"""
+
+
+def test_engines_claiming_one_gpu_at_once_never_overcommit_it(tmp_path):
+    # given an 80 GiB GPU and twelve engines each wanting 30 GiB of it at the same moment
+    spec = nvml_data.hgx(count=1)
+    uuid = spec["gpus"][0]["uuid"]
+    total = spec["gpus"][0]["memory_total_bytes"]
+    path = nvml_data.write(tmp_path / "nvml.json", spec)
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(path), uuid, str(30 * GIB)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )  # fmt: skip
+        for _ in range(12)
+    ]
+    try:
+        assert [r.stdout.readline().strip() for r in racers] == ["ready"] * 12
+        for r in racers:
+            r.stdin.write("go\n")
+            r.stdin.flush()
+        said = [r.stdout.readline().strip() for r in racers]
+        # then two fit, the rest are refused, and the GPU never held more than it has
+        assert sorted(said) == ["claimed"] * 2 + ["refused"] * 10
+        from agentd.nvml_double import peak
+
+        assert peak(path) == {uuid: 60 * GIB}
+        assert peak(path)[uuid] + spec["gpus"][0]["memory_used_bytes"] <= total
+    finally:
+        for r in racers:
+            r.stdin.close()
+            r.wait(10)
