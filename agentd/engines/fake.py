@@ -9,22 +9,27 @@ a worker child in its process group (``--spawn-worker``), and a flood of log
 lines on stdout (``--log-flood``).
 Under the NVML double (``LLMGW_FAKE_NVML``) it holds GPU memory on the GPUs in
 CUDA_VISIBLE_DEVICES while it runs, as vLLM does: ``--gpu-memory-utilization``
-of each GPU's total, or ``--gpu-memory-bytes`` on each. It
+of each GPU's total, or ``--gpu-memory-bytes`` on each; where a GPU has not that
+much free it fails to start as vLLM does (exit 1). It
 answers /health (503 while loading), /v1/models, /v1/chat/completions and
 /v1/completions (streamed or not), /v1/embeddings and /metrics, and loads LoRA
 adapters while it runs (/v1/load_lora_adapter and /v1/unload_lora_adapter; a
-loaded adapter is listed and answers under its own name). Plain asyncio,
+loaded adapter is listed and answers under its own name). With
+VLLM_SERVER_DEV_MODE=1 it also sleeps and wakes through vLLM's endpoints
+(/sleep, /wake_up, /is_sleeping, /collective_rpc), releasing its memory where
+it runs with ``--enable-sleep-mode`` (``agentd.engines.fake_sleep``). Plain asyncio,
 no dependencies, so it is also the gateway benchmark's stub. Use the real
 llama.cpp engine wherever a real engine will do.
 
 It speaks vLLM's dialect of what llmgw reads from an engine: the metric names
 and labels (``vllm:num_requests_running{engine,model_name}`` and the rest), the
 LoRA endpoints' status codes and error bodies, /v1/models' ``root`` and
-``parent``, the usage objects and the stream's framing. That dialect is held to
+``parent``, the usage objects and the stream's framing, the sleep endpoints. That dialect is held to
 vLLM 0.32.0 by ``tests/engines/test_vllm_contract.py``, which sends the same
 requests to both; change the two together. Its own ``fake:`` series
 (``fake:requests_running``, ``fake:requests_total``,
-``fake:requests_cancelled_total``) are extra, for tests.
+``fake:requests_cancelled_total``, ``fake:gpu_memory_bytes``,
+``fake:host_memory_bytes``) are extra, for tests.
 
 The agent runs it only where agent.yaml names a Python for the ``fake`` engine.
 """
@@ -43,6 +48,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentd.engines import fake_sleep
 from agentd.engines.base import Engine, served_name, which
 from agentd.engines.vllm import VLLM
 
@@ -102,6 +108,8 @@ class FakeServer:
         self.completions = 0  # asked for, failed ones too (--fail-every)
         self.prompt_tokens = 0  # vllm:prefix_cache_queries_total: none of them is ever a hit
         self.adapters: dict[str, str] = {}  # LoRA adapters loaded: name -> path
+        self.dev_mode = fake_sleep.dev_mode()  # vLLM's development endpoints are served
+        self.sleep = fake_sleep.Sleep(opts.enable_sleep_mode, opts.wake_time, opts.load_time)
 
     # -- HTTP plumbing ---------------------------------------------------------
 
@@ -121,7 +129,8 @@ class FakeServer:
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 if self.opts.hang:
                     await asyncio.Event().wait()  # accepted, never answered
-                await self.route(method, path.split("?", 1)[0], body, writer, keep)
+                path, _, query = path.partition("?")
+                await self.route(method, path, body, writer, keep, query)
                 if not keep:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -135,6 +144,7 @@ class FakeServer:
             200: "OK",
             400: "Bad Request",
             404: "Not Found",
+            405: "Method Not Allowed",
             500: "Internal Server Error",
             503: "Service Unavailable",
         }
@@ -173,6 +183,7 @@ class FakeServer:
         for name, kind, value, about in series:
             lines += [f"# HELP {name} {about}", f"# TYPE {name} {kind}"]
             lines.append(f"{name}{labels} {float(value)}")
+        lines += self.sleep.metrics(labels[1:-1])
         lines += [
             f"fake:requests_running {self.running}",
             f"fake:requests_total {self.served}",
@@ -182,7 +193,15 @@ class FakeServer:
 
     # -- routes ----------------------------------------------------------------
 
-    async def route(self, method: str, path: str, body: bytes, writer, keep: bool) -> None:
+    async def route(
+        self, method: str, path: str, body: bytes, writer, keep: bool, query: str = ""
+    ) -> None:
+        if self.dev_mode and path in fake_sleep.PATHS:
+            if not self.ready:
+                problem = self.error("the model is loading", "ServiceUnavailable", 503)
+                return await self.send(writer, 503, problem, keep)
+            status, answer = await self.sleep.route(method, path, query, body, lambda: self.running)
+            return await self.send(writer, status, answer, keep)
         if path == "/health":
             # vLLM answers 200 with an empty body once it serves.
             status = 200 if self.ready else 503
@@ -297,6 +316,11 @@ class FakeServer:
             # As an engine whose new build or flag is broken answers: a 500 with a reason.
             problem = self.error("fake engine: --fail-every", "InternalServerError", 500)
             return await self.send(writer, 500, problem, keep)
+        # Asleep or paused, vLLM queues a request until the wake; a sleep with mode=abort
+        # meanwhile ends it unstarted. (Its gauges do not move while it is paused: the
+        # queued request is not counted as waiting.)
+        epoch = self.sleep.epoch
+        await self.sleep.admit.wait()
         prompt = prompt_tokens(req, chat)
         self.prompt_tokens += prompt
         rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{self.served}"
@@ -313,21 +337,29 @@ class FakeServer:
             if req.get("stream"):
                 options = req.get("stream_options")
                 usage = isinstance(options, dict) and options.get("include_usage") is True
-                return await self.stream(chat, n, base, kind, writer, keep, usage, prompt)
-            if self.opts.token_delay:
-                await asyncio.sleep(self.opts.token_delay * n)
-            text = " ".join(WORDS[i % len(WORDS)] for i in range(n))
+                return await self.stream(chat, n, base, kind, writer, keep, usage, prompt, epoch)
+            await self.sleep.step.wait()
+            left = self.opts.token_delay * n
+            while left > 0 and self.sleep.epoch == epoch:
+                await asyncio.sleep(min(left, 0.05))  # in steps, so a sleep's abort ends it
+                left -= 0.05
+            # A sleep with mode=abort ended it: vLLM answers 200, finish_reason "abort" (the
+            # fake, not knowing how far it got, with no text).
+            aborted = self.sleep.epoch != epoch
+            got = 0 if aborted else n
+            text = " ".join(self.word(i) for i in range(got))
             choice = (
                 {"index": 0, "message": {"role": "assistant", "content": text}}
                 if chat
                 else {"index": 0, "text": text}
             )
+            finish = "abort" if aborted else "length"
             usage = {
-                **counts(prompt, n),
+                **counts(prompt, got),
                 "prompt_tokens_details": None,
                 "completion_tokens_details": None,
             }
-            payload = {**base, "object": kind, "choices": [{**choice, "finish_reason": "length"}]}
+            payload = {**base, "object": kind, "choices": [{**choice, "finish_reason": finish}]}
             await self.send(writer, 200, {**payload, "usage": usage}, keep)
         finally:
             self.running -= 1
@@ -342,6 +374,7 @@ class FakeServer:
         keep: bool,
         usage: bool = False,
         prompt: int = 1,
+        epoch: int = 0,
     ) -> None:
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
@@ -363,13 +396,19 @@ class FakeServer:
                 await event(dumps({**base, "object": obj, "choices": [
                     {**role, "logprobs": None, "finish_reason": None}]}))  # fmt: skip
             for i in range(n):
-                word = WORDS[i % len(WORDS)] + (" " if i < n - 1 else "")
+                await self.sleep.step.wait()  # frozen by a sleep with mode=keep
+                # Ended by a sleep with mode=abort: a last event without text.
+                aborted = self.sleep.epoch != epoch
+                word = "" if aborted else self.word(i) + (" " if i < n - 1 else "")
                 delta = {"content": word} if chat else None
                 choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": word}
-                last = i == n - 1
-                choice["finish_reason"] = "length" if last else None
+                last = i == n - 1 or aborted
+                choice["finish_reason"] = ("abort" if aborted else "length") if last else None
                 await event(dumps({**base, "object": obj, "choices": [choice]}))
-                if self.opts.token_delay and not last:
+                if last:
+                    n = i if aborted else n
+                    break
+                if self.opts.token_delay:
                     await asyncio.sleep(self.opts.token_delay)
             if usage:
                 # stream_options.include_usage, as vLLM answers it: a last event of usage only.
@@ -383,6 +422,11 @@ class FakeServer:
             # The client went away mid-stream: stop generating, as a real engine does.
             self.cancelled += 1
             raise
+
+    def word(self, i: int) -> str:
+        """The i-th generated token: "!" while the weights are empty memory (a wake from
+        level 2 without reload_weights), as a model whose weights are zeros answers."""
+        return "!" if self.sleep.stale else WORDS[i % len(WORDS)]
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -399,7 +443,8 @@ class FakeServer:
         print(f"fake engine: fetched {self.opts.fetch_bytes} bytes into {target}", flush=True)
 
     def hold_gpu_memory(self) -> None:
-        """Take GPU memory in the NVML double, as an engine allocates its budget on load."""
+        """Take GPU memory in the NVML double, as an engine allocates its budget on load;
+        where a GPU has not that much free, fail as vLLM does (exit 1)."""
         nvml_file = os.environ.get("LLMGW_FAKE_NVML")
         uuids = [u for u in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if u]
         share, fixed = self.opts.gpu_memory_utilization, self.opts.gpu_memory_bytes
@@ -412,8 +457,35 @@ class FakeServer:
             for g in json.loads(Path(nvml_file).read_text()).get("gpus", [])
         }
         held = {u: fixed or int(share * totals.get(u, 0)) for u in uuids}
-        nvml_double.claim(Path(nvml_file), os.getpid(), held)
+        # The weights' part of each GPU's share: what a level-1 sleep keeps in host memory.
+        weights = {u: min(b, self.opts.weights_bytes or b // 2) for u, b in held.items()}
+        parts = {"weights": weights, "kv_cache": {u: b - weights[u] for u, b in held.items()}}
+        memory = fake_sleep.Memory(Path(nvml_file), parts)
+        try:
+            memory.take(set(fake_sleep.TAGS))
+        except nvml_double.OutOfMemory as exc:
+            print(self.out_of_memory(exc, uuids.index(exc.uuid)), flush=True)
+            os._exit(1)
+        self.sleep.memory = memory
         print(f"fake engine: holding {held} bytes of GPU memory", flush=True)
+
+    def out_of_memory(self, exc, device: int) -> str:
+        """What vLLM prints as it fails to start on a GPU without room: its own check of
+        --gpu-memory-utilization (vllm/v1/worker/utils.py), else PyTorch's failed allocation."""
+        gib = 2**30
+        if not self.opts.gpu_memory_bytes:
+            return (
+                f"ValueError: Free memory on device cuda:{device} "
+                f"({round(exc.free / gib, 2)}/{round(exc.total / gib, 2)} GiB) on startup is "
+                f"less than desired GPU memory utilization ({self.opts.gpu_memory_utilization}, "
+                f"{round(exc.wanted / gib, 2)} GiB). Decrease GPU memory utilization or reduce "
+                "GPU memory used by other processes."
+            )
+        return (
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{exc.wanted / gib:.2f} GiB. GPU {device} has a total capacity of "
+            f"{exc.total / gib:.2f} GiB of which {max(exc.free, 0) / gib:.2f} GiB is free."
+        )
 
     async def run(self) -> None:
         opts = self.opts
@@ -499,7 +571,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-model-name", default="fake")
     p.add_argument("--model", default="", help="listed as the model's root: there is no model")
     p.add_argument("--max-model-len", type=int, default=2048, help="listed in /v1/models")
-    p.add_argument("--load-time", type=float, default=0.0, help="seconds /health answers 503")
+    p.add_argument(
+        "--load-time", type=float, default=0.0,
+        help="seconds /health answers 503; also what reload_weights takes after a level-2 sleep",
+    )  # fmt: skip
     p.add_argument("--crash-after", type=float, help="exit with --exit-code after this many s")
     p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--hang", action="store_true", help="accept, never answer, ignore SIGTERM")
@@ -514,6 +589,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpu-memory-utilization", type=float, default=0.0, help="share of each GPU to hold"
     )
     p.add_argument("--gpu-memory-bytes", type=int, default=0, help="bytes to hold on each GPU")
+    p.add_argument(
+        "--weights-bytes", type=int, default=0,
+        help="of those, the weights' on each GPU (kept in host memory at level 1); default half",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-sleep-mode", action="store_true",
+        help="a sleep releases its GPU memory (the endpoints need VLLM_SERVER_DEV_MODE=1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wake-time", type=float, default=0.05,
+        help="seconds a level-1 sleep or wake takes to copy the weights",
+    )  # fmt: skip
     p.add_argument("--log-flood-line-bytes", type=int, default=200, help="each flood line's size")
     return p.parse_args(argv)
 
