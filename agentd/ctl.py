@@ -294,11 +294,21 @@ def _models(api: Api, args, out):
             str(m.get("desired_replicas", "-")),
             str(m.get("priority", "-")),  # an older control plane has none
             m.get("scaling") or "-",  # an older control plane has no such field
+            m.get("sleep") or "-",  # "1 asleep; after 300 s idle, level 1"
             str(m.get("active_profile_name") or m.get("active_profile") or "-"),
             (m.get("description") or "")[:60],
         ]
 
-    header = ["MODEL", "TEAM", "REPLICAS", "PRIORITY", "SCALING", "PROFILE", "DESCRIPTION"]
+    header = [
+        "MODEL",
+        "TEAM",
+        "REPLICAS",
+        "PRIORITY",
+        "SCALING",
+        "SLEEP",
+        "PROFILE",
+        "DESCRIPTION",
+    ]
     empty = "no models in the catalog: llmgw apply -f catalog.yaml"
     return _listing(api, args, out, "models/", empty, header, row)
 

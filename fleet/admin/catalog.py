@@ -6,7 +6,7 @@ from django.db.models import Count, Q
 
 from fleet.models import Adapter, EngineProfile, Event, Model, ReplicaState
 from fleet.services import adapters, canary, estimate, permissions, profiles, reach
-from fleet.services.autoscaler.status import scaling_status
+from fleet.services.autoscaler.status import scaling_status, sleep_status
 
 from .common import TeamScoped
 
@@ -101,6 +101,7 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
         "desired_replicas",
         "replicas_display",
         "scaling_display",
+        "sleep_display",
         "active_profile",
         "placement_policy",
         "priority",
@@ -113,6 +114,7 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
     readonly_fields = (
         "canary_started_at",
         "scaling_display",
+        "sleep_display",
         "waiting_requests",
         "last_request_at",
         "last_scaled_at",
@@ -157,6 +159,19 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
                 ),
             },
         ),
+        (
+            "Sleep",
+            {
+                "description": "Idle replicas give their GPU memory back and keep their "
+                "engines; a request wakes them in seconds (docs/operations.md, "
+                '"Sleep and wake").',
+                "fields": (
+                    ("sleep_after_s", "sleep_level"),
+                    "stop_after_asleep_s",
+                    "sleep_display",
+                ),
+            },
+        ),
         (None, {"fields": ("created_at", "updated_at")}),
     )
 
@@ -191,6 +206,9 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
                 ready_count=Count(
                     "replicas", filter=Q(replicas__state=ReplicaState.READY), distinct=True
                 ),
+                asleep_count=Count(
+                    "replicas", filter=Q(replicas__state=ReplicaState.ASLEEP), distinct=True
+                ),
             )
         )
 
@@ -204,6 +222,13 @@ class ModelAdmin(TeamScoped, admin.ModelAdmin):
         if ready is None and obj.pk:
             ready = obj.replicas.filter(state=ReplicaState.READY).count()
         return scaling_status(obj, ready) or "-"
+
+    @admin.display(description="sleep")
+    def sleep_display(self, obj):
+        asleep = getattr(obj, "asleep_count", None)
+        if asleep is None and obj.pk:
+            asleep = obj.replicas.filter(state=ReplicaState.ASLEEP).count()
+        return sleep_status(obj, asleep) or "-"
 
     def save_formset(self, request, form, formset, change):
         if formset.model is EngineProfile:

@@ -29,6 +29,7 @@ class ReplicaAdmin(ReadOnlyAdmin):
         "model",
         "profile",
         "state",
+        "state_changed_at",
         "reason",
         "restarts",
         "evict",

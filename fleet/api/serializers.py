@@ -39,7 +39,7 @@ from fleet.models.catalog import GPU_MEMORY_GB_MAX, PRIORITY_MAX
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import adapters, profiles, reach, teams
 from fleet.services import nodes as node_service
-from fleet.services.autoscaler.status import scaling_status
+from fleet.services.autoscaler.status import scaling_status, sleep_status
 from fleet.services.permissions import Refused
 from fleet.services.units import over_gpu_budget
 
@@ -325,6 +325,10 @@ class ModelSerializer(ValidatedModelSerializer):
             "max_waiting",
             "max_wait_s",
             "scaling",
+            "sleep_after_s",
+            "sleep_level",
+            "stop_after_asleep_s",
+            "sleep",
             "waiting_requests",
             "last_request_at",
             "last_scaled_at",
@@ -367,6 +371,22 @@ class ModelSerializer(ValidatedModelSerializer):
             "min_replicas": {"max_value": INT_MAX},
             "max_replicas": {"min_value": 1, "max_value": INT_MAX},
             "scale_to_zero_after_s": {"min_value": 1, "max_value": INT_MAX},
+            "sleep_after_s": {
+                "min_value": 1,
+                "max_value": INT_MAX,
+                "error_messages": {"min_value": "sleep_after_s must be at least 1"},
+            },
+            "stop_after_asleep_s": {
+                "min_value": 1,
+                "max_value": INT_MAX,
+                "error_messages": {"min_value": "stop_after_asleep_s must be at least 1"},
+            },
+            "sleep_level": {
+                "error_messages": {
+                    "invalid_choice": "sleep_level is 1 (weights kept in host memory) or 2 "
+                    "(weights dropped), not {input}"
+                }
+            },
             "max_waiting": {"min_value": 1, "max_value": INT_MAX},
             "max_wait_s": {"min_value": 1, "max_value": INT_MAX},
             "priority": {"min_value": 0, "max_value": PRIORITY_MAX},
@@ -375,6 +395,10 @@ class ModelSerializer(ValidatedModelSerializer):
     scaling = serializers.SerializerMethodField(
         help_text='"scaled to zero", "starting for N waiting requests", '
         '"autoscaled MIN-MAX: N wanted"; empty without autoscaling.'
+    )
+    sleep = serializers.SerializerMethodField(
+        help_text='"after 300 s idle, level 1" (", to zero after 3600 s asleep"), led by '
+        '"N asleep; " while replicas sleep; empty for a model that never sleeps.'
     )
 
     def validate(self, attrs):
@@ -406,6 +430,12 @@ class ModelSerializer(ValidatedModelSerializer):
         if ready is None:
             ready = obj.replicas.filter(state=ReplicaState.READY).count() if obj.pk else 0
         return scaling_status(obj, ready)
+
+    def get_sleep(self, obj) -> str:
+        asleep = getattr(obj, "asleep_count", None)
+        if asleep is None:
+            asleep = obj.replicas.filter(state=ReplicaState.ASLEEP).count() if obj.pk else 0
+        return sleep_status(obj, asleep)
 
 
 class EventSerializer(serializers.ModelSerializer):

@@ -341,7 +341,8 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
     """Models operators want served, and how many replicas of each."""
 
     queryset = Model.objects.annotate(
-        ready_count=Count("replicas", filter=Q(replicas__state=ReplicaState.READY))
+        ready_count=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
+        asleep_count=Count("replicas", filter=Q(replicas__state=ReplicaState.ASLEEP)),
     )
     serializer_class = serializers.ModelSerializer
     filterset_class = filters.ModelFilterSet

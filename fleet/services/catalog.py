@@ -17,6 +17,9 @@ see agentd.safeyaml)::
         min_replicas: 0               # optional, with max_replicas: autoscaling
         max_replicas: 4               # (replicas is then its starting point,
         scale_to_zero_after_s: 600    # kept on a re-apply that leaves it out)
+        sleep_after_s: 300            # optional: idle 5 minutes, its replicas sleep (GPU
+        sleep_level: 1                # memory given back, weights kept in host memory;
+        stop_after_asleep_s: 3600     # a request wakes them), and stop after an hour
         profile: h100                 # the active profile
         profiles:
           - name: h100
@@ -36,6 +39,7 @@ see agentd.safeyaml)::
       llamacpp: 0.3.36                # alone
 """
 
+import enum
 import logging
 from dataclasses import dataclass, field
 
@@ -68,6 +72,9 @@ MODEL_KEYS = {
     "target_outstanding": "target_outstanding",
     "max_waiting": "max_waiting",
     "max_wait_s": "max_wait_s",
+    "sleep_after_s": "sleep_after_s",
+    "sleep_level": "sleep_level",
+    "stop_after_asleep_s": "stop_after_asleep_s",
     "fallbacks": "fallbacks",
     "canary_percent": "canary_percent",
     "canary_max_error_rate": "canary_max_error_rate",
@@ -273,7 +280,10 @@ def _assign(obj, values: dict, defaults: dict) -> list[str]:
 
 
 def _defaults(model_cls, names) -> dict:
-    return {n: model_cls._meta.get_field(n).get_default() for n in names}
+    # A choice's value, not its enum member: a change reads "sleep_level 2 → 1", not
+    # "→ SleepLevel.KEEP_WEIGHTS".
+    defaults = {n: model_cls._meta.get_field(n).get_default() for n in names}
+    return {n: d.value if isinstance(d, enum.Enum) else d for n, d in defaults.items()}
 
 
 def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:

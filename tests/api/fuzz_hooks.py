@@ -4,8 +4,8 @@ A request body can follow the schema and still be refused, for reasons no JSON
 Schema states: an id that names nothing in this database (``"model": 72``), an
 engine profile whose ``tp × pp`` is not ``gpus_per_node × nodes`` or whose
 checksums name files its model_path does not fetch (rules across fields,
-EngineProfile.clean()), a model's autoscaling bounds that do not fit
-together, a catalog file's YAML inside a string, or a duration ("24h") or time
+EngineProfile.clean()), a model's autoscaling bounds or sleep that do not
+fit together, a catalog file's YAML inside a string, or a duration ("24h") or time
 the schema only describes in words. The API answers 400 to them, rightly; the
 positive-data check would call that a valid request refused. So a *positive* case
 (one schemathesis means to be valid) is made valid in those ways only, before it
@@ -75,6 +75,15 @@ def _consistent_bounds(body: dict) -> None:
     body.update(min_replicas=lo, max_replicas=max(hi, lo, 1), scale_to_zero_after_s=idle)
 
 
+def _consistent_sleep(body: dict) -> None:
+    """A stop after sleep only where it may be (Model._sleep_errors()): with min_replicas
+    0 and sleep_after_s in the same body, so the stored model's do not decide it."""
+    if body.get("min_replicas") != 0 or ("sleep_after_s" in body and not body["sleep_after_s"]):
+        body["stop_after_asleep_s"] = None
+    elif body.get("stop_after_asleep_s") is not None:
+        body["sleep_after_s"] = body.get("sleep_after_s") or 60
+
+
 @schemathesis.hook
 def map_case(context, case):
     meta = case.meta
@@ -119,6 +128,7 @@ def _made_valid(case):
             # Adapters' names, which a link may carry over, are not models' (in words only).
             case.body["name"] = ("model-" + name[len("lora-") :])[:128]
         _consistent_bounds(case.body)
+        _consistent_sleep(case.body)
     elif path.startswith("/api/v1/adapters/") and case.method in ("POST", "PUT", "PATCH"):
         if "model" in case.body or case.method != "PATCH":
             case.body["model"] = _model_id()

@@ -139,6 +139,32 @@ def test_apply_then_models_and_explain(cli, tmp_path):
     assert out.startswith("model tiny, profile cpu: ") and "cpu-01" in out
 
 
+def test_models_says_which_sleep_and_how(cli, tmp_path):
+    catalog = tmp_path / "catalog.yaml"
+    sleepy = CATALOG.replace(
+        "    priority: 40\n",
+        "    priority: 40\n    sleep_after_s: 300\n    sleep_level: 2\n",
+    )
+    awake = CATALOG.replace("name: tiny", "name: awake").split("models:\n", 1)[1]
+    catalog.write_text(sleepy + awake)
+    assert cli("apply", "-f", str(catalog))[0] == 0
+
+    status, out, _ = cli("models")
+
+    assert status == 0
+    header, *rows = out.splitlines()
+    at = header.index("SLEEP")
+    assert header[at:].split()[:2] == ["SLEEP", "PROFILE"]
+    sleep = {r.split()[0]: r[at:].split("  ")[0] for r in rows}
+    assert sleep == {"tiny": "after 300 s idle, level 2", "awake": "-"}
+
+    # a bad value is refused naming the field, and changes nothing
+    catalog.write_text(sleepy.replace("sleep_level: 2", "sleep_level: 3"))
+    status, _, err = cli("apply", "-f", str(catalog))
+    assert status != 0 and "model tiny.sleep_level" in err
+    assert Model.objects.get(name="tiny").sleep_level == 2
+
+
 def test_explain_with_a_file_asks_what_if_and_saves_nothing(cli, tmp_path):
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(CATALOG)
