@@ -19,18 +19,22 @@ Stable hooks for browser tests (ids and classes the pages keep):
   ``.bar.cpu``, ``.bar.ram`` and ``.bar.gpu[data-gpu-index]`` (``data-percent``:
   the bar's width, empty when unknown; ``.label`` its text), ``.engines .engine``,
   ``.node-shards``, ``.node-last-seen``; ``#cluster-pages``, ``#cluster-models``
-  (``tr.model-row[data-model]``, ``.model-scaling``), ``#cluster-pending`` (``tr.pending-row``,
-  ``.reason``), ``#cluster-updated``; ``#nav-cluster`` in every admin header,
+  (``tr.model-row[data-model]``, ``.model-asleep``, ``.model-scaling``),
+  ``#cluster-pending`` (``tr.pending-row``, ``.reason``), ``#cluster-asleep`` (only
+  while replicas sleep: ``tr.asleep-row[data-replica-id]``, ``.asleep``),
+  ``#cluster-updated``; ``#nav-cluster`` in every admin header,
   ``#cluster-link`` on the admin index.
 - node: ``#node[data-node-id]``, ``#node-actions`` (``#action-cordon``,
   ``#action-uncordon``, ``#action-drain``, ``#action-revoke``), ``#node-body``
-  (refreshed) with ``#node-summary``, ``#node-state``, ``#node-load``,
+  (refreshed) with ``#node-summary``, ``#node-state``, ``#node-asleep`` (while
+  shards sleep there), ``#node-load``,
   ``#node-disks``, ``#node-weights`` (``tr.weights-row[data-path]`` with
   ``.weights-size``, ``.weights-source``, ``.weights-last-used``,
   ``.weights-pinned``, ``.weights-in-use-by``, ``.weights-removal``; a ``p``
   saying the permission it needs instead of the table for staff without
   ``fleet.view_localweights``), ``#node-gpus``, ``#node-engines``, ``#node-shards``
-  (``tr.shard-row[data-shard-id]``, ``.shard-cores``, ``.shard-memory``);
+  (``tr.shard-row[data-shard-id]``, ``.shard-state`` with ``.asleep``,
+  ``.shard-cores``, ``.shard-memory``);
   ``#node-charts`` (refreshed; ``.charts[data-source=history|prometheus]``,
   ``figure.chart#chart-cpu|memory|load|model-cores|model-memory|queue`` with
   ``data-points``, each line ``.series[data-series][data-points]``);
@@ -40,8 +44,10 @@ Stable hooks for browser tests (ids and classes the pages keep):
 - confirmation: ``#node-confirm[data-action]``, ``#confirm-<action>`` (submit).
 - model: ``#model[data-model]``, ``#model-body`` (refreshed), ``#model-summary``,
   ``#model-scaling`` (``autoscaler.status.scaling_status``, "not autoscaled"
-  without), ``#model-bounds``, ``#model-waiting``, ``#model-idle``,
+  without), ``#model-bounds``, ``#model-waiting``, ``#model-idle``, ``#model-sleep``
+  (``autoscaler.status.sleep_policy``, "never" without),
   ``#model-last-decision`` (``.reason``),
   ``#model-rps``, ``#model-latency``, ``#model-queue``, ``#model-replicas``
-  (``tr.replica-row[data-replica-id]``, ``.replica-state``, ``.reason``).
+  (``tr.replica-row[data-replica-id]``, ``.replica-state`` with ``.asleep``,
+  ``.reason``).
 """

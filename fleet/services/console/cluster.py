@@ -1,4 +1,4 @@
-"""The cluster page: totals, one page of nodes, the models, pending replicas.
+"""The cluster page: totals, one page of nodes, the models, pending and asleep replicas.
 
 A page of nodes plus a handful of totals, each one aggregate query: the same
 number of queries whatever the fleet's size (tests/console/ counts them at 10
@@ -28,11 +28,12 @@ from fleet.models import (
 
 from ..autoscaler.status import scaling_status
 from ..reconciler.expiry import fleet_warnings
-from .lines import FETCHING, NodeLine, gpu_use, node_line
+from .lines import FETCHING, NodeLine, asleep_host_text, gpu_use, node_line
 
 PAGE_SIZE = 100
-# Pending replicas listed on the cluster page; the total is always given.
+# Pending and asleep replicas listed on the cluster page; the totals are always given.
 PENDING_SHOWN = 50
+ASLEEP_SHOWN = 50
 # What the state filter of the node table offers.
 STATE_FILTERS = ("ready", "suspect", "lost", "cordoned", "draining", "disconnected")
 
@@ -61,6 +62,17 @@ class PendingLine:
 
 
 @dataclass
+class AsleepLine:
+    """A replica whose engines sleep (docs/operations.md, "Sleep and wake")."""
+
+    id: str
+    model: str
+    model_id: int
+    nodes: list[str]
+    text: str  # "asleep 4 minutes · holds 16 GB of host memory" (lines.asleep_host_text)
+
+
+@dataclass
 class ModelLine:
     id: int
     name: str
@@ -69,6 +81,7 @@ class ModelLine:
     pending: int
     failed: int
     scaling: str = ""  # autoscaler.status.scaling_status: "" without autoscaling
+    asleep: int = 0
 
 
 @dataclass
@@ -128,11 +141,13 @@ MODELS_SHOWN = 200
 
 
 def model_lines() -> list[ModelLine]:
-    """Each model with its replicas ready, pending and failed, and its scaling: one query."""
+    """Each model with its replicas ready, pending, failed and asleep, and its scaling: one
+    query."""
     rows = Model.objects.annotate(
         ready=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)),
         pending=Count("replicas", filter=Q(replicas__state=ReplicaState.PENDING)),
         failed=Count("replicas", filter=Q(replicas__state=ReplicaState.FAILED)),
+        asleep=Count("replicas", filter=Q(replicas__state=ReplicaState.ASLEEP)),
     ).order_by("name")[:MODELS_SHOWN]
     return [
         ModelLine(
@@ -143,9 +158,34 @@ def model_lines() -> list[ModelLine]:
             m.pending,
             m.failed,
             scaling=scaling_status(m, m.ready),
+            asleep=m.asleep,
         )
         for m in rows
     ]
+
+
+def asleep_lines(now: datetime) -> list[AsleepLine]:
+    """The replicas asleep, longest asleep first, with where they sleep and what they
+    hold: two queries."""
+    rows = (
+        Replica.objects.filter(state=ReplicaState.ASLEEP)
+        .select_related("model", "profile")
+        .prefetch_related(Prefetch("shards", queryset=Shard.objects.order_by("rank")))
+        .order_by("state_changed_at", "created_at")[:ASLEEP_SHOWN]
+    )
+    lines = []
+    for r in rows:
+        shards = list(r.shards.all())
+        lines.append(
+            AsleepLine(
+                r.pk,
+                r.model.name,
+                r.model_id,
+                [s.node_id for s in shards if s.node_id],
+                asleep_host_text(r.profile, shards, r.state_changed_at, now),
+            )
+        )
+    return lines
 
 
 @dataclass
@@ -161,6 +201,8 @@ class Cluster:
     pending: list[PendingLine]
     pending_total: int
     models: list[ModelLine] = field(default_factory=list)
+    asleep: list[AsleepLine] = field(default_factory=list)
+    asleep_total: int = 0
     teams: list[TeamLine] = field(default_factory=list)
     at: datetime = field(default_factory=timezone.now)
 
@@ -195,6 +237,7 @@ def node_queryset(where: Q | None = None):
         .annotate(
             shard_count=Count("shards", filter=~Q(shards__state__in=SHARD_FINISHED), distinct=True),
             ready_count=Count("shards", filter=Q(shards__state=ShardState.READY), distinct=True),
+            asleep_count=Count("shards", filter=Q(shards__state=ShardState.ASLEEP), distinct=True),
             # Shards fetching weights there, summed: no query of its own (node lines).
             fetch_count=Count("shards", filter=_FETCHING, distinct=True),
             fetch_unknown=Count(
@@ -208,16 +251,21 @@ def node_queryset(where: Q | None = None):
 
 
 def _holders() -> dict[str, list[tuple]]:
-    """By node, (model, gpu_memory_gb, GPU UUIDs) of each shard that is not finished."""
+    """By node, (model, gpu_memory_gb, GPU UUIDs, asleep) of each shard that is not
+    finished (``lines.gpu_use``)."""
     held: dict[str, list[tuple]] = {}
-    for node_id, uuids, model, budget in (
+    for node_id, uuids, model, budget, state in (
         Shard.objects.exclude(state__in=SHARD_FINISHED)
         .exclude(node=None)
         .values_list(
-            "node_id", "gpu_uuids", "replica__model__name", "replica__profile__gpu_memory_gb"
+            "node_id",
+            "gpu_uuids",
+            "replica__model__name",
+            "replica__profile__gpu_memory_gb",
+            "state",
         )
     ):
-        held.setdefault(node_id, []).append((model, budget, uuids))
+        held.setdefault(node_id, []).append((model, budget, uuids, state == ShardState.ASLEEP))
     return held
 
 
@@ -231,11 +279,13 @@ def totals(holders: dict[str, list[tuple]] | None = None) -> Totals:
         **{s: Count("id", filter=Q(state=s)) for s in NodeState.values},
     )
     g = GPU.objects.aggregate(total=Count("id"), sick=Count("id", filter=~Q(problems=[])))
-    # A GPU is used while a shard that is not finished holds it, whole or a share of it.
+    # A GPU is used while a shard that is not finished holds it, whole or a share of it;
+    # one asleep gave its GPU memory back (fleet.services.snapshot counts it so too).
     used = set()
     for held in (_holders() if holders is None else holders).values():
-        for _, _, uuids in held:
-            used.update(str(u) for u in uuids or ())
+        for _, _, uuids, asleep in held:
+            if not asleep:
+                used.update(str(u) for u in uuids or ())
     by_state = dict(
         Replica.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n")
     )
@@ -278,6 +328,7 @@ def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = 
         .order_by("created_at")[:PENDING_SHOWN]
     ]
     page_nodes = list(current.object_list)
+    asleep_total = t.replicas_by_state.get(ReplicaState.ASLEEP, 0)
     return Cluster(
         totals=t,
         warnings=fleet_warnings(now),
@@ -290,6 +341,8 @@ def cluster(page: int = 1, q: str = "", state: str = "", now: datetime | None = 
         pending=pending,
         pending_total=t.replicas_by_state.get(ReplicaState.PENDING, 0),
         models=model_lines(),
+        asleep=asleep_lines(now) if asleep_total else [],
+        asleep_total=asleep_total,
         teams=team_lines(),
         at=now,
     )

@@ -7,9 +7,11 @@ than a minute ago) has no width and reads "-".
 from dataclasses import dataclass
 from datetime import datetime
 
-from fleet.models import GPU, Node
+from fleet.models import GPU, Node, ShardState
 
 from .. import nodes
+from ..autoscaler.status import asleep_text
+from ..snapshot import asleep_host_mb
 from ..units import MIB_PER_GIB
 from ..units import bytes_text as human_bytes
 
@@ -122,6 +124,7 @@ class NodeLine:
     agent_version: str
     fetch: str = ""  # the shards fetching weights there, summed
     vllm_build: str = "auto"  # the operators' choice (auto, cu13, cu129, cpu, none)
+    shards_asleep: int = 0  # of shards_all: their engines sleep (docs/operations.md)
 
 
 def _engines(node: Node) -> list[EngineLine]:
@@ -160,6 +163,7 @@ def node_line(node: Node, now: datetime) -> NodeLine:
         agent_version=node.agent_version,
         fetch=_node_fetch(node),
         vllm_build=node.vllm_build,
+        shards_asleep=getattr(node, "asleep_count", 0),
     )
 
 
@@ -194,17 +198,21 @@ def disk_line(s) -> DiskLine:
 
 def gpu_use(gpus, holders_of) -> dict[int, str]:
     """Per GPU index, the shards on it: "qwen-72b (whole)", or the shares of it with
-    their budgets and what is promised of the GPU's total (placement's count).
+    their budgets and what is promised of the GPU's total (placement's count); a shard
+    asleep holds none of it ("qwen-7b asleep") and is not counted in what is promised.
 
-    ``holders_of``: (model, its profile's gpu_memory_gb, the shard's GPU UUIDs) for
-    each shard on the node that is not finished, by model name."""
+    ``holders_of``: (model, its profile's gpu_memory_gb, the shard's GPU UUIDs, whether
+    it is asleep) for each shard on the node that is not finished, by model name."""
     by_uuid = {g.uuid: g for g in gpus}
     holders: dict[int, list[str]] = {}
     promised: dict[int, float] = {}
-    for model, budget, uuids in sorted(holders_of, key=lambda h: h[0]):
+    for model, budget, uuids, asleep in sorted(holders_of, key=lambda h: h[0]):
         for uuid in uuids or ():
             g = by_uuid.get(uuid)
             if g is None:
+                continue
+            if asleep:
+                holders.setdefault(g.index, []).append(f"{model} asleep")
                 continue
             holders.setdefault(g.index, []).append(
                 f"{model} {budget:g} GB" if budget else f"{model} (whole)"
@@ -221,3 +229,14 @@ def gpu_use(gpus, holders_of) -> dict[int, str]:
             text += f"; {promised[g.index]:.1f} of {total:.1f} GB promised"
         out[g.index] = text
     return out
+
+
+def asleep_host_text(profile, shards, since: datetime | None, now: datetime) -> str:
+    """A sleeping replica, or one shard of it, as the pages say it (``asleep_text``): how
+    long since ``since`` and the host memory its shards asleep hold (``asleep_host_mb``);
+    "going to sleep" while none is asleep on its node yet."""
+    sleeping = [s for s in shards if s.state == ShardState.ASLEEP]
+    if not sleeping:
+        return asleep_text(since, None, now)
+    host_mb = sum(asleep_host_mb(profile, s.spec or {}, bool(s.gpu_uuids)) for s in sleeping)
+    return asleep_text(since, host_mb, now)

@@ -13,7 +13,8 @@ from fleet.models import Adapter, Event, KeyUsage, Model, Replica, ReplicaState,
 
 from .. import canary_figures, history, prometheus
 from ..adapters import held
-from ..autoscaler.status import last_decision, scaling_status
+from ..autoscaler.status import last_decision, scaling_status, sleep_policy
+from .lines import asleep_host_text
 
 
 @dataclass
@@ -26,6 +27,7 @@ class ReplicaLine:
     shards: list  # Shard rows with node
     evict: str = ""  # an operator's drain, stop or restart, and who asked
     evict_by: str = ""
+    asleep: str = ""  # "asleep 4 minutes · holds 16 GB of host memory" (lines.asleep_host_text)
 
 
 @dataclass
@@ -59,6 +61,8 @@ class ModelDetail:
     # zero", "starting for 3 waiting requests", "autoscaled 1-4: 2 wanted", or "".
     scaling: str = ""
     last_decision: Event | None = None  # the autoscaler's, with its reason
+    # Its sleep policy (autoscaler.status.sleep_policy): "after 300 s idle, level 1"; "".
+    sleep: str = ""
     # A canary's figures beside the active profile's since it began, from every gateway
     # (canary_figures): [(profile, answers, error rate, p95 time to first token)].
     canary: list[tuple[str, int, float, float | None]] | None = None
@@ -150,6 +154,7 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
             list(r.shards.all()),
             r.evict,
             r.evict_by,
+            _asleep(r, now),
         )  # fmt: skip
         for r in replicas
     ]
@@ -164,9 +169,16 @@ def model_detail(pk: int, now: datetime | None = None) -> ModelDetail:
         gateway_figures(model.name, now.timestamp()),
         scaling=scaling_status(model, by_state[ReplicaState.READY]),
         last_decision=last_decision(model),
+        sleep=sleep_policy(model),
         adapters=adapter_lines,
         **canary_figures_of(model),
     )
+
+
+def _asleep(replica: Replica, now: datetime) -> str:
+    if replica.state != ReplicaState.ASLEEP:
+        return ""
+    return asleep_host_text(replica.profile, replica.shards.all(), replica.state_changed_at, now)
 
 
 def adapters_of(model: Model, lines: list[ReplicaLine]) -> list[AdapterLine]:

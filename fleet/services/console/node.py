@@ -6,14 +6,23 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.models import SHARD_FINISHED, Node, Shard, ShardLoad
+from fleet.models import SHARD_FINISHED, DesiredState, Node, Shard, ShardLoad, ShardState
 
 from .. import nodes
+from ..snapshot import asleep_host_mb
 from ..units import bytes_text as human_bytes
-from ..units import gpu_use_text, over_gpu_budget
+from ..units import gb_text, gpu_use_text, over_gpu_budget
 from ..weights_gc import inventory as weights_inventory
 from .cluster import node_queryset
-from .lines import DiskLine, NodeLine, disk_line, fetch_text, gpu_use, node_line
+from .lines import (
+    DiskLine,
+    NodeLine,
+    asleep_host_text,
+    disk_line,
+    fetch_text,
+    gpu_use,
+    node_line,
+)
 
 
 @dataclass
@@ -34,6 +43,8 @@ class ShardLine:
     fetch: str = ""  # source and progress while its weights are fetched
     gpu_memory: str = "-"  # used of its budget ("28.1 of 30 GB")
     over_gpu_budget: bool = False
+    # Asleep, or told to sleep: "asleep 4 minutes · holds 16 GB of host memory".
+    asleep: str = ""
 
 
 @dataclass
@@ -83,6 +94,8 @@ class NodeDetail:
     desired: str
     log_sources: list[tuple[str, str]]  # (source, what it is)
     weights: list[WeightsLine] | None = None  # None: not asked for (no permission to see them)
+    # What its shards asleep hold: "2 shards asleep hold 32 GB of host memory"; "" for none.
+    asleep: str = ""
 
 
 def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = False) -> NodeDetail:
@@ -103,9 +116,18 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
         for s in ShardLoad.objects.filter(node=node, sampled_at__gte=now - nodes.LOAD_MAX_AGE)
     }
     lines = []
+    asleep_count, asleep_mb = 0, 0
     for s in shards:
         sl = shard_loads.get(s.pk)
         gpu_used, budget = sl.gpu_memory_mb if sl else None, s.replica.profile.gpu_memory_gb
+        asleep = ""
+        if s.state == ShardState.ASLEEP or (
+            s.desired_state == DesiredState.ASLEEP and s.state not in SHARD_FINISHED
+        ):
+            asleep = asleep_host_text(s.replica.profile, [s], s.state_changed_at, now)
+        if s.state == ShardState.ASLEEP:
+            asleep_count += 1
+            asleep_mb += asleep_host_mb(s.replica.profile, s.spec or {}, bool(s.gpu_uuids))
         lines.append(
             ShardLine(
                 id=s.pk,
@@ -124,6 +146,7 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
                 fetch=fetch_text(s),
                 gpu_memory=gpu_use_text(gpu_used, budget) if s.gpu_uuids else "-",
                 over_gpu_budget=over_gpu_budget(gpu_used, budget),
+                asleep=asleep,
             )
         )
     live = [s for s in lines if s.state not in SHARD_FINISHED]
@@ -131,7 +154,12 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
     use = gpu_use(
         node.gpus.all(),
         [
-            (s.replica.model.name, s.replica.profile.gpu_memory_gb, s.gpu_uuids)
+            (
+                s.replica.model.name,
+                s.replica.profile.gpu_memory_gb,
+                s.gpu_uuids,
+                s.state == ShardState.ASLEEP,
+            )
             for s in shards
             if s.state not in SHARD_FINISHED
         ],
@@ -150,7 +178,17 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
         desired=nodes.desired_sync(node, now),
         log_sources=[("agent", "the agent")] + [(s.id, f"{s.model} (shard {s.id})") for s in live],
         weights=weights_lines(node.pk) if weights else None,
+        asleep=_asleep_total(asleep_count, asleep_mb),
     )
+
+
+def _asleep_total(count: int, host_mb: int) -> str:
+    if not count:
+        return ""
+    if not host_mb:
+        return f"{count} shard{'s' if count != 1 else ''} asleep, holding no host memory"
+    noun = "shard asleep holds" if count == 1 else "shards asleep hold"
+    return f"{count} {noun} {gb_text(host_mb)} GB of host memory"
 
 
 def models_on_node(node_id: str) -> list[str]:
