@@ -183,8 +183,8 @@ class EngineLifecycle:
         sh.fetch_path = weights_path(spec) if spec else None
         sh.log.skip_to_end()
         engine = self._engines.get(sh.engine)
-        if recorded == ShardState.DRAINING:
-            sh.state = ShardState.DRAINING
+        if recorded in (ShardState.DRAINING, ShardState.ASLEEP):
+            sh.state = recorded  # an asleep engine may still answer its health check
         elif engine is None or (spec is not None and not engine.serves_http(spec)):
             sh.state = recorded if recorded in LIVE else ShardState.READY
         else:
@@ -217,7 +217,8 @@ class EngineLifecycle:
             if sh.state in (ShardState.STARTING, ShardState.LOADING) and engine is not None:
                 if await self._check_ready(sh, engine, gen):
                     return
-            await asyncio.sleep(TICK_READY_S if sh.state == ShardState.READY else TICK_STARTING_S)
+            idle = sh.state in (ShardState.READY, ShardState.ASLEEP)
+            await asyncio.sleep(TICK_READY_S if idle else TICK_STARTING_S)
 
     async def _check_ready(self, sh: Shard, engine: Engine, gen: int) -> bool:
         """One readiness step; True when the monitor is done (the shard failed)."""
@@ -261,6 +262,15 @@ class EngineLifecycle:
         """Wait for requests in flight to finish (the gateway already sends no more), then stop."""
         if sh.state != ShardState.DRAINING:
             await self._set(sh, ShardState.DRAINING)
+        if not await self._finish_in_flight(sh, "draining"):
+            await self._set(sh, ShardState.READY)  # drain called off
+            return
+        if sh.alive():
+            await self._stop(sh, ShardState.STOPPED)
+
+    async def _finish_in_flight(self, sh: Shard, target: str) -> bool:
+        """Wait until the engine has nothing in flight, within the drain bound, while the
+        target stays ``target``. False when the target went back to running (called off)."""
         engine = self._engines.get(sh.engine)
         serves = engine is not None and (sh.spec is None or engine.serves_http(sh.spec))
         start = time.monotonic()
@@ -268,22 +278,79 @@ class EngineLifecycle:
         blind = start + min(self.drain_timeout_s, DRAIN_WITHOUT_METRIC_S)
         while True:
             if sh.target == "running":
-                await self._set(sh, ShardState.READY)  # drain called off
-                return
-            if sh.target != "draining" or not sh.alive():
-                break
+                return False
+            if sh.target != target or not sh.alive():
+                return True
             now = time.monotonic()
             # A follower rank has no requests of its own but carries the leader's:
             # it waits the whole bound (or until told to stop).
             in_flight = await engine.in_flight(self.probe_host, sh.port) if serves else None
             if in_flight == 0:
-                break
+                return True
             if now >= deadline or (in_flight is None and serves and now >= blind):
-                logger.info("shard %s: drain ends with %s in flight", sh.shard_id, in_flight)
-                break
+                logger.info("shard %s: %s ends with %s in flight", sh.shard_id, target, in_flight)
+                return True
             await asyncio.sleep(DRAIN_POLL_S)
-        if sh.alive():
-            await self._stop(sh, ShardState.STOPPED)
+
+    # ---- sleeping and waking (docs/engines.md, "Sleep and wake") -----------------
+
+    async def _converge_asleep(self, sh: Shard, alive: bool) -> None:
+        """Put the engine to sleep once what is in flight is done: through its API where
+        it has one (the process stays, its GPU memory released), else by stopping it
+        (its weights stay in the page cache; a wake starts it again)."""
+        if sh.state == ShardState.ASLEEP:
+            return
+        if not alive:
+            # Never started, or gone: a wake starts it, as a sleep by stopping would.
+            if sh.state != ShardState.FAILED or sh.before_launch:
+                await self._set(sh, ShardState.ASLEEP)
+            return
+        if sh.state not in (ShardState.READY, ShardState.DRAINING):
+            return  # still starting: it sleeps once it is ready (the transition converges)
+        if not await self._finish_in_flight(sh, "asleep"):
+            return  # woken before it slept
+        if sh.target != "asleep" or not sh.alive():
+            return
+        engine = self._engines.get(sh.engine)
+        spec = sh.spec or sh.want
+        if engine is not None and spec is not None and engine.sleeps_in_place(spec):
+            if not engine.serves_http(spec):
+                await self._set(sh, ShardState.ASLEEP)  # rank 0 sleeps the whole engine
+                return
+            began = time.monotonic()
+            problem = await engine.sleep(self.probe_host, sh.port, spec.sleep_level)
+            if problem:
+                logger.warning("shard %s: could not sleep: %s; stopping it", sh.shard_id, problem)
+                await self._stop(sh, None)
+                return await self._fail(sh, f"could not sleep: {problem}")
+            logger.info(
+                "shard %s: asleep (level %s) in %.2f s",
+                sh.shard_id,
+                spec.sleep_level,
+                time.monotonic() - began,
+            )
+            await self._set(sh, ShardState.ASLEEP)
+            return
+        await self._stop(sh, ShardState.ASLEEP)
+        if spec is not None:
+            self._spawn(asyncio.to_thread(keep_cached, sh.model_local or weights_path(spec)))
+
+    async def _wake(self, sh: Shard) -> None:
+        """Wake an engine that sleeps through its API; ready once it answers its health check."""
+        engine = self._engines.get(sh.engine)
+        spec = sh.spec
+        if engine is None or spec is None or not engine.serves_http(spec):
+            await self._set(sh, ShardState.READY)
+            return
+        began = time.monotonic()
+        problem = await engine.wake(self.probe_host, sh.port, spec)
+        if problem:
+            logger.warning("shard %s: could not wake: %s; stopping it", sh.shard_id, problem)
+            await self._stop(sh, None)
+            return await self._fail(sh, f"could not wake: {problem}")
+        sh.started_at = sh.progress_at = time.monotonic()
+        await self._set(sh, ShardState.LOADING)
+        logger.info("shard %s: woken in %.2f s", sh.shard_id, time.monotonic() - began)
 
     async def _stop(self, sh: Shard, final: ShardState | None) -> None:
         sh.stopping = True
@@ -293,3 +360,25 @@ class EngineLifecycle:
         logger.info("shard %s: engine pid %s stopped", sh.shard_id, sh.pid)
         if final is not None:
             await self._set(sh, final)
+
+
+def keep_cached(path: Path | None) -> None:
+    """Ask the kernel to keep a stopped engine's weights in the page cache
+    (POSIX_FADV_WILLNEED on each file), so its wake reads no disk where memory allows."""
+    if path is None:
+        return
+    try:
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    except OSError:
+        return
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

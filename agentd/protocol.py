@@ -82,6 +82,9 @@ class ShardState(enum.StrEnum):
     LOADING = "loading"
     READY = "ready"
     DRAINING = "draining"
+    # Its engine released its GPU memory and waits to be woken (docs/engines.md,
+    # "Sleep and wake"); an engine that sleeps by stopping has no process then.
+    ASLEEP = "asleep"
     STOPPED = "stopped"
     FAILED = "failed"
 
@@ -442,8 +445,9 @@ class DesiredShard(_Part):
     shard_id: ShardId
     replica_id: ShortStr
     model: ShortStr
-    # running: start or keep; draining: finish in-flight work, take no more; stopped: stop.
-    state: Literal["running", "draining", "stopped"]
+    # running: start or keep (or wake); draining: finish in-flight work, take no more;
+    # asleep: finish in-flight work, then release the GPUs (sleep_level); stopped: stop.
+    state: Literal["running", "draining", "asleep", "stopped"]
     rank: Count = 0
     nnodes: Annotated[int, Field(ge=1)] = 1
     leader_addr: ShortStr = ""
@@ -465,6 +469,10 @@ class DesiredShard(_Part):
     # vLLM on a CPU node: GiB of the node's memory for its KV cache
     # (VLLM_CPU_KVCACHE_SPACE), from the model's estimate; 0: not told (vLLM's default).
     kv_cache_gb: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # Its model's sleep level (docs/engines.md, "Sleep and wake"): 1 keeps the weights
+    # in host memory, 2 drops them; 0: the model never sleeps. An engine that sleeps
+    # through its API is started ready for it (vLLM: --enable-sleep-mode).
+    sleep_level: Annotated[int, Field(ge=0, le=2)] = 0
     # llama.cpp over nodes: the followers' ggml-rpc-servers, "address:port" by rank
     # (1, 2, …), which the leader names in --rpc and each follower listens on.
     rpc_servers: Annotated[list[ShortStr], Field(max_length=64)] = []

@@ -45,7 +45,7 @@ class Shard:
         self.shard_id = shard_id
         self.spec: DesiredShard | None = None  # what the process runs
         self.want: DesiredShard | None = None  # the newest desired entry
-        self.target = "running"  # running | draining | stopped | absent
+        self.target = "running"  # running | draining | asleep | stopped | absent
         self.engine = ""
         self.port = 0
         self.state = ShardState.PENDING

@@ -379,6 +379,8 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
                 self._release_fetch(sh)
             if sh.target == "running":
                 await self._converge_running(sh, alive)
+            elif sh.target == "asleep":
+                await self._converge_asleep(sh, alive)
             elif sh.target == "draining":
                 if alive:
                     await self._drain(sh)
@@ -402,6 +404,9 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         if alive:
             if sh.spec is None:
                 sh.spec = want  # adopted by its mark alone: now we know what it runs
+            elif sh.state == ShardState.ASLEEP and identity(want) == identity(sh.spec):
+                await self._wake(sh)
+                return
             elif identity(want) != identity(sh.spec):
                 logger.info("shard %s: spec changed, restarting its engine", sh.shard_id)
                 await self._stop(sh, None)
@@ -515,6 +520,8 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         self._save()
         if new == ShardState.READY and sh.want is not None and sh.want.profile.max_adapters:
             self._spawn(self._converge(sh))  # its adapters, now that it serves
+        elif new == ShardState.READY and sh.target == "asleep":
+            self._spawn(self._converge(sh))  # asked to sleep while it started
         level = logging.WARNING if new == ShardState.FAILED else logging.INFO
         logger.log(level, "shard %s: %s%s", sh.shard_id, new.value, f" ({error})" if error else "")
         await self._emit_status(sh, exit_code)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the fake engine imports this module and should start fast
 
 PROBE_TIMEOUT_S = 2.0
 ADAPTER_TIMEOUT_S = 300.0  # a load reads the adapter's weights onto the GPUs
+SLEEP_TIMEOUT_S = 300.0  # a sleep copies the weights to host memory; a wake, back
 VERSION_TIMEOUT_S = 60.0
 _MAX_BODY = 4 * 1024 * 1024
 
@@ -155,6 +156,11 @@ class Engine:
     # paths: (load, unload), each taking {"lora_name", "lora_path"}.
     adapters_at_start: ClassVar[bool] = False
     adapter_api: ClassVar[tuple[str, str] | None] = None
+    # Sleep (docs/engines.md, "Sleep and wake"): an engine with a sleep API releases
+    # its GPU memory and takes it back while its process stays (``sleep_call`` and
+    # ``wake_call`` say how). Every other engine sleeps by stopping, its weights
+    # left in the page cache, and wakes by starting again.
+    sleep_api: ClassVar[bool] = False
 
     def __init__(self, binary: str | None = None):
         self.binary = binary
@@ -198,6 +204,33 @@ class Engine:
             return ""
         return await _adapter_call(host, port, self.adapter_api[1], name, None)
 
+    def sleeps_in_place(self, shard: DesiredShard) -> bool:
+        """Whether this shard's engine sleeps through its API (its process stays)."""
+        return self.sleep_api and shard.sleep_level > 0
+
+    def sleep_call(self, level: int) -> tuple[str, dict | None]:
+        """The POST that puts the engine to sleep at ``level``: its path and JSON body."""
+        raise NotImplementedError
+
+    def wake_call(self) -> tuple[str, dict | None]:
+        """The POST that wakes it."""
+        raise NotImplementedError
+
+    def wake_calls(self, shard: DesiredShard) -> list[tuple[str, dict | None]]:
+        """The POSTs that wake this shard's engine, in order."""
+        return [self.wake_call()]
+
+    async def sleep(self, host: str, port: int, level: int) -> str:
+        """Put the engine to sleep; "" when it answered 200, else its reason."""
+        return await _post(host, port, *self.sleep_call(level), SLEEP_TIMEOUT_S)
+
+    async def wake(self, host: str, port: int, shard: DesiredShard) -> str:
+        """Wake the engine; "" when every call answered 200, else the first one's reason."""
+        for path, body in self.wake_calls(shard):
+            if problem := await _post(host, port, path, body, SLEEP_TIMEOUT_S):
+                return problem
+        return ""
+
     async def probe(self, host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> Probe:
         try:
             status, _ = await http_get(host, port, self.health_path, timeout)
@@ -230,6 +263,18 @@ async def _adapter_call(host: str, port: int, path: str, name: str, lora: str | 
         return ""
     # The engine's words, cut here and bounded again with the adapter's reason.
     return f"{path} answered {status}: {answer[:2048].decode('utf-8', 'replace').strip()}"
+
+
+async def _post(host: str, port: int, path: str, body: dict | None, timeout: float) -> str:
+    data = json.dumps(body).encode() if body is not None else b""
+    try:
+        status, answer = await http_request(host, port, path, timeout, method="POST", body=data)
+    except (OSError, TimeoutError, ValueError) as exc:
+        return f"{path.split('?')[0]} did not answer: {exc or type(exc).__name__}"
+    if status == 200:
+        return ""
+    text = answer[:2048].decode("utf-8", "replace").strip()
+    return f"{path.split('?')[0]} answered {status}: {text}"
 
 
 def metric_sum(text: str, names: tuple[str, ...]) -> int | None:

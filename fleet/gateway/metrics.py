@@ -68,6 +68,21 @@ FALLBACKS = Counter(
     ["model", "fallback", "why"],
     registry=REGISTRY,
 )
+# Sleep and wake (docs/operations.md, "Sleep and wake"): what a request that found its
+# model asleep waited for the wake.
+WOKEN = Counter(
+    "llmgw_gateway_woken_requests",
+    "Requests that found their model asleep and waited for a replica to wake, by model.",
+    ["model"],
+    registry=REGISTRY,
+)
+WAKE_WAIT = Histogram(
+    "llmgw_gateway_wake_wait_seconds",
+    "How long a request that found its model asleep waited for a replica to wake, by model.",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 RETRIES = Counter(
     "llmgw_gateway_retries",
     "Requests sent again to another replica after a connect failure or a 502/503.",

@@ -176,7 +176,7 @@ async def settle(check: SSECheck) -> None:
 class Reply:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started", "status", "extra", "sse_open", "served_by")
+    __slots__ = ("send", "started", "status", "extra", "sse_open", "served_by", "woke")
 
     def __init__(self, send):
         self.send = send
@@ -187,6 +187,8 @@ class Reply:
         # comments already (fleet.gateway.waiting): the answer continues that stream.
         self.sse_open = False
         self.served_by: tuple[str, str] | None = None  # (model, profile) of the last try
+        # It waited for its model to wake: the answer names the replica (x-llmgw-woke).
+        self.woke = False
 
     async def start(self, status: int, headers: list) -> None:
         if self.sse_open:
@@ -400,11 +402,13 @@ def whole_answer(route: table.Route, up: table.Upstream, resp, body: bytes) -> t
     return status, body
 
 
-def whole_headers(up: table.Upstream, resp, body: bytes) -> list[tuple[bytes, bytes]]:
+def whole_headers(
+    up: table.Upstream, resp, body: bytes, woke: bool = False
+) -> list[tuple[bytes, bytes]]:
     return [
         (b"content-type", (resp.header(b"content-type") or "application/json").encode()),
         (b"content-length", str(len(body)).encode()),
-        _replica_header(up),
+        *_replica_headers(up, woke),
     ]
 
 
@@ -413,8 +417,10 @@ class _Retry(Exception):
         self.why = why
 
 
-def _replica_header(up: table.Upstream) -> tuple[bytes, bytes]:
-    return (b"x-llmgw-replica", up.replica_id.encode())
+def _replica_headers(up: table.Upstream, woke: bool = False) -> list[tuple[bytes, bytes]]:
+    """x-llmgw-replica, and x-llmgw-woke when the request waited for its model to wake."""
+    replica = up.replica_id.encode()
+    return [(b"x-llmgw-replica", replica)] + ([(b"x-llmgw-woke", replica)] if woke else [])
 
 
 async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None) -> None:
@@ -586,7 +592,7 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
     if reply.sse_open:
         await _whole_as_events(gw, route, key, reply, status, body, usage)
         return
-    await reply.start(status, whole_headers(up, resp, body))
+    await reply.start(status, whole_headers(up, resp, body, reply.woke))
     charge = tally(gw, route, key, usage) if status < 400 else None
     await reply.send({"type": "http.response.body", "body": body})
     await _charge(gw, key, charge)
@@ -640,7 +646,7 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
-            _replica_header(up),
+            *_replica_headers(up, reply.woke),
         ],
     )
     send = reply.send

@@ -58,6 +58,7 @@ class ModelView:
     # Autoscaled (min and max replicas set): a request with no ready replica
     # waits for one (fleet.gateway.waiting) instead of a 503 at once.
     autoscaled: bool = False
+    sleeps: bool = False  # idle replicas sleep: a request waits for a wake
     max_waiting: int | None = None  # None: the fleet's setting
     max_wait_s: int | None = None
     fallbacks: tuple[str, ...] = ()  # models answering in its stead, in order
@@ -128,8 +129,12 @@ class Route:
     unavailable: str = ""  # why no replica is ready, for the 503
     retry_after: int = 5
     metrics: object = None
-    # With no ready replica: wait for one (autoscaled models), within these bounds.
+    # With no ready replica: wait for one (autoscaled models, and models that sleep),
+    # within these bounds.
     waits: bool = False
+    # Replicas asleep or waking when the table was built: a request that waits for
+    # one says so in its answer (x-llmgw-woke).
+    asleep: int = 0
     max_waiting: int | None = None
     max_wait_s: int | None = None
     fallbacks: tuple[str, ...] = ()
@@ -161,7 +166,17 @@ def adapter_fields(engine: str, served: str, name: str, number: int | None) -> d
 
 # The order in which a model's unready replicas are described: what will be
 # ready soonest first.
-_ORDER = ["starting", "loading", "pending", "failed", "draining", "stopping", "unreachable"]
+_ORDER = [
+    "waking",
+    "asleep",
+    "starting",
+    "loading",
+    "pending",
+    "failed",
+    "draining",
+    "stopping",
+    "unreachable",
+]
 
 
 def replica_status(r: ReplicaView) -> tuple[str, str]:
@@ -180,6 +195,12 @@ def replica_status(r: ReplicaView) -> tuple[str, str]:
             return "stopping", ""
         if s.desired_state == DesiredState.DRAINING or s.state == ShardState.DRAINING:
             return "draining", ""
+    # Asleep, going to sleep or waking (docs/operations.md, "Sleep and wake"): a
+    # request waits for the wake.
+    if any(s.desired_state == DesiredState.ASLEEP for s in shards):
+        return "asleep", ""
+    if any(s.state == ShardState.ASLEEP for s in shards):
+        return "waking", ""
     states = {s.state for s in shards}
     if replica_ready(shards):
         leader = min(shards, key=lambda s: s.rank)
@@ -218,7 +239,7 @@ def describe_unready(counts: dict[tuple[str, str], int], desired: int) -> tuple[
         counts.items(), key=lambda kv: (_ORDER.index(kv[0][0]), kv[0][1])
     ):
         parts.append(f"{n} {what}: {reason}" if reason else f"{n} {what}")
-    soon = any(what in ("starting", "loading") for what, _ in counts)
+    soon = any(what in ("starting", "loading", "waking", "asleep") for what, _ in counts)
     return "; ".join(parts), (5 if soon else 30)
 
 
@@ -262,8 +283,9 @@ def build_routes(
         route = Route(m.id, m.name, m.created, upstreams, kept_to=m.kept_to)
         if m.prefix_routing and upstreams:
             _ring(route, old)
+        route.asleep = sum(n for (what, _), n in counts.items() if what in ("asleep", "waking"))
         route.waits, route.max_waiting, route.max_wait_s, route.fallbacks = (
-            m.autoscaled,
+            m.autoscaled or m.sleeps or bool(route.asleep),
             m.max_waiting,
             m.max_wait_s,
             m.fallbacks,
@@ -412,6 +434,7 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterVie
             desired,
             prefix_routing=prefix_routing,
             autoscaled=lo is not None and hi is not None,
+            sleeps=sleep_after is not None,
             max_waiting=max_waiting,
             max_wait_s=max_wait_s,
             fallbacks=tuple(fallbacks or ()),
@@ -435,6 +458,7 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterVie
             private,
             team_id,
             team,
+            sleep_after,
         ) in (
             Model.objects.values_list(
                 "pk",
@@ -452,6 +476,7 @@ def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterVie
                 "private",
                 "team_id",
                 "team__name",
+                "sleep_after_s",
             )
         )
     ]

@@ -13,6 +13,7 @@ from .choices import (
     PlacementPolicy,
     ReplicaState,
     ShardState,
+    SleepLevel,
     VllmBuild,
 )
 from .nodes import (
@@ -61,6 +62,7 @@ __all__ = [
     "Shard",
     "ShardLoad",
     "ShardState",
+    "SleepLevel",
     "Team",
     "Storage",
     "VllmBuild",

@@ -14,7 +14,7 @@ from django.utils import timezone
 from agentd.fetch import sources
 from fleet.selectors import parse_selector
 
-from .choices import Engine, PlacementPolicy
+from .choices import Engine, PlacementPolicy, SleepLevel
 
 PRIORITY_MAX = 100
 
@@ -89,6 +89,30 @@ class Model(models.Model):
         blank=True,
         help_text="With min replicas 0: no request for this long scales the model to zero "
         "(its weights stay on the nodes). Empty: never.",
+    )
+    # Sleep (docs/operations.md, "Sleep and wake"): idle replicas give their GPUs back
+    # and keep their engines, so a request wakes them in seconds rather than minutes.
+    sleep_after_s = models.PositiveIntegerField(
+        "sleep after (s)",
+        null=True,
+        blank=True,
+        help_text="No request for this long puts the model's replicas to sleep: their GPU "
+        "memory is given back and a request wakes them. Replicas of models that sleep may "
+        "take turns on one GPU, the least recently used asleep. Empty: never.",
+    )
+    sleep_level = models.PositiveSmallIntegerField(
+        choices=SleepLevel.choices,
+        default=SleepLevel.KEEP_WEIGHTS,
+        help_text="1: the weights stay in the node's memory (a wake copies them back); "
+        "2: they are dropped and reloaded from disk. Engines that sleep by stopping "
+        "(llama.cpp) keep them in the page cache either way.",
+    )
+    stop_after_asleep_s = models.PositiveIntegerField(
+        "stop after asleep (s)",
+        null=True,
+        blank=True,
+        help_text="With min replicas 0: asleep this long, the model is scaled to zero (its "
+        "engines stop and its host memory is free). Empty: it stays asleep.",
     )
     target_outstanding = models.FloatField(
         "target outstanding per replica",
@@ -334,17 +358,19 @@ class Model(models.Model):
             errors["max_replicas"] = "max_replicas must be at least 1"
         elif lo is not None and lo > hi:
             errors["min_replicas"] = f"min_replicas {lo} is above max_replicas {hi}"
+        stop = self.stop_after_asleep_s
         if idle is not None and lo != 0:
             errors["scale_to_zero_after_s"] = (
                 f"scale_to_zero_after_s needs min_replicas 0 (got {'none' if lo is None else lo})"
             )
-        elif lo == 0 and idle is None:
+        elif lo == 0 and idle is None and stop is None:
             errors["scale_to_zero_after_s"] = (
                 "min_replicas 0 needs scale_to_zero_after_s: how long without a request "
-                "before the model is scaled to zero"
+                "before the model is scaled to zero (or stop_after_asleep_s, with sleep_after_s)"
             )
         elif idle is not None and idle < 1:
             errors["scale_to_zero_after_s"] = "scale_to_zero_after_s must be at least 1"
+        errors.update(self._sleep_errors())
         if self.target_outstanding is not None and not self.target_outstanding > 0:
             errors["target_outstanding"] = (
                 f"target_outstanding must be above 0 (got {self.target_outstanding})"
@@ -354,6 +380,28 @@ class Model(models.Model):
             errors["max_waiting"] = "max_waiting must be at least 1"
         if self.max_wait_s is not None and self.max_wait_s < 1:
             errors["max_wait_s"] = "max_wait_s must be at least 1"
+        return errors
+
+    def _sleep_errors(self) -> dict[str, str]:
+        errors = {}
+        after, stop, lo = self.sleep_after_s, self.stop_after_asleep_s, self.min_replicas
+        if after is not None and after < 1:
+            errors["sleep_after_s"] = "sleep_after_s must be at least 1"
+        if self.sleep_level not in SleepLevel.values:
+            errors["sleep_level"] = f"sleep_level is 1 or 2 (got {self.sleep_level!r})"
+        if stop is not None:
+            if after is None:
+                errors["stop_after_asleep_s"] = (
+                    "stop_after_asleep_s needs sleep_after_s: a model that never sleeps is "
+                    "never asleep"
+                )
+            elif lo != 0:
+                errors["stop_after_asleep_s"] = (
+                    "stop_after_asleep_s needs min_replicas 0 (got "
+                    f"{'none' if lo is None else lo}): stopping its replicas scales it to zero"
+                )
+            elif stop < 1:
+                errors["stop_after_asleep_s"] = "stop_after_asleep_s must be at least 1"
         return errors
 
 

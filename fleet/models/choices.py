@@ -15,6 +15,7 @@ class ShardState(models.TextChoices):
     LOADING = "loading", "loading"  # engine up, loading the model; not ready for traffic
     READY = "ready", "ready"  # answering its health check; receives traffic
     DRAINING = "draining", "draining"  # finishing in-flight requests, taking no new ones
+    ASLEEP = "asleep", "asleep"  # its engine released its GPU memory; woken on demand
     STOPPED = "stopped", "stopped"  # stopped on purpose
     FAILED = "failed", "failed"  # exited or timed out on its own; see error and exit code
 
@@ -29,6 +30,7 @@ SHARD_STARTING = (ShardState.PENDING, ShardState.STARTING, ShardState.LOADING)
 class DesiredState(models.TextChoices):
     RUNNING = "running", "running"  # start it, or keep it running
     DRAINING = "draining", "draining"  # stop taking work, finish what is in flight
+    ASLEEP = "asleep", "asleep"  # finish what is in flight, then sleep (give back the GPUs)
     STOPPED = "stopped", "stopped"  # stop it
 
 
@@ -37,8 +39,16 @@ class ReplicaState(models.TextChoices):
     STARTING = "starting", "starting"  # placed; some shard not loaded yet
     READY = "ready", "ready"  # every shard ready
     DRAINING = "draining", "draining"  # being retired
+    ASLEEP = "asleep", "asleep"  # its engines sleep (or are going to); a request wakes it
     STOPPED = "stopped", "stopped"  # retired
     FAILED = "failed", "failed"  # a shard failed; waiting for its restart
+
+
+class SleepLevel(models.IntegerChoices):
+    """How deep a model's replicas sleep (docs/engines.md, "Sleep and wake")."""
+
+    KEEP_WEIGHTS = 1, "1: weights kept in host memory (fast wake)"
+    DROP_WEIGHTS = 2, "2: weights dropped (reloaded from disk on wake)"
 
 
 class Evict(models.TextChoices):
@@ -82,3 +92,4 @@ class EventKind(models.TextChoices):
     PREEMPT = "preempt"  # a replica drained to make room for one of higher priority
     REPLICA = "replica"  # an operator drained, stopped or restarted one replica
     CANARY = "canary"  # a canary started, promoted or aborted
+    SLEEP = "sleep"  # a replica went to sleep or was woken

@@ -62,6 +62,13 @@ class Replica(models.Model):
         help_text="Who took this model's place, e.g. 'qwen-72b (priority 90)'; "
         "cleared once it is placed again.",
     )
+    # Sleep (docs/operations.md, "Sleep and wake"): a replica put to sleep to make room
+    # on its GPUs names the replica it made room for, until it wakes.
+    sleep_for = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="The replica this one went to sleep to make room for (to wake or be placed).",
+    )
     # An operator's drain, stop or restart of this replica alone (fleet.services.drain).
     evict = models.CharField(
         max_length=8,

@@ -157,6 +157,7 @@ def desired_sets(versions: dict[str, int]) -> dict[str, protocol.Desired]:
                 gpu_memory_fraction=spec.get("gpu_memory_fraction", 0),
                 gpu_layers=spec.get("gpu_layers", -1),
                 kv_cache_gb=spec.get("kv_cache_gb", 0),
+                sleep_level=spec.get("sleep_level", 0),
                 rpc_servers=spec.get("rpc_servers", []),
                 profile=protocol.ProfileSpec(**spec["profile"]),
                 adapters=adapters.specs(lora.get(s.replica.model_id, ()), _max_adapters(s)),

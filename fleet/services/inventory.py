@@ -283,8 +283,8 @@ def apply_shard_status(node_id: str, msg: protocol.ShardStatus) -> bool:
         logger.info("shard state node=%s shard=%s state=%s", node_id, msg.shard_id, state)
     # Where requests may go has changed: every gateway reloads its table.
     doorbells.ring_gateways("routes")
-    if state in (ShardState.FAILED, ShardState.READY, ShardState.STOPPED):
-        request_reconcile()  # restart, roll on, or finish a drain now
+    if state in (ShardState.FAILED, ShardState.READY, ShardState.STOPPED, ShardState.ASLEEP):
+        request_reconcile()  # restart, roll on, finish a drain, or wake what waits for room
     return True
 
 

@@ -160,6 +160,14 @@ def _static_reason(node: NodeInfo, req: Request) -> Reason | None:
             "memory",
             f"{nid}: has {gb_text(node.memory_mb)} GB of memory, needs {req.min_memory_gb}",
         )
+    if req.min_memory_gb and node.asleep_mb and node.memory_mb is not None:
+        if node.memory_mb - node.asleep_mb < req.need_mb:
+            return Reason(
+                nid,
+                "memory",
+                f"{nid}: {gb_text(node.asleep_mb)} of {gb_text(node.memory_mb)} GB host memory "
+                f"held by sleeping replicas, needs {req.min_memory_gb}",
+            )
     if req.engine not in node.engines:
         return Reason(nid, "engine", engine_missing(node, req.engine))
     if req.gpus_per_node:

@@ -73,6 +73,7 @@ class NodeInfo:
     used_gpus: set[str] = field(default_factory=set)
     used_ports: set[int] = field(default_factory=set)
     promised_mb: int = 0  # memory that shards already placed here asked for
+    asleep_mb: int = 0  # host memory sleeping replicas hold (their weights, at level 1)
     shards: int = 0
     by_class: dict[str, list[GpuInfo]] = field(default_factory=dict, repr=False)
 

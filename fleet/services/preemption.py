@@ -92,11 +92,14 @@ def choose_victims(
     holders: list[Holder],
     team_id: int | None = None,
     borrowed: dict[int, int] | None = None,
+    order: dict[str, tuple] | None = None,
 ) -> Room | None:
     """The fewest replicas of lower priority than ``priority``, all on one node, whose
     removal lets ``req`` (of team ``team_id``) be placed there; None when no such set
     exists. ``borrowed``: by team, the GPU memory (MiB) it holds above its guarantee;
-    a team not in it borrows nothing, and its replicas are not taken."""
+    a team not in it borrows nothing, and its replicas are not taken. ``order``: by
+    replica, the key candidates are taken in (default: priority), and sets of one size
+    are preferred in; sleep passes least recently used first."""
     borrowed = borrowed or {}
     by_node: dict[str, list[Holder]] = {}
     for h in holders:
@@ -109,7 +112,7 @@ def choose_victims(
             by_node.setdefault(h.node_id, []).append(h)
     viable = {}
     for node_id, found in by_node.items():
-        found.sort(key=lambda h: (h.priority, h.replica_id))
+        found.sort(key=lambda h: (order or {}).get(h.replica_id) or (h.priority, h.replica_id))
         found = found[:MOST_CANDIDATES]
         # Not even all of them together would do: nothing to search here.
         if _fits(snap, snap.nodes[node_id], req, found) is not None:
@@ -119,6 +122,8 @@ def choose_victims(
         for node_id, found in sorted(viable.items()):
             for victims in itertools.combinations(found, size):
                 rank = (max(v.priority for v in victims), sum(v.priority for v in victims))
+                if order:
+                    rank = (*rank, max(order[v.replica_id] for v in victims))
                 if best is not None and rank >= best[0]:
                     continue
                 if not within_borrowed(victims, team_id, borrowed):

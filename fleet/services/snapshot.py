@@ -174,7 +174,19 @@ def build() -> Snapshot:
             sampled_at__gte=timezone.now() - LOAD_MAX_AGE, gpu_memory_mb__isnull=False
         ).values_list("shard_id", "gpu_memory_mb")
     )
-    for shard_id, nid, gpu_uuids, port, min_gb, share_gb, rank, spec in held.values_list(
+    asleep: list[str] = []
+    for (
+        shard_id,
+        nid,
+        gpu_uuids,
+        port,
+        min_gb,
+        share_gb,
+        rank,
+        spec,
+        state,
+        want,
+    ) in held.values_list(
         "id",
         "node_id",
         "gpu_uuids",
@@ -183,9 +195,19 @@ def build() -> Snapshot:
         "replica__profile__gpu_memory_gb",
         "rank",
         "spec",
+        "state",
+        "desired_state",
     ):
         node = nodes.get(nid)
         if node is None:
+            continue
+        if state == ShardState.ASLEEP and want == DesiredState.ASLEEP:
+            # Asleep (docs/operations.md, "Sleep and wake"): its port, and the host
+            # memory its weights take at level 1; no GPU memory until it wakes.
+            if port:
+                node.used_ports.add(port)
+            node.shards += 1
+            asleep.append(shard_id)
             continue
         if share_gb:
             share = share_mb(share_gb)
@@ -211,8 +233,36 @@ def build() -> Snapshot:
             # start (or to a shard over its budget): either way, not there to promise.
             g.promised_mb = shares.get(g.uuid, 0)
             g.other_mb = max(0, used_mb.get(g.uuid, 0) - holding.get(g.uuid, 0))
+    if asleep:
+        _asleep_memory(nodes, asleep)
     reserve_mb = share_mb(fleet_settings().gpu_memory_reserve_gb)
     return Snapshot(list(nodes.values()), default_port_range(), reserve_mb)
+
+
+def _asleep_memory(nodes: dict[str, NodeInfo], shard_ids: list[str]) -> None:
+    """The host memory sleeping shards hold, per node (``NodeInfo.asleep_mb``)."""
+    # Few rows (the sleeping shards alone), so whole instances: the estimate's key
+    # needs most of the profile.
+    for s in Shard.objects.filter(pk__in=shard_ids).select_related("replica__profile"):
+        node = nodes.get(s.node_id)
+        if node is not None:
+            node.asleep_mb += asleep_host_mb(
+                s.replica.profile, s.spec or {}, bool(s.gpu_uuids), node
+            )
+
+
+def asleep_host_mb(profile, spec: dict, on_gpus: bool, node: NodeInfo | None = None) -> int:
+    """The host memory (MB) a sleeping shard holds: at level 1, an engine that sleeps
+    through its API keeps its weights there, by the model's estimate, else their size
+    on the node where it knows it (0 where neither says). One that sleeps by stopping,
+    or at level 2, holds none: the page cache gives way."""
+    if spec.get("sleep_level") != 1 or not on_gpus or profile.engine == "llamacpp":
+        return 0
+    if estimated_bytes(profile):
+        weights = profile.estimate.get("weights_bytes") or profile.estimate["total_bytes"]
+    else:
+        weights = (node.weight_sizes.get(profile.model_path) or 0) if node is not None else 0
+    return math.ceil(weights / 10**6)
 
 
 def estimated_bytes(profile) -> int:

@@ -10,7 +10,9 @@ The rules, in order:
 2. A model at zero with requests waiting (or in flight) wakes at once, with
    enough replicas for them; no cool-down holds this back.
 3. A model that may go to zero (``min_replicas`` 0) and has had no request for
-   ``scale_to_zero_after_s``, with nothing in flight or waiting, goes to zero.
+   ``scale_to_zero_after_s``, with nothing in flight or waiting, goes to zero; so
+   does one that sleeps and has been asleep ``stop_after_asleep_s`` (no request for
+   ``sleep_after_s`` plus that).
 4. Load: outstanding requests (in flight plus waiting) per ready replica.
    Above ``target × (1 + hysteresis)`` it steps up to as many replicas as the
    load needs at the target; it steps down by one only when one replica fewer
@@ -33,6 +35,8 @@ class Policy:
     max_replicas: int
     target: float  # outstanding requests per ready replica
     idle_s: float | None  # scale to zero after this long without a request; None: never
+    sleep_s: float | None = None  # asleep after this long without a request; None: never
+    stop_asleep_s: float | None = None  # to zero after this long asleep; None: never
     hysteresis: float = 0.2
     up_cooldown_s: float = 15.0
     down_cooldown_s: float = 120.0
@@ -86,6 +90,20 @@ def decide(policy: Policy, facts: Facts) -> Decision:
             0,
             DOWN,
             f"no request for {facts.idle_s:.0f} s (scale to zero after {policy.idle_s:g} s)",
+        )
+    if (
+        lo == 0
+        and policy.sleep_s is not None
+        and policy.stop_asleep_s is not None
+        and demand <= 0
+        and facts.idle_s is not None
+        and facts.idle_s >= policy.sleep_s + policy.stop_asleep_s
+    ):
+        asleep = facts.idle_s - policy.sleep_s
+        return Decision(
+            0,
+            DOWN,
+            f"asleep for {asleep:.0f} s (stop after {policy.stop_asleep_s:g} s asleep)",
         )
     if facts.ready < d:
         return Decision(d)  # the last step's replicas are not all ready yet

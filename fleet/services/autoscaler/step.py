@@ -31,6 +31,8 @@ def policy_for(model: Model) -> Policy:
         max_replicas=model.max_replicas,
         target=model.target_outstanding or c.autoscale_target_outstanding,
         idle_s=model.scale_to_zero_after_s,
+        sleep_s=model.sleep_after_s,
+        stop_asleep_s=model.stop_after_asleep_s,
         hysteresis=c.autoscale_hysteresis,
         up_cooldown_s=c.autoscale_up_cooldown_s,
         down_cooldown_s=c.autoscale_down_cooldown_s,
@@ -58,18 +60,33 @@ def _seconds(now: datetime, *times) -> float | None:
     return (now - max(known)).total_seconds() if known else None
 
 
-def step(models, by_model: dict[int, list[Replica]], now: datetime) -> int:
-    """Decide for every model; set ``desired_replicas`` on those that change. Returns how many."""
-    models = [m for m in models if m.autoscaled]
+def needs_load(model: Model) -> bool:
+    """Whether a pass reads the gateways' load for this model: autoscaled, or it sleeps."""
+    return model.autoscaled or model.sleep_after_s is not None
+
+
+_UNREAD = object()
+
+
+def step(models, by_model: dict[int, list[Replica]], now: datetime, loads=_UNREAD) -> int:
+    """Decide for every model; set ``desired_replicas`` on those that change. Returns how many.
+
+    ``loads``: the gateways' load as the pass read it (``read_loads``); read here if not
+    given. The figures kept on the model (last request, waiting) are kept for models
+    that sleep too."""
+    models = [m for m in models if needs_load(m)]
     if not models:
         return 0  # a fleet without autoscaling pays nothing, not even a Redis read
-    loads = read_loads(now)
+    if loads is _UNREAD:
+        loads = read_loads(now)
     known = loads is not None
     decided = 0
     for model in models:
         figures = (loads or {}).get(model.name) or load_reports.ModelLoad()
         if known:
             _keep_figures(model, figures, now)
+        if not model.autoscaled:
+            continue
         policy = policy_for(model)
         if not known and policy.min_replicas <= model.desired_replicas <= policy.max_replicas:
             continue  # without the gateways' figures only the bounds are kept

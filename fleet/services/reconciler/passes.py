@@ -38,6 +38,7 @@ from fleet.models import (
 
 from .. import adapters, canary_figures, permissions
 from .. import canary as canary_service
+from ..autoscaler.step import needs_load, read_loads
 from ..autoscaler.step import step as autoscale
 from ..desired import bump_desired
 from ..doorbells import ring_gateways
@@ -45,6 +46,7 @@ from ..readiness import replica_ready
 from . import expiry, housekeeping, rows
 from .placing import Placing
 from .report import PassReport
+from .sleeping import WAKING, Sleeping
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ USEFULNESS = {
     ReplicaState.PENDING: 0,
     ReplicaState.FAILED: 1,
     ReplicaState.STARTING: 2,
+    ReplicaState.ASLEEP: 2,
     ReplicaState.READY: 3,
 }
 
@@ -94,7 +97,7 @@ def run_pass(now: datetime | None = None) -> PassReport:
     return report
 
 
-class _Pass(Placing):
+class _Pass(Placing, Sleeping):
     def __init__(self, now: datetime, exp: expiry.Expiry, report: PassReport):
         self.now = now
         self.exp = exp
@@ -109,6 +112,7 @@ class _Pass(Placing):
         self.shard_writes: dict[str, set[str]] = {}
         self.new_shards: list[Shard] = []
         self.new_replicas: dict[str, Replica] = {}
+        self._snap = None  # placement's snapshot, built once when a pass needs it
 
     # ---- loading ---------------------------------------------------------------
 
@@ -127,6 +131,10 @@ class _Pass(Placing):
         self.by_model: dict[int, list[Replica]] = {}
         for r in self.replicas:
             self.by_model.setdefault(r.model_id, []).append(r)
+        # The gateways' load, once (the autoscaler and sleep read it); None: Redis is
+        # away, and neither acts on what it cannot see.
+        wanted = any(needs_load(m) for m in self.models.values())
+        self.loads = read_loads(self.now) if wanted else {}
 
     # ---- the pass --------------------------------------------------------------
 
@@ -145,12 +153,18 @@ class _Pass(Placing):
         self.replace_lost(lost_candidates)
         self.phase("replicas")
         # The autoscaler moves desired_replicas; the scaling below acts on it.
-        self.report.scaled = autoscale(self.models.values(), self.by_model, self.now)
+        self.report.scaled = autoscale(
+            self.models.values(), self.by_model, self.now, loads=self.loads
+        )
         if self.report.scaled:
             ring_gateways("routes")
         self.phase("autoscale")
         # Which adapters replicas hold: the least recently used make way.
         bump_desired(adapters.step(self.now))
+        # Sleep and wake (docs/operations.md, "Sleep and wake"), before scaling: a
+        # model woken here is not also given a new replica.
+        self.sleep_and_wake()
+        self.phase("sleep")
         for model in self.models.values():
             self.scale(model, self.by_model.get(model.pk, []))
         self.phase("scaling")
@@ -247,7 +261,12 @@ class _Pass(Placing):
         failed = [s for s in shards if s.state in SHARD_FINISHED]
         if failed:
             self.restart_later(r, failed)
+        elif all(s.desired_state == DesiredState.ASLEEP for s in shards):
+            if r.state != ReplicaState.ASLEEP:
+                self.set_replica(r, ReplicaState.ASLEEP, r.reason)
         elif replica_ready(shards):
+            if r.state == ReplicaState.STARTING and r.reason.startswith(WAKING):
+                self.woke(r)
             self.set_replica(r, ReplicaState.READY, failures=0, retry_at=None)
         elif r.state != ReplicaState.STARTING:
             self.set_replica(r, ReplicaState.STARTING)
@@ -264,9 +283,12 @@ class _Pass(Placing):
         limit = timedelta(seconds=r.profile.startup_timeout_s)
         stall = timedelta(seconds=fleet_settings().fetch_stall_s)
         for s in shards:
-            if s.state not in SHARD_STARTING or s.node_id in self.exp.silence:
+            waking = s.state == ShardState.ASLEEP and s.desired_state == DesiredState.RUNNING
+            if (s.state not in SHARD_STARTING and not waking) or s.node_id in self.exp.silence:
                 continue
             since = s.state_changed_at or s.created_at
+            if waking and r.state_changed_at and r.state_changed_at > since:
+                since = r.state_changed_at  # timed from the wake, not from its sleep
             if s.fetch_updated_at and s.fetch_updated_at > since:
                 since = s.fetch_updated_at
             if self.now - since < limit:

@@ -42,7 +42,7 @@ class Placing:
         # Higher priorities first: room that frees goes to them before the replicas
         # they took it from (a stable sort: otherwise the order they asked in).
         todo.sort(key=lambda r: -self.models[r.model_id].priority)
-        snap = snapshots.build()
+        snap = self.snapshot()
         unplaceable: dict[tuple, str] = {}
         self._holders: list[preemption.Holder] | None = None
         self._preempting: dict[str, list[str]] | None = None
@@ -67,6 +67,8 @@ class Placing:
             if isinstance(result, placement.NoPlacement):
                 if key is not None and not model.priority:
                     unplaceable[key] = result.summary
+                if self.sleep_to_place(r, req, snap):
+                    continue
                 if not self.make_room(r, req, snap):
                     self.unplaced(r, result.summary)
                 continue
@@ -119,6 +121,11 @@ class Placing:
                 layers = snapshots.layers_within(profile, share)
                 if layers is not None:
                     spec["gpu_layers"] = layers
+        model = self.models[r.model_id]
+        if model.sleep_after_s:
+            # Started ready to sleep through its API (vLLM: --enable-sleep-mode); a
+            # replica placed before its model slept sleeps by stopping instead.
+            spec["sleep_level"] = model.sleep_level
         if profile.engine == "vllm" and not profile.gpus_per_node:
             if kv_gb := snapshots.cpu_kv_cache_gb(profile):
                 spec["kv_cache_gb"] = kv_gb

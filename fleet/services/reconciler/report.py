@@ -21,6 +21,8 @@ class PassReport:
     deleted: int = 0
     scaled: int = 0  # autoscaler decisions
     preempted: int = 0  # replicas drained to make room for a higher priority
+    slept: int = 0  # replicas put to sleep (idle, or to make way on their GPUs)
+    woken: int = 0  # replicas woken for requests waiting
     paused: bool = False
     nodes_notified: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
@@ -42,6 +44,8 @@ class PassReport:
                 self.drains_finished,
                 self.scaled,
                 self.preempted,
+                self.slept,
+                self.woken,
             )
         )
 
@@ -56,6 +60,8 @@ class PassReport:
             "retired",
             "scaled",
             "preempted",
+            "slept",
+            "woken",
         )
         parts = [f"{f}={getattr(self, f)}" for f in fields if getattr(self, f)]
         parts += [f"nodes_notified={len(self.nodes_notified)}", f"ms={self.duration_ms:.1f}"]

@@ -55,6 +55,7 @@ class ReplicaRow:
         "evict",
         "evict_at",
         "evict_by",
+        "sleep_for",
     )
 
     def __init__(self, row, profiles):
@@ -77,6 +78,7 @@ class ReplicaRow:
             self.evict,
             evict_at,
             self.evict_by,
+            self.sleep_for,
         ) = row
         self.evict_at = dt(evict_at)
         self.profile = profiles[self.profile_id]
@@ -104,6 +106,7 @@ class ShardRow:
         "state_changed_at",
         "fetch_updated_at",
         "created_at",
+        "gpu_uuids",
     )
 
     def __init__(self, row):
@@ -119,7 +122,9 @@ class ShardRow:
             changed,
             fetched,
             created,
+            gpus,
         ) = row
+        self.gpu_uuids = _json(gpus, [])
         self.state_changed_at = dt(changed)
         self.fetch_updated_at = dt(fetched)
         self.created_at = dt(created)
@@ -137,7 +142,7 @@ def live_replicas(profiles: dict) -> list[ReplicaRow]:
         for row in _rows(
             "SELECT id, model_id, profile_id, state, reason, state_changed_at, failures, "
             "restarts, retry_at, spec_hash, node_failures, created_at, updated_at, "
-            "preempted_by, preempted_for, evict, evict_at, evict_by "
+            "preempted_by, preempted_for, evict, evict_at, evict_by, sleep_for "
             f"FROM {table} WHERE state <> %s ORDER BY created_at, id",
             [ReplicaState.STOPPED],
         )
@@ -151,7 +156,7 @@ def active_shards() -> list[ShardRow]:
         ShardRow(row)
         for row in _rows(
             "SELECT id, replica_id, node_id, rank, desired_state, state, error, exit_code, "
-            f"state_changed_at, fetch_updated_at, created_at FROM {table} "
+            f"state_changed_at, fetch_updated_at, created_at, gpu_uuids FROM {table} "
             "WHERE desired_state <> %s ORDER BY rank",
             [DesiredState.STOPPED],
         )
