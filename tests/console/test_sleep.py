@@ -20,12 +20,18 @@ from fleet.models import (
     ShardState,
 )
 from fleet.services.autoscaler.status import asleep_text, sleep_policy, sleep_status
+from fleet.services.estimate import estimate_key
 from tests.factories import add_model, add_node, add_replica, operator
 
 pytestmark = pytest.mark.django_db
 
 CLUSTER = reverse("console:cluster")
-WEIGHTS_16_GB = {"weights_bytes": 16 * 10**9}
+
+
+def weights_16_gb(profile) -> dict:
+    """An estimate of the profile's model (current: made from its inputs) of 16 GB of
+    weights."""
+    return {"key": estimate_key(profile), "total_bytes": 18 * 10**9, "weights_bytes": 16 * 10**9}
 
 
 def text(html: str, element_id: str) -> str:
@@ -66,7 +72,9 @@ def sleepy():
     weights in host memory, and chat awake on GPU 1."""
     add_node("gpu-01")
     model = add_model("qwen")
-    EngineProfile.objects.filter(pk=model.active_profile_id).update(estimate=WEIGHTS_16_GB)
+    EngineProfile.objects.filter(pk=model.active_profile_id).update(
+        estimate=weights_16_gb(model.active_profile)
+    )
     Model.objects.filter(pk=model.pk).update(sleep_after_s=300, sleep_level=1)
     model = Model.objects.get(pk=model.pk)
     replica = add_replica(model, model.active_profile, ["gpu-01"])
