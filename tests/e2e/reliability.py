@@ -139,6 +139,13 @@ FIGURES = {
         "{broken} broken of {requests} requests ({streamed} streamed, {rate_per_s}/s, "
         "{clients} clients retrying every 0.25 s), {ok} answered"
     ),
+    "19": (
+        "{models} models of {share_gb} GB on one {gpu_gb} GB GPU: {failed} failed of "
+        "{requests} requests cycling over them, {woken} answered by a replica woken for "
+        "them (wait median {wake_median_s} s, max {wake_max_s} s); most held at once "
+        "{peak_gb} GB; an asleep replica's engine killed: answering again {replaced_s} s "
+        "after the kill"
+    ),
 }
 
 
