@@ -271,3 +271,45 @@ def test_asleep_for_stop_after_asleep_s_scales_the_model_to_zero():
     event = Event.objects.filter(kind=EventKind.AUTOSCALE).latest("created_at")
     assert event.reason == "asleep for 601 s (stop after 600 s asleep)"
     assert [s.state for s in desired_set("gpu-01").shards] == ["stopped"]
+
+
+def test_a_wake_that_would_take_its_team_past_its_quota_waits_and_says_why():
+    # given: team research may hold 60 GB of GPU memory; its model "qwen" (50 GB) is
+    # asleep, and its other model "chat" (50 GB) was placed awake meanwhile
+    from django.contrib.auth.models import Group
+
+    from fleet.models import Team
+
+    add_node("gpu-01", gpus=[{**g, "uuid": f"GPU-gpu-01-{g['index']}"} for g in H100_GPUS[:2]])
+    research = Team.objects.create(
+        name="research", group=Group.objects.create(name="research"), max_gpu_memory_gb=60
+    )
+    qwen = sleepy("qwen")
+    Model.objects.filter(pk=qwen.pk).update(team=research)
+    clock = Clock()
+    clock.pass_()
+    make_ready(qwen)
+    clock.pass_()
+    clock.now += timedelta(seconds=120)
+    gateway_reports(clock, qwen=(0, 0, 120))
+    clock.pass_()
+    asleep(qwen)
+    chat = sleepy("chat", after=3600)
+    Model.objects.filter(pk=chat.pk).update(team=research)
+    clock.pass_()
+    make_ready(chat)
+    clock.pass_()
+    assert replicas(chat)[0].state == ReplicaState.READY
+
+    # when: requests wait for qwen
+    gateway_reports(clock, qwen=(0, 2, 0), chat=(0, 0, 10))
+    clock.pass_()
+
+    # then: it stays asleep, saying which quota, and nothing is put to sleep for a wake
+    # that could not happen
+    [r] = replicas(qwen)
+    assert r.state == ReplicaState.ASLEEP
+    assert r.reason == (
+        "asleep: cannot wake: team research: 50 of 60 GB of GPU memory in use, needs 50 more"
+    )
+    assert replicas(chat)[0].state == ReplicaState.READY

@@ -29,7 +29,7 @@ import math
 from fleet.conf import fleet_settings
 from fleet.models import DesiredState, Event, EventKind, ReplicaState, ShardState
 
-from .. import preemption
+from .. import preemption, teams
 from .. import snapshot as snapshots
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,10 @@ class Sleeping:
         for r in replicas:
             if r.state != ReplicaState.READY:
                 continue
-            since = max(t for t in (model.last_request_at, r.state_changed_at) if t is not None)
-            idle = (self.now - since).total_seconds()
+            known = [t for t in (model.last_request_at, r.state_changed_at) if t is not None]
+            if not known:
+                continue  # a replica without a time cannot be idle for long
+            idle = (self.now - max(known)).total_seconds()
             if idle >= after:
                 self.put_to_sleep(r, f"no request for {idle:.0f} s (sleep after {after} s)")
 
@@ -112,11 +114,18 @@ class Sleeping:
             self.set_replica(r, r.state, f"asleep: waking once {names} sleeps")
             return
         snap = self.snapshot()
+        model = self.models[r.model_id]
+        if model.team_id is not None:
+            # Awake, it counts against its team's quota again (asleep, it does not).
+            if over := self.team_holdings(snap).refusal(
+                model.team_id, snapshots.request_for(model, r.profile, r)
+            ):
+                self.set_replica(r, r.state, f"asleep: cannot wake: {over}")
+                return
         short = self._room(snap, r)
         if not short:
             return self._wake_now(r, why)
         victims = self._make_way(snap, r, short)
-        model = self.models[r.model_id]
         if victims is None:
             self.set_replica(r, r.state, f"asleep: cannot wake: {short[0][2]}")
             return
@@ -159,6 +168,11 @@ class Sleeping:
         self.sleep_event(r, f"awake in {took:.1f} s")
 
     # ---- room on the GPUs ------------------------------------------------------------
+
+    def team_holdings(self, snap):
+        if getattr(self, "_wake_holdings", None) is None:
+            self._wake_holdings = teams.Holdings.now(snap)
+        return self._wake_holdings
 
     def snapshot(self):
         if getattr(self, "_snap", None) is None:
