@@ -5,11 +5,12 @@ as ``now``; nothing sleeps."""
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 
-from fleet.models import Event, EventKind, Model, ReplicaState
+from fleet.models import Event, EventKind, Model, ReplicaState, Team
 from fleet.services.autoscaler import load
-from fleet.services.estimate import estimate_key
 from fleet.services.desired import desired_set
+from fleet.services.estimate import estimate_key
 from fleet.services.placement import explain
 from fleet.services.snapshot import build, request_for
 from tests.factories import H100_GPUS, add_model, add_node
@@ -276,10 +277,6 @@ def test_asleep_for_stop_after_asleep_s_scales_the_model_to_zero():
 def test_a_wake_that_would_take_its_team_past_its_quota_waits_and_says_why():
     # given: team research may hold 60 GB of GPU memory; its model "qwen" (50 GB) is
     # asleep, and its other model "chat" (50 GB) was placed awake meanwhile
-    from django.contrib.auth.models import Group
-
-    from fleet.models import Team
-
     add_node("gpu-01", gpus=[{**g, "uuid": f"GPU-gpu-01-{g['index']}"} for g in H100_GPUS[:2]])
     research = Team.objects.create(
         name="research", group=Group.objects.create(name="research"), max_gpu_memory_gb=60
