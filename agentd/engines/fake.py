@@ -64,6 +64,12 @@ class FakeEngine(Engine):
     # It speaks vLLM's dialect (the module's docstring): read as vLLM is read.
     in_flight_series = VLLM.in_flight_series
     adapter_api = VLLM.adapter_api
+    # vLLM's sleep API, with or without GPUs: the fake stands in where vLLM's sleep
+    # mode cannot run (Engine.sleeps_in_place, not VLLM's, which wants GPUs).
+    sleep_api = True
+    sleep_call = VLLM.sleep_call
+    wake_call = VLLM.wake_call
+    wake_calls = VLLM.wake_calls
 
     def command(self) -> list[str]:
         return [which(self.binary or sys.executable), "-m", "agentd.engines.fake"]
@@ -80,6 +86,8 @@ class FakeEngine(Engine):
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_AGENTD_ROOT, os.environ.get("PYTHONPATH", "")) if p
         )
+        if self.sleeps_in_place(shard):
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 
     def args(self, profile: ProfileSpec, shard: DesiredShard, host: str, port: int) -> list[str]:
@@ -87,6 +95,8 @@ class FakeEngine(Engine):
         argv += ["--served-model-name", served_name(profile, shard)]
         if shard.gpu_memory_fraction:
             argv += ["--gpu-memory-utilization", f"{shard.gpu_memory_fraction:.4f}"]
+        if self.sleeps_in_place(shard):
+            argv.append("--enable-sleep-mode")
         return argv
 
 

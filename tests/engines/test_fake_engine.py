@@ -114,11 +114,10 @@ class Sleepy:
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
-    def ready(self) -> "Sleepy":
+    def ready(self) -> None:
         wait_for(lambda: self.proc.poll() is not None or self.call("GET", "/health")[0] == 200,
                  "the fake to be ready", 20, logs=[self.log])  # fmt: skip
         assert self.proc.poll() is None, self.log.read_text()
-        return self
 
     def call(self, method: str, path: str, body=None, timeout: float = 10) -> tuple[int, object]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -161,8 +160,9 @@ def complete(engine: Sleepy, timeout: float = 10) -> tuple[int, object]:
 
 def test_level_1_releases_the_gpu_keeps_the_weights_in_host_memory_and_wakes(tmp_path):
     engine = Sleepy(tmp_path, "--gpu-memory-bytes", str(40 * GIB), "--weights-bytes",
-                    str(16 * GIB), "--enable-sleep-mode").ready()  # fmt: skip
+                    str(16 * GIB), "--enable-sleep-mode")  # fmt: skip
     try:
+        engine.ready()
         assert engine.held() == 40 * GIB
         assert engine.call("GET", "/is_sleeping") == (200, {"is_sleeping": False})
         # when it sleeps at level 1
@@ -193,8 +193,9 @@ def test_level_1_releases_the_gpu_keeps_the_weights_in_host_memory_and_wakes(tmp
 
 def test_level_2_keeps_nothing_and_serves_zeros_until_its_weights_are_read_again(tmp_path):
     engine = Sleepy(tmp_path, "--gpu-memory-bytes", str(40 * GIB), "--enable-sleep-mode",
-                    "--load-time", "0.3").ready()  # fmt: skip
+                    "--load-time", "0.3")  # fmt: skip
     try:
+        engine.ready()
         assert engine.call("POST", "/sleep?level=2")[0] == 200
         assert engine.held() == 0 and engine.metric("fake:host_memory_bytes") == 0
         # a bare wake maps the memory back, empty: the model answers "!"s
@@ -218,9 +219,10 @@ def test_level_2_keeps_nothing_and_serves_zeros_until_its_weights_are_read_again
 
 
 def test_a_wake_without_room_answers_500_as_vllm_and_takes_nothing(tmp_path):
-    engine = Sleepy(tmp_path, "--gpu-memory-bytes", str(40 * GIB), "--enable-sleep-mode").ready()
+    engine = Sleepy(tmp_path, "--gpu-memory-bytes", str(40 * GIB), "--enable-sleep-mode")
     squatter = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        engine.ready()
         assert engine.call("POST", "/sleep?level=1")[0] == 200
         from agentd.nvml_double import claim
 
@@ -266,8 +268,9 @@ def test_it_will_not_start_on_a_gpu_without_room(tmp_path):
 
 
 def test_without_dev_mode_the_sleep_endpoints_are_unknown_paths(tmp_path):
-    engine = Sleepy(tmp_path, "--enable-sleep-mode", dev="0").ready()
+    engine = Sleepy(tmp_path, "--enable-sleep-mode", dev="0")
     try:
+        engine.ready()
         for method, path in (("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping")):
             assert engine.call(method, path) == (404, {"detail": "Not Found"}), path
     finally:
