@@ -115,6 +115,29 @@ SGLANG_CASES = [
          "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.11:29500"],
     ),
     (
+        "sleeps at level 1: the memory saver, the weights kept in host memory",
+        dict(),
+        dict(gpu_uuids=H100_UUIDS[:1], sleep_level=1),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "1", "--enable-metrics",
+         "--enable-memory-saver", "--enable-weights-cpu-backup"],
+    ),
+    (
+        "sleeps at level 2: the memory saver only, the weights dropped",
+        dict(),
+        dict(gpu_uuids=H100_UUIDS[:1], sleep_level=2),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "1", "--enable-metrics",
+         "--enable-memory-saver"],
+    ),
+    (
+        "no GPUs: nothing to release, it sleeps by stopping",
+        dict(),
+        dict(sleep_level=1),
+        ["--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port",
+         "30000", "--served-model-name", "llama-8b", "--tp-size", "1", "--enable-metrics"],
+    ),
+    (
         "LoRA adapters, loaded while it serves",
         dict(max_adapters=2),
         dict(),
@@ -134,6 +157,63 @@ def test_sglang_argv(case, prof, spec, expected):
     s = shard(engine="sglang", profile=p, model="meta-llama/Llama-3.1-8B-Instruct", **spec)
     launch = SGLang(sys.executable).build(p, s, host="0.0.0.0", port=30000)
     assert launch.argv == [sys.executable, "-m", "sglang.launch_server", *expected]
+
+
+SLEEP_CASES = [
+    ("vLLM, level 1", VLLM, 1,
+     [("/sleep?level=1&mode=wait", None)], [("/wake_up", None)]),
+    ("vLLM, level 2: the weights read again before the KV cache returns", VLLM, 2,
+     [("/sleep?level=2&mode=wait", None)],
+     [("/wake_up?tags=weights", None), ("/collective_rpc", {"method": "reload_weights"}),
+      ("/wake_up?tags=kv_cache", None)]),
+    ("SGLang, level 1: every region released, the weights kept by the start flag", SGLang, 1,
+     [("/release_memory_occupation", {})], [("/resume_memory_occupation", {})]),
+    ("SGLang, level 2", SGLang, 2,
+     [("/release_memory_occupation", {})],
+     [("/resume_memory_occupation", {"tags": ["weights"]}),
+      ("/update_weights_from_disk", {"model_path": "/models/llama-8b"}),
+      ("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})]),
+]  # fmt: skip
+
+
+def test_vllm_sleeps_in_place_on_gpus_only(bins):
+    p = profile("vllm", model_path="/models/llama-8b")
+    engine = VLLM(bins["vllm"])
+    on_gpu = engine.build(p, shard(engine="vllm", profile=p, gpu_uuids=H100_UUIDS[:1],
+                                   sleep_level=2), host="h", port=1)  # fmt: skip
+    assert "--enable-sleep-mode" in on_gpu.argv
+    assert on_gpu.env["VLLM_SERVER_DEV_MODE"] == "1"  # the sleep endpoints are dev endpoints
+    # The CPU build refuses --enable-sleep-mode as it starts: a CPU shard sleeps by stopping.
+    on_cpu = engine.build(p, shard(engine="vllm", profile=p, sleep_level=1), host="h", port=1)
+    assert "--enable-sleep-mode" not in on_cpu.argv
+    assert "VLLM_SERVER_DEV_MODE" not in on_cpu.env
+
+
+def test_the_fake_sleeps_in_place_without_gpus_as_vllm_would_with_them():
+    from agentd.engines.fake import FakeEngine
+
+    p = profile("fake")
+    engine = FakeEngine(sys.executable)
+    launch = engine.build(p, shard(profile=p, sleep_level=2), host="h", port=1)
+    assert "--enable-sleep-mode" in launch.argv
+    assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert engine.wake_calls(shard(profile=p, sleep_level=2)) == VLLM().wake_calls(
+        shard(engine="vllm", sleep_level=2)
+    )
+    awake = engine.build(p, shard(profile=p), host="h", port=1)  # a model that never sleeps
+    assert "--enable-sleep-mode" not in awake.argv and "VLLM_SERVER_DEV_MODE" not in awake.env
+
+
+@pytest.mark.parametrize(
+    "case, kind, level, sleeps, wakes", SLEEP_CASES, ids=[c[0] for c in SLEEP_CASES]
+)
+def test_sleep_and_wake_calls(case, kind, level, sleeps, wakes):
+    p = profile(kind.name, model_path="/models/llama-8b")
+    s = shard(engine=kind.name, profile=p, gpu_uuids=H100_UUIDS[:1], sleep_level=level)
+    engine = kind(sys.executable)
+    assert engine.sleeps_in_place(s)
+    assert [engine.sleep_call(level)] == sleeps
+    assert engine.wake_calls(s) == wakes
 
 
 def test_llama_server_argv_and_version(bins):
