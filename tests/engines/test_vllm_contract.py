@@ -6,26 +6,35 @@ What llmgw reads from a vLLM engine: the in-flight and waiting gauges (the agent
 ``fleet.gateway.engines.parse_waiting``) and the cache series beside them; /health's
 status; usage objects, whole and as a stream's last event (``fleet.gateway.proxy``);
 the stream's framing; the runtime LoRA endpoints' statuses and error bodies (turned into
-an adapter's reason by ``agentd.engines.base``); /v1/models with an adapter loaded.
+an adapter's reason by ``agentd.engines.base``); /v1/models with an adapter loaded; the
+sleep endpoints (VLLM_SERVER_DEV_MODE=1, on for both) as far as the CPU build serves them:
+it refuses --enable-sleep-mode, so its sleep pauses scheduling and releases nothing, as the
+fake's does without that flag.
 
 Each test asks both, then names every field that differs with both values. One vLLM for
 the module: it takes 30–90 s to start on 2 cores.
 """
 
 import asyncio
+import concurrent.futures
 import http.client
 import json
+import os
 import re
+import subprocess
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentd.engines.base import metric_sum
+from agentd.engines.fake import FakeEngine as FakeEngineAdapter
 from agentd.engines.vllm import VLLM
 from agentd.tinyhf import write, write_lora
 from fleet.devstack.vllm import TINY_HF_NAME
 from fleet.gateway.engines import WAITING_METRICS, parse_waiting
 from fleet.gateway.proxy import SSECheck
+from tests.engines.helpers import shard
 from tests.processes import FakeEngine
 from tests.processes.vllm import VllmServer, vllm_env
 
@@ -71,7 +80,8 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """(vLLM, the fake), serving the same tiny model under the same name, LoRA enabled."""
+    """(vLLM, the fake), serving the same tiny model under the same name, LoRA enabled,
+    with vLLM's development endpoints (the sleep API) on."""
     work = tmp_path_factory.mktemp("vllm-contract")
     model = write(work / "tiny-hf")
     # bfloat16 (TINY_HF_ARGS), as the product runs it: the environment asks for AMX's tile
@@ -81,11 +91,13 @@ def engines(tmp_path_factory):
         model,
         work / "vllm.log",
         "--enable-lora", "--max-loras", "2", "--enforce-eager",
-        VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1",
     )  # fmt: skip
     fake = None
     try:
-        fake = FakeEngine(work, TINY_HF_NAME, "--model", str(model))
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("VLLM_SERVER_DEV_MODE", "1")  # read by the fake as it starts
+            fake = FakeEngine(work, TINY_HF_NAME, "--model", str(model))
         real.wait_ready()
         yield Engine(real.port), Engine(fake.port), work
     finally:
@@ -446,4 +458,148 @@ def test_the_agent_reads_adapter_answers_alike(engines):
         all(v.startswith(f"{LOAD} answered 404: ") for v in (r[1], f[1])),
         (r[1], f[1]),
     )
+    diff.assert_none()
+
+
+# ---- sleep and wake ---------------------------------------------------------------------
+
+
+def call(e: Engine, method: str, path: str, body=None) -> tuple[int, object]:
+    """(status, JSON answer or None) of any method, a body sent as it is given (bytes raw)."""
+    conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=120)
+    try:
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        conn.request(method, path, data, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        return resp.status, json.loads(raw) if raw else None
+    finally:
+        conn.close()
+
+
+def sleep_states(e: Engine) -> dict:
+    """vllm:engine_sleep_state's samples: its sleep_state label -> (other labels, value)."""
+    text = e.ask("/metrics")[2].decode()
+    return {
+        s.labels["sleep_state"]: ({k: v for k, v in s.labels.items() if k != "sleep_state"},
+                                  s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "vllm:engine_sleep_state"
+    }  # fmt: skip
+
+
+def test_the_cpu_build_refuses_sleep_mode_as_it_starts(engines, tmp_path):
+    # given vLLM's CPU build started as the agent would start a GPU shard that sleeps
+    # (about 9 s on 2 cores: it fails before it loads anything)
+    env = vllm_env()
+    model = write(tmp_path / "tiny-hf")
+    argv = [str(env / "bin" / "python"), "-m", VLLM.MODULE, "--model", str(model),
+            "--port", "1", "--enable-sleep-mode"]  # fmt: skip
+    run_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run_env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1")
+    done = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=300)
+    # then it exits with pydantic's refusal of ModelConfig (vllm/config/model.py)
+    assert done.returncode == 1
+    assert "Sleep mode is not supported on current platform." in done.stderr, done.stderr[-2000:]
+    # which is why a CPU shard sleeps by stopping, and the fake stands in for GPUs' sleep
+    cpu = shard(engine="vllm", sleep_level=1)
+    assert not VLLM().sleeps_in_place(cpu) and FakeEngineAdapter().sleeps_in_place(cpu)
+
+
+def test_without_dev_mode_the_sleep_endpoints_are_unknown_paths_as_in_vllm(engines, tmp_path):
+    # vLLM attaches the sleep router only with VLLM_SERVER_DEV_MODE=1 (its api_server's
+    # routers.py): without it /sleep is any unknown path, which vLLM answers so.
+    diff = Differences()
+    real, _, _ = engines
+    unknown = call(real, "POST", "/no-such-endpoint")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_SERVER_DEV_MODE", "0")
+        plain = FakeEngine(tmp_path, TINY_HF_NAME)
+    try:
+        for method, path in (("POST", "/sleep?level=1"), ("POST", "/wake_up"),
+                             ("GET", "/is_sleeping"), ("POST", "/collective_rpc")):  # fmt: skip
+            diff.same(
+                f"{method} {path} without dev mode", unknown, call(Engine(plain.port), method, path)
+            )
+    finally:
+        plain.kill()
+    diff.assert_none()
+
+
+def test_the_sleep_endpoints_answer_as_vllms(engines):
+    diff = Differences()
+    real, fake, _ = engines
+
+    def refusals(e: Engine) -> dict:
+        return {
+            f"{m} {p} {b!r}": call(e, m, p, b)
+            for m, p, b in [
+                ("GET", "/sleep", None),
+                ("POST", "/is_sleeping", None),
+                ("POST", "/sleep?level=3", None),
+                ("POST", "/sleep?level=-1", None),
+                ("POST", "/sleep?level=x", None),
+                ("POST", "/sleep?mode=nap", None),
+                ("POST", "/sleep?level=5&mode=nap", None),
+                ("POST", "/collective_rpc", None),
+                ("POST", "/collective_rpc", [1]),
+                ("POST", "/collective_rpc", {}),
+                ("POST", "/collective_rpc", {"method": "no_such_method"}),
+            ]
+        }
+
+    r, f = refusals(real), refusals(fake)
+    for asked in r:
+        diff.same(asked, r[asked], f[asked])
+    diff.assert_none()
+
+
+def test_a_sleep_pauses_queues_and_wakes_as_vllms(engines):
+    diff = Differences()
+    real, fake, _ = engines
+    vllm = VLLM()
+    path, body = request(False)
+
+    def steps(e: Engine) -> dict:
+        out = {"is_sleeping awake": call(e, "GET", "/is_sleeping"), "gauge awake": sleep_states(e)}
+        try:
+            # the agent's own sleep (agentd.engines.base), as the supervisor makes it
+            out["sleep, level 1: reason"] = asyncio.run(vllm.sleep("127.0.0.1", e.port, 1))
+            out["is_sleeping asleep"] = call(e, "GET", "/is_sleeping")
+            out["health asleep"] = e.ask("/health")[0]
+            out["gauge asleep"] = sleep_states(e)
+            out["sleep again"] = call(e, "POST", "/sleep?level=1&mode=wait")
+            out["wake a tag that is not asleep"] = call(e, "POST", "/wake_up?tags=bogus")
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                queued = pool.submit(e.json, path, body)
+                time.sleep(2)
+                out["a completion sent asleep: answered before the wake"] = queued.done()
+                out["wake"] = call(e, "POST", "/wake_up")
+                status, answer = queued.result(60)
+            out["the queued completion"] = (status, answer["choices"][0]["finish_reason"])
+            # level 2, and the agent's way back from it: weights, reload, KV cache
+            out["sleep, level 2"] = call(e, "POST", "/sleep?level=2&mode=wait")
+            out["gauge at level 2"] = sleep_states(e)
+            for wake_path, wake_body in vllm.wake_calls(shard(engine="vllm", sleep_level=2)):
+                out[f"wake: {wake_path}"] = call(e, "POST", wake_path, wake_body)
+            status, answer = e.json(path, body)
+            out["a completion after"] = (status, answer["choices"][0]["finish_reason"])
+            out["gauge awake again"] = sleep_states(e)
+        finally:
+            call(e, "POST", "/wake_up")  # whatever failed, the module's engines serve on
+        return out
+
+    r, f = steps(real), steps(fake)
+    for step in r:
+        diff.same(step, r[step], f[step])
+    diff.check(
+        "the sleep worked",
+        r["sleep, level 1: reason"] == "",
+        tuple(x["sleep, level 1: reason"] for x in (r, f)),
+    )
+    diff.check("a queued completion waits for the wake",
+               not r["a completion sent asleep: answered before the wake"],
+               (r["a completion sent asleep: answered before the wake"],
+                f["a completion sent asleep: answered before the wake"]))  # fmt: skip
     diff.assert_none()
