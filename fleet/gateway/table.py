@@ -285,7 +285,7 @@ def build_routes(
             _ring(route, old)
         route.asleep = sum(n for (what, _), n in counts.items() if what in ("asleep", "waking"))
         route.waits, route.max_waiting, route.max_wait_s, route.fallbacks = (
-            m.autoscaled or m.sleeps or bool(route.asleep),
+            m.autoscaled or bool(route.asleep) or (m.sleeps and m.desired_replicas > 0),
             m.max_waiting,
             m.max_wait_s,
             m.fallbacks,

@@ -309,3 +309,22 @@ def test_a_key_at_its_max_concurrent_waits_while_another_key_goes():
         return served
 
     assert asyncio.run(run()) == ["other", "capped"]
+
+
+def test_asleep_replicas_are_not_routed_to_and_a_request_waits_for_their_wake():
+    sleeps = table.ModelView(1, "m", 0, 1, sleeps=True)
+    routes = table.build_routes(
+        [sleeps],
+        [
+            replica("going", shard(desired="asleep")),  # its engine still finishes its requests
+            replica("asleep", shard(state="asleep", desired="asleep", port=8001)),
+        ],
+    )
+    route = routes["m"]
+    assert route.upstreams == [] and route.waits and route.asleep == 2
+    assert route.unavailable == "model 'm' has no ready replica: 2 asleep"
+    waking = table.build_routes([sleeps], [replica("w", shard(state="asleep"))])["m"]
+    assert waking.unavailable == "model 'm' has no ready replica: 1 waking"
+    # a model that sleeps but wants no replica does not make requests wait for nothing
+    none = table.build_routes([table.ModelView(2, "z", 0, 0, sleeps=True)], [])["z"]
+    assert not none.waits
