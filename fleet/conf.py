@@ -238,6 +238,36 @@ class FleetSettings:
     autoscale_up_cooldown_s: float = 15.0
     autoscale_down_cooldown_s: float = 120.0
 
+    # The Batch API (/v1/files, /v1/batches; docs/gateway.md, "Batch API").
+    # An uploaded file: at most this many bytes (413 past it, from Content-Length,
+    # before it is read) and this many lines.
+    batch_file_max_bytes: int = 200 << 20
+    batch_max_lines: int = 100_000
+    # Where batch files are kept: a Django storage backend and its options (JSON).
+    # The default keeps them under the state dir (batch-files/); S3-compatible
+    # storage is "storages.backends.s3.S3Storage" (django-storages, with boto3).
+    batch_storage_backend: str = "django.core.files.storage.FileSystemStorage"
+    batch_storage_options: str = "{}"
+    # The gateway the workers send batch lines to, as the batch's key: this
+    # installation's own /v1 (a web process, or the balancer in front of them).
+    batch_gateway_url: str = "http://127.0.0.1:8000"
+    # Lines in flight at once: per batch, and per team (or key of no team) over
+    # all of its batches. Batches take what interactive traffic leaves.
+    batch_concurrency: int = 4
+    batch_team_concurrency: int = 8
+    # Beat's interval for checking new batches, expiring old ones and handing
+    # each team's batches to a worker.
+    batch_tick_s: float = 2.0
+    # How long one worker task sends lines before it gives its worker back to
+    # other tasks (the next task picks up where it stopped).
+    batch_slice_s: float = 10.0
+    # A team's batches are run by one worker at a time, under a lease in Redis
+    # renewed every third of this: a worker killed -9 is replaced within it.
+    batch_lease_s: float = 15.0
+    # A line refused for a passing reason (a rate limit, no replica ready, the
+    # gateway away) is sent again after the answer's Retry-After, else this.
+    batch_retry_s: float = 5.0
+
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":
         """From ``settings.LLMGW`` (keys in upper case); missing keys take the default."""
@@ -289,6 +319,12 @@ _AT_LEAST = {
     "gateway_prefix_chars": 1,
     "gateway_prefix_load_factor": 1.0,
     "gateway_prefix_margin": 0,
+    "batch_file_max_bytes": 1,
+    "batch_max_lines": 1,
+    "batch_concurrency": 1,
+    "batch_team_concurrency": 1,
+    "batch_slice_s": 0.1,
+    "batch_lease_s": 1.0,
 }
 
 

@@ -33,3 +33,22 @@ def estimate_profiles() -> None:
     from fleet.services import estimate
 
     estimate.refresh_profiles()
+
+
+@shared_task(ignore_result=True)
+def batches_tick() -> None:
+    """Check new batches and hand each owner's batches to a worker (beat, every 2 s)."""
+    from fleet.services.batches import runner
+
+    for owner in runner.tick():
+        run_batches.delay(owner)
+
+
+@shared_task(ignore_result=True)
+def run_batches(owner: str) -> None:
+    """One slice of an owner's batches, unless another worker holds them; again at once
+    when it stopped with lines still to send."""
+    from fleet.services.batches import runner
+
+    if runner.run_owner(owner):
+        run_batches.delay(owner)

@@ -20,6 +20,7 @@ if (why := refusal()) is not None:
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from fleet.batch_api import edge as batch_edge  # noqa: E402
 from fleet.gateway.app import application as gateway_app  # noqa: E402
 from fleet.metrics import metrics_app  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
@@ -29,6 +30,8 @@ async def http_app(scope, receive, send):
     """The gateway and /metrics go ahead of Django: no middleware, no ORM per request."""
     path = scope["path"]
     if path.startswith("/v1/"):
+        if batch_edge.handles(path):  # the Batch API: Django's views, bodies bounded first
+            return await batch_edge.bounded(django_asgi_app, scope, receive, send)
         return await gateway_app(scope, receive, send)
     if path == "/metrics":
         return await metrics_app(scope, receive, send)

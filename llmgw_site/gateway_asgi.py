@@ -1,4 +1,5 @@
-"""A gateway-only ASGI entry point: /v1/* and /metrics, without Django's HTTP stack.
+"""A gateway-only ASGI entry point: /v1/* and /metrics, without Django's HTTP stack
+(but for the Batch API's /v1/files and /v1/batches, which are Django views).
 
 For a site that wants gateway processes apart from the web processes
 (``python -m llmgw_site.serve``, which serves the whole app, the gateway
@@ -17,9 +18,21 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 django.setup()
 
+from fleet.batch_api import edge as batch_edge  # noqa: E402
 from fleet.gateway.app import application as gateway_app  # noqa: E402
 from fleet.gateway.errors import error_body  # noqa: E402
 from fleet.metrics import metrics_app  # noqa: E402
+
+_django_app = None
+
+
+def _django():
+    global _django_app
+    if _django_app is None:
+        from django.core.asgi import get_asgi_application
+
+        _django_app = get_asgi_application()
+    return _django_app
 
 
 async def application(scope, receive, send):
@@ -31,6 +44,10 @@ async def application(scope, receive, send):
         return
     path = scope["path"]
     if path.startswith("/v1/"):
+        if batch_edge.handles(path):
+            # The Batch API is Django's views, served here too: a site that sends all of
+            # /v1 to its gateway processes keeps it.
+            return await batch_edge.bounded(_django(), scope, receive, send)
         return await gateway_app(scope, receive, send)
     if path == "/metrics":
         return await metrics_app(scope, receive, send)

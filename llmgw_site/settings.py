@@ -6,6 +6,8 @@ and a private Redis that ``make run`` and ``make test`` start themselves
 (see ``fleet.devstack.redis``).
 """
 
+import importlib.util
+import json
 import os
 import secrets
 import warnings
@@ -13,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from fleet.conf import from_environ
 
@@ -240,6 +243,24 @@ CHANNEL_LAYERS = {
 }
 
 
+def _batch_storage(fleet: dict, state_dir: Path) -> dict:
+    """The ``batches`` storage from its two settings; a wrong one stops the start, named."""
+    backend = fleet["BATCH_STORAGE_BACKEND"]
+    try:
+        options = json.loads(fleet["BATCH_STORAGE_OPTIONS"] or "{}")
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"LLMGW_BATCH_STORAGE_OPTIONS is not JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ImproperlyConfigured("LLMGW_BATCH_STORAGE_OPTIONS must be a JSON object")
+    if backend == "django.core.files.storage.FileSystemStorage":
+        options.setdefault("location", str(state_dir / "batch-files"))
+    elif backend.startswith("storages.backends.s3") and importlib.util.find_spec("boto3") is None:
+        raise ImproperlyConfigured(
+            f"LLMGW_BATCH_STORAGE_BACKEND={backend} needs boto3: pip install boto3"
+        )
+    return {"BACKEND": backend, "OPTIONS": options}
+
+
 def _celery_url(url: str) -> str:
     return "redis+socket://" + url[len("unix://") :] if url.startswith("unix://") else url
 
@@ -280,6 +301,13 @@ CELERY_BEAT_SCHEDULE: dict = {
         "schedule": 3600.0,
         "options": {"expires": 3600.0},
     },
+    # The Batch API (fleet.services.batches.runner): new batches checked, old ones
+    # expired, and each team's batches handed to a worker.
+    "batches": {
+        "task": "fleet.tasks.batches_tick",
+        "schedule": LLMGW["BATCH_TICK_S"],
+        "options": {"expires": LLMGW["BATCH_TICK_S"]},
+    },
     "estimate-profiles": {
         "task": "fleet.tasks.estimate_profiles",
         "schedule": 10.0,
@@ -308,6 +336,9 @@ STATIC_ROOT = STATE_DIR / "static"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    # The Batch API's files (fleet.services.batches.files): LLMGW_BATCH_STORAGE_BACKEND
+    # and its LLMGW_BATCH_STORAGE_OPTIONS, under the state dir by default.
+    "batches": _batch_storage(LLMGW, STATE_DIR),
 }
 # WhiteNoise answers with a file iterator Django reads in a thread under ASGI, and
 # Django says so once per process. The files are the admin's and the console's CSS

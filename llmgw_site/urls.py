@@ -22,6 +22,8 @@ urlpatterns = [
     path("api/v1/", include("fleet.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # The Batch API (/v1/files, /v1/batches): the one part of /v1 Django serves.
+    path("v1/", include("fleet.batch_api.urls")),
     # Browsers ask every site for /favicon.ico; a 404 there is an error in each page's console.
     path("favicon.ico", lambda request: redirect(static("fleet/favicon.svg"))),
     path("", include("fleet.urls")),

@@ -259,6 +259,8 @@ def main() -> int:
     env.setdefault("LLMGW_ESTIMATE_DIRS", ",".join(estimate_dirs))
     # The app refuses to start without it unless DEBUG is on; it serves on loopback here.
     env.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
+    # The workers send batch lines to this gateway (docs/gateway.md, "Batch API").
+    env.setdefault("LLMGW_BATCH_GATEWAY_URL", f"http://127.0.0.1:{port}")
     _setup_django()
     from django.core.management import call_command
     from django.utils import timezone

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fleet.conf import fleet_settings
 from fleet.models.access import api_key_refusal, bearer_secret, hash_secret, split_prefix
+from fleet.services.batches import credentials
 
 from .errors import GatewayError
 from .ratelimit import NO_LIMITS, KeyLimits
@@ -138,9 +139,12 @@ def bearer(headers) -> str:
 
 
 def digest_of(secret: str) -> str | None:
-    """The digest to look up, or None when the secret is not shaped like an llmgw API key."""
+    """The digest to look up, or None when the secret is not shaped like an llmgw API key.
+
+    A batch's credential (``lgb_``, signed by this installation) names its key's digest.
+    """
     if split_prefix(secret, "lgk") is None:
-        return None
+        return credentials.key_digest(secret)
     return hash_secret(secret)
 
 

@@ -1,14 +1,18 @@
 from .access import ApiKey, JoinToken, KeyUsage, NodeCredential
 from .adapters import Adapter
+from .batches import Batch, BatchFile, BatchLine
 from .catalog import EngineProfile, Model
 from .choices import (
+    BATCH_FINISHED,
     SHARD_FINISHED,
     SHARD_STARTING,
     ApiKeyScope,
+    BatchStatus,
     DesiredState,
     Engine,
     EventKind,
     Evict,
+    FilePurpose,
     NodeState,
     PlacementPolicy,
     ReplicaState,
@@ -35,10 +39,15 @@ from .workload import Replica, Shard
 __all__ = [
     "GPU",
     "Adapter",
+    "BATCH_FINISHED",
     "SHARD_FINISHED",
     "SHARD_STARTING",
     "ApiKey",
     "ApiKeyScope",
+    "Batch",
+    "BatchFile",
+    "BatchLine",
+    "BatchStatus",
     "DesiredState",
     "Engine",
     "EngineInstall",
@@ -47,6 +56,7 @@ __all__ = [
     "EventKind",
     "Evict",
     "FabricAttachment",
+    "FilePurpose",
     "FleetStatus",
     "JoinToken",
     "KeyUsage",

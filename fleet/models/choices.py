@@ -93,3 +93,30 @@ class EventKind(models.TextChoices):
     REPLICA = "replica"  # an operator drained, stopped or restarted one replica
     CANARY = "canary"  # a canary started, promoted or aborted
     SLEEP = "sleep"  # a replica went to sleep or was woken
+
+
+class BatchStatus(models.TextChoices):
+    """A batch's life, with OpenAI's names (docs/gateway.md, "Batch API")."""
+
+    VALIDATING = "validating", "validating"  # created; its input is being checked
+    FAILED = "failed", "failed"  # its input failed the checks; nothing was sent
+    IN_PROGRESS = "in_progress", "in progress"  # its lines are being sent
+    FINALIZING = "finalizing", "finalizing"  # every line answered; its files being written
+    COMPLETED = "completed", "completed"  # every line answered; output and error files ready
+    EXPIRED = "expired", "expired"  # its window ended first; what was answered is in its files
+    CANCELLING = "cancelling", "cancelling"  # cancelled; lines in flight are finishing
+    CANCELLED = "cancelled", "cancelled"  # cancelled; what was answered is in its files
+
+
+# A batch in one of these will change no more.
+BATCH_FINISHED = (
+    BatchStatus.FAILED,
+    BatchStatus.COMPLETED,
+    BatchStatus.EXPIRED,
+    BatchStatus.CANCELLED,
+)
+
+
+class FilePurpose(models.TextChoices):
+    BATCH = "batch", "batch"  # uploaded: a batch's input lines
+    BATCH_OUTPUT = "batch_output", "batch output"  # written: a batch's answers or errors

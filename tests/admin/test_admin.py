@@ -15,6 +15,9 @@ from fleet.models import (
     Adapter,
     ApiKey,
     ApiKeyScope,
+    Batch,
+    BatchFile,
+    BatchLine,
     EngineProfile,
     FleetStatus,
     JoinToken,
@@ -106,6 +109,15 @@ def fleet():
     auto = add_model("auto", replicas=3, engine="llamacpp", gpus_per_node=0)
     Model.objects.filter(pk=auto.pk).update(min_replicas=1, max_replicas=2)
     autoscale_step.step(Model.objects.filter(pk=auto.pk), {}, timezone.now())
+    # A batch of the client's, one line of it answered (the Batch API's rows).
+    source = BatchFile.objects.create(
+        api_key=key, purpose="batch", filename="in.jsonl", size_bytes=10, lines=2
+    )
+    batch = Batch.objects.create(
+        api_key=key, input_file=source, endpoint="/v1/chat/completions", total=2,
+        expires_at=timezone.now() + timedelta(hours=24),
+    )  # fmt: skip
+    BatchLine.objects.create(batch=batch, line=1, custom_id="q-1", status_code=200, body="{}")
     return node
 
 

@@ -837,6 +837,20 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
     "url:admin:(?P<url>.*)$": NoChange(api("post", "/admin/no/such/page/"), "the catch-all"),
     "url::": NoChange(api("post", "/"), "a redirect to the console"),
     "url::favicon.ico": NoChange(api("post", "/favicon.ico"), "a redirect"),
+    # The Batch API answers inference API keys only (tests/batches holds its owners' walks):
+    # a user's session, whatever its permissions, is a 401 there and writes nothing.
+    **{
+        f"url::{route}": NoChange(api("post", path), "the Batch API: an inference key's door")
+        for route, path in (
+            ("files", "/v1/files"),
+            ("files/<str:file_id>", "/v1/files/file-x"),
+            ("files/<str:file_id>/content", "/v1/files/file-x/content"),
+            ("batches", "/v1/batches"),
+            ("batches/<str:batch_id>", "/v1/batches/batch_x"),
+            ("batches/<str:batch_id>/cancel", "/v1/batches/batch_x/cancel"),
+            ("^(?P<rest>(?:files|batches)(?:/.*)?)$", "/v1/files/x/y/z"),
+        )
+    },
     "url:admin:login": NotADoor("logging in: the login throttle's tests (tests/admin)"),
     "url:admin:logout": NotADoor("logging out ends one's own session"),
     "url:admin:password_change": NotADoor("one's own password, with the old one"),

@@ -86,6 +86,12 @@ WRITTEN_BY_NO_DOOR = {
     "fleet.replica.profile": "replicas are the reconciler's: read-only in the admin and the API",
     "fleet.event.model": "events are the control plane's decisions: read-only",
     "fleet.keyusage.key": "usage rows are the gateways' counts: read-only",
+    # The Batch API's rows take their key and team from the key a client's request
+    # carries (/v1/files, /v1/batches), never from a field it sends; read-only in the admin.
+    "fleet.batch.api_key": "a batch's key is the one that created it: read-only",
+    "fleet.batch.team": "a batch's team is its key's: read-only",
+    "fleet.batchfile.api_key": "a batch file's key is the one that uploaded it: read-only",
+    "fleet.batchfile.team": "a batch file's team is its key's: read-only",
 }
 
 

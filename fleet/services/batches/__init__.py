@@ -1,0 +1,15 @@
+"""The Batch API (OpenAI's ``/v1/files`` and ``/v1/batches``): batches run on what
+interactive traffic leaves, through the gateway's own routing and limits.
+
+- ``jsonl``: an input file checked line by line (pure; the gateway's body rule is given).
+- ``files``: files kept in the ``batches`` storage, output files written once.
+- ``owners``: which team or key sees a file or batch, and pages of a list.
+- ``lifecycle``: a batch's statuses, each change a guarded update; create, cancel,
+  validate, finish; how the API shows batches and files.
+- ``credentials``: what a batch's lines carry to the gateway to act as its key.
+- ``pause``: when a line may start (interactive requests first), a pure rule.
+- ``runner``: beat's tick, the owner's lease, one slice of sending lines.
+
+Adding an endpoint a batch may run: its URL in ``jsonl.ENDPOINTS`` (and its body
+rule in the gateway); the runner sends whatever URL a line names.
+"""

@@ -1,0 +1,49 @@
+"""When a batch line may start: interactive requests come first.
+
+A line for a model waits while that model's interactive requests are waiting
+at the gateways (their load reports to Redis, ``fleet.services.autoscaler.load``)
+or while the model has no ready replica: a batch takes what interactive
+traffic leaves and never wakes a model up by itself. A LoRA adapter's lines
+follow its base model. Pure: the facts come in, the reason (or "") goes out.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Facts:
+    ready: frozenset[str] = frozenset()  # models with a ready replica
+    waiting: dict[str, int] = field(default_factory=dict)  # interactive requests waiting, by model
+    base_of: dict[str, str] = field(default_factory=dict)  # adapter -> its base model
+
+
+def why_paused(model: str, facts: Facts) -> str:
+    """Why a line for ``model`` may not start now; "" when it may."""
+    served = facts.base_of.get(model, model)
+    waiting = facts.waiting.get(served, 0)
+    if waiting > 0:
+        return f"{waiting} interactive request(s) wait for model '{served}'"
+    if served not in facts.ready:
+        return f"model '{served}' has no ready replica"
+    return ""
+
+
+def gather() -> Facts:
+    """The facts now: ready replicas and adapters from the database, waiting from Redis
+    (when Redis does not answer, nothing is known to wait)."""
+    import redis
+
+    from fleet.models import Adapter, Replica, ReplicaState
+    from fleet.services.autoscaler import load
+
+    ready = frozenset(
+        Replica.objects.filter(state=ReplicaState.READY)
+        .values_list("model__name", flat=True)
+        .distinct()
+    )
+    base_of = dict(Adapter.objects.values_list("name", "model__name"))
+    try:
+        waiting = {m: figures.waiting for m, figures in load.read().items() if figures.waiting}
+    except redis.RedisError:
+        waiting = {}
+    return Facts(ready=ready, waiting=waiting, base_of=base_of)

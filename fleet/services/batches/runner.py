@@ -1,0 +1,530 @@
+"""Running batches: their lines sent through the gateway, each answer written once.
+
+Beat's ``tick`` checks new batches (``lifecycle.validate``) and names the owners
+(a team, or a key of no team) that have batches to run; the task layer hands
+each to a worker, which runs ``run_owner`` for one slice (``LLMGW_BATCH_SLICE_S``)
+under that owner's lease in Redis, so one worker at a time sends an owner's
+lines and a worker killed -9 is replaced once its lease runs out.
+
+Each line goes to the gateway (``LLMGW_BATCH_GATEWAY_URL``) as an ordinary HTTP
+request with the batch's credential (``credentials``), so it meets the gateway's
+routing and the key's models, limits and budgets like any other request. At
+most ``LLMGW_BATCH_CONCURRENCY`` lines of a batch and
+``LLMGW_BATCH_TEAM_CONCURRENCY`` of an owner are in flight, and no line starts
+while its model's interactive requests wait or it has no ready replica
+(``pause``). A line refused for a passing reason (a rate limit, no replica, the
+gateway away) is sent again later; any other answer is the line's.
+
+Idempotent per line: an answer is written as a ``BatchLine`` row, unique per
+batch and line, and a slice starts with the lines that have none. A worker
+killed mid-slice loses only what it had in flight, which the next slice sends
+again; the first answer written is the one kept, so no line is answered twice
+in the output. When every line has its row, the files are assembled
+(``lifecycle.finish``).
+"""
+
+import http.client
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import redis
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from fleet.conf import fleet_settings
+from fleet.models import Batch, BatchFile, BatchLine, BatchStatus
+
+from . import credentials, files, lifecycle, pause
+
+logger = logging.getLogger(__name__)
+
+S = BatchStatus
+# Statuses whose batches a runner holds: lines to send, or files to write.
+RUNNING = (S.IN_PROGRESS, S.CANCELLING, S.FINALIZING)
+# How often a slice looks again at its batches (a cancel, a new batch) and at what
+# interactive traffic is doing.
+LOOK_S = 1.0
+# Answers written together: at most this many, or after this long.
+FLUSH_LINES = 50
+FLUSH_S = 0.5
+# A line whose gateway failed it (a 5xx other than "not now") is tried this often,
+# within a slice, before that answer is its own.
+ATTEMPTS = 3
+# Answers the gateway gives when the line should wait and go again, by error code.
+_NOT_NOW = {
+    "rate_limit_exceeded",
+    "model_at_capacity",
+    "too_many_in_flight",
+    "no_ready_replica",
+    "too_many_waiting",
+    "limits_unavailable",
+    "gateway_starting",
+}
+
+
+# ---- owners and their leases ----------------------------------------------------------
+
+
+def owner_of(team_id: int | None, key_id: int) -> str:
+    return f"team:{team_id}" if team_id is not None else f"key:{key_id}"
+
+
+def _owned_by(owner: str) -> Q:
+    kind, _, pk = owner.partition(":")
+    if kind == "team":
+        return Q(team_id=int(pk))
+    return Q(api_key_id=int(pk), team__isnull=True)
+
+
+def _lease_key(owner: str) -> str:
+    from fleet.services.reconciler.lock import prefix
+
+    return f"{prefix()}:batch:lease:{owner}"
+
+
+class Lease:
+    """An owner's lease in Redis: held by one worker, renewed by a thread of its own while
+    held, and ``lost`` when a renewal fails (the worker then stops starting lines)."""
+
+    def __init__(self, owner: str, ttl_s: float):
+        from fleet.services.reconciler.lock import redis_client
+
+        self.lock = redis_client().lock(_lease_key(owner), timeout=ttl_s, thread_local=False)
+        self.ttl_s = ttl_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> bool:
+        self.held = self.lock.acquire(blocking=False)
+        if self.held:
+            self._thread = threading.Thread(target=self._renew, name="batch-lease", daemon=True)
+            self._thread.start()
+        return self.held
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.lock.reacquire()
+            except (redis.exceptions.LockError, redis.RedisError):
+                logger.warning(
+                    "batch lease %s lost; this worker stops starting lines", self.lock.name
+                )
+                self.lost.set()
+                return
+
+    def __exit__(self, *exc) -> None:
+        if not self.held:
+            return
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.lock.release()
+        except (redis.exceptions.LockError, redis.RedisError):
+            pass  # expired or Redis away: it runs out by itself
+
+
+def lease_held(owner: str) -> bool:
+    from fleet.services.reconciler.lock import redis_client
+
+    try:
+        return bool(redis_client().exists(_lease_key(owner)))
+    except redis.RedisError:
+        return False
+
+
+def tick() -> list[str]:
+    """Beat's step: check validating batches; the owners whose batches want a worker."""
+    for batch in Batch.objects.filter(status=S.VALIDATING).select_related("api_key"):
+        lifecycle.validate(batch)
+    owners = {
+        owner_of(team_id, key_id)
+        for team_id, key_id in Batch.objects.filter(status__in=RUNNING)
+        .values_list("team_id", "api_key_id")
+        .distinct()
+    }
+    return sorted(o for o in owners if not lease_held(o))
+
+
+def run_owner(owner: str, slice_s: float | None = None) -> bool:
+    """One slice of an owner's batches, if no other worker holds them; whether to go on at
+    once (the slice ended with lines still to send)."""
+    c = fleet_settings()
+    lease = Lease(owner, c.batch_lease_s)
+    with lease as held:
+        if not held:
+            return False
+        return Slice(owner, lease.lost).run(slice_s or c.batch_slice_s)
+
+
+# ---- what the gateway answered --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int | None  # None: no answer (the connection failed)
+    body: bytes = b""
+    retry_after: float | None = None
+
+
+def verdict(answer: Answer, attempts: int, default_wait_s: float) -> float | None:
+    """Seconds to wait before sending the line again, or None when this answer is the line's.
+
+    Not now: no answer at all, a 429 other than a spent budget, or a 503 (no replica
+    ready, too many waiting, limits unavailable). A 5xx the engine or the gateway
+    failed with is tried ``ATTEMPTS`` times. Anything else (2xx, 4xx, a spent budget)
+    is the line's answer.
+    """
+    wait_s = answer.retry_after if answer.retry_after is not None else default_wait_s
+    if answer.status is None:
+        return wait_s
+    if answer.status == 429 or answer.status == 503:
+        code = _error_code(answer.body)
+        if code == "insufficient_quota":
+            return None
+        if answer.status == 503 or code in _NOT_NOW or code is None:
+            return wait_s
+        return None
+    if answer.status >= 500 and attempts < ATTEMPTS:
+        return wait_s
+    return None
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        error = json.loads(body).get("error")
+        return error.get("code") if isinstance(error, dict) else None
+    except (ValueError, AttributeError):
+        return None
+
+
+class Sender:
+    """HTTP/1.1 to the gateway, one keep-alive connection per pool thread."""
+
+    def __init__(self, base_url: str, timeout_s: float):
+        parts = urlsplit(base_url.rstrip("/"))
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port
+        self.path = parts.path.removesuffix("/v1")
+        self.timeout_s = timeout_s
+        self.local = threading.local()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = self.local.conn = kind(self.host, self.port, timeout=self.timeout_s)
+        return conn
+
+    def send(self, url: str, token: str, body: bytes) -> Answer:
+        conn = self._connection()
+        try:
+            conn.request(
+                "POST",
+                self.path + url,
+                body=body,
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            self.local.conn = None
+            logger.info("batch line not sent: %s", exc)
+            return Answer(None)
+        if resp.getheader("connection", "").lower() == "close":
+            conn.close()
+            self.local.conn = None
+        retry = resp.getheader("retry-after")
+        try:
+            retry_after = float(retry) if retry else None
+        except ValueError:
+            retry_after = None
+        return Answer(resp.status, data, retry_after)
+
+
+# ---- one slice ------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    line: int
+    custom_id: str
+    model: str
+    url: str
+    body: bytes
+    attempts: int = 0
+
+
+@dataclass
+class Running:
+    """One batch a slice holds."""
+
+    batch: Batch
+    token: str
+    source: Iterator[Item] | None = None  # the input's unanswered lines, read lazily
+    again: deque = field(default_factory=deque)  # (not before, Item), sent again later
+    in_flight: int = 0
+    read_all: bool = False
+    paused: str = ""  # why its next line may not start now ("" when it may)
+    ended: bool = False  # its completion window is over
+
+    def next_item(self, now: float) -> Item | None:
+        if self.again and self.again[0][0] <= now:
+            return self.again.popleft()[1]
+        if self.read_all or self.source is None:
+            return None
+        item = next(self.source, None)
+        if item is None:
+            self.read_all = True
+        return item
+
+    def peek_model(self) -> str | None:
+        """The model of the next line to send, without taking it."""
+        if self.again:
+            return self.again[0][1].model
+        if self.read_all or self.source is None:
+            return None
+        item = next(self.source, None)
+        if item is None:
+            self.read_all = True
+            return None
+        self.again.appendleft((0.0, item))
+        return item.model
+
+    def could_start(self, now: float) -> bool:
+        """Whether a line of it could start now, were it not paused or full."""
+        return bool(self.again and self.again[0][0] <= now) or not (
+            self.read_all or self.source is None
+        )
+
+
+def _unanswered(batch: Batch) -> Iterator[Item]:
+    done = set(BatchLine.objects.filter(batch=batch).values_list("line", flat=True))
+    source = BatchFile.objects.filter(pk=batch.input_file_id).first()
+    if source is None:
+        return
+    for n, raw in files.lines(source):
+        if n in done or not raw.strip():
+            continue
+        request = json.loads(raw)
+        body = json.dumps(request["body"], separators=(",", ":")).encode()
+        yield Item(n, request["custom_id"], request["body"]["model"], request["url"], body)
+
+
+class Slice:
+    def __init__(self, owner: str, lost: threading.Event):
+        c = fleet_settings()
+        self.owner = owner
+        self.lost = lost
+        self.per_batch = c.batch_concurrency
+        self.per_owner = c.batch_team_concurrency
+        self.retry_s = c.batch_retry_s
+        self.sender = Sender(c.batch_gateway_url, c.gateway_total_timeout_s + 10)
+        self.batches: dict[str, Running] = {}
+        self.buffer: list[BatchLine] = []
+        self.flushed_at = time.monotonic()
+        self.facts = pause.Facts()
+        self.looked_at = 0.0
+
+    def run(self, slice_s: float) -> bool:
+        deadline = time.monotonic() + slice_s
+        pool = ThreadPoolExecutor(self.per_owner, thread_name_prefix="batch-line")
+        in_flight: dict[Future, tuple[Running, Item]] = {}
+        sent = 0
+        try:
+            while True:
+                now = time.monotonic()
+                if now - self.looked_at >= LOOK_S:
+                    self._look()
+                    self.looked_at = now
+                stopping = now >= deadline or self.lost.is_set()
+                if not stopping:
+                    sent += self._start(pool, in_flight, now)
+                if not in_flight:
+                    self._flush()
+                    self._finish_what_is_done()
+                    # Nothing more to send now (all paused, read, or waiting to go again):
+                    # the worker goes back to other tasks, and beat's next tick returns.
+                    if stopping or not self._can_start(time.monotonic()):
+                        break
+                done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    running, item = in_flight.pop(fut)
+                    running.in_flight -= 1
+                    self._answered(running, item, fut.result())
+                if self.buffer and (
+                    len(self.buffer) >= FLUSH_LINES or time.monotonic() - self.flushed_at >= FLUSH_S
+                ):
+                    self._flush()
+                    self._finish_what_is_done()
+        finally:
+            pool.shutdown(wait=True)
+            self._flush()
+        more = any(not r.read_all or r.again for r in self.batches.values())
+        logger.info("batch slice owner=%s sent=%d more=%s", self.owner, sent, more)
+        return more and sent > 0 and not self.lost.is_set()
+
+    # -- looking around
+
+    def _look(self) -> None:
+        """Batches of this owner now (a new one, a cancel), and what interactive traffic does."""
+        now = timezone.now()
+        current = {
+            b.pk: b
+            for b in Batch.objects.filter(_owned_by(self.owner), status__in=RUNNING)
+            .select_related("api_key")
+            .order_by("created_at")
+        }
+        for pk in list(self.batches):
+            if pk not in current:
+                del self.batches[pk]
+        for pk, batch in current.items():
+            running = self.batches.get(pk)
+            if running is None:
+                token = credentials.mint(batch.api_key.secret_hash, pk)
+                running = self.batches[pk] = Running(batch, token)
+                # From the rows: a worker that died between writing answers and
+                # counting them left the counts behind.
+                self._recount(pk)
+                if batch.status == S.IN_PROGRESS:
+                    running.source = _unanswered(batch)
+            else:
+                running.batch = batch
+            running.ended = batch.expires_at <= now
+        self.facts = pause.gather()
+        for running in self.batches.values():
+            model = running.peek_model() if running.batch.status == S.IN_PROGRESS else None
+            why = pause.why_paused(model, self.facts) if model else ""
+            if why != running.paused:
+                running.paused = why
+                Batch.objects.filter(pk=running.batch.pk).update(paused=why)
+                if why:
+                    logger.info("batch %s paused: %s", running.batch.pk, why)
+
+    def _sendable(self, running: Running) -> bool:
+        return (
+            running.batch.status == S.IN_PROGRESS
+            and not running.ended
+            and not running.paused
+            and running.in_flight < self.per_batch
+        )
+
+    def _can_start(self, now: float) -> bool:
+        """Whether any line could start now (not every batch paused, read or waiting)."""
+        return any(r.could_start(now) for r in self.batches.values() if self._sendable(r))
+
+    # -- sending
+
+    def _start(self, pool, in_flight, now: float) -> int:
+        started = 0
+        progress = True
+        while progress and len(in_flight) < self.per_owner:
+            progress = False
+            # Round robin: one line of each batch in turn, oldest batch first.
+            for running in self.batches.values():
+                if len(in_flight) >= self.per_owner:
+                    break
+                if not self._sendable(running):
+                    continue
+                item = running.next_item(now)
+                if item is None:
+                    continue
+                if why := pause.why_paused(item.model, self.facts):
+                    running.again.appendleft((0.0, item))
+                    running.paused = why
+                    continue
+                item.attempts += 1
+                running.in_flight += 1
+                fut = pool.submit(self.sender.send, item.url, running.token, item.body)
+                in_flight[fut] = (running, item)
+                started += 1
+                progress = True
+        return started
+
+    def _answered(self, running: Running, item: Item, answer: Answer) -> None:
+        delay = verdict(answer, item.attempts, self.retry_s)
+        if delay is not None:
+            running.again.append((time.monotonic() + delay, item))
+            return
+        body = answer.body.decode("utf-8", "replace")
+        status = answer.status
+        try:
+            json.loads(body)
+        except ValueError:
+            status, body = (
+                502,
+                json.dumps(
+                    {
+                        "error": {
+                            "message": "the gateway's answer was not JSON",
+                            "type": "upstream_error",
+                            "param": None,
+                            "code": "upstream_malformed",
+                        }
+                    }
+                ),
+            )
+        self.buffer.append(
+            BatchLine(
+                batch_id=running.batch.pk,
+                line=item.line,
+                custom_id=item.custom_id,
+                status_code=status,
+                body=body,
+            )
+        )
+
+    # -- writing
+
+    def _flush(self) -> None:
+        """Write the answers gathered: a row per line, once (a line answered before, by a
+        worker that died after writing it, keeps its first answer); then the counts."""
+        self.flushed_at = time.monotonic()
+        if not self.buffer:
+            return
+        rows, self.buffer = self.buffer, []
+        BatchLine.objects.bulk_create(rows, ignore_conflicts=True)
+        for batch_id in {r.batch_id for r in rows}:
+            self._recount(batch_id)
+
+    def _recount(self, batch_id: str) -> None:
+        counts = BatchLine.objects.filter(batch_id=batch_id).aggregate(
+            ok=Count("pk", filter=Q(status_code__gte=200, status_code__lt=300)),
+            all=Count("pk"),
+        )
+        completed, failed = counts["ok"], counts["all"] - counts["ok"]
+        Batch.objects.filter(pk=batch_id).update(completed=completed, failed=failed)
+        running = self.batches.get(batch_id)
+        if running is not None:
+            running.batch.completed, running.batch.failed = completed, failed
+
+    def _finish_what_is_done(self) -> None:
+        for pk, running in list(self.batches.items()):
+            batch = running.batch
+            outcome = lifecycle.next_step(
+                batch.status,
+                total=batch.total,
+                answered=batch.answered,
+                in_flight=running.in_flight,
+                ended=running.ended,
+            )
+            if outcome is None:
+                continue
+            if lifecycle.finish(batch, outcome):
+                logger.info(
+                    "batch %s %s completed=%d failed=%d",
+                    pk,
+                    outcome,
+                    batch.completed,
+                    batch.failed,
+                )
+            del self.batches[pk]
