@@ -184,7 +184,8 @@ def child(rounds: int) -> dict:
     from agentd.tinygguf import write as write_tiny_model
     from tests.processes import Stack
 
-    tiny = write_tiny_model(work / "weights" / "tiny-llama.gguf")
+    # Under the stack's directory: its agents read weights only there (model_dirs).
+    tiny = write_tiny_model(work / "stack" / "weights" / "tiny-llama.gguf")
     # The fleet's defaults where they matter here (the stack's are for quick tests).
     stack = Stack(
         work / "stack",
