@@ -250,3 +250,17 @@ def test_finishing_twice_writes_one_output(gateway, facts):
     assert batch.output_file_id == first.pk
     assert BatchFile.objects.filter(purpose="batch_output").count() == 1
     assert lifecycle.finish(batch, "completed") is False
+
+
+def test_a_worker_that_lost_its_lease_starts_no_line(gateway, facts):
+    import threading
+
+    batch = new_batch(3)
+    start(batch)
+    lost = threading.Event()
+    lost.set()  # Redis would not renew it: another worker may hold the batch now
+
+    more = runner.Slice(owner(batch), lost).run(5)
+
+    assert more is False and gateway.asked == {}
+    assert not BatchLine.objects.filter(batch=batch).exists()

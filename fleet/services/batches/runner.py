@@ -369,6 +369,9 @@ class Slice:
         finally:
             pool.shutdown(wait=True)
             self._flush()
+            for running in self.batches.values():
+                if running.source is not None:
+                    running.source.close()  # the input file, held open while it was read
         more = any(not r.read_all or r.again for r in self.batches.values())
         logger.info("batch slice owner=%s sent=%d more=%s", self.owner, sent, more)
         return more and sent > 0 and not self.lost.is_set()
