@@ -13,7 +13,7 @@ import threading
 import pytest
 import requests
 
-from fleet.models import Event, Model, Node
+from fleet.models import Event, Model, Node, Replica
 from tests.e2e.helpers import apply_model, live_shards, wait_passes, wait_serving
 from tests.processes import Load
 
@@ -117,6 +117,14 @@ def test_a_model_at_zero_starts_for_waiting_requests_serves_them_all_and_idles_b
     stack.wait(
         lambda: Model.objects.get(name="tiny-llama").desired_replicas == 0 and not live_shards(),
         "the idle model to be scaled to zero",
+    )
+    # (and its drained replica stopped: until then a gateway whose table is a moment
+    # old may still send it a request, which it answers)
+    stack.wait(
+        lambda: (
+            not Replica.objects.filter(model__name="tiny-llama").exclude(state="stopped").exists()
+        ),
+        "the drained replica to stop",
     )
     # then: the decision says why
     last = autoscale_events("tiny-llama")[-1]
