@@ -10,6 +10,8 @@ The modules, in the order a request meets them:
   request, watches for its client going away, and answers /v1/models.
 - ``keys``: API keys from an in-memory cache; checked before the body is read.
 - ``validate``: the body's shape, a clear 400 before it goes anywhere.
+- ``apis``: Anthropic's Messages API and OpenAI's Responses API: passed through to
+  engines that serve them, translated to and from chat completions for the others.
 - ``ratelimit``: the per-key limits, one Redis round trip, shared by every process.
 - ``table``: the routing table (ready replicas per model, and why others are not).
 - ``waiting``: the wait for a replica of a model scaled to zero, and the load
@@ -20,7 +22,8 @@ The modules, in the order a request meets them:
 - ``usage``: tokens per key, model and hour, counted in memory, written in batches.
 - ``engines``: what the engines say is queued, scraped for the queue depth.
 - ``state``: one ``Gateway`` per event loop and the tasks that keep it fresh.
-- ``errors`` and ``metrics``: OpenAI's error shape, and the figures on /metrics.
+- ``errors`` and ``metrics``: OpenAI's error shape (Anthropic's on /v1/messages), and
+  the figures on /metrics.
 
 Adding a rule: put it where the request meets it above, in the ASGI path, and
 test it through a real web process (tests/gateway/).

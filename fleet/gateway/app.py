@@ -1,4 +1,5 @@
-"""The ASGI app for /v1/*: OpenAI's models, chat completions, completions and embeddings.
+"""The ASGI app for /v1/*: OpenAI's models, chat completions, completions, embeddings and
+Responses, and Anthropic's Messages (the last two through ``fleet.gateway.apis``).
 
 Mounted ahead of Django in ``llmgw_site.asgi`` (and alone in
 ``llmgw_site.gateway_asgi``): no middleware, no ORM on the request path. A
@@ -11,8 +12,8 @@ import json
 import logging
 import time
 
-from . import metrics, proxy, validate, waiting
-from .errors import GatewayError, internal, sse_error_event
+from . import apis, metrics, proxy, validate, waiting
+from .errors import GatewayError, internal
 from .state import canary_tally, gateway
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ PROXIED = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
 }
 
 
@@ -38,10 +41,12 @@ async def application(scope, receive, send) -> None:
     t0 = time.perf_counter()
     reply = proxy.Reply(send)
     route = None
+    path = scope["path"]
+    # Anthropic's error shape on /v1/messages, OpenAI's everywhere else.
+    api = apis.api_of(path)
     try:
         gw = gateway()
         await gw.ensure_started()
-        path = scope["path"]
         endpoint = PROXIED.get(path)
         if endpoint is not None:
             if scope["method"] != "POST":
@@ -50,6 +55,7 @@ async def application(scope, receive, send) -> None:
             raw = await _read_body(scope, receive, gw.limits.max_body_bytes[endpoint])
             # A large body is parsed on the body thread, never on the loop.
             req = await validate.read(endpoint, raw)
+            reply.framing = apis.framing(req)
             route = admit(gw, key, req, t0)
             if key.limits.on:
                 # One Redis round trip; raises the 429 when the key is over a limit.
@@ -65,7 +71,7 @@ async def application(scope, receive, send) -> None:
             raise GatewayError(
                 404,
                 f"unknown path {path}: the gateway serves /v1/models, /v1/chat/completions, "
-                "/v1/completions and /v1/embeddings",
+                "/v1/completions, /v1/embeddings, /v1/responses and /v1/messages",
                 code="unknown_url",
             )
     except GatewayError as exc:
@@ -74,7 +80,7 @@ async def application(scope, receive, send) -> None:
             await send(
                 {
                     "type": "http.response.body",
-                    "body": sse_error_event(exc.message, exc.code or "error") + b"data: [DONE]\n\n",
+                    "body": proxy.stream_error(reply, exc.message, exc.code or "error", exc.status),
                 }
             )
             return
@@ -82,7 +88,7 @@ async def application(scope, receive, send) -> None:
             # Only a bug gets here; the client has a status line already.
             logger.error("gateway error after the reply started: %s", exc.message)
             return
-        headers, body = exc.answer()
+        headers, body = exc.answer(api)
         await reply.start(exc.status, headers)
         await send({"type": "http.response.body", "body": body})
     except _ClientGone:
@@ -92,7 +98,7 @@ async def application(scope, receive, send) -> None:
         # answered in OpenAI's shape rather than as the server's HTML page.
         logger.exception("gateway failed on %s %s", scope.get("method"), scope.get("path"))
         if not reply.started:
-            headers, body = internal().answer()
+            headers, body = internal().answer(api)
             await reply.start(500, headers)
             await send({"type": "http.response.body", "body": body})
     finally:

@@ -1,7 +1,8 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, and on
+/v1/messages in Anthropic's: ``{"type": "error", "error": {"type", "message"}}``.
 
-Clients (the official SDKs included) read ``error.message`` and map the HTTP
-status to an exception class, so both must say what went wrong.
+Clients (the official SDKs included) read the message and map the HTTP status to
+an exception class, so both must say what went wrong.
 """
 
 import json
@@ -18,6 +19,21 @@ _TYPES = {
     500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+# Anthropic's ``error.type`` for each status (its API's errors page); 503 is its
+# overloaded_error, which its SDK retries like a 529.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
     504: "timeout_error",
 }
 
@@ -43,12 +59,13 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
 
-    def body(self) -> bytes:
-        return error_body(self.status, self.message, param=self.param, code=self.code)
+    def body(self, api: str | None = None) -> bytes:
+        return error_body(self.status, self.message, param=self.param, code=self.code, api=api)
 
-    def answer(self) -> tuple[list[tuple[bytes, bytes]], bytes]:
-        """The headers, with the body's length, and the body: one write, no chunks."""
-        body = self.body()
+    def answer(self, api: str | None = None) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """The headers, with the body's length, and the body: one write, no chunks.
+        ``api`` "messages": in Anthropic's shape."""
+        body = self.body(api)
         return [*self.headers(), (b"content-length", b"%d" % len(body))], body
 
     def headers(self) -> list[tuple[bytes, bytes]]:
@@ -65,7 +82,10 @@ def internal() -> GatewayError:
     return GatewayError(500, "the gateway failed; see its log", code="internal")
 
 
-def error_body(status: int, message: str, *, param=None, code=None) -> bytes:
+def error_body(status: int, message: str, *, param=None, code=None, api=None) -> bytes:
+    """An error answer's body: OpenAI's shape, or Anthropic's where ``api`` is "messages"."""
+    if api == "messages":
+        return json.dumps(anthropic_error(status, message)).encode()
     return json.dumps(
         {
             "error": {
@@ -78,6 +98,12 @@ def error_body(status: int, message: str, *, param=None, code=None) -> bytes:
             }
         }
     ).encode()
+
+
+def anthropic_error(status: int, message: str) -> dict:
+    """Anthropic's error object, as its answers and its streams' error events carry it."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def sse_error_event(message: str, code: str = "upstream_error") -> bytes:

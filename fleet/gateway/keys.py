@@ -123,6 +123,8 @@ def load_keys() -> dict[str, KeyEntry]:
 
 
 def bearer(headers) -> str:
+    """The API key a request carries: ``Authorization: Bearer <key>``, as OpenAI's clients
+    send it, else ``x-api-key: <key>``, as Anthropic's do."""
     try:
         secret = bearer_secret(headers)
     except ValueError:
@@ -130,12 +132,22 @@ def bearer(headers) -> str:
             401, "the Authorization header must be 'Bearer <API key>'", code="invalid_api_key"
         ) from None
     if secret is None:
+        secret = api_key_header(headers)
+    if secret is None:
         raise GatewayError(
             401,
-            "no API key: send it as 'Authorization: Bearer <API key>'",
+            "no API key: send it as 'Authorization: Bearer <API key>' (or 'x-api-key: <API key>')",
             code="missing_api_key",
         )
     return secret
+
+
+def api_key_header(headers) -> str | None:
+    """The secret of an ``x-api-key`` header among ASGI headers; None without one."""
+    for name, value in headers:
+        if name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
 
 
 def digest_of(secret: str) -> str | None:

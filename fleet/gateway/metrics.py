@@ -178,30 +178,59 @@ class RouteMetrics:
         child.inc()
 
 
+# The prompt's and the completion's fields of each usage shape: OpenAI's chat and
+# completions; Anthropic's Messages and OpenAI's Responses (``input_tokens``, which on
+# Anthropic's leaves out the cached part, counted in its own two fields).
+_OPENAI_USAGE = (("prompt_tokens",), ("completion_tokens",))
+_INPUT_OUTPUT_USAGE = (
+    ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"),
+    ("output_tokens",),
+)
+
+
 def counts(usage, model: str) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of an engine's ``usage`` object; a count it leaves
-    out (embeddings have no completion) is 0. None where there is no object, or where
-    a count is not an integer from 0 to ``MAX_TOKENS`` (refused: logged and counted)."""
+    """(prompt, completion) tokens of an engine's ``usage`` object, in OpenAI's shape or
+    in the Messages and Responses APIs'; a count it leaves out (embeddings have no
+    completion) is 0. None where there is no object, or where a count is not an
+    integer from 0 to ``MAX_TOKENS`` (refused: logged and counted)."""
     if usage.__class__ is not dict:
         return None
+    shape = _OPENAI_USAGE
+    if "prompt_tokens" not in usage and ("input_tokens" in usage or "output_tokens" in usage):
+        shape = _INPUT_OUTPUT_USAGE
     out = []
-    for name in ("prompt_tokens", "completion_tokens"):
-        value = usage.get(name)
-        if value is None:
-            value = 0
-        elif value.__class__ is not int or not 0 <= value <= MAX_TOKENS:
-            USAGE_REFUSED.labels(model).inc()
-            logger.warning(
-                "engine usage refused model=%s %s=%.40r: not an integer from 0 to %d; "
-                "the answer counts as one without usage",
-                model,
-                name,
-                value,
-                MAX_TOKENS,
-            )
-            return None
-        out.append(value)
+    for names in shape:
+        total = 0
+        for name in names:
+            value = _count(usage, name, model)
+            if value is None:
+                return None
+            total += value
+        if total > MAX_TOKENS:
+            return _refused(model, names[0], total)
+        out.append(total)
     return out[0], out[1]
+
+
+def _count(usage: dict, name: str, model: str) -> int | None:
+    value = usage.get(name)
+    if value is None:
+        return 0
+    if value.__class__ is not int or not 0 <= value <= MAX_TOKENS:
+        return _refused(model, name, value)
+    return value
+
+
+def _refused(model: str, name: str, value) -> None:
+    USAGE_REFUSED.labels(model).inc()
+    logger.warning(
+        "engine usage refused model=%s %s=%.40r: not an integer from 0 to %d; "
+        "the answer counts as one without usage",
+        model,
+        name,
+        value,
+        MAX_TOKENS,
+    )
 
 
 def upstream_error(model: str, replica: str, kind: str) -> None:

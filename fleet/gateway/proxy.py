@@ -13,8 +13,8 @@ import logging
 import random
 import time
 
-from . import metrics, prefix, table, validate
-from .errors import GatewayError, error_body, sse_error_event
+from . import apis, metrics, prefix, table, validate
+from .errors import GatewayError, anthropic_error, error_body, sse_error_event
 from .state import canary_tally
 from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 
@@ -93,6 +93,33 @@ def _usage_in(event: dict | None) -> dict | None:
     return usage if usage.__class__ is dict else None
 
 
+def _message_usage(event: dict | None) -> dict | None:
+    """Anthropic's stream: ``message_start`` carries it in its message, ``message_delta``
+    at the top (cumulative: it overrides what came before)."""
+    usage = _usage_in(event)
+    if usage is None and event is not None:
+        message = event.get("message")
+        usage = _usage_in(message) if message.__class__ is dict else None
+    return usage
+
+
+def _response_usage(event: dict | None) -> dict | None:
+    """The Responses API's stream: in the response that ``response.completed`` (or
+    ``.incomplete``, ``.failed``) carries."""
+    response = event.get("response") if event is not None else None
+    return _usage_in(response) if response.__class__ is dict else None
+
+
+# The usage in an engine's own events, by the API it speaks (None: chat and completions).
+_USAGE_IN = {None: _usage_in, "messages": _message_usage, "responses": _response_usage}
+# The events that end an engine's own stream of these APIs (they send no [DONE]).
+_ENDS = {
+    None: (),
+    "messages": (b"message_stop", b"error"),
+    "responses": (b"response.completed", b"response.incomplete", b"response.failed", b"error"),
+}
+
+
 class SSECheck:
     """Lets through only whole, well-formed event-stream lines and notices the final [DONE].
 
@@ -100,9 +127,21 @@ class SSECheck:
     so an error event can always follow cleanly.
     """
 
-    __slots__ = ("tail", "done", "events", "usage", "strip_usage", "_dropped", "later")
+    __slots__ = (
+        "tail",
+        "done",
+        "events",
+        "usage",
+        "strip_usage",
+        "_dropped",
+        "later",
+        "usage_in",
+        "ends",
+        "named",
+        "merge",
+    )
 
-    def __init__(self, strip_usage: bool = False):
+    def __init__(self, strip_usage: bool = False, api: str | None = None):
         self.tail = b""
         self.done = False
         self.events = 0  # events carrying text: one token each, for engines that send
@@ -113,6 +152,16 @@ class SSECheck:
         # Take out the usage-only event (``"choices": []``) the gateway asked for.
         self.strip_usage = strip_usage
         self._dropped = False
+        # An engine's own stream of the Messages or Responses API (``api``): its usage
+        # where that API puts it, its end at its last event, its events counted.
+        self.usage_in = _USAGE_IN[api]
+        self.ends = _ENDS[api]
+        self.named = 0
+        self.merge = api == "messages"
+
+    def take(self, usage: dict) -> None:
+        """A usage read from an event: the latest, or added to (Anthropic's comes in two)."""
+        self.usage = {**self.usage, **usage} if self.merge and self.usage else usage
 
     def feed(self, chunk: bytes) -> tuple[bytes, str | None]:
         data = self.tail + chunk if self.tail else chunk
@@ -138,16 +187,20 @@ class SSECheck:
                         self.later.append(text)
                     else:
                         event = _event(text)
-                        usage = _usage_in(event)
+                        usage = self.usage_in(event)
                         if usage is not None:
                             if self.later:
                                 self.later.append(usage)
                             else:
-                                self.usage = usage
+                                self.take(usage)
                             # The usage-only last event (no choices) the gateway asked for.
                             drop = self.strip_usage and event.get("choices") == []
                 if carries_text(text):
                     self.events += 1
+            elif text.startswith(b"event:"):
+                self.named += 1
+                if text[6:].strip() in self.ends:
+                    self.done = True
             elif not text and self._dropped:
                 drop = True  # the blank line that ended the event taken out
             self._dropped = drop and bool(text)
@@ -167,16 +220,25 @@ async def settle(check: SSECheck) -> None:
     """Read the usage of the events ``feed`` left for later, on the body thread."""
     for item in check.later:
         if item.__class__ is not dict:
-            item = _usage_in(await validate.off_loop(_event, item, _YIELDING_ANSWER_DECODER))
+            item = check.usage_in(await validate.off_loop(_event, item, _YIELDING_ANSWER_DECODER))
         if item is not None:
-            check.usage = item
+            check.take(item)
     check.later.clear()
 
 
 class Reply:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started", "status", "extra", "sse_open", "served_by", "woke")
+    __slots__ = (
+        "send",
+        "started",
+        "status",
+        "extra",
+        "sse_open",
+        "served_by",
+        "woke",
+        "framing",
+    )
 
     def __init__(self, send):
         self.send = send
@@ -189,6 +251,9 @@ class Reply:
         self.served_by: tuple[str, str] | None = None  # (model, profile) of the last try
         # It waited for its model to wake: the answer names the replica (x-llmgw-woke).
         self.woke = False
+        # /v1/messages and /v1/responses: how the answer and its errors are written in
+        # the request's API (fleet.gateway.apis); None for the OpenAI endpoints.
+        self.framing: apis.Framing | None = None
 
     async def start(self, status: int, headers: list) -> None:
         if self.sse_open:
@@ -202,8 +267,12 @@ class Reply:
 
 def ring_key(gw, route: table.Route, req) -> int | None:
     """Where the prompt's prefix sits on the route's ring; None: the route has none."""
-    if route.ring is not None and req.endpoint in _STREAMED:
+    if route.ring is None:
+        return None
+    if req.endpoint in _STREAMED:
         return prefix.key_of(req.endpoint, req.body, gw.limits.prefix_chars)
+    if req.chat is not None:  # /v1/messages, /v1/responses: the prompt as chat sees it
+        return prefix.key_of("chat/completions", req.chat, gw.limits.prefix_chars)
     return None
 
 
@@ -276,11 +345,15 @@ def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
         )
 
 
-def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, bool]:
+def _changed(
+    route: table.Route, req, up: table.Upstream, translate: bool = False
+) -> tuple[dict | None, bool]:
     """The body to send where it is not the client's own (None where it is), and whether
-    the gateway asked the engine for usage on its own."""
+    the gateway asked the engine for usage on its own. ``translate``: the request's
+    chat completion (``req.chat``), for an engine that does not serve its API."""
     strip_usage = wants_usage_added(req)
-    if up.served_name == req.model and not strip_usage and up.base_fields is None:
+    body = req.chat if translate else req.body
+    if not translate and up.served_name == req.model and not strip_usage and up.base_fields is None:
         return None, strip_usage
     # The engine serves the profile's name; the client asked for the model's (or for
     # another model, whose fallback this is), or for an adapter the engine holds.
@@ -293,9 +366,9 @@ def _changed(route: table.Route, req, up: table.Upstream) -> tuple[dict | None, 
                 code="no_ready_replica",
                 retry_after=1,
             )
-        changed = {**req.body, **fields}
+        changed = {**body, **fields}
     else:
-        changed = {**req.body, "model": up.served_name, **(up.base_fields or {})}
+        changed = {**body, "model": up.served_name, **(up.base_fields or {})}
     if strip_usage:
         # The engine reports usage in a last chunk only when asked; the client
         # did not ask, so that chunk is taken out again on the way back.
@@ -311,10 +384,10 @@ def _encode_yielding(body: dict) -> bytes:
     return "".join(_YIELDING_ENCODER.iterencode(body)).encode()
 
 
-async def upstream_body(route: table.Route, req, up: table.Upstream):
+async def upstream_body(route: table.Route, req, up: table.Upstream, translate: bool = False):
     """The body the engine gets, and whether the gateway asked it for usage on its own;
     written on the body thread where the body is large."""
-    changed, strip_usage = _changed(route, req, up)
+    changed, strip_usage = _changed(route, req, up, translate)
     if changed is None:
         return req.raw, strip_usage
     if validate.on_loop(req.raw):
@@ -367,11 +440,14 @@ def broken_whole(route: table.Route, up: table.Upstream, exc: UpstreamError) -> 
     )
 
 
-def whole_answer(route: table.Route, up: table.Upstream, resp, body: bytes) -> tuple[int, bytes]:
+def whole_answer(
+    route: table.Route, up: table.Upstream, resp, body: bytes, api: str | None = None
+) -> tuple[int, bytes]:
     """The status and body a whole answer goes back to the client with.
 
     A 2xx/3xx JSON answer that is not a JSON object is a 502 (raised); an
-    error the engine worded its own way is put in OpenAI's shape.
+    error the engine worded its own way is put in OpenAI's shape, or on
+    /v1/messages (``api``) in Anthropic's.
     """
     status = resp.status
     if status < 400:
@@ -393,6 +469,8 @@ def whole_answer(route: table.Route, up: table.Upstream, resp, body: bytes) -> t
         parsed = json.loads(body)
     except (ValueError, RecursionError):  # nested past Python's stack: not OpenAI's shape
         parsed = None
+    if api == "messages":
+        return status, _anthropic_error_body(route, up, status, resp, body, parsed)
     if not (isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)):
         # Engines word their errors their own way; clients expect OpenAI's shape.
         text = body[:300].decode("utf-8", "replace").strip() or resp.reason.strip()
@@ -400,6 +478,36 @@ def whole_answer(route: table.Route, up: table.Upstream, resp, body: bytes) -> t
             status, f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
         )
     return status, body
+
+
+def _anthropic_error_body(route, up, status: int, resp, body: bytes, parsed) -> bytes:
+    """An engine's error on /v1/messages in Anthropic's shape: vLLM's already is; the
+    message of one in OpenAI's shape (a chat completion's, translated); else its text."""
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and parsed.get("type") == "error":
+        return body
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str):
+        text = body[:300].decode("utf-8", "replace").strip() or resp.reason.strip()
+        message = f"replica {up.replica_id} of model '{route.name}' answered {status}: {text}"
+    return json.dumps(anthropic_error(status, message)).encode()
+
+
+def error_message(body: bytes) -> str:
+    """The message of an error answer in either shape (``error.message``), else its text."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        message = None
+    return message if isinstance(message, str) else body[:300].decode("utf-8", "replace")
+
+
+def stream_error(reply, message: str, code: str, status: int = 502) -> bytes:
+    """The last events of a stream that failed: in the request's API (``Framing.fail``),
+    or OpenAI's error event and ``[DONE]``."""
+    if reply.framing is not None:
+        return reply.framing.fail(message, code, status)
+    return sse_error_event(message, code) + b"data: [DONE]\n\n"
 
 
 def whole_headers(
@@ -466,6 +574,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
                 reply,
                 f"model '{route.name}' gave no complete answer within {limits.total_timeout_s:g} s",
                 "upstream_timeout",
+                504,
             )
             return
         raise too_slow(gw, route) from None
@@ -492,14 +601,24 @@ async def _attempt(
 ) -> None:
     limits = gw.limits
 
-    body, strip_usage = await upstream_body(route, req, up)
+    # /v1/messages and /v1/responses: passed through to an engine that serves the API,
+    # translated to a chat completion for any other (fleet.gateway.apis).
+    framing = reply.framing
+    translate = framing is not None and not apis.native(up.engine, req.endpoint)
+    if translate and req.chat is None:
+        raise req.chat_error
+    if framing is not None:
+        framing.translating = translate
+    endpoint = "chat/completions" if translate else req.endpoint
+    native_api = req.endpoint if framing is not None and not translate else None
+    body, strip_usage = await upstream_body(route, req, up, translate)
     reply.served_by = (up.model, up.profile)
     up.outstanding += 1
     try:
         try:
             host, port = up.address
             resp = await gw.client.post(
-                host, port, up.request_head(req.endpoint), body, limits.first_byte_timeout_s
+                host, port, up.request_head(endpoint), body, limits.first_byte_timeout_s
             )
         except ConnectFailed as exc:
             raise _Retry(not_connected(gw, route, up, exc)) from None
@@ -522,7 +641,7 @@ async def _attempt(
                 # (fleet.gateway.app), not this error.
                 raise _Retry(unavailable(route, up, resp.status))
             if resp.content_type == "text/event-stream" and resp.status == 200:
-                await _stream(gw, route, up, resp, reply, t0, key, strip_usage)
+                await _stream(gw, route, up, resp, reply, t0, key, strip_usage, native_api)
             else:
                 await _whole(gw, route, up, resp, reply, key)
         except BaseException:
@@ -587,10 +706,18 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
         body = await resp.read()
     except UpstreamError as exc:
         raise broken_whole(route, up, exc) from None
-    status, body = whole_answer(route, up, resp, body)
-    usage = await answer_usage(body) if status < 400 else None
+    framing = reply.framing
+    status, body = whole_answer(route, up, resp, body, framing.api if framing else None)
+    usage = chat = None
+    if status < 400 and framing is not None and framing.translating:
+        chat = await _answer_object(route, up, body)
+        usage = _usage_in(chat)
+        if not reply.sse_open:
+            body = await _encode(framing.answer(chat), body)
+    elif status < 400:
+        usage = await answer_usage(body)
     if reply.sse_open:
-        await _whole_as_events(gw, route, key, reply, status, body, usage)
+        await _whole_as_events(gw, route, key, reply, status, body, usage, chat)
         return
     await reply.start(status, whole_headers(up, resp, body, reply.woke))
     charge = tally(gw, route, key, usage) if status < 400 else None
@@ -599,20 +726,74 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
 
 
 async def _whole_as_events(
-    gw, route, key, reply: Reply, status: int, body: bytes, usage: dict | None
+    gw, route, key, reply: Reply, status: int, body: bytes, usage: dict | None, chat=None
 ) -> None:
-    """A whole answer on a stream already open (the request waited): as events, then [DONE]."""
-    if status < 400:
-        out = b"data: " + b" ".join(body.split(b"\n")) + b"\n\n"
+    """A whole answer on a stream already open (the request waited): as events, then
+    [DONE]; in the request's API where it has one (a translated answer as its events)."""
+    framing = reply.framing
+    if status < 400 and framing is None:
+        out = b"data: " + b" ".join(body.split(b"\n")) + b"\n\ndata: [DONE]\n\n"
+    elif status < 400 and chat is not None:
+        out = framing.whole(chat)
+    elif status < 400:
+        # An engine's own answer to these APIs, whole where a stream was asked for.
+        out = stream_error(reply, "the engine answered a streamed request whole", "upstream_error")
     else:
-        try:
-            message = json.loads(body)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = body[:300].decode("utf-8", "replace")
-        out = sse_error_event(str(message), "upstream_error")
+        out = stream_error(reply, error_message(body), "upstream_error", status)
     charge = tally(gw, route, key, usage) if status < 400 else None
-    await reply.send({"type": "http.response.body", "body": out + b"data: [DONE]\n\n"})
+    await reply.send({"type": "http.response.body", "body": out})
     await _charge(gw, key, charge)
+
+
+async def _answer_object(route, up, body: bytes) -> dict:
+    """A whole chat answer to translate, parsed (on the body thread where it is large)."""
+    if validate.on_loop(body):
+        answer = _decode_object(body, _ANSWER_DECODER)
+    else:
+        answer = await validate.off_loop(_decode_object, body, _YIELDING_ANSWER_DECODER)
+    if answer is None:
+        metrics.upstream_error(route.name, up.replica_id, "protocol")
+        raise GatewayError(
+            502,
+            f"replica {up.replica_id} of model '{route.name}' answered with something that is "
+            f"not a JSON object: {body[:60]!r}",
+            code="upstream_malformed",
+        )
+    return answer
+
+
+def _decode_object(body: bytes, decoder: json.JSONDecoder) -> dict | None:
+    try:
+        answer = decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return answer if answer.__class__ is dict else None
+
+
+async def _encode(answer: dict, like: bytes) -> bytes:
+    """A translated answer written out: on the body thread where its source was large."""
+    if validate.on_loop(like):
+        return json.dumps(answer).encode()
+    return await validate.off_loop(_encode_yielding, answer)
+
+
+async def _translated(framing, data: bytes) -> bytes:
+    """Whole lines of an engine's chat stream in, the request's API's events out."""
+    out = []
+    for line in data.split(b"\n"):
+        text = line.rstrip(b"\r")
+        if not text.startswith(b"data:") or framing.ended:
+            continue
+        if text in (b"data: [DONE]", b"data:[DONE]"):
+            out.append(framing.finish())
+            continue
+        if len(text) > validate.ON_LOOP_MAX_BYTES:
+            event = await validate.off_loop(_event, text, _YIELDING_ANSWER_DECODER)
+        else:
+            event = _event(text)
+        if event is not None:
+            out.append(framing.chunk(event))
+    return b"".join(out)
 
 
 def tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
@@ -639,7 +820,12 @@ def _in_background(coro) -> None:
     task.add_done_callback(_BACKGROUND.discard)
 
 
-async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool) -> None:
+async def _stream(
+    gw, route, up, resp, reply: Reply, t0: float, key, strip_usage: bool, api: str | None = None
+) -> None:
+    """Stream an answer back as it comes: the engine's own events (``api``, where it
+    speaks the request's Messages or Responses API itself), or translated into them
+    from its chat stream (``reply.framing.translating``)."""
     await reply.start(
         200,
         [
@@ -650,7 +836,9 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
         ],
     )
     send = reply.send
-    check = SSECheck(strip_usage)
+    check = SSECheck(strip_usage, api)
+    framing = reply.framing
+    conv = framing if framing is not None and framing.translating else None
     first = True
     problem = None
     try:
@@ -665,6 +853,10 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
             good, problem = check.feed(chunk)
             if check.later:
                 await settle(check)
+            if conv is not None:
+                good = await _translated(conv, good) if good else good
+            elif framing is not None:
+                framing.passed = check.named
             if good:
                 await send({"type": "http.response.body", "body": good, "more_body": True})
             if problem:
@@ -678,7 +870,7 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
         # The client went away (its request cancelled) or could not be written to:
         # what it was sent is charged all the same, from the usage if one came,
         # else one token per event with text. Not waited for: the task is ending.
-        _in_background(_charge(gw, key, tally(gw, route, key, check.usage, check.events)))
+        _in_background(_charge(gw, key, tally(gw, route, key, *_counted(check, conv))))
         raise
     if problem is None and (check.tail or not check.done):
         problem = (
@@ -690,16 +882,23 @@ async def _stream(gw, route, up, resp, reply: Reply, t0: float, key, strip_usage
             "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
         )
         resp.close()
-        charge = tally(gw, route, key, check.usage, check.events)
+        charge = tally(gw, route, key, *_counted(check, conv))
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
         await _charge(gw, key, charge)
         return
-    charge = tally(gw, route, key, check.usage, check.events)
+    charge = tally(gw, route, key, *_counted(check, conv))
     await send({"type": "http.response.body", "body": b""})
     await _charge(gw, key, charge)
 
 
-async def _end_stream_with_error(reply: Reply, message: str, code: str) -> None:
+def _counted(check: SSECheck, conv) -> tuple[dict | None, int]:
+    """(usage, pieces) of a stream to count: what a translated stream told its client."""
+    if conv is not None:
+        return conv.usage, conv.pieces
+    return check.usage, check.events
+
+
+async def _end_stream_with_error(reply: Reply, message: str, code: str, status: int = 502) -> None:
     await reply.send(
-        {"type": "http.response.body", "body": sse_error_event(message, code) + b"data: [DONE]\n\n"}
+        {"type": "http.response.body", "body": stream_error(reply, message, code, status)}
     )

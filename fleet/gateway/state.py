@@ -68,6 +68,9 @@ class Limits:
                 "chat/completions": ceiling,
                 "completions": min(ceiling, c.gateway_completions_max_body_bytes),
                 "embeddings": min(ceiling, c.gateway_embeddings_max_body_bytes),
+                # A conversation, as chat's: images travel inline there too.
+                "messages": ceiling,
+                "responses": ceiling,
             },
             connect_timeout_s=c.gateway_connect_timeout_s,
             first_byte_timeout_s=c.gateway_first_byte_timeout_s,
@@ -266,14 +269,18 @@ class Gateway:
         when full), so invented ones cannot grow it; the secrets are those this
         process reads from every request anyway.
         """
-        for name, value in headers:
+        value = None
+        for name, v in headers:
             if name == b"authorization":
-                hit = self._auth_cache.get(value)
-                if hit is not None:
-                    return hit
+                value = v
                 break
-        else:
-            value = None
+            if name == b"x-api-key":
+                # Anthropic's clients send the key so; Authorization wins (keys.bearer).
+                value = v
+        if value is not None:
+            hit = self._auth_cache.get(value)
+            if hit is not None:
+                return hit
         secret = keys.bearer(headers)
         digest = keys.digest_of(secret)
         if digest is not None and value is not None:

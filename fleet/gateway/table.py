@@ -83,6 +83,9 @@ class Upstream:
     url: str  # http://host:port of the rank-0 shard
     served_name: str
     profile: str = ""  # its engine profile's name, for the metrics by profile
+    # Its profile's engine ("vllm", "llamacpp", ...): whether it serves /v1/messages and
+    # /v1/responses itself or is sent them as chat completions (fleet.gateway.apis).
+    engine: str = ""
     canary: bool = False  # a replica of the model's canary profile
     outstanding: int = 0
     connect_failures: int = 0  # consecutive; reset by any answer
@@ -271,7 +274,7 @@ def build_routes(
             leader = min(serving_shards(r.shards), key=lambda s: s.rank)
             url = upstream_url(leader.mgmt_addr, leader.port)
             u = previous.get((r.id, url)) or Upstream(r.id, m.name, url, r.served_name)
-            u.served_name, u.profile = r.served_name, r.profile
+            u.served_name, u.profile, u.engine = r.served_name, r.profile, r.engine
             u.adapters, u.adapters_failed = _held(r, leader)
             u.base_fields = base_fields(
                 r.engine, [a for a in leader.adapters if isinstance(a, dict)]

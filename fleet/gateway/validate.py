@@ -20,6 +20,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from . import apis
 from .errors import GatewayError
 
 _NUMBER = (int, float)
@@ -164,16 +165,23 @@ _REQUIRED = {
     "chat/completions": ("messages", list),
     "completions": ("prompt", (str, list)),
     "embeddings": ("input", (str, list)),
+    "messages": ("messages", list),
+    "responses": ("input", (str, list)),
 }
 
 
 @dataclass
 class ParsedRequest:
-    endpoint: str  # "chat/completions", "completions", "embeddings"
+    endpoint: str  # "chat/completions", "completions", "embeddings", "messages", "responses"
     body: dict
     raw: bytes
     model: str
     stream: bool
+    # /v1/messages and /v1/responses: the request as a chat completion, for engines that
+    # do not serve the API themselves (fleet.gateway.apis); or, where it has no chat
+    # counterpart, the 400 that says so, raised only if such an engine is tried.
+    chat: dict | None = None
+    chat_error: GatewayError | None = None
 
 
 def _type_ok(value, expected) -> bool:
@@ -257,9 +265,9 @@ def _parse(endpoint: str, raw: bytes, decoder: json.JSONDecoder) -> ParsedReques
         raise GatewayError(
             400, f"'{name}' must be {_TYPE_NAMES[expected]}, not {_json_type(value)}", param=name
         )
+    if endpoint in ("chat/completions", "messages") and not value:
+        raise GatewayError(400, "'messages' must not be empty", param="messages")
     if endpoint == "chat/completions":
-        if not value:
-            raise GatewayError(400, "'messages' must not be empty", param="messages")
         for i, m in enumerate(value):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise GatewayError(
@@ -271,4 +279,12 @@ def _parse(endpoint: str, raw: bytes, decoder: json.JSONDecoder) -> ParsedReques
         value = body.get(name)
         if value is not None and value < 1:
             raise GatewayError(400, f"'{name}' must be at least 1, not {value}", param=name)
-    return ParsedRequest(endpoint, body, raw, model, bool(body.get("stream")))
+    req = ParsedRequest(endpoint, body, raw, model, bool(body.get("stream")))
+    api = apis.module(endpoint)
+    if api is not None:
+        api.check(body)
+        try:
+            req.chat = api.to_chat(body)
+        except GatewayError as exc:
+            req.chat_error = exc
+    return req

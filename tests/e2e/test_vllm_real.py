@@ -146,6 +146,39 @@ def test_a_model_on_real_vllm_serves_charges_routes_adapts_drains_and_survives_a
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     spend(chunks[-1].usage)
 
+    # and Anthropic's Messages API and OpenAI's Responses API, which vLLM serves itself:
+    # passed through, whole and streamed, through both official clients, each charged
+    # from its own API's usage
+    import anthropic
+
+    def spend_io(usage) -> None:
+        cached = ("cache_read_input_tokens", "cache_creation_input_tokens")  # Anthropic's
+        spent["prompt"] += usage.input_tokens + sum(getattr(usage, n, 0) or 0 for n in cached)
+        spent["completion"] += usage.output_tokens
+
+    claude = anthropic.Anthropic(base_url=stack.url, api_key=secret, max_retries=0, timeout=120)
+    story = [{"role": "user", "content": "Tell me a story"}]
+    message = claude.messages.create(model=NAME, max_tokens=6, messages=story)
+    assert message.type == "message" and message.content[0].text
+    assert (message.stop_reason, message.usage.output_tokens) == ("max_tokens", 6)
+    spend_io(message.usage)
+    with claude.messages.stream(model=NAME, max_tokens=6, messages=story) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert text == final.content[0].text and final.usage.output_tokens == 6
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) > 4
+    spend_io(final.usage)
+    response = client.responses.create(model=NAME, input="Tell me a story", max_output_tokens=6)
+    assert response.output_text and response.usage.output_tokens == 6
+    spend_io(response.usage)
+    with client.responses.stream(model=NAME, input="Say more", max_output_tokens=6) as s:
+        events = list(s)
+    # (vLLM 0.32 ends a stream stopped at max_output_tokens with response.completed)
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.usage.output_tokens == 6
+    spend_io(events[-1].response.usage)
+
     # when: prompts longer than a KV block, each under its own system prompt, are asked
     # three times through the gateway
     replicas = list(Replica.objects.filter(model_id=model_id, state="ready"))

@@ -38,6 +38,7 @@ class Upstream:
         self.max_in_flight = 0
         self.cancelled = 0
         self.requests: list[dict] = []
+        self.paths: list[str] = []  # the path of each request, beside its body
         self.release = threading.Event()  # lets "hang" requests finish
         self.waiting: int | None = None  # what /metrics says is queued, as vLLM says it
         self._loop = asyncio.new_event_loop()
@@ -57,6 +58,10 @@ class Upstream:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        # As vLLM serves them itself (vllm/entrypoints/anthropic, .../openai/responses):
+        # for the gateway's pass-through to an engine of kind "vllm".
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
@@ -89,6 +94,7 @@ class Upstream:
     async def _enter(self, request) -> dict:
         body = await request.json()
         self.requests.append(body)
+        self.paths.append(request.path)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return body
@@ -119,6 +125,131 @@ class Upstream:
 
     async def _chat(self, request):
         return await self._guard(request, self._chat_answer)
+
+    async def _messages(self, request):
+        return await self._guard(request, self._messages_answer)
+
+    async def _responses(self, request):
+        return await self._guard(request, self._responses_answer)
+
+    async def _messages_answer(self, request, body):
+        """Anthropic's Messages API, as vLLM 0.32 answers it (its usage in both events)."""
+        usage = {"input_tokens": 3, "output_tokens": 4}
+        message = {
+            "id": f"msg_{self.name}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "".join(TOKENS)}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return web.json_response(message)
+        events = [
+            (
+                "message_start",
+                {
+                    **message,
+                    "content": [],
+                    "stop_reason": None,
+                    "usage": {"input_tokens": 3, "output_tokens": 0},
+                },
+            ),
+            ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+            *[
+                ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": t}})
+                for t in self.tokens
+            ],
+            ("content_block_stop", {"index": 0}),
+            (
+                "message_delta",
+                {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage},
+            ),
+            ("message_stop", {}),
+        ]
+        framed = [
+            (n, {"type": n, "message": d} if n == "message_start" else {"type": n, **d})
+            for n, d in events
+        ]
+        return await self._named_events(request, framed)
+
+    async def _responses_answer(self, request, body):
+        """OpenAI's Responses API, as vLLM 0.32 answers it (no [DONE] after the last event)."""
+        text = "".join(TOKENS)
+        item = {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        usage = {
+            "input_tokens": 3,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 4,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 7,
+        }
+        response = {
+            "id": f"resp_{self.name}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": body["model"],
+            "status": "completed",
+            "output": [item],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return web.json_response(response)
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        events = [
+            ("response.created", {"response": started}),
+            (
+                "response.output_item.added",
+                {"output_index": 0, "item": {**item, "status": "in_progress", "content": []}},
+            ),
+            (
+                "response.content_part.added",
+                {
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []},
+                },
+            ),
+            *[
+                (
+                    "response.output_text.delta",
+                    {
+                        "item_id": "msg_1",
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": t,
+                        "logprobs": [],
+                    },
+                )
+                for t in self.tokens
+            ],
+            ("response.output_item.done", {"output_index": 0, "item": item}),
+            ("response.completed", {"response": response}),
+        ]
+        framed = [(n, {"type": n, **d, "sequence_number": i}) for i, (n, d) in enumerate(events)]
+        return await self._named_events(request, framed)
+
+    async def _named_events(self, request, events):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for name, data in events:
+            if self.token_delay:
+                await asyncio.sleep(self.token_delay)
+            await resp.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        await resp.write_eof()
+        return resp
 
     async def _completions(self, request):
         return await self._guard(request, self._completion_answer)
