@@ -165,6 +165,10 @@ def check(entry: KeyEntry | None, secret: str, now: float) -> KeyEntry:
     if entry is None:
         shown = secret[:12] + "..." if len(secret) > 12 else "(too short)"
         raise GatewayError(401, f"invalid API key {shown}", code="invalid_api_key")
+    if secret.startswith(f"{credentials.KIND}_") and credentials.key_digest(secret, now) is None:
+        # Checked on every request, not only when first seen: a process keeps the
+        # digests of the headers it has read, and a batch's credential has an end.
+        raise GatewayError(401, "the batch credential has expired", code="expired_api_key")
     if entry.rotated and entry.expires_at <= now and not entry.revoked:
         raise GatewayError(
             401,

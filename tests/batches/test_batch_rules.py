@@ -282,6 +282,21 @@ def test_the_gateway_looks_a_batch_credential_up_by_its_keys_digest():
     assert keys.digest_of("lgb_made.up.123:sig") is None
 
 
+def test_a_batch_credential_past_its_end_is_refused_though_its_digest_is_known():
+    # a gateway process keeps the digest of every header it has read: the end of a
+    # batch's credential is checked on each request, not only on the first
+    from fleet.gateway import keys
+    from fleet.gateway.errors import GatewayError
+    from fleet.services.batches import credentials
+
+    entry = keys.KeyEntry(1, "ci", "lgk_ab12cd34", "inference", frozenset(), None, False)
+    token = credentials.mint("ab" * 32, "batch_1", now=1000)
+    assert keys.check(entry, token, 1000 + 10) is entry
+    with pytest.raises(GatewayError) as refused:
+        keys.check(entry, token, 1000 + credentials.LIFETIME_S + 1)
+    assert (refused.value.status, refused.value.code) == (401, "expired_api_key")
+
+
 # ---- which paths are the Batch API's --------------------------------------------------
 
 
