@@ -8,9 +8,8 @@ and the time, then looks the key up by that digest as it looks up any key's
 (``fleet.gateway.keys.digest_of``): the line is the key's own request, with the
 key's models, limits, budgets, revocation and expiry. A worker mints one for
 each slice of work from the key's current digest, so a rotated key's batches
-go on with its new secret; each lives an hour (a gateway process that has seen
-one may accept it a while longer from its cache of headers) and none leaves the
-installation.
+go on with its new secret; each lives an hour (its end checked on every request,
+``fleet.gateway.keys.check``) and none leaves the installation.
 """
 
 import time
