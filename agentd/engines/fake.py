@@ -12,7 +12,8 @@ CUDA_VISIBLE_DEVICES while it runs, as vLLM does: ``--gpu-memory-utilization``
 of each GPU's total, or ``--gpu-memory-bytes`` on each; where a GPU has not that
 much free it fails to start as vLLM does (exit 1). It
 answers /health (503 while loading), /v1/models, /v1/chat/completions and
-/v1/completions (streamed or not), /v1/embeddings and /metrics, and loads LoRA
+/v1/completions (streamed or not), /v1/embeddings, /v1/rerank and /v1/score (as
+vLLM serves them for a scoring model, here for any) and /metrics, and loads LoRA
 adapters while it runs (/v1/load_lora_adapter and /v1/unload_lora_adapter; a
 loaded adapter is listed and answers under its own name). With
 VLLM_SERVER_DEV_MODE=1 it also sleeps and wakes through vLLM's endpoints
@@ -245,6 +246,8 @@ class FakeServer:
             return await self.send(writer, status, answer["text"].encode(), keep, "text/plain")
         if path == "/v1/embeddings":
             return await self.embeddings(req, writer, keep)
+        if path in ("/v1/rerank", "/v1/score"):
+            return await self.score(path == "/v1/rerank", req, writer, keep)
         if path in ("/v1/chat/completions", "/v1/completions"):
             return await self.complete(path.endswith("chat/completions"), req, writer, keep)
         return await self.send(writer, 404, not_found, keep)
@@ -548,6 +551,68 @@ class FakeServer:
     def crash(self) -> None:
         print(f"fake engine: crashing with exit code {self.opts.exit_code}", flush=True)
         os._exit(self.opts.exit_code)
+
+    async def score(self, rerank: bool, req: dict, writer, keep: bool) -> None:
+        """vLLM 0.32.0's rerank and score answers (vllm/entrypoints/pooling/scoring/
+        protocol.py): each pair of texts scored, here by the share of the first's words
+        the second holds; the usage counts a token a word of each pair, as vLLM counts
+        each pair's prompt."""
+        if rerank:
+            first, second = req.get("query"), req.get("documents")
+        else:
+            # Its four spellings of the two sides, vLLM's ScoreRequest.
+            pairs = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+                     ("text_1", "text_2"))  # fmt: skip
+            one, two = next((p for p in pairs if p[0] in req and p[1] in req), (None, None))
+            first, second = req.get(one), req.get(two)
+        firsts = first if isinstance(first, list) else [first]
+        seconds = second if isinstance(second, list) else [second]
+        if len(firsts) == 1:
+            firsts = firsts * len(seconds)
+        texts = firsts + seconds
+        if not seconds or len(firsts) != len(seconds) or not all(isinstance(t, str) for t in texts):
+            what = "'query' and 'documents'" if rerank else "two sides of equal length"
+            problem = self.error(
+                f"{what} must be strings or lists of strings", "BadRequestError", 400
+            )
+            return await self.send(writer, 400, problem, keep)
+        scores = [_overlap(a, b) for a, b in zip(firsts, seconds, strict=True)]
+        tokens = sum(
+            max(1, len(a.split()) + len(b.split())) for a, b in zip(firsts, seconds, strict=True)
+        )
+        self.served += 1
+        if not rerank:
+            data = [{"index": i, "object": "score", "score": x} for i, x in enumerate(scores)]
+            payload = {
+                "id": f"score-fake{self.served}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": self.opts.served_model_name,
+                "data": data,
+                "usage": {**counts(tokens, 0), "prompt_tokens_details": None},
+            }
+            return await self.send(writer, 200, payload, keep)
+        results = [
+            {"index": i, "document": {"text": doc, "multi_modal": None}, "relevance_score": x}
+            for i, (doc, x) in enumerate(zip(seconds, scores, strict=True))
+        ]
+        results.sort(key=lambda r: r["relevance_score"], reverse=True)
+        top_n = req.get("top_n")
+        if isinstance(top_n, int) and 0 < top_n < len(results):
+            results = results[:top_n]
+        payload = {
+            "id": f"rerank-fake{self.served}",
+            "model": self.opts.served_model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results,
+        }
+        return await self.send(writer, 200, payload, keep)
+
+
+def _overlap(query: str, document: str) -> float:
+    """How much of ``query``'s words ``document`` holds, from 0 to 1."""
+    words = set(query.lower().split())
+    return round(len(words & set(document.lower().split())) / len(words), 4) if words else 0.0
 
 
 def counts(prompt: int, completion: int) -> dict:

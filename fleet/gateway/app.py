@@ -1,5 +1,6 @@
 """The ASGI app for /v1/*: OpenAI's models, chat completions, completions, embeddings and
-Responses, and Anthropic's Messages (the last two through ``fleet.gateway.apis``).
+Responses, Anthropic's Messages (the last two through ``fleet.gateway.apis``), and the
+rerank and score APIs of engines that serve them.
 
 Mounted ahead of Django in ``llmgw_site.asgi`` (and alone in
 ``llmgw_site.gateway_asgi``): no middleware, no ORM on the request path. A
@@ -29,6 +30,8 @@ PROXIED = {
     "/v1/embeddings": "embeddings",
     "/v1/messages": "messages",
     "/v1/responses": "responses",
+    "/v1/rerank": "rerank",
+    "/v1/score": "score",
 }
 
 
@@ -71,7 +74,8 @@ async def application(scope, receive, send) -> None:
             raise GatewayError(
                 404,
                 f"unknown path {path}: the gateway serves /v1/models, /v1/chat/completions, "
-                "/v1/completions, /v1/embeddings, /v1/responses and /v1/messages",
+                "/v1/completions, /v1/embeddings, /v1/responses, /v1/messages, /v1/rerank "
+                "and /v1/score",
                 code="unknown_url",
             )
     except GatewayError as exc:

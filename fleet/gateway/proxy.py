@@ -601,6 +601,8 @@ async def _attempt(
 ) -> None:
     limits = gw.limits
 
+    if req.endpoint in apis.PASSED_ONLY and not apis.native(up.engine, req.endpoint):
+        raise apis.unsupported(route.name, up.replica_id, up.engine, req.endpoint)
     # /v1/messages and /v1/responses: passed through to an engine that serves the API,
     # translated to a chat completion for any other (fleet.gateway.apis).
     framing = reply.framing

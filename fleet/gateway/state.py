@@ -71,6 +71,9 @@ class Limits:
                 # A conversation, as chat's: images travel inline there too.
                 "messages": ceiling,
                 "responses": ceiling,
+                # A query and its documents: a batch of texts, as embeddings'.
+                "rerank": min(ceiling, c.gateway_embeddings_max_body_bytes),
+                "score": min(ceiling, c.gateway_embeddings_max_body_bytes),
             },
             connect_timeout_s=c.gateway_connect_timeout_s,
             first_byte_timeout_s=c.gateway_first_byte_timeout_s,

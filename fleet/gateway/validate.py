@@ -156,6 +156,8 @@ _TYPE_NAMES = {
     int: "an integer",
     _NUMBER: "a number",
     (str, list): "a string or an array",
+    (str, dict): "a string or an object",
+    (str, list, dict): "a string, an array or an object",
     dict: "an object",
     list: "an array",
 }
@@ -167,12 +169,23 @@ _REQUIRED = {
     "embeddings": ("input", (str, list)),
     "messages": ("messages", list),
     "responses": ("input", (str, list)),
+    "rerank": ("query", (str, dict)),
 }
+
+# /v1/score's two sides, in each of the spellings vLLM takes (its ScoreRequest).
+_SCORE_SIDES = (
+    ("text_1", "text_2"),
+    ("queries", "documents"),
+    ("queries", "items"),
+    ("data_1", "data_2"),
+)
 
 
 @dataclass
 class ParsedRequest:
-    endpoint: str  # "chat/completions", "completions", "embeddings", "messages", "responses"
+    # "chat/completions", "completions", "embeddings", "messages", "responses", "rerank",
+    # "score"
+    endpoint: str
     body: dict
     raw: bytes
     model: str
@@ -182,6 +195,20 @@ class ParsedRequest:
     # counterpart, the 400 that says so, raised only if such an engine is tried.
     chat: dict | None = None
     chat_error: GatewayError | None = None
+
+
+def _score_sides(body: dict) -> tuple[str, tuple]:
+    """The first side of a /v1/score request (the side that names the spelling); the
+    400 when it has none."""
+    for first, _ in _SCORE_SIDES:
+        if first in body:
+            return first, (str, list, dict)
+    raise GatewayError(
+        400,
+        "/v1/score takes two sides to score: 'text_1' and 'text_2', 'queries' and "
+        "'documents' (or 'items'), or 'data_1' and 'data_2'",
+        param="text_1",
+    )
 
 
 def _type_ok(value, expected) -> bool:
@@ -257,7 +284,7 @@ def _parse(endpoint: str, raw: bytes, decoder: json.JSONDecoder) -> ParsedReques
     model = body.get("model")
     if not model:
         raise GatewayError(400, "'model' is required: name the model to use", param="model")
-    name, expected = _REQUIRED[endpoint]
+    name, expected = _REQUIRED.get(endpoint) or _score_sides(body)
     value = body.get(name)
     if value is None:
         raise GatewayError(400, f"'{name}' is required for /v1/{endpoint}", param=name)
@@ -265,6 +292,17 @@ def _parse(endpoint: str, raw: bytes, decoder: json.JSONDecoder) -> ParsedReques
         raise GatewayError(
             400, f"'{name}' must be {_TYPE_NAMES[expected]}, not {_json_type(value)}", param=name
         )
+    if endpoint == "rerank" and not isinstance(body.get("documents"), str | list):
+        raise GatewayError(
+            400, "'documents' is required for /v1/rerank: a string or an array", param="documents"
+        )
+    if endpoint == "score":
+        seconds = [b for a, b in _SCORE_SIDES if a == name]
+        other = next((b for b in seconds if b in body), seconds[0])
+        if not isinstance(body.get(other), str | list | dict):
+            raise GatewayError(
+                400, f"'{other}' is required for /v1/score beside '{name}'", param=other
+            )
     if endpoint in ("chat/completions", "messages") and not value:
         raise GatewayError(400, "'messages' must not be empty", param="messages")
     if endpoint == "chat/completions":

@@ -170,7 +170,7 @@ def test_errors_come_in_each_apis_own_shape(gateway_server, upstreams):
     assert err.value.status_code == 503 and err.value.code == "no_ready_replica"
     # and an unknown path names the new ones
     status, _, body = post(gateway_server, "/v1/messages/batches", {}, secret)
-    assert status == 404 and b"/v1/responses and /v1/messages" in body
+    assert status == 404 and b"/v1/responses, /v1/messages" in body
     assert b'"not_found_error"' in body
 
 

@@ -859,3 +859,63 @@ def test_usage_is_read_in_each_apis_shape(usage, expected):
 )
 def test_only_engines_known_to_serve_an_api_get_it_passed_through(engine, endpoint, native):
     assert apis.native(engine, endpoint) is native
+
+
+@pytest.mark.parametrize(
+    "endpoint, body, param",
+    [
+        ("rerank", {"model": "m", "documents": ["d"]}, "query"),
+        ("rerank", {"model": "m", "query": 3, "documents": ["d"]}, "query"),
+        ("rerank", {"model": "m", "query": "q"}, "documents"),
+        ("score", {"model": "m"}, "text_1"),
+        ("score", {"model": "m", "text_1": "q"}, "text_2"),
+        ("score", {"model": "m", "queries": "q"}, "documents"),
+        ("score", {"model": "m", "data_1": 4, "data_2": "d"}, "data_1"),
+    ],
+)
+def test_a_rerank_or_score_request_missing_a_side_is_a_400_naming_it(endpoint, body, param):
+    with pytest.raises(GatewayError) as err:
+        parse(endpoint, body)
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "query": "q", "documents": "d"},
+        {"model": "m", "query": "q", "documents": ["d", "e"], "top_n": 1},
+    ],
+)
+def test_a_rerank_request_is_passed_as_it_is(body):
+    req = parse("rerank", body)
+    assert (req.body, req.chat, apis.framing(req)) == (body, None, None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "text_1": "q", "text_2": ["d", "e"]},
+        {"model": "m", "queries": ["q"], "items": ["d"]},
+        {"model": "m", "data_1": "q", "data_2": "d"},
+    ],
+)
+def test_each_of_vllms_spellings_of_a_score_request_is_taken(body):
+    assert parse("score", body).body == body
+
+
+@pytest.mark.parametrize(
+    "engine, endpoint, served",
+    [
+        ("vllm", "rerank", True),
+        ("vllm", "score", True),
+        ("sglang", "rerank", True),
+        ("sglang", "score", False),  # its /v1/score is another API
+        ("fake", "rerank", True),
+        ("llamacpp", "rerank", False),
+        ("llamacpp", "score", False),
+    ],
+)
+def test_rerank_and_score_go_only_to_engines_that_serve_them(engine, endpoint, served):
+    assert apis.native(engine, endpoint) is served
+    message = apis.unsupported("m", "r1", engine, endpoint).message
+    assert "model 'm' cannot be served" in message and "vLLM" in message

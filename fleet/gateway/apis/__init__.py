@@ -1,4 +1,5 @@
-"""Anthropic's Messages API (/v1/messages) and OpenAI's Responses API (/v1/responses).
+"""Anthropic's Messages API (/v1/messages) and OpenAI's Responses API (/v1/responses);
+and which engines serve which API themselves, rerank and score included (``NATIVE``).
 
 A request on either is checked (``fleet.gateway.validate``), admitted and routed
 exactly as a chat completion is (``app``, ``proxy``): keys, allowed models,
@@ -18,16 +19,30 @@ Either way the errors the gateway makes are in the API's own shape: Anthropic's
 ``{"type": "error", ...}`` on /v1/messages (``errors.error_body``), OpenAI's on
 /v1/responses; in a stream, the API's error event (``Framing.fail``).
 
+/v1/rerank and /v1/score have no chat counterpart: they go only to replicas whose
+engine serves them, and a replica that does not is a 400 naming its engine
+(``unsupported``), never a guess.
+
 Extending: another API is a module with ``check`` and ``to_chat`` (the request),
 ``from_chat`` (a whole answer) and a ``Framing`` subclass (a stream), listed in
 ``_MODULES`` and in ``app.PROXIED``; ``NATIVE`` names the engines that serve it
 themselves, each checked against that engine's source.
 """
 
+from ..errors import GatewayError
 from . import messages, responses
 from .common import Framing
 
-__all__ = ["NATIVE", "Framing", "api_of", "framing", "module", "native"]
+__all__ = [
+    "NATIVE",
+    "PASSED_ONLY",
+    "Framing",
+    "api_of",
+    "framing",
+    "module",
+    "native",
+    "unsupported",
+]
 
 # Engines that serve each API themselves, checked against their source: vLLM 0.32.0
 # registers /v1/messages (vllm/entrypoints/anthropic/api_router.py) and /v1/responses
@@ -35,10 +50,22 @@ __all__ = ["NATIVE", "Framing", "api_of", "framing", "module", "native"]
 # (vllm/entrypoints/generate/api_router.py). llama-cpp-python's server (0.3.36)
 # serves neither; llama-server's and SGLang's support depends on their version,
 # which the gateway does not know: those are translated, as is the fake engine.
+#
+# /v1/rerank and /v1/score, for a model that scores (a cross-encoder, a reranker): vLLM
+# 0.32.0 serves both (vllm/entrypoints/pooling/scoring/api_router.py), SGLang /v1/rerank
+# (python/sglang/srt/entrypoints/http_server.py; its /v1/score is another API, with
+# another body), the fake engine both as vLLM does; llama-cpp-python's server neither.
 NATIVE = {
     "messages": frozenset({"vllm"}),
     "responses": frozenset({"vllm"}),
+    "rerank": frozenset({"vllm", "sglang", "fake"}),
+    "score": frozenset({"vllm", "fake"}),
 }
+# Served only where the engine serves them: a chat completion cannot stand in.
+PASSED_ONLY = ("rerank", "score")
+
+_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "fake": "fake"}
+_OTHER_API = {("sglang", "score"): "serves another API there, with another body"}
 
 _MODULES = {"messages": messages, "responses": responses}
 
@@ -51,6 +78,21 @@ def module(endpoint: str):
 def native(engine: str, endpoint: str) -> bool:
     """Whether an engine of kind ``engine`` serves ``endpoint`` itself."""
     return engine in NATIVE.get(endpoint, ())
+
+
+def unsupported(model: str, replica: str, engine: str, endpoint: str) -> GatewayError:
+    """The 400 for a request no engine of this replica's kind serves (``PASSED_ONLY``)."""
+    able = [_ENGINE_NAMES[e] for e in sorted(NATIVE[endpoint]) if e != "fake"]
+    runs = _ENGINE_NAMES.get(engine, engine or "an engine of unknown kind")
+    why = _OTHER_API.get((engine, endpoint), "does not serve it")
+    return GatewayError(
+        400,
+        f"model '{model}' cannot be served /v1/{endpoint}: its replica {replica} runs {runs}, "
+        f"which {why} ({' and '.join(able)} {'do' if len(able) > 1 else 'does'}, for a "
+        "model that scores)",
+        param="model",
+        code="unsupported_endpoint",
+    )
 
 
 def api_of(path: str) -> str | None:
