@@ -58,6 +58,20 @@ def asleep(model):
             report(s, "asleep")
 
 
+def fallen_asleep(model, idle_s=120) -> Clock:
+    """The model placed, ready, then idle ``idle_s`` (past its sleep_after_s) and asleep,
+    as its node reports it; the clock of those passes."""
+    clock = Clock()
+    clock.pass_()
+    make_ready(model)
+    clock.pass_()
+    clock.now += timedelta(seconds=idle_s)
+    gateway_reports(clock, **{model.name: (0, 0, idle_s)})
+    clock.pass_()
+    asleep(model)
+    return clock
+
+
 def test_an_idle_model_sleeps_and_a_waiting_request_wakes_it():
     one_h100()
     model = sleepy("qwen", after=60)
@@ -193,15 +207,8 @@ def test_a_model_that_does_not_sleep_is_never_put_to_sleep():
 def test_an_asleep_replica_whose_engine_died_is_replaced():
     one_h100()
     model = sleepy("qwen")
-    clock = Clock()
-    clock.pass_()
-    make_ready(model)
-    clock.pass_()
-    clock.now += timedelta(seconds=120)
-    gateway_reports(clock, qwen=(0, 0, 120))
-    clock.pass_()
-    [shard] = running(model) or shards_of(model, desired_state="asleep")
-    report(shard, "asleep")
+    clock = fallen_asleep(model)
+    [shard] = shards_of(model, desired_state="asleep")
     clock.pass_()
 
     # when: its engine dies while asleep
@@ -229,14 +236,7 @@ def test_sleeping_replicas_hold_host_memory_and_placement_says_so():
         "kv_bytes": 8 * 10**9,
     }
     profile.save()
-    clock = Clock()
-    clock.pass_()
-    make_ready(model)
-    clock.pass_()
-    clock.now += timedelta(seconds=120)
-    gateway_reports(clock, qwen=(0, 0, 120))
-    clock.pass_()
-    asleep(model)
+    fallen_asleep(model)
 
     cpu = add_model("cpu-model", engine="llamacpp", gpus_per_node=0, min_memory_gb=16)
     verdicts, _ = explain(build(), request_for(cpu, cpu.active_profile))
@@ -250,14 +250,7 @@ def test_asleep_for_stop_after_asleep_s_scales_the_model_to_zero():
     one_h100()
     model = sleepy("qwen", min_replicas=0, max_replicas=1, after=60, stop_after_asleep_s=600)
     Model.objects.filter(pk=model.pk).update(desired_replicas=1)
-    clock = Clock()
-    clock.pass_()
-    make_ready(model)
-    clock.pass_()
-    clock.now += timedelta(seconds=120)
-    gateway_reports(clock, qwen=(0, 0, 120))
-    clock.pass_()
-    asleep(model)
+    clock = fallen_asleep(model)
     clock.now += timedelta(seconds=480)
     gateway_reports(clock, qwen=(0, 0, 600))
     clock.pass_()
@@ -283,14 +276,7 @@ def test_a_wake_that_would_take_its_team_past_its_quota_waits_and_says_why():
     )
     qwen = sleepy("qwen")
     Model.objects.filter(pk=qwen.pk).update(team=research)
-    clock = Clock()
-    clock.pass_()
-    make_ready(qwen)
-    clock.pass_()
-    clock.now += timedelta(seconds=120)
-    gateway_reports(clock, qwen=(0, 0, 120))
-    clock.pass_()
-    asleep(qwen)
+    clock = fallen_asleep(qwen)
     chat = sleepy("chat", after=3600)
     Model.objects.filter(pk=chat.pk).update(team=research)
     clock.pass_()
