@@ -296,3 +296,25 @@ def test_a_wake_that_would_take_its_team_past_its_quota_waits_and_says_why():
         "asleep: cannot wake: team research: 50 of 60 GB of GPU memory in use, needs 50 more"
     )
     assert replicas(chat)[0].state == ReplicaState.READY
+
+
+def test_another_teams_replica_never_sleeps_to_wake_one_of_equal_priority():
+    one_h100()
+    research = Team.objects.create(name="research", group=Group.objects.create(name="research"))
+    ours = sleepy("ours")
+    clock = fallen_asleep(ours)  # ours placed first, then asleep
+    theirs = sleepy("theirs")  # research's, placed awake in the room ours gave back
+    Model.objects.filter(pk=theirs.pk).update(team=research)
+    for _ in range(3):
+        clock.pass_()
+        make_ready(theirs)
+    assert replicas(theirs)[0].state == ReplicaState.READY
+
+    # when: requests wait for ours, a model of the fleet's
+    gateway_reports(clock, ours=(0, 1, 0), theirs=(0, 0, 900))
+    clock.pass_()
+
+    # then: research's replica stays awake; ours cannot wake and says why
+    assert replicas(theirs)[0].state == ReplicaState.READY
+    [r] = replicas(ours)
+    assert r.state == ReplicaState.ASLEEP and r.reason.startswith("asleep: cannot wake: gpu-01")

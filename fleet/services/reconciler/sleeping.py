@@ -225,8 +225,8 @@ class Sleeping:
         vm = self.models[v.model_id]
         if vm.pk == model.pk or vm.sleep_after_s is None or vm.priority > model.priority:
             return False
-        if not preemption.takeable(_TeamOf(vm.team_id), model.team_id, {}):
-            return False
+        if vm.team_id not in (None, model.team_id):
+            return False  # another team's capacity is never taken to wake or place one
         if len({s.node_id for s in self.shards.get(v.pk, [])}) != 1:
             return False
         load = (self.loads or {}).get(vm.name)
@@ -322,13 +322,6 @@ class Sleeping:
         if getattr(self, "_by_id", None) is None:
             self._by_id = {x.pk: x for x in self.replicas}
         return self._by_id.get(pk)
-
-
-class _TeamOf:
-    """What ``preemption.takeable`` reads of a holder: its team."""
-
-    def __init__(self, team_id):
-        self.team_id = team_id
 
 
 def _hold(node, uuids, share_mb: int) -> None:
