@@ -125,6 +125,8 @@ class _ClientGone(Exception):
 def admit(gw, key, req, t0: float):
     """The route for a parsed request (``validate.read``); the GatewayError that says why not."""
     route = _route_for(gw, key, req.model)
+    if key.batch:
+        return route  # a batch's lines are no one's demand; in flight, they keep it busy
     gw.last_request[route.name] = t0
     if route.base:
         gw.last_request[route.base] = t0  # an adapter's request is its base model's too
@@ -267,7 +269,8 @@ async def _serve_or_fall_back(gw, route, req, scope, receive, reply, t0, key) ->
         return
     except GatewayError as exc:
         why = FALLBACK_WHY.get(exc.code or "")
-        chain = key.fallbacks_for(route)
+        # A batch's line waits for its own model instead: it takes no fallback's room.
+        chain = () if key.batch else key.fallbacks_for(route)
         if why is None or reply.started or not chain:
             raise
         first = exc
@@ -306,6 +309,12 @@ async def _serve(gw, route, req, scope, receive, reply, t0, key=None) -> None:
         gw.sweeper = loop.create_task(_sweep(gw))
     try:
         if not route.upstreams:
+            if key is not None and key.batch:
+                # A batch's line never wakes a model or asks for a replica: it is
+                # sent again later (fleet.services.batches.runner).
+                raise GatewayError(
+                    503, route.unavailable, code="no_ready_replica", retry_after=route.retry_after
+                )
             asleep, began = route.asleep, loop.time()
             route = await waiting.wait_for_replica(gw, route, req, reply)
             if asleep:

@@ -34,6 +34,9 @@ class KeyEntry:
     max_concurrent: int = 0  # requests in flight at once (0: no bound); fair.py
     share_weight: int = 1  # its share when a model is busy, against other keys'
     team_id: int | None = None  # its team: models kept to a team answer only its keys
+    # The request is a batch's line (an ``lgb_`` credential of this key): it takes only
+    # what interactive requests leave (fleet.gateway.proxy.batch_refusal).
+    batch: bool = False
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -158,6 +161,16 @@ def digest_of(secret: str) -> str | None:
     if split_prefix(secret, "lgk") is None:
         return credentials.key_digest(secret)
     return hash_secret(secret)
+
+
+def as_batch(entry: KeyEntry, secret: str) -> KeyEntry:
+    """The key as a batch line's request carries it: the same key, marked ``batch``."""
+    if not secret.startswith(BATCH_PREFIX):
+        return entry
+    return dataclasses.replace(entry, batch=True)
+
+
+BATCH_PREFIX = f"{credentials.KIND}_"
 
 
 def check(entry: KeyEntry | None, secret: str, now: float) -> KeyEntry:

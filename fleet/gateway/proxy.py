@@ -307,6 +307,15 @@ async def admit(gw, route: table.Route, up: table.Upstream, key, at) -> table.Up
     the request waits its turn in fair order (fleet/gateway/fair.py), or is answered
     429 when the gateway holds no queue."""
     limits, again = gw.limits, False
+    if key is not None and key.batch:
+        why = batch_refusal(gw, route, up)
+        if why:
+            raise GatewayError(
+                429,
+                f"model '{route.name}' is busy ({why}): a batch line waits for room",
+                code="model_at_capacity",
+                retry_after=1,
+            )
     while True:
         full = up.outstanding >= limits.max_outstanding
         key_full = key is not None and gw.fair.key_full(key)
@@ -331,6 +340,21 @@ async def admit(gw, route: table.Route, up: table.Upstream, key, at) -> table.Up
         up, _ = choose(gw, route, at, [])
         if up is None:
             return None
+
+
+def batch_refusal(gw, route: table.Route, up: table.Upstream) -> str:
+    """Why a batch's line may not start on ``up`` now ("" when it may). Batch lines take
+    only what interactive requests leave: never a turn in the fair queue, none while an
+    interactive request of the model waits there, none on a replica at its bound or
+    whose engine already queues requests of its own (``engine_waiting``)."""
+    queue = gw.fair.queues.get(route.name)
+    if queue is not None and queue.size:
+        return f"{queue.size} interactive request(s) waiting"
+    if up.outstanding >= gw.limits.max_outstanding:
+        return f"its replicas have {gw.limits.max_outstanding} requests in flight each"
+    if up.engine_waiting:
+        return f"its engine queues {up.engine_waiting:g} request(s)"
+    return ""
 
 
 def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
@@ -556,6 +580,10 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
                     if key is not None:
                         gw.fair.started(key)
                         counted = key
+                        if key.batch:
+                            gw.batch_in_flight[route.name] = (
+                                gw.batch_in_flight.get(route.name, 0) + 1
+                            )
                 if attempt:
                     route.metrics.retries.inc()
                 try:
@@ -580,6 +608,12 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
         raise too_slow(gw, route) from None
     finally:
         gw.fair.ended(route.name, counted)
+        if counted is not None and counted.batch:
+            left = gw.batch_in_flight.get(route.name, 1) - 1
+            if left > 0:
+                gw.batch_in_flight[route.name] = left
+            else:
+                gw.batch_in_flight.pop(route.name, None)
     if tried:
         raise GatewayError(
             502,

@@ -146,6 +146,9 @@ class Gateway:
         # for a replica per model, each model's last request (time.perf_counter()),
         # and what wakes the waiting and the load report.
         self.waiting: dict[str, int] = {}
+        # Batch lines in flight per model (fleet.services.batches): not interactive
+        # load, so not reported as demand, though they keep their model from idling.
+        self.batch_in_flight: dict[str, int] = {}
         self.last_request: dict[str, float] = {}
         self.replica_ready: dict[str, asyncio.Event] = {}
         self.demand_event = asyncio.Event()
@@ -301,7 +304,7 @@ class Gateway:
             return None
         entry = keys.check(entry, secret, time.time())
         self.used_keys.add(entry.id)
-        return entry
+        return keys.as_batch(entry, secret)
 
     async def key_for(self, headers) -> keys.KeyEntry:
         entry = self.known_key(headers)
@@ -317,7 +320,7 @@ class Gateway:
         await asyncio.shield(self._miss_reload)
         entry = keys.check(self.keys.get(digest), secret, time.time())
         self.used_keys.add(entry.id)
-        return entry
+        return keys.as_batch(entry, secret)
 
     async def _reload_keys_after(self, delay: float) -> None:
         await asyncio.sleep(delay)

@@ -118,29 +118,42 @@ def routes_changed(gw) -> None:
 
 
 def _figures(gw, sums: dict[str, float], samples: int) -> dict[str, tuple]:
+    """{model: (in flight, waiting for a replica, last request, waiting in the fair queue)}:
+    every autoscaled or sleeping model, and any other while its interactive requests
+    queue (a batch's lines pause for them: fleet.services.batches.pause). Batch lines
+    are not demand: not in flight here, though a model running them is not idle."""
     now_wall, now_pc = time.time(), time.perf_counter()
     out = {}
+    queues = gw.fair.queues
     for route in list(gw.routes.values()):
-        if not route.waits:
+        queue = queues.get(route.name)
+        queued = queue.size if queue is not None else 0
+        if not route.waits and not queued:
             continue
         seen = gw.last_request.get(route.name)
         in_flight = sums.get(route.name, 0.0) / max(1, samples)
         waiting = gw.waiting.get(route.name, 0)
         # A model is not idle while it answers or someone waits: a long answer
         # counts until its end, not from its arrival.
-        last = now_wall if in_flight or waiting else None
+        busy = in_flight or waiting or queued or gw.batch_in_flight.get(route.name)
+        last = now_wall if busy else None
         if last is None and seen is not None:
             last = now_wall - (now_pc - seen)
-        out[route.name] = (round(in_flight, 3), waiting, None if last is None else round(last, 3))
+        out[route.name] = (
+            round(in_flight, 3),
+            waiting,
+            None if last is None else round(last, 3),
+            queued,
+        )
     return out
 
 
 def _sample(gw, sums: dict[str, float]) -> None:
+    batch = gw.batch_in_flight
     for route in list(gw.routes.values()):
         if route.waits:
-            sums[route.name] = sums.get(route.name, 0.0) + sum(
-                u.outstanding for u in route.upstreams
-            )
+            in_flight = sum(u.outstanding for u in route.upstreams) - batch.get(route.name, 0)
+            sums[route.name] = sums.get(route.name, 0.0) + max(0, in_flight)
 
 
 async def _report_canaries(gw, source: str) -> None:
@@ -188,7 +201,7 @@ async def report_load(gw) -> None:
             continue
         try:
             await asyncio.to_thread(load.write, source, figures)
-            if any(w for _, w, _ in figures.values()) and (urgent or now - last_ask > ASK_AGAIN_S):
+            if any(f[1] for f in figures.values()) and (urgent or now - last_ask > ASK_AGAIN_S):
                 last_ask = now
                 await asyncio.to_thread(_kick)
             if failing:

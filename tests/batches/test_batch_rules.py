@@ -229,6 +229,23 @@ def test_a_line_waits_while_interactive_requests_wait_or_no_replica_is_ready(mod
     assert pause.why_paused(model, facts) == why
 
 
+@pytest.mark.django_db
+def test_interactive_requests_waiting_or_queued_at_any_gateway_pause_the_lines():
+    from fleet.services.autoscaler import load
+
+    load.forget()
+    try:
+        # two gateway processes: one has a request waiting for a replica of qwen, the
+        # other two queued for room on llama's busy replicas; mistral is answering only
+        load.write("gw-1", {"qwen": [0, 1, None, 0], "llama": [2, 0, None, 0]})
+        load.write("gw-2", {"llama": [0, 0, None, 2], "mistral": [3, 0, None, 0]})
+        facts = pause.gather()
+    finally:
+        load.forget()
+    assert facts.waiting == {"qwen": 1, "llama": 2}
+    assert pause.why_paused("llama", facts) == "2 interactive request(s) wait for model 'llama'"
+
+
 # ---- what an answer means --------------------------------------------------------------
 
 

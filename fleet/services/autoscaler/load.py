@@ -51,11 +51,13 @@ class ModelLoad:
 
     outstanding: float = 0.0  # in flight, averaged over each process's last report interval
     waiting: int = 0  # waiting for a replica now
+    queued: int = 0  # waiting in a gateway's fair queue for room on a busy replica
     last_request: float | None = None  # Unix time of the newest request any process saw
 
 
-def write(source: str, models: dict[str, tuple[float, int, float | None]], now=None) -> None:
-    """This process's report: {model: (in flight, waiting, last request as Unix time)}.
+def write(source: str, models: dict[str, tuple], now=None) -> None:
+    """This process's report: {model: (in flight, waiting, last request as Unix time,
+    queued)}.
 
     Raises redis.RedisError; the caller logs it once and tries again next time.
     """
@@ -84,10 +86,11 @@ def read(now=None) -> dict[str, ModelLoad]:
         try:
             report = json.loads(raw)
             models = report["m"]
-            for model, (outstanding, waiting, last) in models.items():
+            for model, (outstanding, waiting, last, *more) in models.items():
                 load = loads.setdefault(model, ModelLoad())
                 load.outstanding += float(outstanding)
                 load.waiting += int(waiting)
+                load.queued += int(more[0]) if more else 0  # a gateway before it had none
                 if last is not None and (load.last_request is None or last > load.last_request):
                     load.last_request = float(last)
         except (ValueError, TypeError, KeyError, AttributeError):

@@ -1,10 +1,13 @@
 """When a batch line may start: interactive requests come first.
 
 A line for a model waits while that model's interactive requests are waiting
-at the gateways (their load reports to Redis, ``fleet.services.autoscaler.load``)
-or while the model has no ready replica: a batch takes what interactive
-traffic leaves and never wakes a model up by itself. A LoRA adapter's lines
-follow its base model. Pure: the facts come in, the reason (or "") goes out.
+at the gateways, for a replica or in a fair queue for room on a busy one (their
+load reports to Redis, ``fleet.services.autoscaler.load``), or while the model
+has no ready replica: a batch takes what interactive traffic leaves and never
+wakes a model up or scales it by itself. The gateway holds the same line per
+request (``fleet.gateway.proxy.batch_refusal``); this pause spares it the
+refusals. A LoRA adapter's lines follow its base model. Pure: the facts come
+in, the reason (or "") goes out.
 """
 
 from dataclasses import dataclass, field
@@ -43,7 +46,7 @@ def gather() -> Facts:
     )
     base_of = dict(Adapter.objects.values_list("name", "model__name"))
     try:
-        waiting = {m: figures.waiting for m, figures in load.read().items() if figures.waiting}
+        waiting = {m: f.waiting + f.queued for m, f in load.read().items() if f.waiting or f.queued}
     except redis.RedisError:
         waiting = {}
     return Facts(ready=ready, waiting=waiting, base_of=base_of)
