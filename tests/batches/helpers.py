@@ -25,11 +25,13 @@ def key(name: str, team_row=None):
 def jsonl(n: int, model: str = "tiny", url: str = "/v1/chat/completions") -> bytes:
     out = []
     for i in range(1, n + 1):
-        body = (
-            {"model": model, "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 4}
-            if url == "/v1/chat/completions"
-            else {"model": model, "input": f"q{i}"}
-        )
+        if url == "/v1/chat/completions":
+            body = {"model": model, "messages": [{"role": "user", "content": f"q{i}"}]}
+            body["max_tokens"] = 4
+        elif url == "/v1/responses":
+            body = {"model": model, "input": f"q{i}", "max_output_tokens": 4}
+        else:
+            body = {"model": model, "input": f"q{i}"}
         out.append(json.dumps({"custom_id": f"q-{i}", "method": "POST", "url": url, "body": body}))
     return ("\n".join(out) + "\n").encode()
 

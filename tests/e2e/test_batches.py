@@ -85,6 +85,26 @@ def test_a_batch_runs_through_the_gateway_and_only_its_team_sees_it(stack, tiny_
     # as the key's own requests: its usage counts them (the gateways write it in batches)
     stack.wait(lambda: used_by(research_key) >= 20, "the batch's requests in its key's usage", 60)
 
+    # when: a batch of Responses requests, which llama.cpp answers as chat completions
+    asks = research.files.create(
+        file=("responses.jsonl", jsonl(3, "tiny-llama", url="/v1/responses")), purpose="batch"
+    )
+    answered = wait_status(
+        stack,
+        research,
+        research.batches.create(
+            input_file_id=asks.id, endpoint="/v1/responses", completion_window="24h"
+        ).id,
+        {"completed", "failed", "expired"},
+    )
+
+    # then: each line's answer is a Response object
+    assert (answered.status, answered.request_counts.completed) == ("completed", 3), answered
+    for line in research.files.content(answered.output_file_id).text.splitlines():
+        body = json.loads(line)["response"]["body"]
+        assert body["object"] == "response" and body["status"] in ("completed", "incomplete")
+        assert body["usage"]["output_tokens"] >= 1
+
     # when: a batch for the model with no ready replica waits, and is cancelled
     idle = research.files.create(file=("idle.jsonl", jsonl(3, "idle-llama")), purpose="batch")
     waiting = research.batches.create(

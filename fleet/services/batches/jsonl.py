@@ -20,6 +20,7 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat/completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
 }
 CUSTOM_ID_MAX = 512
 # Distinct models one file may name: a batch is usually one, and each is looked
