@@ -1,18 +1,18 @@
 """The Batch API's batches and files: read-only, with each batch's progress.
 
 Clients create, cancel and delete through /v1/batches and /v1/files with their
-API keys (docs/gateway.md, "Batch API"); operators watch here.
+API keys (docs/gateway.md, "Batch API"); operators watch here and on the
+console's Batches page. Both show an operator only what their teams own (all of
+it with ``fleet.manage_all_teams``): a batch holds its team's prompts and answers.
 """
 
 from django.contrib import admin
 
 from fleet.models import Batch, BatchFile, BatchLine
+from fleet.services.batches.owners import seen_by
+from fleet.services.console.batches import owner_text, progress_text
 
 from .common import ReadOnlyAdmin, human_bytes
-
-
-def _owner(obj) -> str:
-    return f"team {obj.team.name}" if obj.team_id else f"key {obj.api_key.name}"
 
 
 @admin.register(Batch)
@@ -56,15 +56,17 @@ class BatchAdmin(ReadOnlyAdmin):
     )
     fields = readonly_fields
 
+    def get_queryset(self, request):
+        return seen_by(super().get_queryset(request), request.user)
+
     @admin.display(description="owner")
     def owner(self, obj):
-        return _owner(obj)
+        return owner_text(obj)
 
     @admin.display(description="progress")
     def progress(self, obj):
         """'15 of 20 answered (1 failed)'."""
-        failed = f" ({obj.failed} failed)" if obj.failed else ""
-        return f"{obj.answered} of {obj.total} answered{failed}"
+        return progress_text(obj.total, obj.completed, obj.failed)
 
 
 @admin.register(BatchFile)
@@ -86,9 +88,12 @@ class BatchFileAdmin(ReadOnlyAdmin):
     )
     fields = readonly_fields
 
+    def get_queryset(self, request):
+        return seen_by(super().get_queryset(request), request.user)
+
     @admin.display(description="owner")
     def owner(self, obj):
-        return _owner(obj)
+        return owner_text(obj)
 
     @admin.display(description="size", ordering="size_bytes")
     def size(self, obj):
@@ -113,3 +118,6 @@ class BatchLineAdmin(ReadOnlyAdmin):
         "created_at",
     )
     fields = readonly_fields
+
+    def get_queryset(self, request):
+        return seen_by(super().get_queryset(request), request.user, prefix="batch__")

@@ -1,4 +1,4 @@
-"""The operator's console: cluster, node and model pages inside the admin.
+"""The operator's console: cluster, node, model and batches pages inside the admin.
 
 Pages and the fragments that refresh them in place (``views``), charts drawn
 as SVG on the server (``svg``); what they show comes from
@@ -50,4 +50,18 @@ Stable hooks for browser tests (ids and classes the pages keep):
   ``#model-rps``, ``#model-latency``, ``#model-queue``, ``#model-replicas``
   (``tr.replica-row[data-replica-id]``, ``.replica-state`` with ``.asleep``,
   ``.reason``).
+- batches: ``#batches-filter``, ``#batches-body`` (refreshed) with
+  ``#batches-list`` (``data-count``: all that match, ``data-shown``) of
+  ``tr.batch-row[data-batch-id][data-status]`` whose cells are ``.batch-id a``
+  (the batch's page), ``.batch-owner``, ``.batch-endpoint`` (``.batch-models``),
+  ``.batch-status`` (``.batch-paused``), ``.batch-progress`` (``.bar.progress``
+  with ``data-percent``, ``.progress-text``), ``.batch-created``,
+  ``.batch-expires``, ``.batch-files`` (``.batch-output``, ``.batch-errors``);
+  ``#batches-more`` (when more match than are shown), ``#batches-updated``;
+  ``#nav-batches`` in every admin header for staff with ``fleet.view_batch``.
+- a batch: ``#batch[data-batch-id]``, ``#batch-body`` (refreshed while it runs)
+  with ``#batch-summary``, ``#batch-status``, ``#batch-paused``,
+  ``#batch-progress``, ``#batch-owner``, ``#batch-models``, ``#batch-files``,
+  ``#batch-metadata``, ``#batch-validation-errors``, ``#batch-failed-lines``
+  (``tr.failed-line[data-line]``).
 """

@@ -16,6 +16,10 @@ urlpatterns = [
     path("nodes/<str:node_id>/<str:action>/", views.node_action, name="node-action"),
     path("models/<int:pk>/", views.model, name="model"),
     path("models/<int:pk>/fragment/", views.model_fragment, name="model-fragment"),
+    path("batches/", views.batches, name="batches"),
+    path("batches/fragment/", views.batches_fragment, name="batches-fragment"),
+    path("batches/<str:batch_id>/", views.batch, name="batch"),
+    path("batches/<str:batch_id>/fragment/", views.batch_fragment, name="batch-fragment"),
     path(
         "models/<int:pk>/replicas/<str:replica_id>/<str:action>/",
         views.replica_action,

@@ -1,11 +1,14 @@
-"""The console's pages: cluster, node, model, and the fragments that refresh them in place.
+"""The console's pages: cluster, node, model, batches, and the fragments that refresh them
+in place.
 
 Pages go through ``admin.site.admin_view`` (a login page for anyone not
 staff); fragments, which scripts fetch, answer 403 instead of a login page
 that would land in the middle of a table. Both need the model's view
 permission, as the admin's lists and the API do. Actions are POSTs with Django's
 CSRF check, behind a confirmation page, calling the same services as the
-admin's actions with the same permissions.
+admin's actions with the same permissions. Batches are shown by their owners'
+teams on top of the permission (``services.batches.owners.seen_by``): another
+team's batch is absent from the list and its page a 404.
 """
 
 import functools
@@ -21,7 +24,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
-from fleet.models import Model, Node, Replica, VllmBuild
+from fleet.models import Batch, Model, Node, Replica, VllmBuild
 from fleet.services import access, charts, console, node_logs, permissions
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
@@ -29,13 +32,14 @@ from fleet.services import nodes as node_service
 
 from . import svg
 
-REFRESH_S = 5  # the cluster page and a node's current figures
+REFRESH_S = 5  # the cluster page, a node's current figures, batches' progress
 CHARTS_REFRESH_S = 30
 LOG_LINES = (50, 200, 1000)
 
 
 NODES = "fleet.view_node"  # the cluster and node pages, charts and logs: the nodes' facts
 MODELS = "fleet.view_model"  # a model's page
+BATCHES = "fleet.view_batch"  # the Batches page and a batch's, within the user's teams
 # A node's weights, on its page: the permission the admin's Local weights and the API ask.
 WEIGHTS = "fleet.view_localweights"
 
@@ -423,3 +427,59 @@ def replica_action(request, pk: int, replica_id: str, action: str):
             warning=f"{replica}: {drain_service.EVICT_WORDS[action]}.",
         ),
     )
+
+
+# ---- batches ----------------------------------------------------------------------------
+
+
+def _batches(request) -> console.BatchList:
+    return console.batch_list(
+        request.user, status=request.GET.get("status", ""), q=request.GET.get("q", "")
+    )
+
+
+@page(BATCHES)
+@require_GET
+def batches(request):
+    return render(
+        request,
+        "console/batches.html",
+        _context(
+            request,
+            "Batches",
+            b=_batches(request),
+            refresh_s=REFRESH_S,
+            statuses=console.STATUS_FILTERS,
+            query_string=request.GET.urlencode(),
+        ),
+    )
+
+
+@fragment(BATCHES)
+@require_GET
+def batches_fragment(request):
+    return render(request, "console/_batches_body.html", {"b": _batches(request)})
+
+
+def _batch(request, batch_id: str) -> console.BatchDetail:
+    try:
+        return console.batch_detail(request.user, batch_id)
+    except Batch.DoesNotExist:
+        raise Http404(f"no batch '{batch_id}'") from None
+
+
+@page(BATCHES)
+@require_GET
+def batch(request, batch_id: str):
+    detail = _batch(request, batch_id)
+    return render(
+        request,
+        "console/batch.html",
+        _context(request, f"Batch {batch_id}", d=detail, refresh_s=REFRESH_S),
+    )
+
+
+@fragment(BATCHES)
+@require_GET
+def batch_fragment(request, batch_id: str):
+    return render(request, "console/_batch_body.html", {"d": _batch(request, batch_id)})

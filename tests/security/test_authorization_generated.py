@@ -825,6 +825,10 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             ("node-logs", lambda w: f"/admin/cluster/nodes/{w.node.pk}/logs/"),
             ("model", lambda w: f"/admin/cluster/models/{w.model.pk}/"),
             ("model-fragment", lambda w: f"/admin/cluster/models/{w.model.pk}/fragment/"),
+            ("batches", lambda w: "/admin/cluster/batches/"),
+            ("batches-fragment", lambda w: "/admin/cluster/batches/fragment/"),
+            ("batch", lambda w: "/admin/cluster/batches/batch_none/"),
+            ("batch-fragment", lambda w: "/admin/cluster/batches/batch_none/fragment/"),
         )
     },
     "url:admin:index": NoChange(api("post", "/admin/"), "a page"),
