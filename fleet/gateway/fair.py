@@ -92,6 +92,9 @@ class FairShare:
     def __init__(self, size: int, fair: bool, timeout_s: float):
         self.size, self.fair, self.timeout_s = size, fair, timeout_s
         self.queues: dict[str, Queue] = {}
+        # Batch lines waiting for room, by model: set (and dropped) when a request of
+        # the model ends, so they look again (fleet.gateway.proxy.batch_room).
+        self.batch_room: dict[str, asyncio.Event] = {}
         self.in_flight: dict[int, int] = {}  # by key id
         self.weights: dict[int, float] = {}
         self.limits: dict[int, int] = {}  # a key's max_concurrent (0: none)
@@ -158,3 +161,7 @@ class FairShare:
                 if name != route_name and other.by_key.get(key.id) and eligible(key.id):
                     other.wake(key.id, self.weights.get(key.id, 1.0))
                     break
+        room = self.batch_room.pop(route_name, None)
+        if room is not None:
+            # Last: an interactive waiter woken above runs first and takes the room.
+            room.set()

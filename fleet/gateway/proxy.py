@@ -308,14 +308,7 @@ async def admit(gw, route: table.Route, up: table.Upstream, key, at) -> table.Up
     429 when the gateway holds no queue."""
     limits, again = gw.limits, False
     if key is not None and key.batch:
-        why = batch_refusal(gw, route, up)
-        if why:
-            raise GatewayError(
-                429,
-                f"model '{route.name}' is busy ({why}): a batch line waits for room",
-                code="model_at_capacity",
-                retry_after=1,
-            )
+        return await batch_room(gw, route, up, key, at)
     while True:
         full = up.outstanding >= limits.max_outstanding
         key_full = key is not None and gw.fair.key_full(key)
@@ -342,11 +335,56 @@ async def admit(gw, route: table.Route, up: table.Upstream, key, at) -> table.Up
             return None
 
 
+# A batch's line waiting for room looks again at least this often: an engine's queue
+# (its /metrics) empties without a request of this process ending.
+BATCH_LOOK_S = 0.25
+
+
+async def batch_room(gw, route: table.Route, up: table.Upstream, key, at) -> table.Upstream:
+    """The replica a batch's line goes to, once one has room for it (``batch_refusal``).
+
+    It waits in this process behind every interactive request, looking again each
+    time a request of its model ends (``FairShare.ended``), for at most
+    ``LLMGW_GATEWAY_FAIR_WAIT_S``; then the 429 that sends it back to its worker,
+    which sends it again later. Waiting here rather than bouncing starts the line
+    the moment there is room, without a worker's round trip per refusal."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + gw.fair.timeout_s
+    while True:
+        why = batch_refusal(gw, route, up)
+        if not why and gw.fair.key_full(key):
+            why = f"API key '{key.name}' has {key.max_concurrent} requests in flight"
+        if not why:
+            return up
+        left = deadline - loop.time()
+        if left <= 0:
+            raise GatewayError(
+                429,
+                f"model '{route.name}' is busy ({why}): a batch line waits for room",
+                code="model_at_capacity",
+                retry_after=1,
+            )
+        room = gw.fair.batch_room.setdefault(route.name, asyncio.Event())
+        try:
+            await asyncio.wait_for(room.wait(), min(left, BATCH_LOOK_S))
+        except TimeoutError:
+            pass
+        up, _ = choose(gw, route, at, [])
+        if up is None:
+            raise GatewayError(
+                503, route.unavailable or f"model '{route.name}' has no ready replica",
+                code="no_ready_replica", retry_after=route.retry_after,
+            )  # fmt: skip
+
+
 def batch_refusal(gw, route: table.Route, up: table.Upstream) -> str:
     """Why a batch's line may not start on ``up`` now ("" when it may). Batch lines take
     only what interactive requests leave: never a turn in the fair queue, none while an
     interactive request of the model waits there, none on a replica at its bound or
-    whose engine already queues requests of its own (``engine_waiting``)."""
+    whose engine already queues requests of its own (``engine_waiting``). An engine
+    whose queue cannot be seen (no /metrics: llama-cpp-python's server, which answers
+    one request at a time) gets one line at a time, so an interactive request that
+    arrives waits behind one line at most, not a batch's worth."""
     queue = gw.fair.queues.get(route.name)
     if queue is not None and queue.size:
         return f"{queue.size} interactive request(s) waiting"
@@ -354,6 +392,8 @@ def batch_refusal(gw, route: table.Route, up: table.Upstream) -> str:
         return f"its replicas have {gw.limits.max_outstanding} requests in flight each"
     if up.engine_waiting:
         return f"its engine queues {up.engine_waiting:g} request(s)"
+    if up.engine_waiting is None and up.batch_outstanding:
+        return "its engine's queue cannot be seen, and it has a batch line already"
     return ""
 
 
@@ -561,6 +601,7 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
     tried: list[table.Upstream] = []
     last = ""
     counted = None  # the key, once its request holds a slot (fair share)
+    batch_on = None  # the replica a batch's line was admitted to
     # Hashed once, whatever the retries: where the prompt's prefix sits on the ring.
     at = ring_key(gw, route, req)
     try:
@@ -584,6 +625,8 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
                             gw.batch_in_flight[route.name] = (
                                 gw.batch_in_flight.get(route.name, 0) + 1
                             )
+                            batch_on = up
+                            up.batch_outstanding += 1
                 if attempt:
                     route.metrics.retries.inc()
                 try:
@@ -608,7 +651,8 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
         raise too_slow(gw, route) from None
     finally:
         gw.fair.ended(route.name, counted)
-        if counted is not None and counted.batch:
+        if batch_on is not None:
+            batch_on.batch_outstanding -= 1
             left = gw.batch_in_flight.get(route.name, 1) - 1
             if left > 0:
                 gw.batch_in_flight[route.name] = left

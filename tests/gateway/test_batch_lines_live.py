@@ -38,7 +38,7 @@ def line_credential(api_key) -> str:
     return credentials.mint(api_key.secret_hash, "batch_test")
 
 
-def test_a_batch_line_gives_way_to_interactive_requests_queued(start_gateway, upstreams):
+def test_a_batch_line_waits_behind_every_interactive_request(start_gateway, upstreams):
     # given: a replica that takes one request at a time, one interactive request on it
     # and another waiting in the gateway's fair queue
     engine = upstreams("busy", mode="hang")
@@ -52,35 +52,39 @@ def test_a_batch_line_gives_way_to_interactive_requests_queued(start_gateway, up
     )
     answers = {}
 
-    def interactive(who):
-        answers[who] = ask(server, secret, "busy", who)[0]
+    def send(who, secret=secret):
+        def run():
+            answers[who] = ask(server, secret, "busy", who)[0]
 
-    threads = [threading.Thread(target=interactive, args=(w,)) for w in ("first", "second")]
-    threads[0].start()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    threads = [send("first")]
     wait_until(lambda: len(engine.requests) == 1, what="the first request on the replica")
-    threads[1].start()
+    threads.append(send("second"))
     wait_until(
         lambda: (load.read().get("busy") or load.ModelLoad()).queued == 1,
         what="the gateway to report the second request queued",
     )
 
-    # when: a batch's line of the same key asks
-    status, body = ask(server, line_credential(api_key), "busy", "line-1")
+    # when: a batch's line of the same key asks, and then a third interactive request
+    threads.append(send("line-1", line_credential(api_key)))
+    time.sleep(0.3)
+    threads.append(send("third"))
+    wait_until(
+        lambda: (load.read().get("busy") or load.ModelLoad()).queued == 2,
+        what="the third request queued (the line is not: it waits apart)",
+    )
+    assert len(engine.requests) == 1 and "line-1" not in answers
 
-    # then: it is refused as "not now", the interactive one keeps its turn
-    assert status == 429, body
-    assert body["error"]["code"] == "model_at_capacity"
-    assert "1 interactive request(s) waiting" in body["error"]["message"]
-    assert len(engine.requests) == 1
-
-    # when: the interactive requests are answered, the line goes through
+    # then: once the replica has room, every interactive request goes before the line
     engine.release.set()
     for t in threads:
         t.join(60)
-    assert answers == {"first": 200, "second": 200}
-    status, body = ask(server, line_credential(api_key), "busy", "line-1")
-    assert status == 200, body
-    assert [r["messages"][0]["content"] for r in engine.requests] == ["first", "second", "line-1"]
+    assert answers == {"first": 200, "second": 200, "third": 200, "line-1": 200}
+    served = [r["messages"][0]["content"] for r in engine.requests]
+    assert served == ["first", "second", "third", "line-1"]
 
 
 def test_a_batch_line_never_wakes_a_model_scaled_to_zero(start_gateway, upstreams):
@@ -104,3 +108,58 @@ def test_a_batch_line_never_wakes_a_model_scaled_to_zero(start_gateway, upstream
     time.sleep(0.6)  # the report's interval, twice over
     figures = load.read()["tiny"]
     assert (figures.waiting, figures.last_request) == (0, None)
+
+
+def test_batch_lines_fill_an_engine_but_never_its_queue(start_gateway, upstreams):
+    # given: an engine that says what it queues (vLLM's gauge), running nothing yet, and
+    # one that says nothing (llama-cpp-python's server answers one request at a time)
+    seen = upstreams("seen")
+    seen.waiting = 0
+    unseen = upstreams("unseen")
+    ready_model("seen", [seen])
+    ready_model("unseen", [unseen])
+    api_key, secret = inference_key("research")
+    line = line_credential(api_key)
+    server = start_gateway(**FAST_REFRESH, LLMGW_GATEWAY_FAIR_WAIT_S="1")
+    wait_until(
+        lambda: (
+            b"llmgw_gateway_queue_depth" in urllib.request.urlopen(server.url + "/metrics").read()
+            and ask(server, secret, "seen", "hi")[0] == 200
+        ),
+        what="the gateway to read the engines' metrics",
+    )
+    time.sleep(1)  # a scrape or three (LLMGW_GATEWAY_ENGINE_SCRAPE_S)
+    seen.mode = unseen.mode = "hang"
+    asked = []
+
+    def send(model, n):
+        t = threading.Thread(target=ask, args=(server, line, model, f"line-{n}"), daemon=True)
+        t.start()
+        asked.append(t)
+
+    # when: lines go to each while the engines hold them
+    for n in range(3):
+        send("seen", n)
+    wait_until(lambda: seen.in_flight == 3, what="three lines on the engine that is seen")
+    send("unseen", 0)
+    wait_until(lambda: unseen.in_flight == 1, what="a line on the engine that is not seen")
+
+    # then: the unseen engine takes no second line; the seen one takes more until it queues
+    status, body = ask(server, line, "unseen", "line-1")
+    assert (status, body["error"]["code"]) == (429, "model_at_capacity"), body
+    assert "its engine's queue cannot be seen" in body["error"]["message"]
+    seen.waiting = 2
+    wait_until(  # three in flight, two queued in the engine
+        lambda: (
+            b'llmgw_gateway_queue_depth{model="seen"} 5.0'
+            in urllib.request.urlopen(server.url + "/metrics").read()
+        ),
+        what="the gateway to read the engine's queue",
+    )
+    status, body = ask(server, line, "seen", "line-4")
+    assert "its engine queues 2 request(s)" in body["error"]["message"], body
+    assert (seen.in_flight, unseen.in_flight) == (3, 1)
+    seen.release.set()
+    unseen.release.set()
+    for t in asked:
+        t.join(30)
