@@ -521,6 +521,29 @@ def setup_django() -> None:
     call_command("migrate", verbosity=0)
 
 
+def stack_django(work: Path):
+    """Django in a benchmark that drives a ``tests.processes.Stack``: a scratch SQLite in
+    ``work``, migrated, and a private Redis of this process's own (signals ask for passes
+    through it; the stack has another). Returns that Redis, to stop at the end."""
+    os.environ["LLMGW_STATE_DIR"] = str(work)
+    os.environ.pop("DATABASE_URL", None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    os.environ["LOG_LEVEL"] = "WARNING"
+    os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
+    from fleet.devstack.redis import PrivateRedis
+
+    (work / "redis-bench").mkdir()
+    redis = PrivateRedis(work / "redis-bench").start()
+    os.environ["REDIS_URL"] = redis.url
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return redis
+
+
 def run_setup(script: str, arg: str, env: dict) -> list[str]:
     """``script --setup-db arg`` in a subprocess with ``env``; the lines it printed."""
     done = subprocess.run(

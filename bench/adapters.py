@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.autoscale import first_token_s, model_with_profile, setup  # noqa: E402
+from bench._common import stack_django  # noqa: E402
+from bench.autoscale import first_token_s, model_with_profile  # noqa: E402
 
 
 def held_now(name: str) -> str:
@@ -41,7 +42,7 @@ def held_now(name: str) -> str:
 
 def child(rounds: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-adapters-"))
-    setup(work)
+    stack_django(work)
     from agentd.tinygguf import write as write_tiny_model
     from agentd.tinygguf import write_lora
     from tests.processes import Stack

@@ -21,7 +21,6 @@ Figures are for this machine, side by side; not a test.
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -30,26 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def setup(work: Path) -> None:
-    os.environ["LLMGW_STATE_DIR"] = str(work)
-    os.environ.pop("DATABASE_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    os.environ["LOG_LEVEL"] = "WARNING"
-    os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
-    from fleet.devstack.redis import PrivateRedis
-
-    # This process's own Redis (signals ask for passes through it); the stack has another.
-    (work / "redis-bench").mkdir()
-    redis = PrivateRedis(work / "redis-bench").start()
-    os.environ["REDIS_URL"] = redis.url
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def first_token_s(stack, model: str, timeout: float = 180) -> tuple[float, int]:
@@ -180,7 +159,9 @@ def load_step(stack) -> dict:
 
 def child(rounds: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-autoscale-"))
-    setup(work)
+    from bench._common import stack_django
+
+    stack_django(work)
     from agentd.tinygguf import write as write_tiny_model
     from tests.processes import Stack
 

@@ -64,28 +64,6 @@ ENGINES = {
 }
 
 
-def setup(work: Path):
-    """Django on a scratch SQLite in ``work``, migrated; returns this process's Redis."""
-    os.environ["LLMGW_STATE_DIR"] = str(work)
-    os.environ.pop("DATABASE_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    os.environ["LOG_LEVEL"] = "WARNING"
-    os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
-    from fleet.devstack.redis import PrivateRedis
-
-    # This process's own Redis (signals ask for passes through it); the stack has another.
-    (work / "redis-bench").mkdir()
-    redis = PrivateRedis(work / "redis-bench").start()
-    os.environ["REDIS_URL"] = redis.url
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    return redis
-
-
 # ---- one request, and what it says -------------------------------------------------
 
 
@@ -258,7 +236,9 @@ def rounds_of(stack, agent, engine: str, names: dict, rounds: int, wait_s: int) 
 
 def child(rounds: int, vllm_rounds: int | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-sleep-"))
-    redis = setup(work)
+    from bench._common import stack_django
+
+    redis = stack_django(work)
     from agentd.tinygguf import write as write_tiny_model
     from tests.agent import nvml_data
     from tests.processes import Stack
