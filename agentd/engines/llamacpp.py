@@ -171,6 +171,9 @@ class LlamaCpp(Engine):
         if flavour == "python":
             # llama_cpp.server takes its settings' field names as flags, underscores and all.
             argv = ["--model", model, "--host", host, "--port", str(port), "--model_alias", name]
+            # One request at a time; by default the next one to arrive ends the stream
+            # being answered early ([DONE], no finish_reason). Off: it waits its turn.
+            argv += ["--interrupt_requests", "false"]
             if shard.gpu_layers >= 0:  # a share of a GPU: the layers that fit its budget
                 argv += ["--n_gpu_layers", str(shard.gpu_layers)]
             return argv

@@ -235,7 +235,7 @@ def test_llama_cpp_python_argv():
     launch = engine.build(p, shard(engine="llamacpp", profile=p), host="127.0.0.1", port=9000)
     assert launch.argv == [
         sys.executable, "-m", "llama_cpp.server", "--model", "/w/tiny.gguf", "--host",
-        "127.0.0.1", "--port", "9000", "--model_alias", "tiny",
+        "127.0.0.1", "--port", "9000", "--model_alias", "tiny", "--interrupt_requests", "false",
     ]  # fmt: skip
     # It has no /health and no request gauge: readiness from /v1/models, drain bounded by time.
     assert engine.health_path == "/v1/models"
