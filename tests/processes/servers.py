@@ -89,16 +89,19 @@ def collect_static(**env) -> None:
     _collected.add(state_dir)
 
 
-def start_web(log_dir: Path, port: int | None = None, args=(), **env) -> LiveServer:
+def start_web(
+    log_dir: Path, port: int | None = None, args=(), name: str = "web", **env
+) -> LiveServer:
     """The whole app as users run it: ``python -m llmgw_site.serve`` (uvicorn).
 
     ``args`` go to its command line (``--forwarded-allow-ips 127.0.0.5``). A given
-    ``port`` lets a restarted web process come back where its agents reconnect.
+    ``port`` lets a restarted web process come back where its agents reconnect;
+    ``name`` begins its log's (``<name>-<port>.log``).
     """
     port = port or free_port()
     collect_static(**env)
     argv = ["llmgw_site.serve", "--host", "127.0.0.1", "--port", str(port), *args]
-    return start_asgi(log_dir, "web", argv, port, **env)
+    return start_asgi(log_dir, name, argv, port, **env)
 
 
 def start_uvicorn(log_dir: Path, **env) -> LiveServer:

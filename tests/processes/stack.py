@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import requests
 
 from agentd import state
@@ -61,6 +62,20 @@ CELERY_WORKER = [
     "--without-mingle",
     "--without-heartbeat",
 ]
+
+
+def kill_9_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and every process under it (a worker's pool), then reap it."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    for p in [proc, *family]:
+        try:
+            p.kill()
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    proc.wait()
 
 
 class Agent:
@@ -168,6 +183,7 @@ class Stack:
             self.env["DATABASE_URL"] = database_url
         self.port: int | None = None
         self.web: LiveServer | None = None
+        self.web_starts = 0
         self.celery: list[tuple[subprocess.Popen, Path]] = []
         self.agents: list[Agent] = []
         self.manage_key = ""
@@ -176,17 +192,50 @@ class Stack:
     # ---- control plane ---------------------------------------------------------------
 
     def start_web(self) -> None:
-        self.web = start_web(self.tmp, port=self.port, **self.env)
+        """The web process, on ``self.port`` once it has one: a restarted one comes back
+        where the agents reconnect and the workers send batch lines. Each start after
+        the first logs to a file of its own (``web-<n>-<port>.log``)."""
+        self.web_starts += 1
+        name = "web" if self.web_starts == 1 else f"web-{self.web_starts}"
+        self.web = start_web(self.tmp, port=self.port, name=name, **self.env)
         self.port = self.web.port
 
     def start_celery(self) -> None:
+        """A worker and beat (``worker-<n>``, ``beat-<n>``, at the end of ``self.celery``)."""
         n = len(self.celery)
-        schedule = str(self.tmp / "beat-schedule")
-        for name, argv in (
-            (f"worker-{n}", CELERY_WORKER),
-            (f"beat-{n}", ["beat", "--loglevel", "INFO", "-s", schedule]),
-        ):
-            self.celery.append(start_celery(self.tmp, name, argv, **self.env))
+        self.start_worker(f"worker-{n}")
+        self.start_beat(f"beat-{n}")
+
+    def start_worker(self, name: str = "") -> subprocess.Popen:
+        """A Celery worker (its log ``<name>.log``; ``worker-<n>`` by default)."""
+        name = name or f"worker-{len(self.celery)}"
+        self.celery.append(start_celery(self.tmp, name, CELERY_WORKER, **self.env))
+        return self.celery[-1][0]
+
+    def start_beat(self, name: str = "") -> subprocess.Popen:
+        """Celery beat, on the stack's one schedule file (``beat-<n>`` by default)."""
+        name = name or f"beat-{len(self.celery)}"
+        argv = ["beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")]
+        self.celery.append(start_celery(self.tmp, name, argv, **self.env))
+        return self.celery[-1][0]
+
+    def celery_process(self, kind: str) -> subprocess.Popen:
+        """The last started Celery process of ``kind`` ("worker" or "beat") still running."""
+        for proc, log in reversed(self.celery):
+            if log.stem.startswith(f"{kind}-") and proc.poll() is None:
+                return proc
+        raise LookupError(f"no {kind} running")
+
+    def kill_9_worker(self) -> None:
+        """SIGKILL the running worker and its pool processes, as a host's OOM killer would."""
+        kill_9_tree(self.celery_process("worker"))
+
+    def kill_9_beat(self) -> None:
+        kill_9_tree(self.celery_process("beat"))
+
+    def kill_9_web(self) -> None:
+        """SIGKILL the web process (``start_web`` brings it back on the same port)."""
+        kill_9_tree(self.web.proc)
 
     def stop_control_plane(self) -> None:
         """The web process, the worker and beat go away together (a deploy, a crash of the host)."""
