@@ -2,6 +2,7 @@
 kept, lines that must wait sent again, pauses for interactive traffic, cancel and expiry."""
 
 import json
+import threading
 import time
 from datetime import timedelta
 
@@ -128,6 +129,29 @@ def test_what_a_dead_worker_wrote_is_kept_and_not_sent_again(gateway, facts):
     assert len(out) == 20
     assert out["q-3"]["response"]["body"] == {"first": 3}
     assert (batch.completed, batch.failed) == (20, 0)
+
+
+def test_a_line_written_by_two_workers_keeps_its_first_answer_and_counts_once(gateway):
+    batch = new_batch(5)
+    start(batch)
+    # given: two workers for a moment (one whose lease ran out writes what it had in flight)
+    late, current = (runner.Slice(owner(batch), threading.Event()) for _ in range(2))
+
+    def answer(n: int, status: int, who: str) -> BatchLine:
+        body = json.dumps({"by": who})
+        return BatchLine(
+            batch_id=batch.pk, line=n, custom_id=f"q-{n}", status_code=status, body=body
+        )
+
+    # when: each writes its answers, line 2 by both
+    late._write(batch.pk, [answer(1, 200, "late"), answer(2, 400, "late")])
+    current._write(batch.pk, [answer(2, 200, "current"), answer(3, 200, "current")])
+
+    # then: three lines, each counted once, line 2 with the first answer written
+    batch.refresh_from_db()
+    assert (batch.completed, batch.failed) == (2, 1)
+    rows = dict(BatchLine.objects.filter(batch=batch).values_list("line", "body"))
+    assert sorted(rows) == [1, 2, 3] and json.loads(rows[2]) == {"by": "late"}
 
 
 def test_a_line_refused_for_now_goes_again_and_a_client_error_is_its_answer(settings, facts):

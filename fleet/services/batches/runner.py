@@ -13,7 +13,9 @@ most ``LLMGW_BATCH_CONCURRENCY`` lines of a batch and
 ``LLMGW_BATCH_TEAM_CONCURRENCY`` of an owner are in flight, and no line starts
 while its model's interactive requests wait or it has no ready replica
 (``pause``). A line refused for a passing reason (a rate limit, no replica, the
-gateway away) is sent again later; any other answer is the line's.
+gateway away) is sent again later, and its batch starts no other line until then
+(the next would hear the same: the whole input is not sent to a gateway that is
+away); any other answer is the line's.
 
 Idempotent per line: an answer is written as a ``BatchLine`` row, unique per
 batch and line, and a slice starts with the lines that have none. A worker
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import redis
+from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -276,6 +279,9 @@ class Running:
     read_all: bool = False
     paused: str = ""  # why its next line may not start now ("" when it may)
     ended: bool = False  # its completion window is over
+    # No line of it starts before this (time.monotonic()): the gateway turned one away
+    # for now (away, the model busy), and the next would hear the same.
+    held_until: float = 0.0
 
     def next_item(self, now: float) -> Item | None:
         if self.again and self.again[0][0] <= now:
@@ -308,7 +314,7 @@ class Running:
 
 
 def _unanswered(batch: Batch) -> Iterator[Item]:
-    done = set(BatchLine.objects.filter(batch=batch).values_list("line", flat=True))
+    done = set(BatchLine.objects.filter(batch=batch).order_by().values_list("line", flat=True))
     source = BatchFile.objects.filter(pk=batch.input_file_id).first()
     if source is None:
         return
@@ -340,6 +346,7 @@ class Slice:
         pool = ThreadPoolExecutor(self.per_owner, thread_name_prefix="batch-line")
         in_flight: dict[Future, tuple[Running, Item]] = {}
         sent = 0
+        idle = False  # ended early: nothing could start (beat's next tick brings it back)
         try:
             while True:
                 now = time.monotonic()
@@ -354,7 +361,10 @@ class Slice:
                     self._finish_what_is_done()
                     # Nothing more to send now (all paused, read, or waiting to go again):
                     # the worker goes back to other tasks, and beat's next tick returns.
-                    if stopping or not self._can_start(time.monotonic()):
+                    if stopping:
+                        break
+                    if not self._can_start(time.monotonic()):
+                        idle = True
                         break
                 done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
@@ -374,7 +384,7 @@ class Slice:
                     running.source.close()  # the input file, held open while it was read
         more = any(not r.read_all or r.again for r in self.batches.values())
         logger.info("batch slice owner=%s sent=%d more=%s", self.owner, sent, more)
-        return more and sent > 0 and not self.lost.is_set()
+        return more and sent > 0 and not idle and not self.lost.is_set()
 
     # -- looking around
 
@@ -413,17 +423,18 @@ class Slice:
                 if why:
                     logger.info("batch %s paused: %s", running.batch.pk, why)
 
-    def _sendable(self, running: Running) -> bool:
+    def _sendable(self, running: Running, now: float) -> bool:
         return (
             running.batch.status == S.IN_PROGRESS
             and not running.ended
             and not running.paused
+            and running.held_until <= now
             and running.in_flight < self.per_batch
         )
 
     def _can_start(self, now: float) -> bool:
-        """Whether any line could start now (not every batch paused, read or waiting)."""
-        return any(r.could_start(now) for r in self.batches.values() if self._sendable(r))
+        """Whether any line could start now (not every batch paused, held, read or waiting)."""
+        return any(r.could_start(now) for r in self.batches.values() if self._sendable(r, now))
 
     # -- sending
 
@@ -436,7 +447,7 @@ class Slice:
             for running in self.batches.values():
                 if len(in_flight) >= self.per_owner:
                     break
-                if not self._sendable(running):
+                if not self._sendable(running, now):
                     continue
                 item = running.next_item(now)
                 if item is None:
@@ -456,7 +467,9 @@ class Slice:
     def _answered(self, running: Running, item: Item, answer: Answer) -> None:
         delay = verdict(answer, item.attempts, self.retry_s)
         if delay is not None:
-            running.again.append((time.monotonic() + delay, item))
+            due = time.monotonic() + delay
+            running.again.append((due, item))
+            running.held_until = max(running.held_until, due)
             return
         body = answer.body.decode("utf-8", "replace")
         status = answer.status
@@ -495,9 +508,48 @@ class Slice:
         if not self.buffer:
             return
         rows, self.buffer = self.buffer, []
-        BatchLine.objects.bulk_create(rows, ignore_conflicts=True)
-        for batch_id in {r.batch_id for r in rows}:
-            self._recount(batch_id)
+        by_batch: dict[str, list[BatchLine]] = {}
+        for row in rows:
+            by_batch.setdefault(row.batch_id, []).append(row)
+        for batch_id, answers in by_batch.items():
+            self._write(batch_id, answers)
+
+    def _write(self, batch_id: str, answers: list[BatchLine]) -> None:
+        """One batch's answers and its counts, added to by the rows this write adds.
+
+        Counted from the rows it adds rather than recounted from all of the batch's
+        rows: a recount reads every row written so far, so a batch's N lines cost
+        N²/FLUSH_LINES rows read (2,000 reads a line at 100,000 lines) and its
+        runner slowed as the batch grew. Exact all the same: the batch's row is
+        locked first (IMMEDIATE on SQLite), so no other writer (a worker whose
+        lease ran out, writing what it had in flight) adds a line between the
+        look for the lines already there and the insert.
+        """
+        with transaction.atomic():
+            counts = (
+                Batch.objects.select_for_update()
+                .filter(pk=batch_id, status__in=RUNNING)
+                .values_list("completed", "failed")
+                .first()
+            )
+            if counts is None:
+                return  # finished (its files written, its rows gone) or deleted meanwhile
+            # order_by(): BatchLine's default ordering ("batch", "line") would join the
+            # batch's table to sort by Batch's ordering, and read every row of the batch.
+            there = set(
+                BatchLine.objects.filter(batch_id=batch_id, line__in=[r.line for r in answers])
+                .order_by()
+                .values_list("line", flat=True)
+            )
+            new = [r for r in answers if r.line not in there]
+            BatchLine.objects.bulk_create(new, ignore_conflicts=True)
+            ok = sum(r.ok for r in new)
+            completed, failed = counts[0] + ok, counts[1] + len(new) - ok
+            if new:
+                Batch.objects.filter(pk=batch_id).update(completed=completed, failed=failed)
+        running = self.batches.get(batch_id)
+        if running is not None:
+            running.batch.completed, running.batch.failed = completed, failed
 
     def _recount(self, batch_id: str) -> None:
         counts = BatchLine.objects.filter(batch_id=batch_id).aggregate(
