@@ -10,14 +10,17 @@ No NVIDIA driver or library is not an error: the machine is a CPU node.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pynvml
 
 from agentd import protocol
+from agentd.xid import CLOCK_EVENT, DOUBLE_BIT_ECC_EVENT, XID_EVENT, GPUEvent
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +28,23 @@ FAKE_ENV = "LLMGW_FAKE_NVML"
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 # NVIDIA's guidance: a board with this many retired pages is due for replacement.
 RETIRED_PAGES_LIMIT = 60
+# The driver's critical events the watcher asks for, where a GPU supports them.
+# Clock-change events were Kepler's only: newer GPUs say why clocks are slowed
+# through the clock-event reasons below, read each time instead.
+WATCHED_EVENTS = {
+    pynvml.nvmlEventTypeXidCriticalError: XID_EVENT,
+    pynvml.nvmlEventTypeDoubleBitEccError: DOUBLE_BIT_ECC_EVENT,
+    pynvml.nvmlEventTypeClock: CLOCK_EVENT,
+}
+# Clock-event reasons that mean the GPU is slowing itself to survive, in
+# nvidia-smi's words. Idle, power capping, sync boost and application clocks
+# are normal operation.
+HARMFUL_CLOCK_REASONS = {
+    pynvml.nvmlClocksEventReasonHwSlowdown: "HW Slowdown",
+    pynvml.nvmlClocksEventReasonHwThermalSlowdown: "HW Thermal Slowdown",
+    pynvml.nvmlClocksEventReasonSwThermalSlowdown: "SW Thermal Slowdown",
+    pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: "HW Power Brake Slowdown",
+}
 
 
 def normalise_bus_id(bus_id: str) -> str:
@@ -276,6 +296,29 @@ class NVML:
             found.append(f"unreadable through NVML: {exc}")
         return found
 
+    def slowdowns(self) -> dict[int, list[str]]:
+        """Harmful clock-event reasons now in force, by GPU index ("HW Thermal Slowdown")."""
+        return {d.index: self._slowdowns(d) for d in self.devices}
+
+    def _slowdowns(self, d: _Device) -> list[str]:
+        if d.handle is None:
+            return []
+        try:
+            try:
+                reasons = self.lib.nvmlDeviceGetCurrentClocksEventReasons(d.handle)
+            except pynvml.NVMLError_FunctionNotFound:
+                # Drivers before R535 have the same bits under the older name.
+                reasons = self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(d.handle)
+        except pynvml.NVMLError:
+            return []  # not supported here; a GPU that cannot be read is a problem already
+        return [text for bit, text in HARMFUL_CLOCK_REASONS.items() if reasons & bit]
+
+    # ---- events --------------------------------------------------------------
+
+    def watch(self) -> EventWatcher:
+        """An event set with every GPU registered for the critical events it supports."""
+        return EventWatcher(self.lib, self.devices)
+
     def _memory_retirement(self, h) -> list[str]:
         lib = self.lib
         try:
@@ -303,6 +346,103 @@ class NVML:
         if retired >= RETIRED_PAGES_LIMIT:
             out.append(f"{RETIRED_PAGES_LIMIT} or more retired pages: the GPU needs service")
         return out
+
+
+class EventWatcher:
+    """The driver's critical events (XIDs, double bit ECC errors) for the GPUs that have them.
+
+    A GPU whose driver does not support events, or not these, is not an error:
+    it just has no events (``registered`` lacks it). The event set lives until
+    ``close()``; it hears what happens after it was made, not before.
+    """
+
+    MAX_PER_WAIT = 64
+
+    def __init__(self, lib, devices: list[_Device]):
+        self.lib = lib
+        self.registered: dict[int, int] = {}  # GPU index -> the event types registered
+        self._gpus: dict[object, tuple[int, str]] = {}  # handle -> (index, uuid)
+        self._set = None
+        try:
+            self._set = lib.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            logger.info("NVML events are not available (%s): no GPU has events", exc)
+            return
+        for d in devices:
+            if d.handle is None:
+                continue
+            mask = self._register(d)
+            if mask:
+                self.registered[d.index] = mask
+                uuid = d.extra.get("uuid") or _uuid_or_placeholder(lib, d)
+                self._gpus[_handle_key(d.handle)] = (d.index, uuid)
+
+    def _register(self, d: _Device) -> int:
+        wanted = 0
+        for bit in WATCHED_EVENTS:
+            wanted |= bit
+        try:
+            # Only what the GPU supports: the driver refuses a mask with one type it lacks.
+            mask = self.lib.nvmlDeviceGetSupportedEventTypes(d.handle) & wanted
+            if mask:
+                self.lib.nvmlDeviceRegisterEvents(d.handle, mask, self._set)
+        except pynvml.NVMLError_NotSupported:
+            mask = 0
+        except pynvml.NVMLError as exc:
+            logger.warning("GPU %d: registering for NVML events failed: %s", d.index, exc)
+            return 0
+        if not mask:
+            logger.info("GPU %d: no critical events through NVML", d.index)
+        return mask
+
+    def wait(self, timeout_ms: int) -> list[GPUEvent]:
+        """Wait up to ``timeout_ms`` for an event, then take what else is already pending;
+        oldest first, each once. [] when none came.
+
+        An NVML error other than the timeout (GPU is lost, say) is raised, unless
+        events came before it: those are returned, and the next wait meets it again.
+        """
+        if self._set is None or not self.registered:
+            time.sleep(timeout_ms / 1000)
+            return []
+        out: list[GPUEvent] = []
+        wait_ms = timeout_ms
+        while len(out) < self.MAX_PER_WAIT:
+            try:
+                data = self.lib.nvmlEventSetWait_v2(self._set, wait_ms)
+            except pynvml.NVMLError_Timeout:
+                break
+            except pynvml.NVMLError:
+                if out:
+                    break
+                raise
+            out.append(self._event(data))
+            wait_ms = 0
+        return out
+
+    def _event(self, data) -> GPUEvent:
+        # By handle, not by asking NVML: after an XID 79 the GPU answers nothing.
+        index, uuid = self._gpus.get(_handle_key(data.device), (None, ""))
+        kind = WATCHED_EVENTS.get(data.eventType, f"0x{data.eventType:x}")
+        xid = int(data.eventData) if kind == XID_EVENT else None
+        return GPUEvent(index=index, uuid=uuid, kind=kind, xid=xid)
+
+    def close(self) -> None:
+        if self._set is not None:
+            try:
+                self.lib.nvmlEventSetFree(self._set)
+            except pynvml.NVMLError as exc:
+                logger.warning("freeing the NVML event set failed: %s", exc)
+            self._set = None
+
+
+def _handle_key(handle):
+    """A GPU's handle as a key. pynvml gives ctypes pointers, which compare by identity,
+    not address: the event's handle is a new object for the same GPU."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except ctypes.ArgumentError:
+        return handle  # the test double's handles compare by index
 
 
 def _open_device(lib, i: int) -> _Device:

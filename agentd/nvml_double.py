@@ -23,8 +23,17 @@ or lose memory rows under a running agent. Its shape::
                "retired_pages_pending": null, "retired_pages": null,
                "nvlinks": [{"active": true, "remote_type": "switch",
                             "remote_pci_bus_id": "00000000:05:00.0"}],
+               "event_types": ["single_bit_ecc", "double_bit_ecc", "pstate", "xid"],
+               "clocks_event_reasons": ["gpu_idle"],  # or "hw_thermal_slowdown", ...
                "lost": false}],                     # true: every call says GPU is lost
-     "processes": [{"pid": 4242, "gpu": 0, "used_bytes": 13314398208}]}
+     "processes": [{"pid": 4242, "gpu": 0, "used_bytes": 13314398208}],
+     "events": [{"gpu": 0, "type": "xid", "xid": 79}]}  # gpu: an index or a UUID
+
+Events are a log the test appends to, as the driver raises them: an event set
+(``nvmlEventSetCreate``) hears those appended after it was made, each once, in
+order, and only for a GPU and type registered in it; ``nvmlEventSetWait_v2``
+waits for one up to its timeout, reading the file again as it waits, and raises
+NVMLError_Timeout when none came, as the driver does.
 
 Processes hold GPU memory as a driver lists them: ``processes`` in the file
 (someone else's job, say), and claims that running programs write as
@@ -48,6 +57,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +68,28 @@ _REMOTE_TYPES = {
     "switch": pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH,
     "ibmnpu": pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU,
 }
+_EVENT_TYPES = {
+    "single_bit_ecc": pynvml.nvmlEventTypeSingleBitEccError,
+    "double_bit_ecc": pynvml.nvmlEventTypeDoubleBitEccError,
+    "pstate": pynvml.nvmlEventTypePState,
+    "xid": pynvml.nvmlEventTypeXidCriticalError,
+    "clock": pynvml.nvmlEventTypeClock,
+}
+_CLOCK_REASONS = {
+    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
+    "applications_clocks_setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal_slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
+}
+# The driver branch that renamed clock "throttle" reasons to clock "event" reasons.
+_EVENT_REASONS_SINCE = 535
+# How often a waiting nvmlEventSetWait_v2 looks at the file again.
+_EVENT_POLL_S = 0.02
 
 
 def claims_dir(path: Path) -> Path:
@@ -188,10 +220,39 @@ def _fail(code: int):
 
 
 class _Handle:
-    """What nvmlDeviceGetHandleByIndex returns: opaque to the caller."""
+    """What nvmlDeviceGetHandleByIndex returns: opaque to the caller. The driver gives one
+    handle per GPU, so two for the same GPU are equal (an event names its GPU by it)."""
 
     def __init__(self, index: int):
         self.index = index
+
+    def __eq__(self, other):
+        return isinstance(other, _Handle) and other.index == self.index
+
+    def __hash__(self):
+        return hash(("GPU", self.index))
+
+
+class _EventSet:
+    """What nvmlEventSetCreate returns: the registrations, and how far into the file's
+    events it has heard."""
+
+    def __init__(self, heard: int):
+        self.registered: dict[int, int] = {}  # GPU index -> event types
+        self.heard = heard
+        self.freed = False
+
+
+class _EventData:
+    """nvmlEventSetWait_v2's c_nvmlEventData_t, field for field, with the double's handle."""
+
+    def __init__(self, device: _Handle, eventType: int, eventData: int):
+        self.device = device
+        self.eventType = eventType
+        self.eventData = eventData
+        # Not a MIG instance: NVML's "invalid" id for both.
+        self.gpuInstanceId = 0xFFFFFFFF
+        self.computeInstanceId = 0xFFFFFFFF
 
 
 class FakeNVML:
@@ -365,3 +426,87 @@ class FakeNVML:
         info = pynvml.nvmlPciInfo_t()
         info.busId = spec["remote_pci_bus_id"].encode()
         return info
+
+    # ---- clocks ----------------------------------------------------------------
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        if _driver_branch(self.spec) < _EVENT_REASONS_SINCE:
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._clock_reasons(handle)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self._clock_reasons(handle)
+
+    def _clock_reasons(self, handle) -> int:
+        mask = 0
+        for name in self._fact(handle, "clocks_event_reasons"):
+            mask |= _CLOCK_REASONS[name]
+        return mask
+
+    # ---- events ----------------------------------------------------------------
+
+    def _supported_events(self, handle) -> int:
+        mask = 0
+        for name in self._fact(handle, "event_types"):
+            mask |= _EVENT_TYPES[name]
+        return mask
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle):
+        return self._supported_events(handle)
+
+    def nvmlEventSetCreate(self):
+        self._need_init()
+        return _EventSet(heard=len(self.spec.get("events", [])))
+
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes, eventSet):
+        supported = self._supported_events(handle)
+        if eventTypes & ~supported:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # as the driver: all asked for, or none
+        event_set = self._event_set(eventSet)
+        event_set.registered[handle.index] = event_set.registered.get(handle.index, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet, timeoutms):
+        event_set = self._event_set(eventSet)
+        deadline = time.monotonic() + timeoutms / 1000
+        while True:
+            data = self._next_event(event_set)
+            if data is not None:
+                return data
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _fail(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(min(left, _EVENT_POLL_S))
+
+    def nvmlEventSetFree(self, eventSet):
+        self._event_set(eventSet).freed = True
+
+    def _event_set(self, eventSet) -> _EventSet:
+        self._need_init()
+        if not isinstance(eventSet, _EventSet) or eventSet.freed:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return eventSet
+
+    def _next_event(self, event_set: _EventSet) -> _EventData | None:
+        """The next event the set has not heard that it is registered for; the ones it is
+        not registered for pass it by, as the driver never tells it of them."""
+        events = self.spec.get("events", [])
+        gpus = self.spec.get("gpus", [])
+        while event_set.heard < len(events):
+            event = events[event_set.heard]
+            event_set.heard += 1
+            gpu = event["gpu"]
+            if isinstance(gpu, str):
+                gpu = next((i for i, g in enumerate(gpus) if g.get("uuid") == gpu), None)
+            kind = _EVENT_TYPES[event.get("type", "xid")]
+            if gpu is None or not event_set.registered.get(gpu, 0) & kind:
+                continue
+            data = event.get("xid", 0) if kind == pynvml.nvmlEventTypeXidCriticalError else 0
+            return _EventData(_Handle(gpu), kind, data)
+        return None
+
+
+def _driver_branch(spec: dict) -> int:
+    try:
+        return int(str(spec.get("driver_version", "")).split(".")[0])
+    except ValueError:
+        return 0

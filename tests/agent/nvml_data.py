@@ -33,6 +33,9 @@ def gpu(i: int, kind=H100, **overrides) -> dict:
         "remapped_rows": [0, 0, 0, 0],
         "retired_pages_pending": None,  # Hopper remaps rows instead: NotSupported
         "retired_pages": None,
+        # What a datacenter board supports; clock-change events were Kepler's only.
+        "event_types": ["single_bit_ecc", "double_bit_ecc", "pstate", "xid"],
+        "clocks_event_reasons": ["gpu_idle"],  # nothing running, clocks dropping to idle
         "nvlinks": [
             {
                 "active": True,
