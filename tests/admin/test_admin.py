@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group
 from django.contrib.messages import get_messages
 from django.urls import reverse
@@ -58,7 +59,8 @@ def _fast_passwords(settings):
 
 
 def url(model, view, *args):
-    return reverse(f"admin:fleet_{model._meta.model_name}_{view}", args=args)
+    # Quoted as the admin quotes its own links: a batch's id "batch_23..." is not "#...".
+    return reverse(f"admin:fleet_{model._meta.model_name}_{view}", args=[quote(a) for a in args])
 
 
 @pytest.fixture

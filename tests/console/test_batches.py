@@ -1,5 +1,6 @@
 """The Batches page and a batch's: progress, why paused, whose, and only one's own teams'."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -288,3 +289,15 @@ def test_a_batch_s_page_shows_its_metadata_errors_and_failed_lines(client):
     errors = html.split('id="batch-validation-errors"')[1].split("</table>")[0]
     assert "model_not_found" in errors and "model &#x27;llama&#x27; does not exist" in errors
     assert "data-refresh-url" not in html.split('id="batch-body"')[1].split(">")[0]
+
+
+def test_a_batch_page_links_to_the_batch_in_the_admin_whatever_its_id(client):
+    # "batch_23…" read back unquoted is "batch#…": the admin quotes its ids in links
+    shown = batch(key("nightly", team("research"))[0], id="batch_23" + "a" * 22)
+    client.force_login(operator())
+
+    html = client.get(reverse("console:batch", args=[shown.id])).content.decode()
+    link = re.search(r'href="([^"]+)">batch_23a+ in the admin', html).group(1)
+
+    page = client.get(link)
+    assert page.status_code == 200 and shown.id in page.content.decode()
