@@ -108,6 +108,7 @@ def child(args) -> dict:
     from agentd.tinygguf import write as write_tiny_model
     from fleet.models import ApiKeyScope, Replica
     from fleet.services.api_keys import create_api_key
+    from tests.e2e.helpers import apply_model
     from tests.processes import Stack, free_port
 
     weights = work / "stack" / "weights"
@@ -127,22 +128,7 @@ def child(args) -> dict:
         _, batch_secret = create_api_key("batch jobs", scope=ApiKeyScope.INFERENCE)
         stack.start_control_plane()
         stack.add_agent("cpu-a", engines={"binaries": {"llamacpp": sys.executable}})
-        model = stack.api("post", "models/", json={"name": "tiny-llama"})
-        prof = stack.api(
-            "post",
-            "engine-profiles/",
-            json={
-                "model": model["id"],
-                "name": "cpu",
-                "engine": "llamacpp",
-                "model_path": str(tiny),
-            },  # fmt: skip
-        )
-        stack.api(
-            "patch",
-            f"models/{model['id']}/",
-            json={"active_profile": prof["id"], "desired_replicas": 1},  # fmt: skip
-        )
+        apply_model(stack, tiny)
         stack.wait(
             lambda: Replica.objects.filter(model__name="tiny-llama", state="ready").exists(),
             "tiny-llama ready",

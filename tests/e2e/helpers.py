@@ -1,9 +1,26 @@
 """The e2e scenarios' vocabulary: declare a model through the API, find what runs, ask the
 gateway, count reconciler passes. The processes themselves are ``tests.processes.Stack``."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from tests.processes import Stack
+from tests.processes import Stack, free_port
+
+
+@contextmanager
+def batch_stack(tmp: Path, **clock: str) -> Iterator[Stack]:
+    """The e2e stack with keys, its control plane started, its workers sending batch
+    lines to its own web process (a port chosen first, kept across restarts)."""
+    s = Stack(tmp, **clock)
+    s.port = free_port()
+    s.env["LLMGW_BATCH_GATEWAY_URL"] = f"http://127.0.0.1:{s.port}"
+    try:
+        s.make_keys()
+        s.start_control_plane()
+        yield s
+    finally:
+        s.close()
 
 
 def apply_model(

@@ -17,8 +17,7 @@ import openai
 import pytest
 
 from tests.batches.helpers import jsonl, key, team
-from tests.e2e.helpers import apply_model, wait_serving
-from tests.processes import Stack, free_port
+from tests.e2e.helpers import apply_model, batch_stack, wait_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,21 +30,14 @@ STEP = 60
 @pytest.fixture
 def stack(transactional_db, tmp_path):
     """The e2e stack on a short batch clock, its workers sending to its own web process."""
-    s = Stack(
+    with batch_stack(
         tmp_path,
         LLMGW_BATCH_TICK_S="0.5",
         LLMGW_BATCH_SLICE_S="2",
         LLMGW_BATCH_LEASE_S="3",
         LLMGW_BATCH_RETRY_S="0.5",
-    )
-    s.port = free_port()
-    s.env["LLMGW_BATCH_GATEWAY_URL"] = f"http://127.0.0.1:{s.port}"
-    try:
-        s.make_keys()
-        s.start_control_plane()
+    ) as s:
         yield s
-    finally:
-        s.close()
 
 
 @dataclass

@@ -10,8 +10,7 @@ import openai
 import pytest
 
 from tests.batches.helpers import jsonl, key, team
-from tests.e2e.helpers import apply_model, wait_serving
-from tests.processes import Stack, free_port
+from tests.e2e.helpers import apply_model, batch_stack, wait_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,15 +18,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def stack(transactional_db, tmp_path):
     """The e2e stack, its workers sending batch lines to its own web process."""
-    s = Stack(tmp_path, LLMGW_BATCH_TICK_S="0.5", LLMGW_BATCH_SLICE_S="5")
-    s.port = free_port()
-    s.env["LLMGW_BATCH_GATEWAY_URL"] = f"http://127.0.0.1:{s.port}"
-    try:
-        s.make_keys()
-        s.start_control_plane()
+    with batch_stack(tmp_path, LLMGW_BATCH_TICK_S="0.5", LLMGW_BATCH_SLICE_S="5") as s:
         yield s
-    finally:
-        s.close()
 
 
 def used_by(api_key) -> int:
