@@ -622,9 +622,6 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
                         gw.fair.started(key)
                         counted = key
                         if key.batch:
-                            gw.batch_in_flight[route.name] = (
-                                gw.batch_in_flight.get(route.name, 0) + 1
-                            )
                             batch_on = up
                             up.batch_outstanding += 1
                 if attempt:
@@ -653,11 +650,6 @@ async def forward(gw, route: table.Route, req, reply: Reply, t0: float, key=None
         gw.fair.ended(route.name, counted)
         if batch_on is not None:
             batch_on.batch_outstanding -= 1
-            left = gw.batch_in_flight.get(route.name, 1) - 1
-            if left > 0:
-                gw.batch_in_flight[route.name] = left
-            else:
-                gw.batch_in_flight.pop(route.name, None)
     if tried:
         raise GatewayError(
             502,

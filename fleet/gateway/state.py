@@ -146,9 +146,6 @@ class Gateway:
         # for a replica per model, each model's last request (time.perf_counter()),
         # and what wakes the waiting and the load report.
         self.waiting: dict[str, int] = {}
-        # Batch lines in flight per model (fleet.services.batches): not interactive
-        # load, so not reported as demand, though they keep their model from idling.
-        self.batch_in_flight: dict[str, int] = {}
         self.last_request: dict[str, float] = {}
         self.replica_ready: dict[str, asyncio.Event] = {}
         self.demand_event = asyncio.Event()

@@ -135,7 +135,7 @@ def _figures(gw, sums: dict[str, float], samples: int) -> dict[str, tuple]:
         waiting = gw.waiting.get(route.name, 0)
         # A model is not idle while it answers or someone waits: a long answer
         # counts until its end, not from its arrival.
-        busy = in_flight or waiting or queued or gw.batch_in_flight.get(route.name)
+        busy = in_flight or waiting or queued or any(u.batch_outstanding for u in route.upstreams)
         last = now_wall if busy else None
         if last is None and seen is not None:
             last = now_wall - (now_pc - seen)
@@ -149,10 +149,9 @@ def _figures(gw, sums: dict[str, float], samples: int) -> dict[str, tuple]:
 
 
 def _sample(gw, sums: dict[str, float]) -> None:
-    batch = gw.batch_in_flight
     for route in list(gw.routes.values()):
         if route.waits:
-            in_flight = sum(u.outstanding for u in route.upstreams) - batch.get(route.name, 0)
+            in_flight = sum(u.outstanding - u.batch_outstanding for u in route.upstreams)
             sums[route.name] = sums.get(route.name, 0.0) + max(0, in_flight)
 
 
