@@ -389,6 +389,52 @@ class AgentAck(_Msg):
     kept: Annotated[list[KeptWeights], Field(max_length=1024)] = []
 
 
+class GPUEventReport(_Part):
+    """One critical event as the driver delivered it (``agentd.xid`` names the kinds)."""
+
+    gpu_index: GpuIndex
+    # "xid", "double_bit_ecc", "clock", or the driver's event type in hex: free text, so
+    # a newer agent's kind is counted, not refused (one not known is watched only).
+    kind: Annotated[str, Field(min_length=1, max_length=32)]
+    xid: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+
+
+class GPUSlowdown(_Part):
+    """A GPU's harmful clock slowdowns now ("HW Thermal Slowdown"); empty: none."""
+
+    gpu_index: GpuIndex
+    reasons: Annotated[list[ShortStr], Field(max_length=16)] = []
+
+
+class GPUEvents(_Msg):
+    """Critical GPU events (XIDs, double-bit ECC), sent the moment the driver delivers
+    them rather than with the next heartbeat, and the GPUs whose harmful slowdowns
+    changed. The control plane decides what they mean (docs/operations.md)."""
+
+    type: Literal["gpu_events"]
+    events: Annotated[list[GPUEventReport], Field(max_length=256)] = []
+    slowdowns: Annotated[list[GPUSlowdown], Field(max_length=64)] = []
+
+    @field_validator("slowdowns")
+    @classmethod
+    def _one_per_gpu(cls, v):
+        return _unique(v, "gpu_index", "GPU index")
+
+
+# A notice further off than a week is not a notice.
+NOTICE_MAX_S = 7 * 86400
+
+
+class NodeNotice(_Msg):
+    """The node is going away in ``in_s`` seconds (as of sending): its cloud's metadata
+    or a file said so. ``in_s`` rather than a time, so the clocks need not agree."""
+
+    type: Literal["node_notice"]
+    in_s: Annotated[float, Field(ge=0, le=NOTICE_MAX_S)]
+    source: Annotated[str, Field(min_length=1, max_length=64)]
+    reason: ShortStr = ""
+
+
 class Goodbye(_Msg):
     """Sent before an orderly shutdown (SIGTERM): the node is leaving on purpose."""
 
@@ -397,7 +443,15 @@ class Goodbye(_Msg):
 
 
 AgentMessage = Annotated[
-    Register | Heartbeat | ShardStatus | FetchProgress | LogsReply | AgentAck | Goodbye,
+    Register
+    | Heartbeat
+    | ShardStatus
+    | FetchProgress
+    | LogsReply
+    | AgentAck
+    | GPUEvents
+    | NodeNotice
+    | Goodbye,
     Field(discriminator="type"),
 ]
 
@@ -564,6 +618,8 @@ AGENT_TYPES = {
     "fetch_progress",
     "logs_reply",
     "ack",
+    "gpu_events",
+    "node_notice",
     "goodbye",
 }
 CONTROL_TYPES = {"ack", "desired", "provision", "remove_weights", "logs_request", "closing"}

@@ -108,6 +108,18 @@ class FleetSettings:
     # An operator's drain of one replica waits this long for its replacement to be
     # ready, then drains it anyway (said in the event).
     replica_drain_wait_s: float = 600.0
+    # GPU faults and notices (fleet.services.gpu_health; docs/operations.md). A failed
+    # GPU's replicas are moved away as an operator's drain is, waiting for their
+    # replacements this long at most (its engine is likely dead already).
+    gpu_drain_wait_s: float = 120.0
+    # The mass-failure brake for GPUs: at most this share of the fleet's GPUs (at least
+    # one) drained for failures per window; more failing at once is likelier a driver
+    # or firmware fault, and their replicas stay until an operator looks.
+    gpu_failure_brake: float = 0.25
+    gpu_brake_window_s: float = 600.0
+    # A node's notice: what runs there is drained this long before its deadline
+    # whether or not its replacement is ready, so requests in flight can finish.
+    notice_drain_s: float = 30.0
     # GPU memory never promised to shares of a GPU (profiles with gpu_memory_gb):
     # the driver's and CUDA contexts' own, and headroom.
     gpu_memory_reserve_gb: float = 1.0

@@ -34,6 +34,14 @@ class DesiredState(models.TextChoices):
     STOPPED = "stopped", "stopped"  # stop it
 
 
+class GPUHealth(models.TextChoices):
+    """A GPU's health, as agentd.xid.Health names it (docs/operations.md)."""
+
+    HEALTHY = "healthy", "healthy"
+    DEGRADED = "degraded", "degraded"  # cordoned: nothing new placed, what runs stays
+    FAILED = "failed", "failed"  # drained, and out until an operator clears it
+
+
 class ReplicaState(models.TextChoices):
     PENDING = "pending", "pending"  # not placed yet; `reason` says why
     STARTING = "starting", "starting"  # placed; some shard not loaded yet
@@ -93,6 +101,8 @@ class EventKind(models.TextChoices):
     REPLICA = "replica"  # an operator drained, stopped or restarted one replica
     CANARY = "canary"  # a canary started, promoted or aborted
     SLEEP = "sleep"  # a replica went to sleep or was woken
+    GPU = "gpu"  # a GPU's health changed, it was drained, or an operator cleared it
+    NOTICE = "notice"  # a node gave notice of going away, and was drained for it
 
 
 class BatchStatus(models.TextChoices):

@@ -8,7 +8,7 @@ from django.utils import timezone
 from agentd.protocol import NODE_ID_PATTERN
 from fleet.selectors import effective_labels
 
-from .choices import Engine, NodeState, VllmBuild
+from .choices import Engine, GPUHealth, NodeState, VllmBuild
 
 node_id_validator = RegexValidator(
     NODE_ID_PATTERN, "a node id is 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
@@ -57,6 +57,14 @@ class Node(models.Model):
     draining = models.BooleanField(
         default=False, help_text="Replicas are being moved away; cordoned when done."
     )
+    notice_deadline = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the node goes away, as its notice said (a spot reclaim, a "
+        "maintenance): it drains from the notice on, replacements first.",
+    )
+    notice_source = models.CharField(max_length=64, blank=True)
+    notice_reason = models.CharField(max_length=255, blank=True)
     connected = models.BooleanField(default=False, help_text="An agent socket is open now.")
     channel_name = models.CharField(
         max_length=128, blank=True, editable=False, help_text="The socket that holds this node."
@@ -142,6 +150,36 @@ class GPU(models.Model):
     temperature_c = models.IntegerField("temperature (°C)", null=True, blank=True)
     problems = models.JSONField(
         default=list, blank=True, help_text="Any problem keeps this GPU out of placement."
+    )
+    # Its health (docs/operations.md, "GPU faults and notices"): the worst of its
+    # fault, its problems and its slowdowns (fleet.services.gpu_health).
+    health = models.CharField(
+        max_length=16,
+        choices=GPUHealth.choices,
+        default=GPUHealth.HEALTHY,
+        help_text="Degraded: nothing new is placed on it. Failed: what runs on it is "
+        "moved away too, and it stays out until an operator clears it.",
+    )
+    health_reason = models.CharField(max_length=255, blank=True)
+    fault = models.CharField(
+        max_length=16,
+        choices=GPUHealth.choices,
+        default=GPUHealth.HEALTHY,
+        help_text="What its XIDs and ECC events left: kept until an operator clears it.",
+    )
+    fault_reason = models.CharField(max_length=255, blank=True)
+    fault_at = models.DateTimeField(null=True, blank=True)
+    slowdowns = models.JSONField(
+        default=list, blank=True, help_text="Harmful clock slowdowns now, as NVML names them."
+    )
+    xids = models.JSONField(
+        "XIDs", default=dict, blank=True, help_text="How many of each XID it reported."
+    )
+    drained_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its replicas were moved away for its failure. Empty while the "
+        "mass-failure brake holds them.",
     )
 
     class Meta:

@@ -32,6 +32,11 @@ class FleetStatus(models.Model):
     last_replacement_at = models.DateTimeField(
         null=True, blank=True, help_text="When a lost node's replicas were last replaced."
     )
+    gpu_brake = models.TextField(
+        blank=True,
+        help_text="Why failed GPUs' replicas are left where they are: more GPUs failed "
+        "at once than LLMGW_GPU_FAILURE_BRAKE allows. Empty: the brake is off.",
+    )
 
     class Meta:
         verbose_name = "fleet status"
@@ -61,6 +66,9 @@ class Event(models.Model):
         "Model", null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
     )
     model_name = models.CharField(max_length=128)
+    node_id = models.CharField(
+        "node", max_length=63, blank=True, help_text="The node it concerns, if one."
+    )
     direction = models.CharField(max_length=8, blank=True, help_text="up or down.")
     from_replicas = models.PositiveIntegerField(null=True, blank=True)
     to_replicas = models.PositiveIntegerField(null=True, blank=True)

@@ -18,9 +18,9 @@ from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from agentd import protocol
-from fleet.models import GPU, FabricAttachment, Node, NodeState, Shard, ShardState
+from fleet.models import GPU, FabricAttachment, GPUHealth, Node, NodeState, Shard, ShardState
 
-from . import desired, doorbells
+from . import desired, doorbells, gpu_health
 from .heartbeat import changes
 from .reconciler.ask import request_reconcile
 
@@ -70,8 +70,23 @@ def register_node(reg: protocol.Register, *, channel_name: str = "", again: bool
         if same:
             _write_gpu_telemetry(node, reg.gpus)
         else:
+            # A GPU's fault outlives its row: held out until an operator clears it,
+            # whatever the agent says at its next start (fleet.services.gpu_health).
+            kept = {
+                row["uuid"]: row
+                for row in GPU.objects.filter(node=node)
+                .exclude(fault=GPUHealth.HEALTHY, slowdowns=[], xids={}, drained_at=None)
+                .values("uuid", *gpu_health.KEPT_FIELDS)
+            }
             GPU.objects.filter(node=node).delete()
-            GPU.objects.bulk_create(GPU(node=node, **g.model_dump()) for g in reg.gpus)
+            new_gpus = []
+            for g in reg.gpus:
+                gpu = GPU(node=node, **g.model_dump())
+                for field, value in kept.get(g.uuid, {}).items():
+                    setattr(gpu, field, value)
+                gpu_health.refresh(gpu, now, quiet=True)
+                new_gpus.append(gpu)
+            GPU.objects.bulk_create(new_gpus)
             node.fabrics.all().delete()
             FabricAttachment.objects.bulk_create(
                 FabricAttachment(node=node, **f.model_dump()) for f in reg.fabrics

@@ -61,6 +61,10 @@ def set_intent(node: Node, **flags: bool) -> bool:
 def uncordon(node: Node) -> bool:
     """Placements allowed again; also ends a drain. Returns whether anything changed."""
     changed = set_intent(node, cordoned=False, draining=False)
+    # A notice ends with the uncordon: the node is back, or was never going.
+    Node.objects.filter(pk=node.pk, notice_deadline__isnull=False).update(
+        notice_deadline=None, notice_source="", notice_reason=""
+    )
     if changed:
         logger.info("node uncordoned node=%s", node.pk)
         # Replicas waiting for room may fit now; an update sends no post_save.

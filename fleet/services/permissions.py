@@ -50,6 +50,9 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "node.uncordon": ("fleet.drain_node",),
     "node.revoke": ("fleet.change_node",),
     "node.vllm_build": ("fleet.change_node",),
+    # Saying a node goes away drains it; clearing a GPU's fault lets work on it again.
+    "node.notice": ("fleet.drain_node",),
+    "gpu.clear": ("fleet.drain_node",),
     "replica.drain": ("fleet.drain_replica",),
     "replica.stop": ("fleet.drain_replica",),
     "replica.restart": ("fleet.drain_replica",),

@@ -111,8 +111,8 @@ def build() -> Snapshot:
     peers: dict[str, frozenset] = {}
     index_col = connection.ops.quote_name("index")
     used_mb: dict[str, int] = {}  # GPU uuid -> memory in use, as the last heartbeat said
-    for nid, uuid, index, name, problems, nvlink, numa, total, used in _rows(
-        f"SELECT node_id, uuid, {index_col}, name, problems, nvlink_peers, numa_node, "
+    for nid, uuid, index, name, problems, health, nvlink, numa, total, used in _rows(
+        f"SELECT node_id, uuid, {index_col}, name, problems, health, nvlink_peers, numa_node, "
         f"memory_total_mb, memory_used_mb FROM {t[GPU]} ORDER BY node_id, {index_col}"
     ):
         node = nodes.get(nid)
@@ -123,7 +123,8 @@ def build() -> Snapshot:
         linked = peers.get(key)
         if linked is None:
             linked = peers[key] = frozenset(decode(nvlink, ()))
-        healthy = problems in ("[]", None) or not decode(problems, ())
+        # Degraded or failed (fleet.services.gpu_health): nothing new placed on it.
+        healthy = health == "healthy" and (problems in ("[]", None) or not decode(problems, ()))
         node.gpus.append(GpuInfo(uuid, index, name, healthy, linked, numa, memory_mb=total or 0))
         used_mb[uuid] = used or 0
     for nid, fabric, hcas in _rows(f"SELECT node_id, fabric, hcas FROM {t[FabricAttachment]}"):

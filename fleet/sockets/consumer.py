@@ -15,8 +15,18 @@ from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
 from fleet.conf import fleet_settings
 from fleet.metrics import AGENT_LOGS_REPLIES_DROPPED
+from fleet.models import Node
 from fleet.models.access import bearer_secret
-from fleet.services import access, desired, doorbells, engines, heartbeat, inventory, registration
+from fleet.services import (
+    access,
+    desired,
+    doorbells,
+    engines,
+    gpu_health,
+    heartbeat,
+    inventory,
+    registration,
+)
 from fleet.services.heartbeat import ReportMemo, batcher
 from fleet.services.reconciler import expiry
 from fleet.services.weights_gc import delivery
@@ -431,6 +441,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_fetch_progress(self, msg: protocol.FetchProgress):
         await self.write(inventory.apply_fetch_progress, self.node_id, msg)
+
+    async def on_gpu_events(self, msg: protocol.GPUEvents):
+        await self.write(gpu_health.apply_gpu_events, self.node_id, msg)
+
+    async def on_node_notice(self, msg: protocol.NodeNotice):
+        # The node's own credential is the check: an agent gives notice for its node only.
+        await self.write(
+            lambda: gpu_health.give_notice(
+                Node.objects.get(pk=self.node_id), msg.in_s, msg.source, msg.reason
+            )
+        )
 
     async def on_logs_reply(self, msg: protocol.LogsReply):
         reply_channel = self.logs_waiting.pop(msg.request_id, None)

@@ -17,7 +17,7 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import GPU, Node, NodeState
 
-from .. import doorbells, history
+from .. import doorbells, gpu_health, history
 from ..reconciler.ask import request_reconcile
 from . import changes, orm, pg
 
@@ -171,6 +171,7 @@ def _apply_rare(
             target = target or (node_gpus[0] if node_gpus else None)
             if target is not None and p.problem not in target.problems:
                 target.problems = [*target.problems, p.problem]
+                gpu_health.refresh(target, timezone.now())
                 dirty_gpus[target.pk] = target
                 changed_inventory.add(node_id)
                 logger.warning(
@@ -195,4 +196,6 @@ def _apply_rare(
     if changed_inventory:
         Node.objects.filter(pk__in=changed_inventory).update(inventory_digest="")
     if dirty_gpus:
-        GPU.objects.bulk_update(dirty_gpus.values(), ["memory_used_mb", "problems"])
+        GPU.objects.bulk_update(
+            dirty_gpus.values(), ["memory_used_mb", "problems", "health", "health_reason"]
+        )

@@ -36,7 +36,7 @@ from fleet.models import (
     ShardState,
 )
 
-from .. import adapters, canary_figures, permissions
+from .. import adapters, canary_figures, gpu_health, permissions
 from .. import canary as canary_service
 from ..autoscaler.step import needs_load, read_loads
 from ..autoscaler.step import step as autoscale
@@ -128,6 +128,10 @@ class _Pass(Placing, Sleeping):
         for s in rows.active_shards():
             self.shards.setdefault(s.replica_id, []).append(s)
         self.draining_nodes = set(Node.objects.filter(draining=True).values_list("pk", flat=True))
+        # Failed GPUs whose replicas move, within the brake's bound, and nodes whose
+        # notice runs out: what runs there goes (fleet.services.gpu_health).
+        self.faults = gpu_health.step(self.exp.status, self.now)
+        self.leaving = gpu_health.leaving_now(self.now) if self.draining_nodes else set()
         self.by_model: dict[int, list[Replica]] = {}
         for r in self.replicas:
             self.by_model.setdefault(r.model_id, []).append(r)
@@ -387,7 +391,26 @@ class _Pass(Placing, Sleeping):
     # ---- scaling and rolling replacement -----------------------------------------
 
     def on_draining_node(self, r: Replica) -> bool:
-        return any(s.node_id in self.draining_nodes for s in self.shards.get(r.pk, []))
+        """On a draining node, or on a failed GPU whose replicas move: it must go."""
+        moving = self.faults.moving
+        return any(
+            s.node_id in self.draining_nodes
+            or (moving and not moving.keys().isdisjoint(s.gpu_uuids))
+            for s in self.shards.get(r.pk, [])
+        )
+
+    def must_go_now(self, r: Replica) -> str:
+        """Why a replica that must move drains now, its replacement ready or not: its
+        node's notice runs out, or its failed GPU's wait for a replacement is over."""
+        for s in self.shards.get(r.pk, []):
+            if s.node_id in self.leaving:
+                return f"node {s.node_id} goes away within {fleet_settings().notice_drain_s:g} s"
+            for uuid in s.gpu_uuids:
+                since = self.faults.moving.get(uuid)
+                wait_s = fleet_settings().gpu_drain_wait_s
+                if since is not None and (self.now - since).total_seconds() >= wait_s:
+                    return f"its GPU failed and no replacement was ready within {wait_s:g} s"
+        return ""
 
     def replica_event(self, r: Replica, text: str) -> None:
         """An event about one replica an operator drained, stopped or restarted."""
@@ -440,6 +463,10 @@ class _Pass(Placing, Sleeping):
                 self.replica_event(
                     r, f"no replacement was ready within {wait_s:g} s: draining it anyway"
                 )
+                outdated_ready.remove(r)
+        for r in list(outdated_ready):
+            if why := self.must_go_now(r):
+                self.retire(r, why)
                 outdated_ready.remove(r)
         short = wanted - len(current)
         if short < 0:
