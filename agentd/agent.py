@@ -20,6 +20,7 @@ from agentd import __version__, install, logs, ports, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
 from agentd.fetch import store as fetchstore
+from agentd.gpuwatch import SLOWDOWN_POLL_S, GPUWatch
 from agentd.load import LoadSampler
 from agentd.nvml import Checks
 from agentd.outbox import Outbox
@@ -189,6 +190,7 @@ class Agent:
             protocol.EngineWant.model_validate(w) for w in saved.get("engines", []) or []
         ]
         self.weights_rescan_s = WEIGHTS_RESCAN_S
+        self.slowdown_poll_s = SLOWDOWN_POLL_S
         # What the control plane has been told, so a heartbeat carries only news.
         self._lock = threading.Lock()
         self._seq = 0
@@ -220,11 +222,15 @@ class Agent:
         self._pending_desired: protocol.Desired | None = None
         self._desired_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The driver's critical events: a thread of their own, from start().
+        self.gpuwatch: GPUWatch | None = None
 
     # ---- lifetime ------------------------------------------------------------
 
     async def start(self) -> None:
         """Adopt what a previous agent left running, before the first register reports it."""
+        self._loop = asyncio.get_running_loop()
         await self.shards.start()
         # Not an engine agent.yaml now disables or names by hand: the operator's say
         # wins from the start, not only from the first provision.
@@ -241,12 +247,16 @@ class Agent:
             asyncio.ensure_future(self._reprobe_loop()),
             asyncio.ensure_future(self._install_loop()),
         ]
+        await self._watch_gpus()
 
     async def close(self) -> None:
         """Stop watching. The engines keep running: they outlive the agent."""
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.gpuwatch is not None:
+            # Before NVML is shut down under its event set.
+            await asyncio.to_thread(self.gpuwatch.close)
         await self.shards.close()
         self.machine.close()
 
@@ -282,6 +292,34 @@ class Agent:
         """Queue a message for the control plane. Call on the event loop's thread."""
         self.outbox.put(msg)
         self.outbox_ready.set()
+
+    def send_threadsafe(self, msg) -> None:
+        """``send`` from another thread (the GPU event thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self.send, msg)
+        except RuntimeError:  # the loop has closed: the agent is stopping
+            logger.info("not sent, the agent is stopping: %s", msg.type)
+
+    def on_registered(self) -> None:
+        """After each registration, before the outbox drains: what the control plane may
+        have lost or not know yet, said again (slowdowns)."""
+        if self.gpuwatch is not None:
+            self.gpuwatch.resend()
+
+    # ---- GPU events -------------------------------------------------------------
+
+    async def _watch_gpus(self) -> None:
+        """The driver's critical events, where there is a driver and a GPU."""
+        session = await asyncio.to_thread(self.machine.gpu_session)
+        if session is None or not session.devices:
+            return  # a CPU node: nothing to watch
+        watch = GPUWatch(session, self.send_threadsafe, poll_s=self.slowdown_poll_s)
+        try:
+            await asyncio.to_thread(watch.start)
+        except Exception:  # noqa: BLE001 - heartbeats still report the GPUs' problems
+            logger.exception("watching NVML events failed to start; heartbeats go on without")
+            return
+        self.gpuwatch = watch
 
     async def on_shard_event(self, msg) -> None:
         """The supervisor's shard_status and fetch_progress, passed on as they come."""

@@ -212,6 +212,7 @@ async def _session(
             agent.store_credential(ack.credential)
         backoff.reset()
         registered.set()
+        agent.on_registered()
         # The control plane's interval when it names one, else agent.yaml's.
         if "heartbeat_interval_s" in ack.model_fields_set:
             interval = ack.heartbeat_interval_s

@@ -20,11 +20,19 @@ makes redundant is taken out when the later one comes in. The rule, by kind:
   few proposals out to a node at a time; a repeated one replaces its reply).
 - ``logs_reply``: the newest ``LOGS_REPLIES_KEPT``. Someone waits at most a few
   seconds for one; an older reply has no reader left.
+- ``gpu_events``: merged into one. Every event is news the control plane keeps
+  (a fault, an XID count), so the events are joined, oldest first; past the
+  message's bound (``MAX_EVENTS``) the oldest events that change nothing (an
+  engine's own XIDs, watched only) go first. Slowdowns: the newest per GPU.
+  One being sent (``first()`` until ``sent()``) is not merged into, or its
+  events would go out twice: at most two are queued.
+- ``node_notice``: the newest (it says how far off the deadline is as of now).
 
 What is sent is always a subsequence of what was queued, in the order it was
-queued: a message that replaces another goes to the back, so the order of
-different shards' news is kept. Each message taken out is counted by kind
-(``coalesced``), and the client logs the count when it drains the outbox.
+queued (``gpu_events`` merged, their events in order): a message that replaces
+another goes to the back, so the order of different shards' news is kept. Each
+message taken out is counted by kind (``coalesced``), and the client logs the
+count when it drains the outbox.
 """
 
 from __future__ import annotations
@@ -33,9 +41,11 @@ import collections
 import itertools
 from collections.abc import Hashable
 
+from agentd import protocol, xid
 from agentd.protocol import ShardState
 
 LOGS_REPLIES_KEPT = 4
+MAX_EVENTS = 256  # protocol.GPUEvents.events' bound
 
 
 class Outbox:
@@ -47,6 +57,8 @@ class Outbox:
         self._serial = itertools.count()
         self.coalesced: collections.Counter[str] = collections.Counter()
         self._told = 0
+        self._events: Hashable | None = None  # the newest gpu_events' key
+        self._in_flight: Hashable | None = None  # first()'s, until sent()
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -78,8 +90,17 @@ class Outbox:
             while len(self._logs) > LOGS_REPLIES_KEPT:
                 if self._queue.pop(self._logs.popleft(), None) is not None:
                     self.coalesced[kind] += 1
+        elif kind == "gpu_events":
+            # Never into the one being sent: its events would go out twice, and the
+            # control plane counts each XID it is told.
+            queued = self._queue.get(self._events)
+            if queued is not None and self._events != self._in_flight:
+                msg = merge_gpu_events(queued, msg)
+                self._drop(self._events, kind)
+            self._events = ("gpu_events", next(self._serial))
+            self._queue[self._events] = msg
         else:
-            # Nothing else is queued today; a new kind is bounded all the same.
+            # node_notice, and any new kind: bounded, the newest replaces the older.
             self._replace(("other", kind), msg)
 
     def _put_status(self, msg) -> None:
@@ -102,10 +123,12 @@ class Outbox:
     def first(self):
         """The oldest message, left in place until ``sent`` says it went out."""
         key = next(iter(self._queue))
+        self._in_flight = key
         return key, self._queue[key]
 
     def sent(self, key: Hashable, msg) -> None:
         """Take a sent message off, unless a newer one replaced it meanwhile."""
+        self._in_flight = None
         if self._queue.get(key) is msg:
             del self._queue[key]
             if key in self._logs:
@@ -118,3 +141,26 @@ class Outbox:
             return None
         self._told = total
         return dict(self.coalesced)
+
+
+def merge_gpu_events(older: protocol.GPUEvents, newer: protocol.GPUEvents) -> protocol.GPUEvents:
+    """Two unsent ``gpu_events`` as one: every event in order (the oldest watched-only
+    ones dropped past the bound), and each GPU's newest slowdowns."""
+    events = [*older.events, *newer.events]
+    while len(events) > MAX_EVENTS:
+        harmless = next((i for i, e in enumerate(events) if _watched_only(e)), 0)
+        del events[harmless]
+    slowdowns = {s.gpu_index: s for s in older.slowdowns}
+    slowdowns.update({s.gpu_index: s for s in newer.slowdowns})
+    return protocol.GPUEvents(
+        type="gpu_events", events=events, slowdowns=sorted(slowdowns.values(), key=_index)
+    )
+
+
+def _watched_only(report: protocol.GPUEventReport) -> bool:
+    event = xid.GPUEvent(report.gpu_index, "", report.kind, report.xid)
+    return xid.event_finding(event)[0] is xid.Action.WATCH
+
+
+def _index(slowdown: protocol.GPUSlowdown) -> int:
+    return slowdown.gpu_index
