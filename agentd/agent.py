@@ -22,6 +22,7 @@ from agentd.discovery import Machine
 from agentd.fetch import store as fetchstore
 from agentd.gpuwatch import SLOWDOWN_POLL_S, GPUWatch
 from agentd.load import LoadSampler
+from agentd.notice import NoticeWatch
 from agentd.nvml import Checks
 from agentd.outbox import Outbox
 
@@ -223,8 +224,17 @@ class Agent:
         self._desired_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        # The driver's critical events: a thread of their own, from start().
+        # The driver's critical events (a thread of their own, from start()) and the
+        # notice source agent.yaml names, if any.
         self.gpuwatch: GPUWatch | None = None
+        self.notices: NoticeWatch | None = None
+        if cfg.notice.source:
+            self.notices = NoticeWatch(
+                cfg.notice.source,
+                url=cfg.notice.url,
+                file=cfg.notice.file,
+                timeout_s=cfg.notice.timeout_s,
+            )
 
     # ---- lifetime ------------------------------------------------------------
 
@@ -248,6 +258,8 @@ class Agent:
             asyncio.ensure_future(self._install_loop()),
         ]
         await self._watch_gpus()
+        if self.notices is not None:
+            self._tasks.append(asyncio.ensure_future(self._notice_loop()))
 
     async def close(self) -> None:
         """Stop watching. The engines keep running: they outlive the agent."""
@@ -302,11 +314,13 @@ class Agent:
 
     def on_registered(self) -> None:
         """After each registration, before the outbox drains: what the control plane may
-        have lost or not know yet, said again (slowdowns)."""
+        have lost or not know yet, said again (slowdowns, a notice that still holds)."""
         if self.gpuwatch is not None:
             self.gpuwatch.resend()
+        if self.notices is not None and (msg := self.notices.again()) is not None:
+            self.send(msg)  # replaces one queued while disconnected, whose in_s is stale
 
-    # ---- GPU events -------------------------------------------------------------
+    # ---- GPU events and notices -------------------------------------------------
 
     async def _watch_gpus(self) -> None:
         """The driver's critical events, where there is a driver and a GPU."""
@@ -320,6 +334,19 @@ class Agent:
             logger.exception("watching NVML events failed to start; heartbeats go on without")
             return
         self.gpuwatch = watch
+
+    async def _notice_loop(self) -> None:
+        notices, every = self.notices, self.cfg.notice.poll_interval_s
+        logger.info("asking %s for a notice every %g s", notices.describe(), every)
+        while True:
+            try:
+                found = await asyncio.to_thread(notices.check)
+                msg = notices.update(found)
+                if msg is not None:
+                    self.send(msg)
+            except Exception:  # noqa: BLE001 - the next round asks again
+                logger.exception("checking %s for a notice failed", notices.describe())
+            await asyncio.sleep(every)
 
     async def on_shard_event(self, msg) -> None:
         """The supervisor's shard_status and fetch_progress, passed on as they come."""

@@ -260,6 +260,52 @@ class FetchConfig(BaseModel):
         return value
 
 
+class NoticeConfig(BaseModel):
+    """Where this node hears it is going away (agentd/notice.py, docs/agent.md "Notices")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # aws, gcp, azure (the cloud's metadata service) or file; empty: none.
+    source: str = ""
+    # The metadata service's base URL (http://host[:port]) instead of the cloud's
+    # own: a proxy, or a stand-in in tests. The paths asked are the cloud's.
+    url: str = ""
+    # For source file: the file whose content (seconds, or {"in_s": N, "reason": ...})
+    # counted from its modification time is the deadline.
+    file: Path | None = None
+    # How often the source is asked (AWS recommends every 5 s).
+    poll_interval_s: Annotated[float, Field(gt=0, le=300)] = 5.0
+    # How long one request to the metadata service may take.
+    timeout_s: Annotated[float, Field(gt=0, le=30)] = 2.0
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        from agentd.notice import NAMES
+
+        if value and value not in NAMES:
+            raise ValueError(f"unknown source {value!r} (known: {', '.join(NAMES)})")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if value and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError(f"must be an http(s):// URL of a metadata service (got {value!r})")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _file(self) -> NoticeConfig:
+        if self.source == "file" and self.file is None:
+            raise ValueError("file: source file needs the file to watch")
+        if self.file is not None and self.source != "file":
+            raise ValueError("file: only means something with source file")
+        if self.url and self.source in ("", "file"):
+            raise ValueError("url: only means something with source aws, gcp or azure")
+        return self
+
+
 def check_control_plane_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("ws", "wss"):
@@ -306,6 +352,7 @@ class Config(BaseModel):
     # fabric instead, for sites whose subnet managers all use the default prefix.
     fabric_name: str = ""
     gpu_checks: GPUChecks = GPUChecks()
+    notice: NoticeConfig = NoticeConfig()
 
     @field_validator("control_plane_url")
     @classmethod
