@@ -31,6 +31,7 @@ class _Waiter:
     future: asyncio.Future
     key_id: int
     seq: int  # arrival order, for first come first served
+    handed: bool = False  # woken with a slot, not yet back on its way (Queue.handed)
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Queue:
     clock: dict[int, float] = field(default_factory=dict)  # each key's virtual time
     now: float = 0.0  # the virtual time of the last request given a slot
     size: int = 0
+    # Waiters woken with a slot that have not run yet: the slot is theirs, though the
+    # replica's count does not show it until they run (a batch line must not take it).
+    handed: int = 0
 
     def join(self, key_id: int, seq: int, again: bool = False) -> _Waiter:
         """``again``: woken, but the slot was taken first; it keeps its place."""
@@ -84,6 +88,8 @@ class Queue:
         self.clock[key_id] += 1.0 / weight
         if not waiter.future.done():
             waiter.future.set_result(None)
+            waiter.handed = True
+            self.handed += 1
 
 
 class FairShare:
@@ -131,6 +137,9 @@ class FairShare:
         except asyncio.CancelledError:
             queue.leave(waiter)
             raise
+        finally:
+            if waiter.handed:
+                queue.handed -= 1
 
     def started(self, key) -> None:
         if key is not None:

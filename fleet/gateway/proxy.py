@@ -386,8 +386,8 @@ def batch_refusal(gw, route: table.Route, up: table.Upstream) -> str:
     one request at a time) gets one line at a time, so an interactive request that
     arrives waits behind one line at most, not a batch's worth."""
     queue = gw.fair.queues.get(route.name)
-    if queue is not None and queue.size:
-        return f"{queue.size} interactive request(s) waiting"
+    if queue is not None and (queue.size or queue.handed):
+        return f"{queue.size + queue.handed} interactive request(s) waiting"
     if up.outstanding >= gw.limits.max_outstanding:
         return f"its replicas have {gw.limits.max_outstanding} requests in flight each"
     if up.engine_waiting:
