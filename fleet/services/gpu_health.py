@@ -14,6 +14,9 @@ Degraded: nothing new is placed on it; what runs there stays. Failed: its
 replicas are moved away too, the way an operator's drain of one replica moves
 them (a replacement first, in-flight requests finish, at most
 ``LLMGW_GPU_DRAIN_WAIT_S`` for the replacement), and it stays out until cleared.
+A fault is acted on as its XID's row in the table says: ``fail`` fails the GPU;
+``drain`` (a contained ECC error: the engine that met it must restart) leaves
+it degraded and moves what runs there, so the engine restarts on another GPU.
 
 The mass-failure brake: within ``LLMGW_GPU_BRAKE_WINDOW_S``, at most
 ``LLMGW_GPU_FAILURE_BRAKE`` of the fleet's GPUs (at least one) are drained for
@@ -228,8 +231,10 @@ def step(status: FleetStatus, now: datetime) -> Faults:
     """Release failed GPUs to be drained, at most the brake's bound; set or lift the
     brake on ``status`` (saved by the pass). Called inside the pass's transaction."""
     conf = fleet_settings()
+    # A fault of either kind moves what runs there; a degraded GPU's problems or
+    # slowdowns alone do not.
     failed = list(
-        GPU.objects.filter(health=GPUHealth.FAILED).order_by("fault_at", "node_id", "index")
+        GPU.objects.exclude(fault=GPUHealth.HEALTHY).order_by("fault_at", "node_id", "index")
     )
     held = [g for g in failed if g.drained_at is None]
     if held:
@@ -247,7 +252,7 @@ def step(status: FleetStatus, now: datetime) -> Faults:
                 kind=EventKind.GPU,
                 model_name="",
                 node_id=g.node_id,
-                reason=f"GPU {g} failed ({g.health_reason}): its replicas move elsewhere, "
+                reason=f"GPU {g} {g.fault} ({g.fault_reason}): its replicas move elsewhere, "
                 "replacements first",
             )
             logger.warning(
@@ -258,7 +263,7 @@ def step(status: FleetStatus, now: datetime) -> Faults:
         held = held[room:]
         if held and not status.gpu_brake:
             status.gpu_brake = (
-                f"{len(failed)} of {total} GPUs failed; at most {bound} are drained in "
+                f"{len(failed)} of {total} GPUs faulted; at most {bound} are drained in "
                 f"{conf.gpu_brake_window_s:g} s (LLMGW_GPU_FAILURE_BRAKE "
                 f"{conf.gpu_failure_brake:g}): that many at once is likelier a driver or "
                 f"firmware fault, so the replicas of {len(held)} stay where they are. "

@@ -95,16 +95,30 @@ def test_a_failed_gpu_stays_out_of_placement_until_an_operator_clears_it():
     assert g.xids == {"48": 1}  # the count is history, not a fault
 
 
+def test_a_contained_ecc_error_degrades_the_gpu_and_moves_what_ran_there():
+    model, clock = serving()
+    [old] = running(model)
+    node_id, index = gpu_of(old)
+
+    events(node_id, (index, "xid", 94))
+    clock.pass_()
+
+    g = gpu(node_id, index)
+    assert (g.health, g.health_reason) == ("degraded", "XID 94: Contained ECC error")
+    [new] = [s for s in running(model) if s.pk != old.pk]
+    assert gpu_of(new) != (node_id, index)
+
+
 def test_a_degraded_gpu_is_cordoned_and_what_runs_there_stays():
     model, clock = serving()
     [old] = running(model)
     node_id, index = gpu_of(old)
 
-    events(node_id, (index, "xid", 94), slowdowns=[(index, ["HW Thermal Slowdown"])])
+    events(node_id, slowdowns=[(index, ["HW Thermal Slowdown"])])
     clock.pass_()
 
     g = gpu(node_id, index)
-    assert (g.health, g.health_reason) == ("degraded", "XID 94: Contained ECC error")
+    assert (g.health, g.health_reason) == ("degraded", "clocks slowed: HW Thermal Slowdown")
     assert [s.pk for s in running(model)] == [old.pk]
     # nothing new goes there: a second replica lands elsewhere
     model.desired_replicas = 2
@@ -154,7 +168,7 @@ def test_a_burst_of_failures_drains_at_most_the_brakes_bound():
     drained = GPU.objects.filter(health="failed", drained_at__isnull=False).count()
     assert drained == bound
     status = FleetStatus.objects.get(pk=1)
-    assert status.gpu_brake.startswith(f"13 of 32 GPUs failed; at most {bound} are drained")
+    assert status.gpu_brake.startswith(f"13 of 32 GPUs faulted; at most {bound} are drained")
     moved = [k for k in failing if desired(k[0]).get(busy[k].pk) == "running"]
     assert len(moved) == 13  # nothing stopped yet: only replacements started
     replacements = len(running(model)) - 24
