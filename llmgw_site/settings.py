@@ -384,6 +384,8 @@ SPECTACULAR_SETTINGS = {
     # A request body's own components (ModelRequest, PatchedModelRequest): without
     # read-only fields, and with the rules (minLength...) that only writing has.
     "COMPONENT_SPLIT_REQUEST": True,
+    # One name for a choice set two fields share (a GPU's health and its fault).
+    "ENUM_NAME_OVERRIDES": {"GPUHealthEnum": "fleet.models.choices.GPUHealth"},
     # After the enum hook, ours: every operation's error statuses and their bodies.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

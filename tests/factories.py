@@ -118,6 +118,22 @@ def add_node(
     return inventory.register_node(protocol.parse_agent_message(msg))
 
 
+def report_gpu_events(node_id, *found, slowdowns=()):
+    """The node's agent reports these ``(gpu_index, kind, xid)`` events ("xid" with its
+    number, "double_bit_ecc" with None), as its socket hands them on."""
+    from fleet.services import gpu_health
+
+    msg = protocol.parse_agent_message(
+        {
+            "type": "gpu_events",
+            "v": 1,
+            "events": [{"gpu_index": i, "kind": k, "xid": x} for i, k, x in found],
+            "slowdowns": [{"gpu_index": i, "reasons": r} for i, r in slowdowns],
+        }
+    )
+    gpu_health.apply_gpu_events(node_id, msg)
+
+
 def report_load(node_id, *, cpu_percent=37.5, age=timedelta(0), shards=()):
     """A heartbeat carrying load, applied as if it arrived ``age`` ago."""
     hb = protocol.parse_agent_message(

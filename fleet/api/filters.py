@@ -14,6 +14,7 @@ from django import forms
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import Q
 from drf_spectacular.utils import extend_schema_field
 
 from fleet.models import (
@@ -21,6 +22,7 @@ from fleet.models import (
     Adapter,
     EngineProfile,
     Event,
+    GPUHealth,
     LocalWeights,
     Model,
     Node,
@@ -140,17 +142,22 @@ class NodeFilterSet(FilterSet):
 
 class GPUFilterSet(FilterSet):
     node = django_filters.CharFilter(field_name="node_id", label="The node's id.")
-    healthy = BooleanFilter(method="filter_healthy", label="Has no problems.")
+    healthy = BooleanFilter(method="filter_healthy", label="Has no problems and is healthy.")
+    health__in = choice_in("health", GPUHealth.choices)
 
     class Meta:
         model = GPU
         fields = {
+            "index": ["exact"],
             "name": ["exact", "icontains"],
             "uuid": ["exact"],
+            "health": ["exact"],
         }
 
     def filter_healthy(self, queryset, name, value):
-        return queryset.filter(problems=[]) if value else queryset.exclude(problems=[])
+        # What placement takes (fleet.services.snapshot): no problem and health healthy.
+        usable = Q(problems=[], health=GPUHealth.HEALTHY)
+        return queryset.filter(usable) if value else queryset.exclude(usable)
 
 
 class ModelFilterSet(FilterSet):
@@ -161,6 +168,7 @@ class ModelFilterSet(FilterSet):
 
 class EventFilterSet(FilterSet):
     model = IdFilter(field_name="model_id", label="The model's id.")
+    node = django_filters.CharFilter(field_name="node_id", label="The node it concerns.")
 
     class Meta:
         model = Event

@@ -8,6 +8,7 @@ from copy import copy
 
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -16,6 +17,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.settings import api_settings
 
+from agentd.protocol import NOTICE_MAX_S
 from fleet.models import (
     GPU,
     Adapter,
@@ -25,6 +27,7 @@ from fleet.models import (
     EngineProfile,
     Event,
     FabricAttachment,
+    GPUHealth,
     Model,
     Node,
     NodeLoad,
@@ -152,7 +155,9 @@ def _field_errors(exc: DjangoValidationError) -> dict:
 
 
 class GPUSerializer(serializers.ModelSerializer):
-    healthy = serializers.BooleanField(read_only=True)
+    healthy = serializers.SerializerMethodField(
+        help_text="No problems and health healthy: placement takes it."
+    )
 
     class Meta:
         model = GPU
@@ -174,8 +179,21 @@ class GPUSerializer(serializers.ModelSerializer):
             "temperature_c",
             "problems",
             "healthy",
+            "health",
+            "health_reason",
+            "fault",
+            "fault_reason",
+            "fault_at",
+            "slowdowns",
+            "xids",
+            "drained_at",
         )
         read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_healthy(self, obj) -> bool:
+        # What placement takes (fleet.services.snapshot): no problem, and healthy.
+        return obj.healthy and obj.health == GPUHealth.HEALTHY
 
 
 class FabricSerializer(serializers.ModelSerializer):
@@ -231,6 +249,9 @@ class NodeSerializer(serializers.ModelSerializer):
             "state",
             "cordoned",
             "draining",
+            "notice_deadline",
+            "notice_source",
+            "notice_reason",
             "vllm_build",
             "connected",
             "last_seen",
@@ -439,6 +460,10 @@ class ModelSerializer(ValidatedModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(
+        source="node_id", read_only=True, help_text="The node it concerns; empty if none."
+    )
+
     class Meta:
         model = Event
         fields = (
@@ -447,6 +472,7 @@ class EventSerializer(serializers.ModelSerializer):
             "kind",
             "model",
             "model_name",
+            "node",
             "direction",
             "from_replicas",
             "to_replicas",
@@ -760,6 +786,52 @@ class CanaryWhySerializer(serializers.Serializer):
 class CanaryDoneSerializer(serializers.Serializer):
     detail = serializers.CharField()
     model = ModelSerializer()
+
+
+# Free text that says something: the schema's pattern, so blanks are refused as it says.
+SAYS_SOMETHING = r"\S"
+
+
+class GPUClearSerializer(serializers.Serializer):
+    reason = StrictCharField(
+        max_length=255,
+        validators=[
+            RegexValidator(
+                SAYS_SOMETHING, "say why the GPU is fine again: the audit trail keeps it"
+            )
+        ],
+        help_text="Why it is fine again (reset, swapped, the driver's fault): the audit "
+        "trail and the event keep it.",
+    )
+
+
+class GPUClearedSerializer(serializers.Serializer):
+    changed = serializers.BooleanField(help_text="False when it had no fault to clear.")
+    detail = serializers.CharField(help_text="What was cleared and its health now.")
+    gpu = GPUSerializer()
+
+
+class NodeNoticeSerializer(serializers.Serializer):
+    in_s = StrictFloatField(
+        min_value=0,
+        max_value=NOTICE_MAX_S,
+        help_text="Seconds until the node goes away, from now.",
+        error_messages={
+            "min_value": f"a notice is 0 to {NOTICE_MAX_S} s ahead, not in the past",
+            "max_value": f"a notice is 0 to {NOTICE_MAX_S} s (a week) ahead, not more",
+        },
+    )
+    reason = StrictCharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        help_text="Said on the node page and in the event, e.g. 'spot reclaim'.",
+    )
+
+
+class NoticeGivenSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="What happens, or the notice it had already.")
+    node = NodeSerializer()
 
 
 class EvictedSerializer(serializers.Serializer):

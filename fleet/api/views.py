@@ -38,7 +38,15 @@ from fleet.models import (
     Team,
     WantedEngine,
 )
-from fleet.services import access, api_keys, catalog, node_logs, permissions, snapshot
+from fleet.services import (
+    access,
+    api_keys,
+    catalog,
+    gpu_health,
+    node_logs,
+    permissions,
+    snapshot,
+)
 from fleet.services import canary as canary_service
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
@@ -139,7 +147,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     # The node each answers with needs view_node (fleet.services.permissions).
     action_permissions = {
         n: ["fleet.view_node", *permissions.needs(f"node.{n}")]
-        for n in ("cordon", "drain", "uncordon", "revoke", "vllm_build")
+        for n in ("cordon", "drain", "uncordon", "revoke", "vllm_build", "notice")
     }
 
     def _intent(self, request, change):
@@ -246,6 +254,30 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = self.get_queryset().get(pk=node.pk)
         return Response(self.get_serializer(node).data)
 
+    @extend_schema(
+        request=serializers.NodeNoticeSerializer,
+        responses=serializers.NoticeGivenSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def notice(self, request, pk=None):
+        """The node goes away in ``in_s`` seconds: it drains now, replacements first, and
+        what is left ``LLMGW_NOTICE_DRAIN_S`` before then drains anyway. An earlier notice
+        stands against a later one (docs/operations.md, "GPU faults and notices")."""
+        node = self.get_object()
+        body = serializers.NodeNoticeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        given = body.validated_data
+        try:
+            text = gpu_health.give_notice(
+                node, given["in_s"], "operator", given.get("reason", ""), request.user
+            )
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        except ValueError as exc:
+            raise ValidationError({"in_s": [str(exc)]}) from None
+        node = self.get_queryset().get(pk=node.pk)
+        return Response({"detail": text, "node": self.get_serializer(node).data})
+
 
 class WantedEngineViewSet(viewsets.ModelViewSet):
     """Engines every node installs, at a version (docs/engines.md). Nodes hear of a change
@@ -257,13 +289,35 @@ class WantedEngineViewSet(viewsets.ModelViewSet):
 
 
 class GPUViewSet(viewsets.ReadOnlyModelViewSet):
-    """Every GPU in the fleet, as NVML reports it."""
+    """Every GPU in the fleet, as NVML reports it, with its health (docs/operations.md,
+    "GPU faults and notices")."""
 
     queryset = GPU.objects.all()
     serializer_class = serializers.GPUSerializer
     filterset_class = filters.GPUFilterSet
     search_fields = ("uuid", "name", "node__id", "pci_bus_id")
     ordering_fields = ("node", "index", "memory_used_mb")
+    action_permissions = {"clear": ["fleet.view_gpu", *permissions.needs("gpu.clear")]}
+
+    @extend_schema(
+        request=serializers.GPUClearSerializer, responses=serializers.GPUClearedSerializer
+    )
+    @action(detail=True, methods=["post"])
+    def clear(self, request, pk=None):
+        """Clear the GPU's fault (it was reset or swapped, or the fault was the driver's):
+        it may be placed on again. What the agent reads on it now (problems, slowdowns)
+        stays. Idempotent: a GPU without a fault answers ``changed: false``."""
+        gpu = self.get_object()
+        body = serializers.GPUClearSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            changed, text = gpu_health.clear(gpu, request.user, body.validated_data["reason"])
+        except permissions.Refused as exc:
+            raise PermissionDenied(str(exc)) from None
+        except ValueError as exc:
+            raise ValidationError({"reason": [str(exc)]}) from None
+        gpu = self.get_queryset().get(pk=gpu.pk)
+        return Response({"changed": changed, "detail": text, "gpu": self.get_serializer(gpu).data})
 
 
 class ProtectedDeleteMixin:
