@@ -250,12 +250,36 @@ def _node(api: Api, args, out):
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         out.write(f"{k.ljust(width)}  {v}\n")
+    if node.get("notice_deadline"):
+        said = node.get("notice_source") or "-"
+        if node.get("notice_reason"):
+            said += f": {node['notice_reason']}"
+        out.write(f"{'notice'.ljust(width)}  goes away at {node['notice_deadline']} ({said})\n")
     for gpu in node.get("gpus") or []:
+        health = gpu.get("health") or "healthy"
+        if gpu.get("health_reason"):
+            health += f" ({gpu['health_reason']})"
+        xids = ", ".join(f"{k}×{v}" for k, v in sorted((gpu.get("xids") or {}).items()))
         out.write(
             f"gpu {gpu.get('index')}: {gpu.get('name')}, "
-            f"{gpu.get('memory_used_mb', '-')}/{gpu.get('memory_total_mb', '-')} MB\n"
+            f"{gpu.get('memory_used_mb', '-')}/{gpu.get('memory_total_mb', '-')} MB, {health}"
+            + (f", XIDs {xids}" if xids else "")
+            + "\n"
         )
     return None
+
+
+def _node_or_notice(api: Api, args, out):
+    """``llmgw node NODE``, or ``llmgw node notice NODE --in TIME``."""
+    if args.node == "notice" and args.notice_node:
+        if args.in_ is None:
+            raise Failure("node notice: say when it goes away: --in 120s (or 2m, 120)", EXIT_USAGE)
+        return _node_notice(api, args, out)
+    if args.notice_node or args.in_ is not None or args.reason:
+        raise Failure(
+            "node: --in and --reason are for 'llmgw node notice NODE --in TIME'", EXIT_USAGE
+        )
+    return _node(api, args, out)
 
 
 def _install_text(i: dict) -> str:
@@ -514,6 +538,46 @@ def _canary(api: Api, args, out):
     return None
 
 
+def _node_notice(api: Api, args, out):
+    """``llmgw node notice gpu-07 --in 2m --reason "spot reclaim"``."""
+    try:
+        in_s = notice_seconds(args.in_)
+    except ValueError as exc:
+        raise Failure(str(exc), EXIT_USAGE) from None
+    body = {"in_s": in_s, **({"reason": args.reason} if args.reason else {})}
+    result = api.call("POST", f"nodes/{_quote(args.notice_node)}/notice/", body)
+    if args.json:
+        return result
+    out.write(result["detail"] + "\n")
+    return None
+
+
+def gpu_name(name: str) -> tuple[str, int]:
+    """'gpu-07/3' (or 'gpu-07/gpu3', as pages print it) -> ('gpu-07', 3)."""
+    node, _, index = name.rpartition("/")
+    index = index.removeprefix("gpu")
+    if not node or not index.isdigit():
+        raise Failure(f"'{name}' is not a GPU: name it NODE/INDEX, like gpu-07/3", EXIT_USAGE)
+    return node, int(index)
+
+
+def _gpu(api: Api, args, out):
+    """``llmgw gpu clear gpu-07/3 --reason "reset, ran dcgmi diag -r 3 clean"``."""
+    if not args.reason.strip():
+        raise Failure(
+            "say why the GPU is fine again (--reason): the audit trail keeps it", EXIT_USAGE
+        )
+    node, index = gpu_name(args.gpu)
+    found = _all_pages(api, f"gpus/?node={_quote(node)}&index={index}")
+    if not found:
+        raise Failure(f"no GPU {index} on node '{node}'", EXIT_REFUSED)
+    result = api.call("POST", f"gpus/{found[0]['id']}/clear/", {"reason": args.reason})
+    if args.json:
+        return result
+    out.write(result["detail"] + "\n")
+    return None
+
+
 def _intent_text(node: dict) -> str:
     if node.get("draining"):
         return "draining (cordoned; its replicas move elsewhere)"
@@ -653,6 +717,20 @@ def _ago(text: str) -> str:
     return text
 
 
+def notice_seconds(text: str) -> float:
+    """A notice's time ahead: '120' (seconds), '120s', '2m', '1h'. ValueError naming it.
+    ``manage.py notice`` reads ``--in`` with this too."""
+    given = str(text).strip().lower()
+    number, unit = (given[:-1], given[-1]) if given[-1:] in _UNITS_S else (given, "s")
+    try:
+        seconds = float(number.strip()) * _UNITS_S[unit]
+    except ValueError:
+        seconds = -1.0
+    if not number.strip() or not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"--in '{text}' is not a time ahead: give seconds (120) or 120s, 2m, 1h")
+    return seconds
+
+
 def _change(field: str, said) -> str:
     """One field's change: 'before → after', or for a many-to-many 'add: a, b'."""
     if isinstance(said, dict):  # {"type": "m2m", "operation": "add", "objects": [...]}
@@ -714,8 +792,29 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("nodes", help="The node table: state, CPU, memory, GPUs, engines, shards.")
-    n = sub.add_parser("node", help="One node in full.")
-    n.add_argument("node")
+    n = sub.add_parser(
+        "node",
+        help="One node in full; or 'node notice NODE --in 2m': NODE goes away then.",
+        usage="llmgw node NODE\n       llmgw node notice NODE --in TIME [--reason TEXT]",
+        description="Show NODE; or say NODE goes away in TIME: it drains now, "
+        "replacements first (docs/operations.md, 'GPU faults and notices').",
+    )
+    n.add_argument("node", metavar="NODE")
+    n.add_argument("notice_node", nargs="?", metavar="NODE", help=argparse.SUPPRESS)
+    n.add_argument("--in", dest="in_", metavar="TIME", help="notice: 120, 120s, 2m or 1h.")
+    n.add_argument(
+        "--reason", default="", metavar="TEXT", help="notice: said on the node page and the event."
+    )
+    gp = sub.add_parser(
+        "gpu",
+        help="Clear a GPU's fault, with a reason: placed on again.",
+        usage="llmgw gpu clear NODE/INDEX --reason TEXT",
+    )
+    gp.add_argument("verb", choices=["clear"])
+    gp.add_argument("gpu", metavar="NODE/INDEX", help="Like gpu-07/3.")
+    gp.add_argument(
+        "--reason", required=True, metavar="TEXT", help="Why it is fine again (kept in the audit)."
+    )
     sub.add_parser("models", help="The catalog's models.")
     sub.add_parser("teams", help="Teams: members, and what they hold against their quotas.")
     sub.add_parser("adapters", help="LoRA adapters, their models and where they are loaded.")
@@ -807,7 +906,8 @@ def _parser() -> argparse.ArgumentParser:
 
 COMMANDS = {
     "nodes": _nodes,
-    "node": _node,
+    "node": _node_or_notice,
+    "gpu": _gpu,
     "models": _models,
     "teams": _teams,
     "adapters": _adapters,

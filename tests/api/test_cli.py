@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from agentd import ctl
-from fleet.models import ApiKey, JoinToken, Model, Node
+from fleet.models import GPU, ApiKey, JoinToken, Model, Node
 from fleet.services import api_keys
 from tests.consumer.test_live_agent_socket import connect, enrol, recv
 from tests.factories import (
@@ -25,7 +25,9 @@ from tests.factories import (
     manage_key,
     operator,
     register_msg,
+    report_gpu_events,
     report_load,
+    staff_user,
 )
 from tests.processes import ROOT, free_port
 
@@ -205,6 +207,68 @@ def test_cordon_uncordon_and_drain_change_the_node(cli):
     assert out.splitlines() == ["gpu-01: drained, nothing runs there", "gpu-01: " + (
         "draining (cordoned; its replicas move elsewhere)")]  # fmt: skip
     assert Node.objects.get(pk="gpu-01").draining
+
+
+def test_gpu_clear_clears_a_fault_with_its_reason_and_node_shows_health(cli):
+    add_node("gpu-01")
+    report_gpu_events("gpu-01", (3, "xid", 79), (5, "xid", 13))
+
+    status, out, _ = cli("node", "gpu-01")
+    assert status == 0
+    assert "gpu 3: NVIDIA H100 80GB HBM3, 0/81559 MB, failed (XID 79: GPU has fallen off " in out
+    assert "gpu 5: NVIDIA H100 80GB HBM3, 0/81559 MB, healthy, XIDs 13×1\n" in out
+
+    # no reason, or not a GPU: usage, nothing sent
+    assert cli("gpu", "clear", "gpu-01/3", "--reason", " ")[0] == ctl.EXIT_USAGE
+    status, _, err = cli("gpu", "clear", "gpu-01", "--reason", "x")
+    assert status == ctl.EXIT_USAGE and "name it NODE/INDEX, like gpu-07/3" in err
+    status, _, err = cli("gpu", "clear", "gpu-01/9", "--reason", "x")
+    assert (status, err) == (ctl.EXIT_REFUSED, "llmgw gpu: no GPU 9 on node 'gpu-01'\n")
+    assert GPU.objects.get(node_id="gpu-01", index=3).fault == "failed"
+
+    status, out, err = cli("gpu", "clear", "gpu-01/gpu3", "--reason", "reseated")
+
+    assert (status, err) == (0, "")
+    assert out == "GPU gpu-01/gpu3 cleared by user 'ops': reseated; it is healthy now\n"
+    assert GPU.objects.get(node_id="gpu-01", index=3).health == "healthy"
+
+
+def test_gpu_clear_without_the_permission_is_exit_3(cli, monkeypatch):
+    add_node("gpu-01")
+    report_gpu_events("gpu-01", (3, "xid", 79))
+    viewer = grant(staff_user("viewer"), "fleet.view_gpu", "fleet.view_node")
+    _, secret = manage_key(user=viewer)
+    monkeypatch.setenv("LLMGW_API_KEY", secret)
+
+    status, _, err = cli("gpu", "clear", "gpu-01/3", "--reason", "reset")
+
+    assert status == ctl.EXIT_AUTH and "the key's user may not do this" in err
+    assert GPU.objects.get(node_id="gpu-01", index=3).fault == "failed"
+
+
+def test_node_notice_drains_the_node_and_node_shows_the_notice(cli):
+    add_node("gpu-01")
+
+    status, _, err = cli("node", "notice", "gpu-01", "--in", "soon")
+    assert status == ctl.EXIT_USAGE and "--in 'soon' is not a time ahead" in err
+    status, _, err = cli("node", "notice", "gpu-01")
+    assert status == ctl.EXIT_USAGE and "--in 120s" in err
+    status, _, err = cli("node", "notice", "gpu-01", "--in", "8d")
+    assert status == ctl.EXIT_REFUSED and "a notice is 0 to 604800 s (a week) ahead" in err
+    assert Node.objects.get(pk="gpu-01").notice_deadline is None
+
+    status, out, err = cli("node", "notice", "gpu-01", "--in", "2m", "--reason", "spot reclaim")
+
+    assert (status, err) == (0, "")
+    assert out == (
+        "node gpu-01 goes away in 120 s (operator: spot reclaim, said by user 'ops'): "
+        "draining it now, replacements first\n"
+    )
+    node = Node.objects.get(pk="gpu-01")
+    assert node.draining and node.notice_reason == "spot reclaim"
+    status, out, _ = cli("node", "gpu-01")
+    assert status == 0 and "(operator: spot reclaim)" in out and "\nnotice " in out
+    assert cli("node", "gpu-01", "--in", "2m")[0] == ctl.EXIT_USAGE
 
 
 def test_revoke_asks_for_yes_then_revokes(cli):
