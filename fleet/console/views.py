@@ -173,6 +173,7 @@ def node(request, node_id: str):
             log_lines=LOG_LINES,
             actions=_allowed(request.user),
             weights_perm=WEIGHTS,
+            may_clear_gpus=permissions.allowed(request.user, "gpu.clear"),
         ),
     )
 
@@ -180,7 +181,11 @@ def node(request, node_id: str):
 @fragment(NODES)
 @require_GET
 def node_fragment(request, node_id: str):
-    context = {"d": _detail(request, node_id), "weights_perm": WEIGHTS}
+    context = {
+        "d": _detail(request, node_id),
+        "weights_perm": WEIGHTS,
+        "may_clear_gpus": permissions.allowed(request.user, "gpu.clear"),
+    }
     return render(request, "console/_node_body.html", context)
 
 

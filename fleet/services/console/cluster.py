@@ -16,6 +16,7 @@ from fleet.models import (
     GPU,
     SHARD_FINISHED,
     EngineInstall,
+    GPUHealth,
     Model,
     Node,
     NodeState,
@@ -50,6 +51,8 @@ class Totals:
     gpus_free: int
     gpus_with_problems: int
     replicas_by_state: dict[str, int]
+    # healthy, degraded, failed -> how many (docs/operations.md, "GPU faults and notices").
+    gpus_by_health: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -278,7 +281,12 @@ def totals(holders: dict[str, list[tuple]] | None = None) -> Totals:
         draining=Count("id", filter=Q(draining=True)),
         **{s: Count("id", filter=Q(state=s)) for s in NodeState.values},
     )
-    g = GPU.objects.aggregate(total=Count("id"), sick=Count("id", filter=~Q(problems=[])))
+    # Not free: a problem, or health other than healthy (placement takes neither).
+    g = GPU.objects.aggregate(
+        total=Count("id"),
+        sick=Count("id", filter=~Q(problems=[]) | ~Q(health=GPUHealth.HEALTHY)),
+        **{h: Count("id", filter=Q(health=h)) for h in GPUHealth.values},
+    )
     # A GPU is used while a shard that is not finished holds it, whole or a share of it;
     # one asleep gave its GPU memory back (fleet.services.snapshot counts it so too).
     used = set()
@@ -300,6 +308,7 @@ def totals(holders: dict[str, list[tuple]] | None = None) -> Totals:
         gpus_free=max(0, g["total"] - len(used) - g["sick"]),
         gpus_with_problems=g["sick"],
         replicas_by_state={s: by_state.get(s, 0) for s in ReplicaState.values},
+        gpus_by_health={h: g[h] for h in GPUHealth.values},
     )
 
 

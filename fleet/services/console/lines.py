@@ -7,7 +7,7 @@ than a minute ago) has no width and reads "-".
 from dataclasses import dataclass
 from datetime import datetime
 
-from fleet.models import GPU, Node, ShardState
+from fleet.models import GPU, GPUHealth, Node, ShardState
 
 from .. import nodes
 from ..autoscaler.status import asleep_text
@@ -61,6 +61,12 @@ def gpu_bar(gpu: GPU) -> Bar:
     )
 
 
+def xids_text(xids: dict | None) -> str:
+    """'79×1, 94×2': how many of each XID a GPU reported, by number; '' for none."""
+    counts = sorted((int(k), v) for k, v in (xids or {}).items() if str(k).isdigit())
+    return ", ".join(f"{k}×{v}" for k, v in counts)
+
+
 @dataclass
 class GPULine:
     index: int
@@ -70,6 +76,12 @@ class GPULine:
     temperature_c: int | None
     # The node page: the shards on it, and what shares of it are promised.
     use: str = ""
+    # docs/operations.md, "GPU faults and notices": healthy, degraded or failed, and why.
+    health: str = "healthy"
+    health_reason: str = ""
+    xids: str = ""  # xids_text
+    # A fault (or a drain for one) an operator may clear.
+    clearable: bool = False
 
 
 @dataclass
@@ -125,6 +137,7 @@ class NodeLine:
     fetch: str = ""  # the shards fetching weights there, summed
     vllm_build: str = "auto"  # the operators' choice (auto, cu13, cu129, cpu, none)
     shards_asleep: int = 0  # of shards_all: their engines sleep (docs/operations.md)
+    notice_deadline: datetime | None = None  # it goes away then (a notice)
 
 
 def _engines(node: Node) -> list[EngineLine]:
@@ -140,7 +153,20 @@ def _engines(node: Node) -> list[EngineLine]:
 
 
 def _gpu_lines(gpus) -> list[GPULine]:
-    return [GPULine(g.index, g.name, gpu_bar(g), list(g.problems), g.temperature_c) for g in gpus]
+    return [
+        GPULine(
+            g.index,
+            g.name,
+            gpu_bar(g),
+            list(g.problems),
+            g.temperature_c,
+            health=g.health,
+            health_reason=g.health_reason,
+            xids=xids_text(g.xids),
+            clearable=g.fault != GPUHealth.HEALTHY or g.drained_at is not None,
+        )
+        for g in gpus
+    ]
 
 
 def node_line(node: Node, now: datetime) -> NodeLine:
@@ -164,6 +190,7 @@ def node_line(node: Node, now: datetime) -> NodeLine:
         fetch=_node_fetch(node),
         vllm_build=node.vllm_build,
         shards_asleep=getattr(node, "asleep_count", 0),
+        notice_deadline=node.notice_deadline,
     )
 
 

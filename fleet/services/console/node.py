@@ -1,12 +1,21 @@
-"""One node's page: its figures now, its disks, weights, GPUs, engines and shards."""
+"""One node's page: its figures now, its disks, weights, GPUs (with their health), engines,
+shards, its notice of going away and its own events."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.models import SHARD_FINISHED, DesiredState, Node, Shard, ShardLoad, ShardState
+from fleet.models import (
+    SHARD_FINISHED,
+    DesiredState,
+    Event,
+    Node,
+    Shard,
+    ShardLoad,
+    ShardState,
+)
 
 from .. import nodes
 from ..snapshot import asleep_host_mb
@@ -81,6 +90,23 @@ def weights_lines(node_id: str) -> list[WeightsLine]:
     ]
 
 
+# A node's own events (GPU health, notices) shown on its page, newest first.
+EVENTS_SHOWN = 20
+
+
+@dataclass
+class EventLine:
+    at: datetime
+    kind: str
+    text: str
+
+
+def event_lines(node_id: str) -> list[EventLine]:
+    """The node's latest events (``Event.node_id``): one query."""
+    rows = Event.objects.filter(node_id=node_id).order_by("-created_at", "-id")[:EVENTS_SHOWN]
+    return [EventLine(e.created_at, e.kind, e.reason) for e in rows]
+
+
 @dataclass
 class NodeDetail:
     node: Node
@@ -96,6 +122,7 @@ class NodeDetail:
     weights: list[WeightsLine] | None = None  # None: not asked for (no permission to see them)
     # What its shards asleep hold: "2 shards asleep hold 32 GB of host memory"; "" for none.
     asleep: str = ""
+    events: list[EventLine] = field(default_factory=list)
 
 
 def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = False) -> NodeDetail:
@@ -179,6 +206,7 @@ def node_detail(node_id: str, now: datetime | None = None, *, weights: bool = Fa
         log_sources=[("agent", "the agent")] + [(s.id, f"{s.model} (shard {s.id})") for s in live],
         weights=weights_lines(node.pk) if weights else None,
         asleep=_asleep_total(asleep_count, asleep_mb),
+        events=event_lines(node.pk),
     )
 
 

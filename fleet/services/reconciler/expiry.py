@@ -237,7 +237,8 @@ def may_replace_now(status: FleetStatus, now: datetime) -> bool:
 
 
 def fleet_warnings(now: datetime | None = None) -> list[str]:
-    """What operators must know about the reconciler itself: replacement paused, or no passes."""
+    """What operators must know about the reconciler itself: replacement paused, the GPU
+    brake on (failed GPUs' replicas held where they are), or no passes."""
     now = now or timezone.now()
     status = FleetStatus.objects.filter(pk=1).first()
     if status is None or status.last_pass_at is None:
@@ -245,6 +246,8 @@ def fleet_warnings(now: datetime | None = None) -> list[str]:
     warnings = []
     if status.replacement_paused:
         warnings.append(f"replacement paused: {status.message}")
+    if status.gpu_brake:
+        warnings.append(f"GPU brake on: {status.gpu_brake}")
     idle = (now - status.last_pass_at).total_seconds()
     if idle > fleet_settings().outage_gap_s:
         warnings.append(
