@@ -299,13 +299,14 @@ class EventAdmin(admin.ModelAdmin):
         "created_at",
         "kind",
         "model_name",
+        "node_id",
         "direction",
         "from_replicas",
         "to_replicas",
         "reason",
     )
     list_filter = ("kind", "direction", "model_name")
-    search_fields = ("model_name", "reason")
+    search_fields = ("model_name", "node_id", "reason")
     date_hierarchy = "created_at"
 
     def has_add_permission(self, request):

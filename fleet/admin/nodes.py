@@ -6,7 +6,6 @@ from django.db.models import Count, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from fleet.models import (
-    GPU,
     EngineInstall,
     FabricAttachment,
     LocalWeights,
@@ -26,27 +25,10 @@ from fleet.services import nodes as node_service
 from fleet.services.units import gpu_use_text
 
 from .common import ReadOnlyAdmin, ReadOnlyTabularInline, count_message, human_bytes
+from .gpus import GPUInline, give_notice
 
 # What operators may change on a node; everything else is the agent's word.
 OPERATOR_FIELDS = ("cordoned", "draining", "operator_labels", "vllm_build")
-
-
-class GPUInline(ReadOnlyTabularInline):
-    model = GPU
-    fields = (
-        "index",
-        "name",
-        "uuid",
-        "memory_used_mb",
-        "memory_total_mb",
-        "numa_node",
-        "pci_bus_id",
-        "temperature_c",
-        "ecc_errors",
-        "nvlink_peers",
-        "problems",
-    )
-    readonly_fields = fields
 
 
 class ShardInline(ReadOnlyTabularInline):
@@ -165,6 +147,7 @@ class NodeAdmin(admin.ModelAdmin):
         "cordon_nodes",
         "drain_nodes",
         "uncordon_nodes",
+        give_notice,
         "revoke_credentials",
         "vllm_build_auto",
         "vllm_build_cu13",
@@ -212,6 +195,10 @@ class NodeAdmin(admin.ModelAdmin):
             },
         ),
         (
+            "Notice of going away",
+            {"fields": ("notice_deadline", "notice_source", "notice_reason")},
+        ),
+        (
             "Load",
             {
                 "fields": (
@@ -229,6 +216,9 @@ class NodeAdmin(admin.ModelAdmin):
     # The actions' permissions, from the one table every door asks (fleet.services.permissions).
     def has_drain_permission(self, request, obj=None):
         return permissions.allowed(request.user, "node.drain")
+
+    def has_notice_permission(self, request, obj=None):
+        return permissions.allowed(request.user, "node.notice")
 
     def has_revoke_permission(self, request, obj=None):
         return permissions.allowed(request.user, "node.revoke")
@@ -401,27 +391,6 @@ class NodeAdmin(admin.ModelAdmin):
             + "; these agents must enrol again with a new join token",
             messages.WARNING,
         )
-
-
-@admin.register(GPU)
-class GPUAdmin(ReadOnlyAdmin):
-    list_display = (
-        "__str__",
-        "name",
-        "memory_used_mb",
-        "memory_total_mb",
-        "temperature_c",
-        "ecc_errors",
-        "healthy",
-        "pci_bus_id",
-    )
-    list_filter = ("name", "driver_version", "cuda_version")
-    search_fields = ("node__id", "uuid", "name", "pci_bus_id")
-    list_select_related = ("node",)
-
-    @admin.display(boolean=True)
-    def healthy(self, obj):
-        return obj.healthy
 
 
 @admin.register(FabricAttachment)
