@@ -362,6 +362,27 @@ NODE_ACTION_PREPARE = {
 }
 
 
+def faulty_gpu(w, user):
+    """A GPU of the walk's node that failed (XID 79), for a clear to change."""
+    from fleet.models import GPU
+
+    reason = "XID 79: GPU has fallen off the bus"
+    return GPU.objects.create(
+        node=w.node, index=7, uuid=f"GPU-walk-{next(w.seq)}", name="NVIDIA H100",
+        memory_total_mb=81559, health="failed", health_reason=reason, fault="failed",
+        fault_reason=reason, fault_at=timezone.now(),
+    )  # fmt: skip
+
+
+def gpu_clear_form(url):
+    """The console's and the admin's clear: a form post with the reason."""
+
+    def go(w, user):
+        return client_of(user).post(url(w), {"reason": "reset; dcgmi diag passed"})
+
+    return go
+
+
 def own_key(w, user):
     key, _ = api_keys.create_api_key(f"own {next(w.seq)}", scope="manage", user=user)
     return key
@@ -802,6 +823,74 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk("fleet.change_localweights", go=api("post", "/api/v1/weights/cleanup/"))
     ],
     # ---- other URLs ----------------------------------------------------------------------
+    # ---- GPU faults and a node's notice (docs/operations.md) -------------------------------
+    "api:GPUViewSet.clear": [
+        walk(
+            "fleet.drain_node",
+            prepare=faulty_gpu,
+            go=api("post", lambda w: f"/api/v1/gpus/{w.prepared.pk}/clear/", {"reason": "reset"}),
+        )
+    ],
+    "api:NodeViewSet.notice": [
+        walk(
+            "fleet.drain_node",
+            go=api("post", lambda w: f"/api/v1/nodes/{w.node.pk}/notice/", {"in_s": 120}),
+        )
+    ],
+    "url:console:gpu-clear": [
+        walk(
+            "fleet.drain_node",
+            prepare=faulty_gpu,
+            go=gpu_clear_form(
+                lambda w: f"/admin/cluster/nodes/{w.node.pk}/gpus/{w.prepared.index}/clear/"
+            ),
+        )
+    ],
+    "admin:fleet.gpu:action:clear_faults": [
+        walk(
+            "fleet.drain_node",
+            prepare=faulty_gpu,
+            go=lambda w, user: client_of(user).post(
+                reverse("admin:fleet_gpu_changelist"),
+                {
+                    "action": "clear_faults",
+                    "_selected_action": [str(w.prepared.pk)],
+                    "index": "0",
+                    "reason": "reset",
+                },
+            ),  # fmt: skip
+        )
+    ],
+    "admin:fleet.node:action:give_notice": [
+        walk(
+            "fleet.drain_node",
+            go=lambda w, user: client_of(user).post(
+                reverse("admin:fleet_node_changelist"),
+                {
+                    "action": "give_notice",
+                    "_selected_action": [w.node.pk],
+                    "apply": "yes",
+                    "notice_in": "2m",
+                    "reason": "spot reclaim",
+                },
+            ),  # fmt: skip
+        )
+    ],
+    "command:gpu": [
+        walk(
+            "fleet.drain_node",
+            prepare=faulty_gpu,
+            go=command(
+                "gpu", "clear", lambda w: f"{w.node.pk}/{w.prepared.index}", "--reason", "reset"
+            ),
+        )
+    ],
+    "command:notice": [
+        walk(
+            "fleet.drain_node",
+            go=command("notice", lambda w: w.node.pk, "--in", "2m", "--no-input"),
+        )
+    ],
     "url:console:node-action": [
         walk(
             P + perm,
