@@ -5,14 +5,17 @@ names are the Go system's, so dashboards and alerts carry over. A sample more
 than a minute old is left out rather than repeated: a silent node must not
 look busy (or idle) forever. A node that never reported its memory has no
 ``llmgw_node_memory_bytes`` line: unknown is not zero. Beside them, whether
-each connected node keeps up with its desired set (``desired.not_keeping_up``).
+each connected node keeps up with its desired set (``desired.not_keeping_up``),
+and the fleet's GPUs by health with the XIDs they reported (``llmgw_gpu_health``,
+``llmgw_gpu_xid_total``).
 """
 
 import logging
 
 from django.db import DatabaseError
+from django.db.models import Count
 from django.utils import timezone
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import desired
 from .nodes import LOAD_MAX_AGE
@@ -76,6 +79,20 @@ def _families():
             "the desired one without progress; 0 when caught up.",
             labels=["node"],
         ),
+        # docs/operations.md, "GPU faults and notices".
+        "gpu_health": GaugeMetricFamily(
+            "llmgw_gpu_health",
+            "GPUs in the fleet by health: healthy, degraded (nothing new placed on "
+            "them) or failed (their replicas moved, held out until cleared).",
+            labels=["state"],
+        ),
+        # A counter: the fleet's GPUs' XID counts, summed at each scrape from the
+        # database. It goes down only when a GPU leaves the fleet (a reset, to Prometheus).
+        "xids": CounterMetricFamily(
+            "llmgw_gpu_xid",
+            "XID errors the fleet's GPUs reported, by XID number (agentd/xid.py).",
+            labels=["xid"],
+        ),
         "not_keeping_up": GaugeMetricFamily(
             "llmgw_node_not_keeping_up",
             "1 when a connected node has lagged its desired version for longer than "
@@ -86,8 +103,8 @@ def _families():
 
 
 def collect_fleet(now=None) -> list:
-    """The fleet gauges as metric families, in four queries whatever the fleet's size."""
-    from fleet.models import Node, NodeLoad, Shard, ShardLoad
+    """The fleet gauges as metric families, in six queries whatever the fleet's size."""
+    from fleet.models import GPU, GPUHealth, Node, NodeLoad, Shard, ShardLoad
 
     now = now or timezone.now()
     since = now - LOAD_MAX_AGE
@@ -103,6 +120,15 @@ def collect_fleet(now=None) -> list:
     ):
         f["lag"].add_metric([node_id], desired.lag_s(lag_since, now))
         f["not_keeping_up"].add_metric([node_id], int(desired.not_keeping_up(True, lag_since, now)))
+    by_health = dict(GPU.objects.values_list("health").annotate(n=Count("id")))
+    for state in GPUHealth.values:  # every state, 0 included: an alert needs the series
+        f["gpu_health"].add_metric([state], by_health.get(state, 0))
+    xids: dict[str, int] = {}
+    for counts in GPU.objects.exclude(xids={}).values_list("xids", flat=True):
+        for number, n in (counts or {}).items():
+            xids[str(number)] = xids.get(str(number), 0) + int(n)
+    for number, n in sorted(xids.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        f["xids"].add_metric([number], n)
     for load in NodeLoad.objects.filter(sampled_at__gte=since):
         node = load.node_id
         f["cpu"].add_metric([node], load.cpu_percent)

@@ -6,7 +6,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet import metrics
-from tests.factories import LLAMACPP_CPU, add_model, add_node, add_replica, report_load
+from tests.factories import (
+    LLAMACPP_CPU,
+    add_model,
+    add_node,
+    add_replica,
+    report_gpu_events,
+    report_load,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -66,3 +73,41 @@ def test_a_stale_sample_is_left_out_and_unknown_memory_is_not_zero():
     assert ("llmgw_node_memory_bytes", frozenset({("node", "cpu-01")})) not in got
     assert ("llmgw_node_memory_bytes", frozenset({("node", "gpu-01")})) in got
     assert not any(name.startswith("llmgw_shard_") for name, _ in got)
+
+
+def gpu_samples() -> dict:
+    """{(name, labels): value} of the GPU health and XID metrics, as Prometheus reads them."""
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name in ("llmgw_gpu_health", "llmgw_gpu_xid_total"):
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_gpus_are_counted_by_health_and_their_xids_summed_over_the_fleet():
+    # given no GPUs: every state is there, at 0 (an alert on failed > 0 needs the series)
+    assert gpu_samples() == {
+        ("llmgw_gpu_health", (("state", s),)): 0 for s in ("healthy", "degraded", "failed")
+    }
+
+    # given two nodes of 8 GPUs: one fell off the bus, one had a contained ECC error (94,
+    # degraded), and both nodes saw application faults (13, watched)
+    add_node("gpu-01")
+    add_node("gpu-02")
+    report_gpu_events("gpu-01", (0, "xid", 79), (1, "xid", 13), (1, "xid", 13))
+    report_gpu_events("gpu-02", (4, "xid", 94), (5, "xid", 13))
+
+    got = gpu_samples()
+
+    assert got == {
+        ("llmgw_gpu_health", (("state", "healthy"),)): 14,
+        ("llmgw_gpu_health", (("state", "degraded"),)): 1,
+        ("llmgw_gpu_health", (("state", "failed"),)): 1,
+        ("llmgw_gpu_xid_total", (("xid", "13"),)): 3,
+        ("llmgw_gpu_xid_total", (("xid", "79"),)): 1,
+        ("llmgw_gpu_xid_total", (("xid", "94"),)): 1,
+    }
+    families = {f.name: f.type for f in text_string_to_metric_families(metrics.render().decode())}
+    assert families["llmgw_gpu_health"] == "gauge"
+    assert families["llmgw_gpu_xid"] == "counter"  # exposed as llmgw_gpu_xid_total
