@@ -140,15 +140,22 @@ class NodeFilterSet(FilterSet):
         return queryset.filter(pk__in=ids)
 
 
+@extend_schema_field({"type": "integer", "minimum": 0, "maximum": 32767})
+class IndexFilter(django_filters.Filter):
+    """A GPU's index on its node: a whole number, or a 400 (not 0.5 read as 0)."""
+
+    field_class = forms.IntegerField
+
+
 class GPUFilterSet(FilterSet):
     node = django_filters.CharFilter(field_name="node_id", label="The node's id.")
+    index = IndexFilter(min_value=0, max_value=32767, label="Its index on the node.")
     healthy = BooleanFilter(method="filter_healthy", label="Has no problems and is healthy.")
     health__in = choice_in("health", GPUHealth.choices)
 
     class Meta:
         model = GPU
         fields = {
-            "index": ["exact"],
             "name": ["exact", "icontains"],
             "uuid": ["exact"],
             "health": ["exact"],

@@ -51,6 +51,7 @@ def test_a_gpus_health_and_xids_are_in_the_api_and_it_filters_by_health(api, fai
     assert api.get("/api/v1/gpus/?healthy=false").json()["count"] == 1
     assert api.get("/api/v1/gpus/?health__in=failed,degraded").json()["count"] == 1
     assert api.get("/api/v1/gpus/?health=broken").status_code == 400
+    assert api.get("/api/v1/gpus/?index=0.5").status_code == 400, "not read as 0"
     # the node carries its GPUs' health too
     node = api.get("/api/v1/nodes/gpu-01/").json()
     assert {g["index"]: g["health"] for g in node["gpus"]}[3] == "failed"
