@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='event',
             name='node_id',
-            field=models.CharField(blank=True, help_text='The node it concerns, if one.', max_length=63, verbose_name='node'),
+            field=models.CharField(blank=True, db_index=True, help_text='The node it concerns, if one.', max_length=63, verbose_name='node'),
         ),
         migrations.AddField(
             model_name='fleetstatus',

@@ -194,7 +194,8 @@ class GPU(models.Model):
 
     @property
     def healthy(self) -> bool:
-        return not self.problems
+        """Placement may use it: no problems, and neither degraded nor failed."""
+        return not self.problems and self.health == GPUHealth.HEALTHY
 
 
 class FabricAttachment(models.Model):

@@ -67,7 +67,11 @@ class Event(models.Model):
     )
     model_name = models.CharField(max_length=128)
     node_id = models.CharField(
-        "node", max_length=63, blank=True, help_text="The node it concerns, if one."
+        "node",
+        max_length=63,
+        blank=True,
+        db_index=True,  # a node's page lists its own
+        help_text="The node it concerns, if one.",
     )
     direction = models.CharField(max_length=8, blank=True, help_text="up or down.")
     from_replicas = models.PositiveIntegerField(null=True, blank=True)
@@ -78,4 +82,6 @@ class Event(models.Model):
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
+        if self.from_replicas is None and self.to_replicas is None:
+            return f"{self.model_name or self.node_id or self.kind}: {self.reason}"
         return f"{self.model_name}: {self.from_replicas} → {self.to_replicas} ({self.reason})"

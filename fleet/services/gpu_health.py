@@ -32,6 +32,7 @@ deadline drains anyway, so its requests finish before the machine goes.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -191,7 +192,7 @@ def clear(gpu: GPU, actor, reason: str) -> tuple[bool, str]:
     a reason."""
     reason = (reason or "").strip()
     if not reason:
-        raise ValueError("say why the GPU is fine again (--reason): the audit trail keeps it")
+        raise ValueError("say why the GPU is fine again: the audit trail keeps it")
     permissions.require_action(actor, "gpu.clear", f"clear GPU {gpu}")
     who = permissions.name_of(actor)
     now = timezone.now()
@@ -223,7 +224,8 @@ class Faults:
     """What a pass does about failed GPUs: the UUIDs whose replicas move now, and the
     brake's text ("" when off)."""
 
-    moving: dict[str, datetime]  # GPU uuid -> when its replicas began to move
+    # (node id, GPU uuid) -> when its replicas began to move
+    moving: dict[tuple[str, str], datetime]
     brake: str = ""
 
 
@@ -237,9 +239,21 @@ def step(status: FleetStatus, now: datetime) -> Faults:
         GPU.objects.exclude(fault=GPUHealth.HEALTHY).order_by("fault_at", "node_id", "index")
     )
     held = [g for g in failed if g.drained_at is None]
+    # An operator draining the node of a held GPU moves its replicas: it is held no more.
+    by_hand = set(
+        Node.objects.filter(pk__in={g.node_id for g in held}, draining=True).values_list(
+            "pk", flat=True
+        )
+    )
+    if by_hand:
+        for g in held:
+            if g.node_id in by_hand:
+                g.drained_at = now
+        GPU.objects.bulk_update([g for g in held if g.node_id in by_hand], ["drained_at"])
+        held = [g for g in held if g.node_id not in by_hand]
     if held:
         total = GPU.objects.count()
-        bound = max(1, int(total * conf.gpu_failure_brake))
+        bound = max(1, math.ceil(total * conf.gpu_failure_brake))
         recent = GPU.objects.filter(
             drained_at__gte=now - timedelta(seconds=conf.gpu_brake_window_s)
         ).count()
@@ -282,7 +296,7 @@ def step(status: FleetStatus, now: datetime) -> Faults:
             reason="the GPU brake is off: no failed GPU's replicas are held",
         )
         status.gpu_brake = ""
-    moving = {g.uuid: g.drained_at for g in failed if g.drained_at is not None}
+    moving = {(g.node_id, g.uuid): g.drained_at for g in failed if g.drained_at is not None}
     return Faults(moving, status.gpu_brake)
 
 

@@ -50,7 +50,7 @@ def test_clearing_from_the_gpus_list_needs_a_reason_and_is_audited(client, faile
 
     refused = client.post(GPUS, {**post, "reason": ""}, follow=True)
 
-    assert said(refused) == ["say why the GPU is fine again (--reason): the audit trail keeps it"]
+    assert said(refused) == ["say why the GPU is fine again: the audit trail keeps it"]
     assert GPU.objects.get(pk=failed.pk).fault == "failed"
 
     done = client.post(GPUS, {**post, "reason": "nvidia-smi -r; diag clean"}, follow=True)

@@ -49,7 +49,7 @@ def test_manage_gpu_clear_clears_with_its_reason_as_the_user_named(failed):
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (("gpu-01/3", "--reason", " "), "say why the GPU is fine again (--reason)"),
+        (("gpu-01/3", "--reason", " "), "say why the GPU is fine again"),
         (("gpu-01", "--reason", "x"), "'gpu-01' is not a GPU: name it NODE/INDEX, like node-1/0"),
         (("gpu-01/9", "--reason", "x"), "no GPU 9 on node 'gpu-01'"),
         (("gpu-01/3", "--reason", "x", "--as", "bob"), "user 'bob' may not clear GPU"),

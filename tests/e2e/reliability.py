@@ -146,6 +146,27 @@ FIGURES = {
         "{peak_gb} GB; an asleep replica's engine killed: answering again {replaced_s} s "
         "after the kill"
     ),
+    "20": (
+        "an XID 79 on a serving replica's GPU, its engine killed with it: a replacement "
+        "ready on a healthy GPU {xid79_s} s after the event; {first_failed} failed or broken "
+        "of {first_requests} requests ({clients} streaming clients; at most {in_flight} were "
+        "on the dead GPU); the GPU held out until cleared"
+    ),
+    "21": (
+        "an XID 48, then an XID 94 on another GPU, engines still answering: each replica "
+        "replaced and drained ({xid48_s} s and {xid94_s} s from the event to the replacement "
+        "ready); {later_failed} failed or broken of {later_requests} requests ({clients} "
+        "streaming clients)"
+    ),
+    "22": (
+        "{failed} of {gpus} GPUs (40 %) failing in the same second: {drained} drained, "
+        "{held} held by the brake with its replica still serving"
+    ),
+    "23": (
+        "a {notice_s} s spot notice from the EC2-shaped stand-in: every replica on the node "
+        "replaced and the node emptied {drained_s} s after the notice; {failed} failed + "
+        "{broken} broken of {requests} requests ({streamed} streamed, {clients} clients)"
+    ),
 }
 
 

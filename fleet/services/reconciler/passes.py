@@ -395,7 +395,7 @@ class _Pass(Placing, Sleeping):
         moving = self.faults.moving
         return any(
             s.node_id in self.draining_nodes
-            or (moving and not moving.keys().isdisjoint(s.gpu_uuids))
+            or (moving and any((s.node_id, u) in moving for u in s.gpu_uuids))
             for s in self.shards.get(r.pk, [])
         )
 
@@ -406,7 +406,7 @@ class _Pass(Placing, Sleeping):
             if s.node_id in self.leaving:
                 return f"node {s.node_id} goes away within {fleet_settings().notice_drain_s:g} s"
             for uuid in s.gpu_uuids:
-                since = self.faults.moving.get(uuid)
+                since = self.faults.moving.get((s.node_id, uuid))
                 wait_s = fleet_settings().gpu_drain_wait_s
                 if since is not None and (self.now - since).total_seconds() >= wait_s:
                     return f"its GPU failed and no replacement was ready within {wait_s:g} s"
