@@ -15,6 +15,7 @@ docs/operations.md lists them for operators.
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -280,6 +281,14 @@ class FleetSettings:
     # gateway away) is sent again after the answer's Retry-After, else this.
     batch_retry_s: float = 5.0
 
+    # Costs (fleet.services.costs; docs/operations.md, "Costs"). The currency of new
+    # prices and budgets; beat's interval for counting what each replica holds (and
+    # the expiry of each entry); and the most one count adds, so that a control
+    # plane stopped for a while does not invent what ran while nobody looked.
+    cost_currency: str = "USD"
+    cost_interval_s: float = 60.0
+    cost_gap_max_s: float = 300.0
+
     @classmethod
     def from_mapping(cls, raw: Mapping) -> "FleetSettings":
         """From ``settings.LLMGW`` (keys in upper case); missing keys take the default."""
@@ -310,6 +319,10 @@ def _parse(f: dataclasses.Field, text: str):
     if f.name in ("agent_addr_networks", "client_cert_proxies", "estimate_allow_networks"):
         networks(text)  # refused at start, not at the first register
         return text
+    if f.name == "cost_currency":
+        if not re.fullmatch(r"[A-Z]{3}", text):
+            raise ValueError("must be three capital letters, e.g. USD")
+        return text
     if f.type is bool:
         word = text.strip().lower()
         if word not in _BOOLS:
@@ -337,6 +350,8 @@ _AT_LEAST = {
     "batch_team_concurrency": 1,
     "batch_slice_s": 0.1,
     "batch_lease_s": 1.0,
+    "cost_interval_s": 1.0,
+    "cost_gap_max_s": 1.0,
 }
 
 

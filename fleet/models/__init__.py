@@ -21,6 +21,7 @@ from .choices import (
     SleepLevel,
     VllmBuild,
 )
+from .costs import CostHour, Price
 from .nodes import (
     GPU,
     EngineInstall,
@@ -49,6 +50,7 @@ __all__ = [
     "BatchFile",
     "BatchLine",
     "BatchStatus",
+    "CostHour",
     "DesiredState",
     "Engine",
     "EngineInstall",
@@ -69,6 +71,7 @@ __all__ = [
     "NodeLoad",
     "NodeState",
     "PlacementPolicy",
+    "Price",
     "Replica",
     "ReplicaState",
     "Shard",

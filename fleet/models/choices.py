@@ -103,6 +103,7 @@ class EventKind(models.TextChoices):
     SLEEP = "sleep"  # a replica went to sleep or was woken
     GPU = "gpu"  # a GPU's health changed, it was drained, or an operator cleared it
     NOTICE = "notice"  # a node gave notice of going away, and was drained for it
+    BUDGET = "budget"  # a team passed its budget's warning threshold, or spent it
 
 
 class BatchStatus(models.TextChoices):

@@ -37,6 +37,11 @@ class FleetStatus(models.Model):
         help_text="Why failed GPUs' replicas are left where they are: more GPUs failed "
         "at once than LLMGW_GPU_FAILURE_BRAKE allows. Empty: the brake is off.",
     )
+    cost_accrued_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Until when the fleet's GPU-hours are counted (fleet.services.costs).",
+    )
 
     class Meta:
         verbose_name = "fleet status"

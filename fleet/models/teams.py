@@ -9,10 +9,11 @@ what the gateway lets its keys spend; empty is no bound.
 
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from .catalog import PRIORITY_MAX, name_validator
+from .costs import currency_validator, default_currency
 
 
 class Team(models.Model):
@@ -78,6 +79,55 @@ class Team(models.Model):
         "its own. What it holds above this is borrowed, and another team's replica of "
         "higher priority may take it back. Empty: nothing guaranteed. Set only by those "
         "with the permission fleet.manage_all_teams.",
+    )
+    # A budget in money (docs/operations.md, "Costs"): what its models' GPU-hours
+    # cost this UTC month, as the accrual (fleet.services.costs) priced them.
+    budget_per_month = models.DecimalField(
+        "budget per month",
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="What its models may cost per UTC calendar month, in the budget's currency; "
+        "once spent, the gateway answers its keys 429. Empty: no bound.",
+    )
+    budget_currency = models.CharField(
+        max_length=3,
+        default=default_currency,
+        validators=[currency_validator],
+        help_text="Costs priced in another currency are not counted against it.",
+    )
+    budget_warn_percent = models.PositiveSmallIntegerField(
+        "warn at (%)",
+        default=80,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="An event (and a metric) once this share of the budget is spent.",
+    )
+    # Derived by the accrual: read-only in the admin.
+    spent_this_month = models.DecimalField(
+        "spent this month",
+        max_digits=18,
+        decimal_places=6,
+        default=0,
+        editable=False,
+        help_text="What its models cost so far this UTC month, in the budget's currency.",
+    )
+    spent_updated_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the accrual last counted it."
+    )
+    budget_warned_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When it passed its warning threshold this month. Empty: not yet.",
+    )
+    budget_spent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When it spent its budget this month; its keys are refused since. "
+        "Empty: not spent.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
