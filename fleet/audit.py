@@ -166,6 +166,11 @@ KEPT_UP = [
     "estimate",
     "args_env_changed_by",
     "args_env_changed_at",
+    # A team's spending, kept up by the cost accrual.
+    "spent_this_month",
+    "spent_updated_at",
+    "budget_warned_at",
+    "budget_spent_at",
 ]
 
 
@@ -184,6 +189,7 @@ def register() -> None:
         Model,
         Node,
         NodeCredential,
+        Price,
         Team,
         WantedEngine,
     )
@@ -193,7 +199,7 @@ def register() -> None:
         left = {*leave_out, *KEPT_UP}
         return [f.name for f in model._meta.concrete_fields if f.name not in left]
 
-    for model in (Model, EngineProfile, Adapter, WantedEngine, Team):
+    for model in (Model, EngineProfile, Adapter, WantedEngine, Team, Price):
         auditlog.register(model, include_fields=fields(model))
     auditlog.register(Node, include_fields=NODE_FIELDS)
     auditlog.register(ApiKey, include_fields=fields(ApiKey, SECRETS))

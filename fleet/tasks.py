@@ -52,3 +52,12 @@ def run_batches(owner: str) -> None:
 
     if runner.run_owner(owner):
         run_batches.delay(owner)
+
+
+@shared_task(ignore_result=True)
+def accrue_costs() -> None:
+    """Count what each replica holds into the hour's costs; close past hours; bring the
+    teams' spending up to date (beat, every LLMGW_COST_INTERVAL_S)."""
+    from fleet.services import costs
+
+    costs.accrue()

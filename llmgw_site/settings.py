@@ -313,6 +313,12 @@ CELERY_BEAT_SCHEDULE: dict = {
         "schedule": 10.0,
         "options": {"expires": 10.0},
     },
+    # What each replica holds, counted into the hour's costs (fleet.services.costs).
+    "accrue-costs": {
+        "task": "fleet.tasks.accrue_costs",
+        "schedule": LLMGW["COST_INTERVAL_S"],
+        "options": {"expires": LLMGW["COST_INTERVAL_S"]},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [

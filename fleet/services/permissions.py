@@ -81,6 +81,8 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "engine.change": ("fleet.change_wantedengine",),
     "team.add": ("fleet.add_team",),
     "team.change": ("fleet.change_team",),
+    # A price from a date on: it prices the hours counted since that date too.
+    "price.set": ("fleet.add_price",),
 }
 
 

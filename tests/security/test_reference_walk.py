@@ -90,6 +90,9 @@ WRITTEN_BY_NO_DOOR = {
     # carries (/v1/files, /v1/batches), never from a field it sends; read-only in the admin.
     "fleet.batch.api_key": "a batch's key is the one that created it: read-only",
     "fleet.batch.team": "a batch's team is its key's: read-only",
+    # Costs (fleet.services.costs): the accrual's rows, named after what held the GPUs.
+    "fleet.costhour.model": "cost hours are the accrual's counts: read-only",
+    "fleet.costhour.team": "cost hours are the accrual's counts: read-only",
     "fleet.batchfile.api_key": "a batch file's key is the one that uploaded it: read-only",
     "fleet.batchfile.team": "a batch file's team is its key's: read-only",
 }
