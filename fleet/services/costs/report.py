@@ -93,8 +93,10 @@ class CostReport:
     peaks: dict[str, float] = field(default_factory=dict)  # model -> tokens per GPU-hour
 
 
-def report(start: datetime, end: datetime, by=("team", "model")) -> CostReport:
-    """The period's cost by ``by`` (any of "team", "model", "gpu_class"), idle apart."""
+def report(start: datetime, end: datetime, by=("team", "model"), within=None) -> CostReport:
+    """The period's cost by ``by`` (any of "team", "model", "gpu_class"), idle apart.
+    ``within`` (a Q) narrows the rows to those a caller may see (services.cost_scope):
+    the totals are then of those alone."""
     by = tuple(by)
     if bad := [b for b in by if b not in BY]:
         raise ValueError(f"cannot report costs by {', '.join(bad)}: by is any of {', '.join(BY)}")
@@ -107,7 +109,7 @@ def report(start: datetime, end: datetime, by=("team", "model")) -> CostReport:
     seen: set[str] = set()  # the GPUs that held anything
     totals: dict[str, CostRow] = {}
     for idle, team, model, gpu, currency, secs, cost, tokens in (
-        CostHour.objects.filter(hour__gte=first, hour__lt=last)
+        _rows(first, last, within)
         .order_by()
         .values("idle", "team_name", "model_name", "gpu_class", "currency")
         .annotate(s=Sum("gpu_seconds"), c=Sum("cost"), t=Sum("tokens"))
@@ -148,6 +150,11 @@ def report(start: datetime, end: datetime, by=("team", "model")) -> CostReport:
     return out
 
 
+def _rows(first: datetime, last: datetime, within=None):
+    rows = CostHour.objects.filter(hour__gte=first, hour__lt=last)
+    return rows if within is None else rows.filter(within)
+
+
 def _name(r: CostRow) -> tuple:
     return (r.team or "", r.model or "", r.gpu_class or "")
 
@@ -176,9 +183,10 @@ def peaks(end: datetime, start: datetime | None = None) -> dict[str, float]:
     }
 
 
-def series(start: datetime, end: datetime, by: str = "team") -> list[dict]:
+def series(start: datetime, end: datetime, by: str = "team", within=None) -> list[dict]:
     """The period hour by hour, for a chart: one point per hour, ``by`` ("team" or "model")
-    and currency, idle as its own line (``idle`` true, name None). One query."""
+    and currency, idle as its own line (``idle`` true, name None). One query. ``within``
+    as for ``report``."""
     if by not in ("team", "model"):
         raise ValueError(f"a cost chart is by team or model, not {by!r}")
     first, last = hour_of(start), hour_of(end)
@@ -187,7 +195,7 @@ def series(start: datetime, end: datetime, by: str = "team") -> list[dict]:
     name = f"{by}_name"
     points: dict[tuple, dict] = {}
     for hour, idle, who, currency, secs, cost in (
-        CostHour.objects.filter(hour__gte=first, hour__lt=last)
+        _rows(first, last, within)
         .order_by()
         .values("hour", "idle", name, "currency")
         .annotate(s=Sum("gpu_seconds"), c=Sum("cost"))
