@@ -13,7 +13,7 @@ import json
 import logging
 import time
 
-from . import apis, metrics, proxy, validate, waiting
+from . import apis, keys, metrics, proxy, validate, waiting
 from .errors import GatewayError, internal
 from .state import canary_tally, gateway
 
@@ -60,6 +60,7 @@ async def application(scope, receive, send) -> None:
             req = await validate.read(endpoint, raw)
             reply.framing = apis.framing(req)
             route = admit(gw, key, req, t0)
+            keys.check_budget(key, time.time())  # a team's budget in money, spent
             if key.limits.on:
                 # One Redis round trip; raises the 429 when the key is over a limit.
                 reply.extra = await gw.limiter.check(key)

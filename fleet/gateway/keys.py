@@ -8,15 +8,17 @@ database stores; a dict lookup on a digest leaks nothing about the secret.
 """
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
 from fleet.conf import fleet_settings
 from fleet.models.access import api_key_refusal, bearer_secret, hash_secret, split_prefix
 from fleet.services.batches import credentials
+from fleet.services.costs import budgets
 
 from .errors import GatewayError
-from .ratelimit import NO_LIMITS, KeyLimits
+from .ratelimit import NO_LIMITS, REFUSED, KeyLimits, Windows, reset_text
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class KeyEntry:
     # The request is a batch's line (an ``lgb_`` credential of this key): it takes only
     # what interactive requests leave (fleet.gateway.proxy.batch_refusal).
     batch: bool = False
+    # Its team has spent its budget in money (fleet.services.costs.budgets): why, and the
+    # UTC month ("202612") that is true of; a month after it, the key is served again.
+    spent: str = ""
+    spent_month: str = ""
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -90,13 +96,18 @@ def load_keys() -> dict[str, KeyEntry]:
         "team_id",
         "team__name",
         "team__tokens_per_month",
+        "team__budget_per_month",
+        "team__budget_currency",
+        "team__spent_this_month",
+        "team__spent_updated_at",
     )
     found = {}
     for pk, name, prefix, scope, allowed, expires, revoked, digest, *rest in rows:
         own, (previous, grace, fallbacks, concurrent, weight, team_id, team, budget) = (
             rest[:4],
-            rest[4:],
+            rest[4:12],
         )
+        spent, spent_month = _spent(team, *rest[12:])
         limits = KeyLimits(
             *(d if v is None else v for v, d in zip(own, defaults, strict=True)),
             team_id=team_id or 0,
@@ -116,6 +127,8 @@ def load_keys() -> dict[str, KeyEntry]:
             max_concurrent=concurrent or 0,
             share_weight=weight or 1,
             team_id=team_id,
+            spent=spent,
+            spent_month=spent_month,
         )
         if previous and grace is not None:
             ends = grace.timestamp()
@@ -123,6 +136,29 @@ def load_keys() -> dict[str, KeyEntry]:
                 ends = min(ends, entry.expires_at)
             found[previous] = dataclasses.replace(entry, expires_at=ends, rotated=True)
     return found
+
+
+def _spent(team, budget, currency, spent, counted_at) -> tuple[str, str]:
+    """(why, month) when the team has spent its budget in money as last counted, else ("", "")."""
+    if team is None or budget is None or spent is None or counted_at is None or spent < budget:
+        return "", ""
+    return budgets.spent_refusal(team, budget, currency, spent), counted_at.strftime("%Y%m")
+
+
+def check_budget(entry: KeyEntry, now: float) -> None:
+    """The 429 of a key whose team has spent its budget this month (no I/O)."""
+    if not entry.spent:
+        return
+    w = Windows.at(now)
+    if entry.spent_month != w.month:
+        return  # counted in a month that is over: the next count starts afresh
+    REFUSED.labels("team_budget").inc()
+    raise GatewayError(
+        429,
+        f"{entry.spent}; try again in {reset_text(w.month_left)}, or once the budget is raised",
+        code="insufficient_quota",
+        retry_after=math.ceil(w.month_left),
+    )
 
 
 def bearer(headers) -> str:

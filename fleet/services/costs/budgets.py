@@ -24,6 +24,8 @@ from django.db.models import Q, Sum
 
 from fleet.models import CostHour, Event, EventKind, Team
 
+from .. import doorbells
+
 logger = logging.getLogger(__name__)
 
 
@@ -91,7 +93,7 @@ def spend(now: datetime) -> list[Budget]:
             "budget_spent_at",
         )
     )
-    out = []
+    out, flipped = [], False
     for team in teams:
         team.spent_this_month = Decimal(sums.get((team.pk, team.budget_currency), 0)).quantize(
             Decimal("0.000001")
@@ -105,16 +107,21 @@ def spend(now: datetime) -> list[Budget]:
             team.spent_this_month,
         )
         out.append(b)
-        _passed(team, b, start, now)
+        flipped |= _passed(team, b, start, now)
     # A bulk write: no save(), so no audit entry for what the system keeps up.
     Team.objects.bulk_update(teams, ["spent_this_month", "spent_updated_at"])
+    if flipped:
+        # The gateways reload their keys every few seconds anyway; this is at once.
+        doorbells.ring_gateways("keys")
     return out
 
 
-def _passed(team: Team, b: Budget, start: datetime, now: datetime) -> None:
+def _passed(team: Team, b: Budget, start: datetime, now: datetime) -> bool:
     """The month's first warning and first spending, each an event once (a conditional
     update says which count saw it first); both cleared when the team is back under
-    (its budget raised, a price lowered). No statement when nothing changed."""
+    (its budget raised, a price lowered). No statement when nothing changed. Returns
+    whether its keys' refusal changed."""
+    flipped = False
     mine = Team.objects.filter(pk=team.pk)
     warned = team.budget_warned_at is not None and team.budget_warned_at >= start
     spent = team.budget_spent_at is not None and team.budget_spent_at >= start
@@ -130,6 +137,7 @@ def _passed(team: Team, b: Budget, start: datetime, now: datetime) -> None:
             )
     if b.state == "spent" and not spent:
         if mine.filter(unspent).update(budget_spent_at=now):
+            flipped = True
             _event(
                 now,
                 f"team '{b.team}' has spent its budget of {money(b.budget, b.currency)} for "
@@ -141,7 +149,9 @@ def _passed(team: Team, b: Budget, start: datetime, now: datetime) -> None:
             logger.info("costs: team %s is under its budget's warning again", b.team)
     if b.state != "spent" and spent:
         if mine.filter(budget_spent_at__gte=start).update(budget_spent_at=None):
+            flipped = True
             logger.info("costs: team %s is under its budget again; its keys are served", b.team)
+    return flipped
 
 
 def _event(now: datetime, reason: str) -> None:
