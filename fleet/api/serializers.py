@@ -1143,10 +1143,15 @@ class TeamSerializer(ValidatedModelSerializer):
             "tokens_per_month",
             "max_priority",
             "guaranteed_gpu_memory_gb",
+            "budget_per_month",
+            "budget_currency",
+            "budget_warn_percent",
+            "spent_this_month",
+            "budget_spent_at",
             "in_use",
             "created_at",
         )
-        read_only_fields = ("created_at",)
+        read_only_fields = ("created_at", "spent_this_month", "budget_spent_at")
         extra_kwargs = {
             "max_gpus": {"max_value": INT_MAX},
             "max_gpu_memory_gb": {"max_value": INT_MAX},
@@ -1154,6 +1159,7 @@ class TeamSerializer(ValidatedModelSerializer):
             "max_priority": {"min_value": 0, "max_value": PRIORITY_MAX},
             "max_replicas": {"max_value": INT_MAX},
             "tokens_per_month": {"max_value": 2**63 - 1},
+            "budget_warn_percent": {"min_value": 1, "max_value": 100},
         }
 
     def validate(self, attrs):

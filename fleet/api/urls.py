@@ -2,7 +2,7 @@
 
 from rest_framework.routers import DefaultRouter
 
-from . import views
+from . import costs, views
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet)
@@ -21,5 +21,7 @@ router.register("usage", views.UsageViewSet, basename="usage")
 router.register("weights", views.WeightsViewSet)
 router.register("audit", views.AuditViewSet)
 router.register("teams", views.TeamViewSet)
+router.register("prices", costs.PriceViewSet)
+router.register("costs", costs.CostViewSet, basename="cost")
 
 urlpatterns = router.urls
