@@ -26,19 +26,35 @@ class TeamForm(forms.ModelForm):
             "tokens_per_month",
             "max_priority",
             "guaranteed_gpu_memory_gb",
+            "budget_per_month",
+            "budget_currency",
+            "budget_warn_percent",
         )
 
     # The user asking (TeamAdmin.get_form): capacity rights need manage_all_teams.
     acting_user = None
 
+    # Fields with a default: left empty, they take it.
+    DEFAULTED = ("max_priority", "budget_currency", "budget_warn_percent")
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if "max_priority" in self.fields:
-            self.fields["max_priority"].required = False
+        for name in self.DEFAULTED:
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def _or_default(self, name: str):
+        found = self.cleaned_data.get(name)
+        return Team._meta.get_field(name).get_default() if found in (None, "") else found
 
     def clean_max_priority(self):
-        found = self.cleaned_data.get("max_priority")
-        return 0 if found is None else found  # left empty: the default, none
+        return self._or_default("max_priority")  # left empty: the default, none
+
+    def clean_budget_currency(self):
+        return self._or_default("budget_currency")  # the fleet's (LLMGW_COST_CURRENCY)
+
+    def clean_budget_warn_percent(self):
+        return self._or_default("budget_warn_percent")
 
     def clean(self):
         data = super().clean()
@@ -66,6 +82,7 @@ class TeamAdmin(admin.ModelAdmin):
         "memory_display",
         "replicas_display",
         "tokens_display",
+        "spent_display",
     )
     search_fields = ("name", "description", "group__name")
     list_select_related = ("group",)
@@ -102,8 +119,21 @@ class TeamAdmin(admin.ModelAdmin):
                 "429 once its keys have used the month's tokens.",
             },
         ),
+        (
+            "Budget in money",
+            {
+                "fields": (
+                    ("budget_per_month", "budget_currency", "budget_warn_percent"),
+                    "spent",
+                ),
+                "description": "What its models' GPU-hours may cost per UTC month, at the "
+                'prices of Fleet → Prices (docs/operations.md, "What the fleet costs"). '
+                "An event at the warning share; once spent, the gateway answers its keys "
+                "429. Empty: no bound.",
+            },
+        ),
     )
-    readonly_fields = ("in_use",)
+    readonly_fields = ("in_use", "spent")
 
     def get_queryset(self, request):
         # The members column: every team's users in one query, not one per row.
@@ -161,6 +191,25 @@ class TeamAdmin(admin.ModelAdmin):
     def tokens_display(self, obj):
         return _of_quota(self._of(obj)["tokens_this_month"], obj.tokens_per_month)
 
+    @admin.display(description="spent this month")
+    def spent_display(self, obj):
+        return spent_text(obj)
+
+    @admin.display(description="spent this month")
+    def spent(self, obj):
+        if obj.pk is None:
+            return "-"
+        text = spent_text(obj)
+        if obj.spent_updated_at:
+            text += f", as counted at {obj.spent_updated_at:%Y-%m-%d %H:%M} UTC"
+        if obj.budget_spent_at:
+            text += f"; spent at {obj.budget_spent_at:%Y-%m-%d %H:%M} UTC: its keys are refused"
+        elif obj.budget_warned_at:
+            text += (
+                f"; past {obj.budget_warn_percent}% at {obj.budget_warned_at:%Y-%m-%d %H:%M} UTC"
+            )
+        return text
+
     @admin.display(description="in use now")
     def in_use(self, obj):
         if obj.pk is None:
@@ -175,3 +224,11 @@ class TeamAdmin(admin.ModelAdmin):
 def _of_quota(used, quota) -> str:
     shown = f"{used:,}" if isinstance(used, int) else f"{used:g}"
     return f"{shown} of {quota:,}" if quota is not None else f"{shown} (no quota)"
+
+
+def spent_text(team) -> str:
+    """'412.50 of 1,000.00 EUR', or '412.50 EUR (no budget)'."""
+    spent = f"{team.spent_this_month:,.2f}"
+    if team.budget_per_month is None:
+        return f"{spent} {team.budget_currency} (no budget)"
+    return f"{spent} of {team.budget_per_month:,.2f} {team.budget_currency}"

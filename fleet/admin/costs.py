@@ -1,0 +1,110 @@
+"""Prices per GPU class, with their history.
+
+A price is never edited: a change is a new price from its date on, made
+through ``costs.set_price`` with the one permission check every door asks
+("price.set"). Each price's page lists its class's history, and the list says
+which price is in force now.
+"""
+
+from contextvars import ContextVar
+
+from django.contrib import admin
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from fleet.models import Price
+from fleet.services import costs, permissions, price_history
+
+# Which price of each class is in force, worked out once for a list page's rows.
+_IN_FORCE: ContextVar[dict | None] = ContextVar("prices_in_force", default=None)
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    list_display = (
+        "class_display",
+        "per_hour",
+        "currency",
+        "effective_from",
+        "in_force",
+        "created_at",
+    )
+    list_filter = ("currency",)
+    search_fields = ("gpu_class",)
+    date_hierarchy = "effective_from"
+    fields = ("gpu_class", "per_hour", "currency", "effective_from")
+
+    def has_add_permission(self, request):
+        return permissions.allowed(request.user, "price.set")
+
+    # History: a price once set is what its hours were priced at.
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_fields(self, request, obj=None):
+        return self.fields if obj is None else (*self.fields, "history")
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else (*self.fields, "history")
+
+    def save_model(self, request, obj, form, change):
+        price = costs.set_price(
+            obj.gpu_class,
+            obj.per_hour,
+            obj.currency,
+            obj.effective_from,
+            actor=request.user,
+        )
+        obj.pk, obj.created_at = price.pk, price.created_at
+        obj._state.adding = False
+
+    def changelist_view(self, request, extra_context=None):
+        token = _IN_FORCE.set(price_history.in_force())
+        try:
+            response = super().changelist_view(request, extra_context)
+            if hasattr(response, "render"):
+                response.render()  # while the figures are set
+            return response
+        finally:
+            _IN_FORCE.reset(token)
+
+    @admin.display(description="GPU class", ordering="gpu_class")
+    def class_display(self, obj):
+        return obj.gpu_class or "CPU-only node"
+
+    @admin.display(description="in force now", boolean=True)
+    def in_force(self, obj):
+        in_force = _IN_FORCE.get()
+        return obj.pk in (price_history.in_force() if in_force is None else in_force).values()
+
+    @admin.display(description="history of its class")
+    def history(self, obj):
+        rows = list(Price.objects.filter(gpu_class=obj.gpu_class).order_by("-effective_from"))
+        now_id = price_history.in_force().get(obj.gpu_class)
+        return format_html(
+            "<table><tr><th>from</th><th>per hour</th><th></th></tr>{}</table>",
+            format_html_join(
+                "",
+                "<tr{}><td>{}</td><td>{} {}</td><td>{}</td></tr>",
+                (
+                    (
+                        format_html(' class="selected"') if p.pk == obj.pk else "",
+                        f"{p.effective_from:%Y-%m-%d %H:%M} UTC",
+                        per_hour_text(p.per_hour),
+                        p.currency,
+                        "in force now"
+                        if p.pk == now_id
+                        else ("from then on" if p.effective_from > timezone.now() else ""),
+                    )
+                    for p in rows
+                ),
+            ),
+        )
+
+
+def per_hour_text(amount) -> str:
+    """2.5000 as '2.50', 0.1234 as it is: money to the cent unless the price is finer."""
+    return f"{amount:.2f}" if amount == round(amount, 2) else f"{amount.normalize()}"
