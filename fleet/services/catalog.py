@@ -37,6 +37,11 @@ see agentd.safeyaml)::
     engines:                          # optional: the engines every node installs
       vllm: 0.11.2                    # (docs/engines.md); engines not named are left
       llamacpp: 0.3.36                # alone
+
+    prices:                           # optional: an hour of a GPU class, from a date
+      - gpu_class: H100               # (fleet.services.catalog_prices)
+        per_hour: 2.50
+        effective_from: 2026-01-01
 """
 
 import enum
@@ -51,7 +56,7 @@ from django.utils import timezone
 from agentd import safeyaml
 from fleet.models import EngineProfile, Model, Team, WantedEngine
 
-from . import permissions, profiles, reach, teams
+from . import catalog_prices, permissions, profiles, reach, teams
 from .permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
@@ -166,11 +171,11 @@ def _parse(text: str) -> dict:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise CatalogError([f"not valid YAML: {where}{problem}"]) from None
-    if isinstance(data, dict) and "engines" in data and "models" not in data:
+    if isinstance(data, dict) and {"engines", "prices"} & set(data) and "models" not in data:
         data = {**data, "models": []}
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise CatalogError(["the file must be a mapping with a list under 'models'"])
-    unknown = set(data) - {"models", "engines"}
+    unknown = set(data) - {"models", "engines", "prices"}
     if unknown:
         raise CatalogError([f"unknown top-level key(s): {', '.join(sorted(unknown))}"])
     # Adapters' names are the file's (they are asked for by name), profiles' each model's.
@@ -204,6 +209,7 @@ def _parse(text: str) -> dict:
                 errors.append(
                     f"engines.{engine}: the version must be text; quote it, e.g. '0.11.2'"
                 )
+    errors += catalog_prices.check(data.get("prices", []))
     if errors:
         raise CatalogError(errors)
     return data
@@ -293,8 +299,9 @@ def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:
     Each change needs what the per-object API needs for it: add or change_model,
     add or change_engineprofile, set_engine_args_env for a profile's args or env
     (stamped with the actor as their author: no user for SYSTEM), add or
-    change_wantedengine for an engine's version. An actor missing any of them gets
-    permissions.Refused naming each, and nothing is applied (a dry run too).
+    change_wantedengine for an engine's version, price.set for a price. An actor
+    missing any of them gets permissions.Refused naming each, and nothing is applied
+    (a dry run too).
     """
     data = _parse(text)
     entries = data["models"]
@@ -322,6 +329,7 @@ def apply(text: str, *, dry_run: bool = False, actor=SYSTEM) -> ApplyResult:
                     beyond.append(wide)
         for engine, version in data.get("engines", {}).items():
             errors += _apply_engine(str(engine), str(version), result)
+        errors += catalog_prices.apply(data.get("prices", []), result, actor)
         why = _refusal(actor, result)
         if why is None and beyond:
             why = f"{beyond[0]}; nothing applied"
