@@ -7,13 +7,15 @@ look busy (or idle) forever. A node that never reported its memory has no
 ``llmgw_node_memory_bytes`` line: unknown is not zero. Beside them, whether
 each connected node keeps up with its desired set (``desired.not_keeping_up``),
 and the fleet's GPUs by health with the XIDs they reported (``llmgw_gpu_health``,
-``llmgw_gpu_xid_total``).
+``llmgw_gpu_xid_total``), and what each team's models cost so far
+(``llmgw_cost_total``, from the accrual's cost hours: fleet.services.costs).
 """
 
 import logging
+from decimal import Decimal
 
 from django.db import DatabaseError
-from django.db.models import Count
+from django.db.models import Count, Sum
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -93,6 +95,37 @@ def _families():
             "XID errors the fleet's GPUs reported, by XID number (agentd/xid.py).",
             labels=["xid"],
         ),
+        # A counter: every cost hour's cost, summed at each scrape. The open hour's grows
+        # as the accrual counts it; a re-priced hour (a price set back-dated) may move it
+        # either way, which Prometheus reads as a reset: rate() over it stays right.
+        "cost": CounterMetricFamily(
+            "llmgw_cost",
+            "What the fleet's GPU-hours cost, at the prices of each hour, by team and "
+            'model; model="" is the idle no replica held, team="" the fleet\'s models. '
+            "Never summed across currencies.",
+            labels=["team", "model", "currency"],
+        ),
+        # Teams' budgets in money (fleet.services.costs.budgets), as the accrual counted.
+        "team_spent": GaugeMetricFamily(
+            "llmgw_team_spent_this_month",
+            "What a team's models cost so far this UTC month, in its budget's currency.",
+            labels=["team", "currency"],
+        ),
+        "team_budget": GaugeMetricFamily(
+            "llmgw_team_budget_per_month",
+            "A team's budget for a UTC month; teams without one have no line.",
+            labels=["team", "currency"],
+        ),
+        "team_warning": GaugeMetricFamily(
+            "llmgw_team_budget_warning",
+            "1 once a team has spent its warning share of this month's budget, else 0.",
+            labels=["team"],
+        ),
+        "team_budget_spent": GaugeMetricFamily(
+            "llmgw_team_budget_spent",
+            "1 once a team has spent this month's budget (its keys are refused), else 0.",
+            labels=["team"],
+        ),
         "not_keeping_up": GaugeMetricFamily(
             "llmgw_node_not_keeping_up",
             "1 when a connected node has lagged its desired version for longer than "
@@ -103,8 +136,10 @@ def _families():
 
 
 def collect_fleet(now=None) -> list:
-    """The fleet gauges as metric families, in six queries whatever the fleet's size."""
-    from fleet.models import GPU, GPUHealth, Node, NodeLoad, Shard, ShardLoad
+    """The fleet gauges as metric families, in eight queries whatever the fleet's size."""
+    from fleet.models import GPU, CostHour, GPUHealth, Node, NodeLoad, Shard, ShardLoad, Team
+
+    from .costs.budgets import Budget, month_start
 
     now = now or timezone.now()
     since = now - LOAD_MAX_AGE
@@ -129,6 +164,31 @@ def collect_fleet(now=None) -> list:
             xids[str(number)] = xids.get(str(number), 0) + int(n)
     for number, n in sorted(xids.items(), key=lambda kv: (len(kv[0]), kv[0])):
         f["xids"].add_metric([number], n)
+    costs = (
+        CostHour.objects.values_list("team_name", "model_name", "currency")
+        .annotate(total=Sum("cost"))
+        .order_by("team_name", "model_name", "currency")
+    )
+    for team, model, currency, total in costs:
+        f["cost"].add_metric([team, model, currency], float(total or 0))
+    month = month_start(now)
+    for name, budget, currency, warn, spent, counted in Team.objects.values_list(
+        "name",
+        "budget_per_month",
+        "budget_currency",
+        "budget_warn_percent",
+        "spent_this_month",
+        "spent_updated_at",
+    ):
+        # Counted last month, nothing counted yet this one.
+        b = Budget(
+            name, budget, currency, warn, spent if counted and counted >= month else Decimal(0)
+        )
+        f["team_spent"].add_metric([name, currency], float(b.spent))
+        if budget is not None:
+            f["team_budget"].add_metric([name, currency], float(budget))
+            f["team_warning"].add_metric([name], int(b.state in ("warned", "spent")))
+            f["team_budget_spent"].add_metric([name], int(b.state == "spent"))
     for load in NodeLoad.objects.filter(sampled_at__gte=since):
         node = load.node_id
         f["cpu"].add_metric([node], load.cpu_percent)
