@@ -56,6 +56,7 @@ from fleet.models import (
     LocalWeights,
     Model,
     Node,
+    Price,
     Team,
     WantedEngine,
 )
@@ -186,6 +187,8 @@ def world(settings, tmp_path) -> World:
     token, _ = join_token()
     catalog = tmp_path / "catalog.yaml"
     team = Team.objects.create(name="research", group=Group.objects.create(name="research"))
+    # A price in force, for the price pages nobody may change or delete to be tried on.
+    Price.objects.create(gpu_class="H100", per_hour=2, effective_from=timezone.now())
     team_model = add_model("theirs", engine="llamacpp", gpus_per_node=0)
     Model.objects.filter(pk=team_model.pk).update(team=team)
     team_model.refresh_from_db()
@@ -449,6 +452,10 @@ APPLY_WALKS = {
         catalog_text(extra="        args: [--trust-remote-code]\n"),
     ),
     "engine": (("fleet.change_wantedengine",), "engines:\n  vllm: 0.12.0\n"),
+    "price": (
+        ("fleet.add_price",),
+        "prices:\n  - gpu_class: H100\n    per_hour: 2.5\n    effective_from: 2026-11-01\n",
+    ),
     "new engine": (("fleet.add_wantedengine",), "engines:\n  sglang: 0.5.0\n"),
 }
 
@@ -623,6 +630,27 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
         walk(
             "fleet.change_team",
             go=api("patch", lambda w: f"/api/v1/teams/{w.team.pk}/", {"max_gpus": 8}),
+        ),
+        # A budget in money is set as the token budget is: with the team.
+        walk(
+            "fleet.change_team",
+            name="budget",
+            go=api(
+                "patch",
+                lambda w: f"/api/v1/teams/{w.team.pk}/",
+                {"budget_per_month": "1000", "budget_currency": "EUR"},
+            ),
+        ),
+    ],
+    # A price is history: set from a date on, never edited or deleted (no such routes).
+    "api:PriceViewSet.create": [
+        walk(
+            "fleet.add_price",
+            go=api(
+                "post",
+                "/api/v1/prices/",
+                {"gpu_class": "H100", "per_hour": "2.50", "effective_from": "2026-11-01"},
+            ),
         )
     ],
     "api:TeamViewSet.destroy": NoChange(
@@ -1064,6 +1092,33 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
                 "fleet.team",
                 lambda w: {"name": "research", "group": str(w.team.group_id), "max_gpus": "8"},
                 lambda w: w.team,
+            ),
+        ),
+        walk(
+            "fleet.change_team",
+            name="budget",
+            go=admin_form(
+                "change",
+                "fleet.team",
+                lambda w: {"budget_per_month": "1000", "budget_currency": "EUR"},
+                lambda w: w.team,
+            ),
+        ),
+    ],
+    # The change and delete views of a price are nobody's (test_doors_nobody_may_use).
+    "admin:fleet.price:add": [
+        walk(
+            "fleet.add_price",
+            go=admin_form(
+                "add",
+                "fleet.price",
+                {
+                    "gpu_class": "H100",
+                    "per_hour": "2.50",
+                    "currency": "EUR",
+                    "effective_from_0": "2026-11-01",
+                    "effective_from_1": "00:00:00",
+                },
             ),
         )
     ],
