@@ -65,7 +65,7 @@ class Migration(migrations.Migration):
                 ('gpu_class', models.CharField(blank=True, help_text="A substring of the GPU name, e.g. 'H100'. Empty: an hour of a CPU-only node.", max_length=64, verbose_name='GPU class')),
                 ('per_hour', models.DecimalField(decimal_places=4, help_text='What one GPU (or one CPU-only node) of this class costs for an hour.', max_digits=12, validators=[django.core.validators.MinValueValidator(0)], verbose_name='price per hour')),
                 ('currency', models.CharField(default=fleet.models.costs.default_currency, max_length=3, validators=[django.core.validators.RegexValidator('^[A-Z]{3}$', 'a currency is three capital letters, e.g. USD')])),
-                ('effective_from', models.DateTimeField(help_text='It prices the hours that begin at or after this, until the next price of its class.')),
+                ('effective_from', models.DateTimeField(help_text='It prices the hour this falls in and those after, until the next price of its class.')),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
             ],
             options={

@@ -46,8 +46,8 @@ class Price(models.Model):
         max_length=3, default=default_currency, validators=[currency_validator]
     )
     effective_from = models.DateTimeField(
-        help_text="It prices the hours that begin at or after this, until the next price of "
-        "its class."
+        help_text="It prices the hour this falls in and those after, until the next price "
+        "of its class."
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

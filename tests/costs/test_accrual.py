@@ -171,6 +171,17 @@ def test_the_longest_price_class_a_gpu_contains_prices_it():
     assert price_rules.pick("", prices, at(12)).per_hour == Decimal("0.5")
 
 
+def test_a_price_set_mid_hour_prices_the_hour_under_way_whole():
+    node("n1", gpus=1)
+    place(model("llama", team("research")), "n1", 0)
+    tick(at(10), at(10, 30), FIVE)
+    price("H100", "6.00", at(10, 30))  # set now, at 10:30
+    tick(at(10, 35), at(11, 1), FIVE)
+    got = costs.report(at(10), at(11))
+    assert by(got, "research", "llama").cost == Decimal("6.000000")
+    assert got.unpriced == []
+
+
 def test_tokens_give_cost_per_million_and_utilisation_against_the_best_hour():
     node("n1", gpus=2)
     llama = model("llama", team("research"))

@@ -1,8 +1,9 @@
 """Prices: which price an hour of a GPU is charged, and setting one (with its history).
 
-A price applies to the hours that begin at or after its ``effective_from``,
-until the next price of its class: an hour is priced whole, at the price in
-effect when it began. A GPU is priced by the longest price class its name
+A price applies from the hour its ``effective_from`` falls in, until the next
+price of its class: an hour is priced whole, at the last price that took effect
+before it ended, so a price set now prices the hour under way (a price from
+14:30 prices 14:00-15:00 too). A GPU is priced by the longest price class its name
 contains, case-blind, as a profile's ``gpu_class`` matches GPUs
 (fleet.services.placement); a class with no price yet in effect at that hour
 gives way to a shorter one that has one. A CPU-only node's hour is priced by
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
@@ -56,12 +57,17 @@ def matches(price_class: str, gpu_name: str) -> bool:
     return price_class.lower() in gpu_name.lower()
 
 
+def _hour(t: datetime) -> datetime:
+    """The start of the first hour a price from ``t`` prices: the hour ``t`` falls in."""
+    return t.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
 def pick(gpu_name: str, prices: list[PriceFact], when: datetime) -> PriceFact | None:
-    """The price of an hour of ``gpu_name`` beginning at ``when``: of the classes it matches
+    """The price of the hour of ``gpu_name`` beginning at ``when``: of the classes it matches
     that have a price in effect, the longest class's latest."""
     best = None
     for p in prices:
-        if p.effective_from > when or not matches(p.gpu_class, gpu_name):
+        if _hour(p.effective_from) > when or not matches(p.gpu_class, gpu_name):
             continue
         if best is None or (len(p.gpu_class), p.effective_from) >= (
             len(best.gpu_class),
@@ -74,7 +80,7 @@ def pick(gpu_name: str, prices: list[PriceFact], when: datetime) -> PriceFact | 
 def timeline(gpu_name: str, prices: list[PriceFact]) -> list[tuple[datetime | None, PriceFact]]:
     """When the price of ``gpu_name`` changes: (from, price) in order; the first from None
     when an unpriced time comes before (its price None)."""
-    points = sorted({p.effective_from for p in prices if matches(p.gpu_class, gpu_name)})
+    points = sorted({_hour(p.effective_from) for p in prices if matches(p.gpu_class, gpu_name)})
     out: list = [(None, None)]
     for at in points:
         got = pick(gpu_name, prices, at)
@@ -138,8 +144,9 @@ def set_price(
     actor=permissions.SYSTEM,
 ) -> Price:
     """A price for ``gpu_class`` from ``effective_from`` (default now); one of the same class
-    and date is replaced. The hours it prices that were counted already (a price dated
-    back) are priced again at once, closed ones too. Refused without ``price.set``."""
+    and date is replaced. The hours it prices that were counted already (the hour under
+    way, and more for a price dated back) are priced again at once, closed ones too.
+    Refused without ``price.set``."""
     permissions.require_action(actor, "price.set", f"set the price of {_named(gpu_class)}")
     when = effective_from or timezone.now()
     price = Price.objects.filter(gpu_class=gpu_class, effective_from=when).first() or Price(
@@ -153,7 +160,7 @@ def set_price(
     price.full_clean(validate_unique=False)
     with transaction.atomic():
         price.save()
-        repriced = reprice(when)
+        repriced = reprice(_hour(when))
     logger.info(
         "price set: %s %s %s/h from %s by %s (%d cost rows priced again)",
         _named(gpu_class),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import F, FloatField, Max, Sum
+from django.db.models import F, FloatField, Max, Min, Q, Sum
 from django.db.models.functions import Cast
 
 from fleet.models import CostHour
@@ -106,18 +106,25 @@ def report(start: datetime, end: datetime, by=("team", "model"), within=None) ->
     out = CostReport(first, last, by)
     out.peaks = peaks(last, first)
     groups: dict[tuple, CostRow] = {}
-    seen: set[str] = set()  # the GPUs that held anything
+    seen: dict[str, datetime] = {}  # GPU -> the first hour it held anything
     totals: dict[str, CostRow] = {}
-    for idle, team, model, gpu, currency, secs, cost, tokens in (
+    for idle, team, model, gpu, currency, secs, cost, tokens, since in (
         _rows(first, last, within)
         .order_by()
         .values("idle", "team_name", "model_name", "gpu_class", "currency")
-        .annotate(s=Sum("gpu_seconds"), c=Sum("cost"), t=Sum("tokens"))
-        .values_list("idle", "team_name", "model_name", "gpu_class", "currency", "s", "c", "t")
+        .annotate(
+            s=Sum("gpu_seconds"),
+            c=Sum("cost"),
+            t=Sum("tokens"),
+            since=Min("hour", filter=Q(gpu_seconds__gt=0)),
+        )
+        .values_list(
+            "idle", "team_name", "model_name", "gpu_class", "currency", "s", "c", "t", "since"
+        )
     ):
         hours, cost, tokens = (secs or 0.0) / 3600, cost or Decimal(0), tokens or 0
-        if hours:
-            seen.add(gpu)
+        if since is not None and (gpu not in seen or since < seen[gpu]):
+            seen[gpu] = since
         if idle:
             key = (True, None, None, gpu, currency)
             row = groups.get(key) or CostRow(None, None, gpu, True, currency)
@@ -145,8 +152,9 @@ def report(start: datetime, end: datetime, by=("team", "model"), within=None) ->
     out.idle = [r for r in rows if r.idle]
     out.totals = [totals[c] for c in sorted(totals)]
     price_list = prices.facts()
-    # A class once priced stays priced: no price at the first hour is some hours without.
-    out.unpriced = sorted(g for g in seen if prices.pick(g, price_list, first) is None)
+    # A class once priced stays priced: none at the first hour it held anything is some
+    # hours without.
+    out.unpriced = sorted(g for g, h in seen.items() if prices.pick(g, price_list, h) is None)
     return out
 
 
