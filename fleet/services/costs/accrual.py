@@ -17,12 +17,13 @@ tokens are their base model's.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -43,7 +44,7 @@ from fleet.models import (
 )
 
 from . import prices
-from .attribution import GpuFact, Holder, NodeFact, Owner, attribute
+from .attribution import Owner, attribute
 
 logger = logging.getLogger(__name__)
 
@@ -81,62 +82,56 @@ def pieces(start: datetime, end: datetime) -> list[tuple[datetime, float]]:
 
 @dataclass
 class Facts:
-    nodes: list[NodeFact]
-    gpus: list[GpuFact]
-    holders: list[Holder]
+    nodes: list  # of NodeFact's shape
+    gpus: list  # of GpuFact's shape
+    holders: list  # of Holder's shape
     # (model name, team name) -> (model id, team id), for the rows' links
     ids: dict[tuple[str, str], tuple[int | None, int | None]]
 
 
 def read_facts() -> Facts:
-    """The inventory and what holds it now: three queries, no model instances."""
-    nodes = [
-        NodeFact(nid, mem)
-        for nid, mem in Node.objects.exclude(state=NodeState.LOST).values_list(
-            "id", "memory_total_mb"
-        )
-    ]
-    gpus = [
-        GpuFact(nid, uuid, name or "", mem or 0)
-        for nid, uuid, name, mem in GPU.objects.order_by().values_list(
-            "node_id", "uuid", "name", "memory_total_mb"
-        )
-    ]
+    """The inventory and what holds it now: three queries, no model instances.
+
+    The ORM writes the SQL and the rows are fetched raw: its per-row conversion
+    (a JSON list per shard) cost more than the rest of a count at 5,000 nodes.
+    """
+    # Rows as they come, in the shapes of NodeFact and GpuFact (attribute reads by position).
+    nodes = _raw(Node.objects.exclude(state=NodeState.LOST).values_list("id", "memory_total_mb"))
+    gpus = _raw(GPU.objects.order_by().values_list("node_id", "uuid", "name", "memory_total_mb"))
     # What holds its GPUs until its process is gone, as placement counts it
     # (fleet.services.snapshot): one stopped before it ever started holds nothing.
     held = Shard.objects.filter(node__isnull=False).exclude(state__in=SHARD_FINISHED)
     held = held.exclude(desired_state=DesiredState.STOPPED, state=ShardState.PENDING)
     holders, ids = [], {}
-    for (
-        nid,
-        uuids,
-        state,
-        want,
-        model_id,
-        model,
-        team_id,
-        team,
-        share,
-        host,
-    ) in held.order_by().values_list(
-        "node_id",
-        "gpu_uuids",
-        "state",
-        "desired_state",
-        "replica__model_id",
-        "replica__model__name",
-        "replica__model__team_id",
-        "replica__model__team__name",
-        "replica__profile__gpu_memory_gb",
-        "replica__profile__min_memory_gb",
+    for nid, uuids, state, want, model_id, model, team_id, team, share, host in _raw(
+        held.order_by().values_list(
+            "node_id",
+            "gpu_uuids",
+            "state",
+            "desired_state",
+            "replica__model_id",
+            "replica__model__name",
+            "replica__model__team_id",
+            "replica__model__team__name",
+            "replica__profile__gpu_memory_gb",
+            "replica__profile__min_memory_gb",
+        )
     ):
         team = team or ""
+        if isinstance(uuids, str):  # SQLite's JSON is text; PostgreSQL's driver decodes it
+            uuids = json.loads(uuids)
         asleep = state == ShardState.ASLEEP and want == DesiredState.ASLEEP
-        holders.append(
-            Holder(nid, tuple(uuids or ()), model, team, share or None, host or None, asleep)
-        )
+        # A Holder's shape, as a plain tuple: made 25,000 times at 5,000 nodes.
+        holders.append((nid, uuids or (), model, team, share or None, host or None, asleep))
         ids[(model, team)] = (model_id, team_id)
     return Facts(nodes, gpus, holders, ids)
+
+
+def _raw(queryset) -> list[tuple]:
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
 
 
 def accrue(now: datetime | None = None) -> Accrued:

@@ -18,31 +18,31 @@ node with GPUs counts nothing either: that node is priced by its GPUs.
 """
 
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..units import MB_PER_GB, share_mb
 
+# Named tuples, not dataclasses: a count at 5,000 nodes makes 40,000 GPU facts and
+# hashes as many keys, and tuples are made and hashed in C.
 
-@dataclass(frozen=True)
-class GpuFact:
+
+class GpuFact(NamedTuple):
     node: str
     uuid: str
     name: str  # as NVML reports it: what CostHour.gpu_class keeps
     memory_mb: int  # MiB; 0: not reported
 
 
-@dataclass(frozen=True)
-class NodeFact:
+class NodeFact(NamedTuple):
     id: str
     memory_mb: int | None  # MemTotal, decimal MB; None: not reported
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """One placed shard that holds what it was given (its process not finished)."""
 
     node: str
-    gpus: tuple[str, ...]  # the uuids it holds; empty for a CPU shard
+    gpus: tuple  # the uuids it holds; empty for a CPU shard
     model: str
     team: str = ""
     share_gb: float | None = None  # its profile's gpu_memory_gb: None, whole GPUs
@@ -50,8 +50,7 @@ class Holder:
     asleep: bool = False
 
 
-@dataclass(frozen=True, order=True)
-class Owner:
+class Owner(NamedTuple):
     """A CostHour's key within its hour: idle, or a model of a team, on a GPU class."""
 
     idle: bool
@@ -64,41 +63,50 @@ def attribute(
     nodes: list[NodeFact], gpus: list[GpuFact], holders: list[Holder]
 ) -> dict[Owner, float]:
     """What each owner holds now, in GPUs (or CPU-only nodes); the values add up to the
-    fleet's GPUs plus its CPU-only nodes exactly."""
-    by_gpu: dict[tuple[str, str], GpuFact] = {(g.node, g.uuid): g for g in gpus}
-    with_gpus = {g.node for g in gpus}
-    known = {n.id: n for n in nodes}
-    on_gpu: dict[tuple[str, str], list[tuple[Owner, float]]] = defaultdict(list)
-    on_node: dict[str, list[tuple[Owner, float]]] = defaultdict(list)
-    for h in holders:
-        if h.asleep or h.node not in known:
+    fleet's GPUs plus its CPU-only nodes exactly.
+
+    Facts are read by position, so plain rows of the same shape do (the accrual
+    passes its query's rows as they come), and keys are plain tuples until the end.
+    """
+    memory = {nid: mem for nid, mem in nodes}
+    by_gpu = {(n, u): (name or "", mem or 0) for n, u, name, mem in gpus if n in memory}
+    with_gpus = {g[0] for g in gpus}
+    on_gpu: dict[tuple[str, str], list] = defaultdict(list)
+    on_node: dict[str, list] = defaultdict(list)
+    for node, uuids, model, team, share_gb, host_gb, asleep in holders:
+        if asleep or node not in memory:
             continue
-        if h.gpus:
-            for uuid in h.gpus:
-                gpu = by_gpu.get((h.node, uuid))
+        if uuids:
+            share = share_mb(share_gb) if share_gb else 0
+            for uuid in uuids:
+                gpu = by_gpu.get((node, uuid))
                 if gpu is None:
                     continue  # a GPU the node no longer reports: nothing to price
-                part = 1.0
-                if h.share_gb and gpu.memory_mb:
-                    part = min(1.0, share_mb(h.share_gb) / gpu.memory_mb)
-                on_gpu[(h.node, uuid)].append((Owner(False, gpu.name, h.model, h.team), part))
-        elif h.node not in with_gpus:
-            memory = known[h.node].memory_mb
-            part = 1.0
-            if h.host_gb and memory:
-                part = min(1.0, h.host_gb * MB_PER_GB / memory)
-            on_node[h.node].append((Owner(False, "", h.model, h.team), part))
-    held: dict[Owner, float] = defaultdict(float)
-    for key, gpu in by_gpu.items():
-        if gpu.node in known:
-            _split(held, on_gpu.get(key, ()), Owner(True, gpu.name))
-    for node in nodes:
-        if node.id not in with_gpus:
-            _split(held, on_node.get(node.id, ()), Owner(True, ""))
-    return dict(held)
+                name, total = gpu
+                part = min(1.0, share / total) if share and total else 1.0
+                on_gpu[(node, uuid)].append(((False, name, model, team), part))
+        elif node not in with_gpus:
+            mem = memory[node]
+            part = min(1.0, host_gb * MB_PER_GB / mem) if host_gb and mem else 1.0
+            on_node[node].append(((False, "", model, team), part))
+    held: dict[tuple, float] = defaultdict(float)
+    # The GPUs nobody holds (most of a fleet's, often) counted by name in one pass.
+    unheld: dict[str, int] = defaultdict(int)
+    for key, (name, _) in by_gpu.items():
+        parts = on_gpu.get(key)
+        if parts:
+            _split(held, parts, (True, name, "", ""))
+        else:
+            unheld[name] += 1
+    for name, n in unheld.items():
+        held[(True, name, "", "")] += n
+    for nid in memory:
+        if nid not in with_gpus:
+            _split(held, on_node.get(nid, ()), (True, "", "", ""))
+    return {Owner(*key): amount for key, amount in held.items()}
 
 
-def _split(held: dict, parts, idle: Owner) -> None:
+def _split(held: dict, parts, idle: tuple) -> None:
     """One GPU (or node) among its holders, scaled down past a whole one; the rest idle."""
     total = sum(p for _, p in parts)
     scale = 1.0 / total if total > 1.0 else 1.0
