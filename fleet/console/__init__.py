@@ -1,4 +1,4 @@
-"""The operator's console: cluster, node, model and batches pages inside the admin.
+"""The operator's console: cluster, node, model, batches and costs pages inside the admin.
 
 Pages and the fragments that refresh them in place (``views``), charts drawn
 as SVG on the server (``svg``); what they show comes from
@@ -59,6 +59,18 @@ Stable hooks for browser tests (ids and classes the pages keep):
   ``.batch-expires``, ``.batch-files`` (``.batch-output``, ``.batch-errors``);
   ``#batches-more`` (when more match than are shown), ``#batches-updated``;
   ``#nav-batches`` in every admin header for staff with ``fleet.view_batch``.
+- costs: ``#costs[data-start][data-end][data-period]`` (a named period or
+  "custom"), ``#costs-period`` (``select[name=period]``), ``#costs-dates``
+  (``#costs-from``, ``#costs-to``), ``#costs-csv`` (the API's CSV of the period),
+  ``#costs-error``, ``#costs-seen`` (whose costs a member sees), ``#costs-unpriced``,
+  ``#costs-totals`` (``.total[data-currency]`` with ``[data-total=cost|gpu-hours|
+  tokens|idle-share]``), ``figure.chart#chart-cost-<currency>`` (``data-points``;
+  each ``rect.segment[data-series][data-day][data-cost]``, ``.segment.idle`` on
+  top), ``#costs-teams`` (``tr.team-row[data-team]`` with ``.team``, ``.gpu-hours``,
+  ``.cost``, ``.tokens``, ``.per-million``, ``.utilisation``, ``.budget``),
+  ``#costs-models`` (``tr.model-row[data-team][data-model]``), ``#costs-idle``
+  (``tr.idle-row[data-gpu]``; absent for a member of a team), ``#costs-updated``;
+  ``#nav-costs`` in every admin header for staff with ``fleet.view_costhour``.
 - a batch: ``#batch[data-batch-id]``, ``#batch-body`` (refreshed while it runs)
   with ``#batch-summary``, ``#batch-status``, ``#batch-paused``,
   ``#batch-progress``, ``#batch-owner``, ``#batch-models``, ``#batch-files``,

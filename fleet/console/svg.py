@@ -130,3 +130,115 @@ def render(chart: Chart, start: float, end: float) -> str:
         legend.append(mark_safe('<li class="none">no data</li>'))
     legend.append(mark_safe("</ul>"))
     return mark_safe("".join(str(p) for p in parts + legend))
+
+
+# The idle no replica held: grey, apart from every team's colour.
+IDLE_COLOUR = "#b0b0b0"
+BAR_MAX = 48.0  # a bar's width: a short period is not a wall of colour
+
+
+def stacked_bars(chart, series_label=lambda s: s) -> str:
+    """A cost chart (``services.console.costs.CostChart``) as an SVG of one bar a day,
+    stacked per team in the chart's order with the idle on top, then its legend with each
+    series' total over the period. ``series_label`` names a series for people."""
+    from fleet.services.console.costs import IDLE
+
+    days = chart.days
+    top = max((float(d.total) for d in days), default=0.0) * 1.1 or 1.0
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    slot = plot_w / max(1, len(days))
+    bar_w = min(BAR_MAX, max(1.0, slot * 0.8))
+    colour = {
+        s: IDLE_COLOUR if s == IDLE else PALETTE[i % len(PALETTE)]
+        for i, s in enumerate(chart.series)
+    }
+    parts = [
+        format_html(
+            '<svg class="chart-svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
+            'aria-label="{}">',
+            WIDTH,
+            HEIGHT,
+            WIDTH,
+            HEIGHT,
+            f"cost a day, {chart.currency}",
+        ),
+        format_html(
+            '<rect class="plot" x="{}" y="{}" width="{}" height="{}"></rect>',
+            LEFT,
+            TOP,
+            plot_w,
+            plot_h,
+        ),
+        format_html(
+            '<text class="axis" x="{}" y="{}" text-anchor="end">{} {}</text>',
+            LEFT - 4,
+            TOP + 10,
+            f"{top:,.0f}" if top >= 10 else f"{top:.2f}",
+            chart.currency,
+        ),
+        format_html(
+            '<text class="axis" x="{}" y="{}" text-anchor="end">0</text>', LEFT - 4, TOP + plot_h
+        ),
+    ]
+    if days:
+        parts.append(
+            format_html(
+                '<text class="axis" x="{}" y="{}">{}</text>', LEFT, HEIGHT - 4, f"{days[0].day}"
+            )
+        )
+    if len(days) > 1:
+        parts.append(
+            format_html(
+                '<text class="axis" x="{}" y="{}" text-anchor="end">{}</text>',
+                WIDTH - RIGHT,
+                HEIGHT - 4,
+                f"{days[-1].day}",
+            )
+        )
+    for i, d in enumerate(days):
+        x = LEFT + i * slot + (slot - bar_w) / 2
+        y = TOP + plot_h
+        for who, cost in d.parts:
+            if not cost:
+                continue
+            h = plot_h * float(cost) / top
+            y -= h
+            parts.append(
+                format_html(
+                    '<rect class="segment{}" data-series="{}" data-day="{}" data-cost="{}" '
+                    'x="{}" y="{}" width="{}" height="{}" fill="{}">'
+                    "<title>{} {}: {} {}</title></rect>",
+                    " idle" if who == IDLE else "",
+                    who,
+                    d.day.isoformat(),
+                    f"{cost:.2f}",
+                    f"{x:.1f}",
+                    f"{y:.1f}",
+                    f"{bar_w:.1f}",
+                    f"{h:.1f}",
+                    colour[who],
+                    d.day.isoformat(),
+                    series_label(who),
+                    f"{cost:,.2f}",
+                    chart.currency,
+                )
+            )
+    parts.append(mark_safe("</svg>"))
+    legend = [mark_safe('<ul class="legend">')]
+    for s in chart.series:
+        total = sum((c for d in days for who, c in d.parts if who == s), start=0)
+        legend.append(
+            format_html(
+                '<li data-series="{}"><span class="swatch" style="background:{}"></span>{} '
+                '<span class="last">{} {}</span></li>',
+                s,
+                colour[s],
+                series_label(s),
+                f"{total:,.2f}",
+                chart.currency,
+            )
+        )
+    if not chart.series:
+        legend.append(mark_safe('<li class="none">no costs counted</li>'))
+    legend.append(mark_safe("</ul>"))
+    return mark_safe("".join(str(p) for p in parts + legend))

@@ -17,6 +17,7 @@ urlpatterns = [
     path("nodes/<str:node_id>/gpus/<int:index>/clear/", gpus.gpu_clear, name="gpu-clear"),
     path("models/<int:pk>/", views.model, name="model"),
     path("models/<int:pk>/fragment/", views.model_fragment, name="model-fragment"),
+    path("costs/", views.costs, name="costs"),
     path("batches/", views.batches, name="batches"),
     path("batches/fragment/", views.batches_fragment, name="batches-fragment"),
     path("batches/<str:batch_id>/", views.batch, name="batch"),

@@ -1,5 +1,5 @@
-"""The console's pages: cluster, node, model, batches, and the fragments that refresh them
-in place.
+"""The console's pages: cluster, node, model, batches, costs, and the fragments that refresh
+them in place.
 
 Pages go through ``admin.site.admin_view`` (a login page for anyone not
 staff); fragments, which scripts fetch, answer 403 instead of a login page
@@ -8,11 +8,13 @@ permission, as the admin's lists and the API do. Actions are POSTs with Django's
 CSRF check, behind a confirmation page, calling the same services as the
 admin's actions with the same permissions. Batches are shown by their owners'
 teams on top of the permission (``services.batches.owners.seen_by``): another
-team's batch is absent from the list and its page a 404.
+team's batch is absent from the list and its page a 404. Costs likewise
+(``services.cost_scope``): a member sees their teams' costs and totals of those.
 """
 
 import functools
 import time
+from urllib.parse import urlencode
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.contrib import admin, messages
@@ -25,10 +27,11 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
 from fleet.models import Batch, Model, Node, Replica, VllmBuild
-from fleet.services import access, charts, console, node_logs, permissions
+from fleet.services import access, charts, console, cost_scope, node_logs, permissions
 from fleet.services import drain as drain_service
 from fleet.services import engines as engine_service
 from fleet.services import nodes as node_service
+from fleet.services.console import costs as console_costs
 
 from . import svg
 
@@ -40,6 +43,7 @@ LOG_LINES = (50, 200, 1000)
 NODES = "fleet.view_node"  # the cluster and node pages, charts and logs: the nodes' facts
 MODELS = "fleet.view_model"  # a model's page
 BATCHES = "fleet.view_batch"  # the Batches page and a batch's, within the user's teams
+COSTS = cost_scope.COSTS  # the cost page, within the user's teams (services.cost_scope)
 # A node's weights, on its page: the permission the admin's Local weights and the API ask.
 WEIGHTS = "fleet.view_localweights"
 
@@ -488,3 +492,40 @@ def batch(request, batch_id: str):
 @require_GET
 def batch_fragment(request, batch_id: str):
     return render(request, "console/_batch_body.html", {"d": _batch(request, batch_id)})
+
+
+# ---- costs ------------------------------------------------------------------------------
+
+
+def _team_label(name: str) -> str:
+    if name == console_costs.IDLE:
+        return "idle (no replica)"
+    return name or "the fleet's (no team)"
+
+
+@page(COSTS)
+@require_GET
+def costs(request):
+    """What a period cost, by team and model, a bar a day, and the idle apart."""
+    error = ""
+    try:
+        chosen = console_costs.period(
+            request.GET.get("period", ""), request.GET.get("from", ""), request.GET.get("to", "")
+        )
+    except console_costs.PeriodError as exc:
+        error, chosen = str(exc), console_costs.period()
+    data = console_costs.cost_page(request.user, chosen)
+    csv_query = {"start": chosen.start.isoformat(), "end": chosen.end.isoformat()}
+    return render(
+        request,
+        "console/costs.html",
+        _context(
+            request,
+            "Costs",
+            c=data,
+            error=error,
+            periods=console_costs.PERIODS,
+            charts=[(ch, svg.stacked_bars(ch, _team_label)) for ch in data.charts],
+            csv_url=reverse("cost-list") + "?" + urlencode({**csv_query, "format": "csv"}),
+        ),
+    )

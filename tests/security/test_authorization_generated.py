@@ -946,6 +946,7 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             ("batches-fragment", lambda w: "/admin/cluster/batches/fragment/"),
             ("batch", lambda w: "/admin/cluster/batches/batch_none/"),
             ("batch-fragment", lambda w: "/admin/cluster/batches/batch_none/fragment/"),
+            ("costs", lambda w: "/admin/cluster/costs/"),
         )
     },
     "url:admin:index": NoChange(api("post", "/admin/"), "a page"),

@@ -9,7 +9,8 @@ dataclasses they return.
 
 The modules: ``lines`` (a node as a table line: its bars, GPUs, engines,
 disks; shared by the cluster and node pages), ``cluster``, ``node``, ``model``,
-``batches``.
+``batches``, and ``costs`` (the cost page: ``period`` and ``cost_page``, imported
+as ``services.console.costs``).
 
 Adding to a page: read in a fixed number of queries whatever the fleet's size
 (a prefetch or an aggregate, never a query per row), return plain data, and
