@@ -129,13 +129,15 @@ class Api:
         self.url, self.key, self.timeout = url, key, timeout
         self._opener = urllib.request.build_opener(_KeyStaysHome(url))
 
-    def call(self, method: str, path: str, body: dict | None = None, **query):
+    def call(self, method: str, path: str, body: dict | None = None, *, accept: str = "", **query):
+        """The API's answer to ``method path``: its JSON, or with ``accept`` (a type such as
+        text/csv) its text as it came."""
         query = {k: v for k, v in query.items() if v is not None}
         url = f"{self.url}/api/v1/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.key}")
-        req.add_header("Accept", "application/json")
+        req.add_header("Accept", accept or "application/json")
         # The audit trail says a change came through llmgw (fleet/audit.py).
         req.add_header("User-Agent", f"llmgw/{__version__}")
         if data is not None:
@@ -150,6 +152,8 @@ class Api:
             raise Failure(
                 f"cannot reach the control plane at {self.url}: {why}", EXIT_UNREACHABLE
             ) from None
+        if accept:
+            return raw.decode("utf-8")
         return json.loads(raw) if raw else None
 
 
@@ -705,6 +709,64 @@ def _usage(api: Api, args, out):
     return None
 
 
+def _through(text: str | None) -> str | None:
+    """--to as the API's end: a date is through that day (the next midnight); a time as
+    it is."""
+    import datetime
+
+    try:
+        day = datetime.date.fromisoformat(text or "")
+    except ValueError:
+        return text
+    return (day + datetime.timedelta(days=1)).isoformat()
+
+
+def _costs(api: Api, args, out):
+    query = {"start": args.from_, "end": _through(args.to), "by": args.by}
+    if args.csv:
+        out.write(api.call("GET", "costs/", accept="text/csv", **query))
+        return None
+    found = api.call("GET", "costs/", **query)
+    if args.json:
+        return found
+    period = f"{found['start'][:16].replace('T', ' ')} to {found['end'][:16].replace('T', ' ')}"
+    args.err.write(f"costs from {period} UTC, of {found['seen']}\n")
+    by = found["by"]
+    head = [b.upper().replace("_", " ") for b in by]
+    table = [[*head, "GPU-HOURS", "COST", "TOKENS", "PER 1M TOKENS", "UTILISATION"]]
+
+    def figures(r) -> list[str]:
+        per_m, use = r["cost_per_million_tokens"], r["utilisation"]
+        return [
+            f"{r['gpu_hours']:,.1f}",
+            f"{_money(r['cost'])} {r['currency']}",
+            f"{r['tokens']:,}" if not r["idle"] else "-",
+            "-" if per_m is None else f"{_money(per_m)} {r['currency']}",
+            "-" if use is None else f"{use:.0%}",
+        ]
+
+    for r in found["rows"]:
+        names = [(r[b] if b != "team" else r[b] or "(fleet)") or "-" for b in by]
+        table.append([*names, *figures(r)])
+    for r in found["idle"]:
+        gpu = r["gpu_class"] or "CPU-only nodes"
+        table.append([f"idle ({gpu})", *["" for _ in by[1:]], *figures(r)])
+    for r in found["totals"]:
+        table.append(["total", *["" for _ in by[1:]], *figures(r)])
+    if len(table) == 1:
+        args.err.write("no costs counted in that period\n")
+        return None
+    _table(table, out)
+    if found["unpriced"]:
+        args.err.write(f"no price for: {', '.join(found['unpriced'])} (costed at 0)\n")
+    return None
+
+
+def _money(text) -> str:
+    """A decimal the API sends as text, to two places: '12.345600' -> '12.35'."""
+    return f"{float(text):,.2f}"
+
+
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -882,6 +944,18 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--model", help="One model.")
     u.add_argument("--since", default="7d", help="How far back: 24h, 7d… (default 7d).")
     u.add_argument("--hourly", action="store_true", help="One line per hour, not totals.")
+    c = sub.add_parser("costs", help="What the fleet cost, by team and model, with the idle apart.")
+    c.add_argument(
+        "--from",
+        dest="from_",
+        metavar="DATE",
+        help="2026-11-01 or an ISO time (UTC); default: this month's start.",
+    )
+    c.add_argument("--to", metavar="DATE", help="The last day, included, or a time (default: now).")
+    c.add_argument(
+        "--by", default="team,model", help="team, model, gpu_class or several, comma-separated."
+    )
+    c.add_argument("--csv", action="store_true", help="The rows as CSV, for a spreadsheet.")
     a = sub.add_parser("audit", help="Who changed what, when and through which door; newest first.")
     a.add_argument("--actor", help="One user's changes.")
     a.add_argument("--door", help="admin, console, api, llmgw, 'manage.py CMD' or system.")
@@ -923,6 +997,7 @@ COMMANDS = {
     "engine-build": _engine_build,
     "rotate-key": _rotate,
     "usage": _usage,
+    "costs": _costs,
     "audit": _audit,
     "weights": _weights,
     "gc-weights": _gc_weights,
