@@ -10,6 +10,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 
 from fleet.models import CostHour, Event, EventKind, FleetStatus, ShardState, Team
 from fleet.services import costs
@@ -243,3 +244,20 @@ def test_the_report_reads_a_flat_number_of_queries_whatever_the_fleet(
     with django_assert_max_num_queries(3):
         got = costs.report(at(10), at(11))
     assert len(got.rows) == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_the_hours_add_up_and_a_spent_budget_is_seen(postgres):
+    """The second database path: the upsert, the SQL that prices rows, the closing and the
+    report's aggregates as PostgreSQL runs them."""
+    # given, when, then: as on SQLite
+    test_whole_gpus_of_two_teams_over_a_price_change_and_an_hour_boundary()
+    # when: research's budget is below the 10.00 it has spent
+    Team.objects.filter(name="research").update(budget_per_month=Decimal("8"))
+    costs.accrue(at(12, 6))
+    research = Team.objects.get(name="research")
+    assert research.spent_this_month >= Decimal("10")
+    assert research.budget_spent_at is not None
+    assert Event.objects.filter(kind=EventKind.BUDGET, reason__contains="research").count() == 2
+    with transaction.atomic():
+        assert len(costs.report(at(10), at(12)).rows) == 2

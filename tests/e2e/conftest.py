@@ -66,9 +66,10 @@ def postgres(transactional_db):
 
 
 @pytest.fixture
-def stack_on_postgres(postgres, tmp_path):
-    """``stack``, its control plane on the test's own PostgreSQL (``postgres``)."""
-    yield from _running(Stack(tmp_path, database_url=postgres.url))
+def stack_on_postgres(postgres, tmp_path, clock):
+    """``stack``, its control plane on the test's own PostgreSQL (``postgres``), on the
+    module's ``clock`` as well."""
+    yield from _running(Stack(tmp_path, database_url=postgres.url, **clock))
 
 
 @pytest.fixture

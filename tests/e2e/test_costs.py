@@ -2,7 +2,8 @@
 fake-engine models on one node of H100s (the NVML double), Celery beat counting every
 second, for a measured period. The teams' GPU-seconds are the period times what each
 holds (a whole GPU, a share of one), the report agrees with the rows and the prices,
-the tokens are the gateway's, and a team's budget in money stops its keys."""
+the tokens are the gateway's, and a team's budget in money stops its keys. On both
+database paths: SQLite, and a PostgreSQL of the test's own."""
 
 import json
 import time
@@ -70,7 +71,9 @@ def chat(stack, secret: str, model: str) -> requests.Response:
     )
 
 
-def test_two_teams_on_one_node_cost_what_they_hold_and_a_spent_budget_stops_keys(stack):
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_two_teams_on_one_node_cost_what_they_hold_and_a_spent_budget_stops_keys(database, request):
+    stack = request.getfixturevalue("stack" if database == "sqlite" else "stack_on_postgres")
     # given: a node of four H100s; research's alpha on a whole GPU, vision's beta on a
     # 40 GiB share of another; H100s at 36.00 an hour
     gpu_node(stack, "gpu-a", 4)
