@@ -210,6 +210,17 @@ def test_a_long_stop_is_not_counted_past_the_gap_bound():
     assert FleetStatus.get().cost_accrued_at == at(10, 30)
 
 
+def test_a_count_behind_the_last_one_changes_nothing():
+    node("n1", gpus=1)
+    place(model("llama", team("research")), "n1", 0)
+    costs.accrue(at(10))
+    costs.accrue(at(10, 5))
+    assert costs.accrue(at(10, 4)).skipped  # a worker whose clock is a minute behind
+    assert FleetStatus.get().cost_accrued_at == at(10, 5)
+    costs.accrue(at(10, 6))
+    assert CostHour.objects.get(idle=False).gpu_seconds == pytest.approx(360)
+
+
 def test_a_team_past_its_warning_and_then_its_budget_gets_one_event_each():
     node("n1", gpus=8)
     research = team("research", budget_per_month=Decimal("10"), budget_warn_percent=50)

@@ -145,11 +145,16 @@ def accrue(now: datetime | None = None) -> Accrued:
     done = Accrued()
     with transaction.atomic():
         last = FleetStatus.get().cost_accrued_at
+        if last is not None and now <= last:
+            # Counted up to a later time already (a worker whose clock is behind): the
+            # count is never moved back, or that time would be counted twice.
+            done.skipped = True
+            return done
         # The guard: of two counts at once, one writes; the other counts nothing.
         if not FleetStatus.objects.filter(pk=1, cost_accrued_at=last).update(cost_accrued_at=now):
             done.skipped = True
             return done
-        if last is not None and now > last:
+        if last is not None:
             start = max(last, now - timedelta(seconds=c.cost_gap_max_s))
             if start > last:
                 done.left_out_s = (start - last).total_seconds()
