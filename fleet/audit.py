@@ -169,6 +169,8 @@ KEPT_UP = [
     # A team's spending, kept up by the cost accrual.
     "spent_this_month",
     "spent_updated_at",
+    "spent_closed",
+    "spent_closed_key",
     "budget_warned_at",
     "budget_spent_at",
 ]

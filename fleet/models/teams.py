@@ -116,6 +116,17 @@ class Team(models.Model):
     spent_updated_at = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="When the accrual last counted it."
     )
+    # The part of the month that no count changes any more, summed once an hour rather
+    # than on every count (fleet.services.costs.budgets): the month's rows before its
+    # first open hour, in the budget's currency, and which hour and currency those were.
+    spent_closed = models.DecimalField(max_digits=18, decimal_places=6, default=0, editable=False)
+    spent_closed_key = models.CharField(
+        max_length=64,
+        blank=True,
+        editable=False,
+        help_text="The first open hour and the currency spent_closed was summed to; "
+        "empty: to be summed again.",
+    )
     budget_warned_at = models.DateTimeField(
         null=True,
         blank=True,

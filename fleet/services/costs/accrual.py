@@ -49,6 +49,9 @@ from .attribution import Owner, attribute
 logger = logging.getLogger(__name__)
 
 HOUR = timedelta(hours=1)
+# "closed IN (false)", not the ORM's "NOT closed", which SQLite's planner cannot take
+# the (closed, hour) index for: it read every hour ever counted, on every count.
+OPEN = [False]
 # The upsert's key: CostHour's unique constraint.
 _UNIQUE = ["hour", "idle", "gpu_class", "model_name", "team_name"]
 
@@ -286,7 +289,7 @@ def close(now: datetime, price_list=None) -> list[datetime]:
     before = now - HOUR - timedelta(seconds=flushed)
     hours = sorted(
         set(
-            CostHour.objects.filter(closed=False, hour__lte=before)
+            CostHour.objects.filter(closed__in=OPEN, hour__lte=before)
             .order_by()
             .values_list("hour", flat=True)
             .distinct()

@@ -147,6 +147,8 @@ def set_price(
     and date is replaced. The hours it prices that were counted already (the hour under
     way, and more for a price dated back) are priced again at once, closed ones too.
     Refused without ``price.set``."""
+    from .budgets import forget_closed  # budgets reads the accrual, which reads prices
+
     permissions.require_action(actor, "price.set", f"set the price of {_named(gpu_class)}")
     when = effective_from or timezone.now()
     price = Price.objects.filter(gpu_class=gpu_class, effective_from=when).first() or Price(
@@ -161,6 +163,7 @@ def set_price(
     with transaction.atomic():
         price.save()
         repriced = reprice(_hour(when))
+        forget_closed()  # the teams' spending is summed again at the next count
     logger.info(
         "price set: %s %s %s/h from %s by %s (%d cost rows priced again)",
         _named(gpu_class),
