@@ -15,8 +15,10 @@ import io
 from datetime import UTC, datetime, time
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -68,6 +70,7 @@ class PriceViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = Price.objects.all()
     serializer_class = PriceSerializer
     filterset_fields = ("gpu_class", "currency")
+    search_fields = ("gpu_class",)
     ordering_fields = ("gpu_class", "effective_from")
     action_permissions = {"create": list(permissions.needs("price.set"))}
 
@@ -231,11 +234,19 @@ def report_for(user, start: datetime, end: datetime, by) -> dict:
     }
 
 
+class OneReportSchema(AutoSchema):
+    """``GET costs/`` is a list route that answers one report, not a list of them."""
+
+    def _is_list_view(self, serializer=None) -> bool:
+        return False
+
+
 class CostViewSet(viewsets.ViewSet):
     """What the fleet cost over a period, by team, model or GPU, with the idle apart."""
 
     queryset = CostHour.objects.none()  # reading needs fleet.view_costhour
     renderer_classes = [JSONRenderer, CSVRenderer]
+    schema = OneReportSchema()
 
     @extend_schema(
         parameters=[
@@ -271,9 +282,19 @@ class CostViewSet(viewsets.ViewSet):
             response["Content-Disposition"] = f'attachment; filename="llmgw-costs-{stamp}.csv"'
         return response
 
+    def perform_content_negotiation(self, request, force=False):
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:  # DRF's answer to a ?format= no renderer has: a wrong parameter
+            given = request.query_params.get("format", "")
+            raise ValidationError(
+                {"format": [f"'{given}' is not a format costs come in: json or csv"]}
+            ) from None
+
     def finalize_response(self, request, response, *args, **kwargs):
-        # Errors are JSON, whatever the request asked for (fleet/api/exceptions.py).
-        if response.status_code >= 400:
+        # Errors are JSON, whatever the request asked for (fleet/api/exceptions.py), and
+        # so is anything but the report (OPTIONS' description of the route).
+        if response.status_code >= 400 or request.method != "GET":
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
         return super().finalize_response(request, response, *args, **kwargs)

@@ -78,6 +78,17 @@ class StrictFloatField(serializers.FloatField):
         return super().to_internal_value(data)
 
 
+class StrictDecimalField(serializers.DecimalField):
+    """An amount as text ("2.50"), as the schema says and as the API answers it: DRF's
+    DecimalField also takes the number 2.5, which a client reading the schema would not
+    send, and JSON numbers lose cents to binary fractions."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class NameRelatedField(serializers.SlugRelatedField):
     """A row by its name, as a string (DRF would find the group "0" for 0), or null
     where allowed; "" is neither (DRF would take it as null)."""
@@ -115,6 +126,7 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         models.TextField: StrictCharField,
         models.BooleanField: StrictBooleanField,
         models.FloatField: StrictFloatField,
+        models.DecimalField: StrictDecimalField,
     }
 
     def validate(self, attrs):

@@ -84,6 +84,17 @@ def _consistent_sleep(body: dict) -> None:
         body["sleep_after_s"] = body.get("sleep_after_s") or 60
 
 
+def _amount(drawn) -> str:
+    """Money as the decimal pattern draws it ("-12.5", ".", ""), made 0 or more: a
+    negative amount and a bare point are refused by rules the pattern cannot say."""
+    text = str(drawn).lstrip("-")
+    try:
+        float(text)
+    except ValueError:
+        return "2.50"
+    return text
+
+
 @schemathesis.hook
 def map_case(context, case):
     meta = case.meta
@@ -104,6 +115,13 @@ def _made_valid(case):
     path = case.operation.path
     if path == "/api/v1/usage/" and case.query and "since" in case.query:
         case.query["since"] = "7d"  # a duration or a time, in words only
+    if path == "/api/v1/costs/" and case.query:
+        # Dates or times in order (an end alone may come before this month, where the
+        # start is by default), and what costs are reported by, in words only.
+        if "start" in case.query or "end" in case.query:
+            case.query.update(start="2026-11-01", end="2026-11-02")
+        if "by" in case.query:
+            case.query["by"] = "team,model"
     if not isinstance(case.body, dict):
         return case
     if path.startswith("/api/v1/engine-profiles/") and case.method in ("POST", "PUT", "PATCH"):
@@ -162,6 +180,19 @@ def _made_valid(case):
                 case.body["max_gpu_memory_gb"] = None  # the stored quota: sent with it
             elif isinstance(quota, int) and guaranteed > quota:
                 case.body["guaranteed_gpu_memory_gb"] = quota
+        # A budget of 0 or more in three capital letters, in words only.
+        if case.body.get("budget_per_month") is not None:
+            case.body["budget_per_month"] = _amount(case.body["budget_per_month"])
+        if "budget_currency" in case.body:
+            case.body["budget_currency"] = "EUR"
+    elif path == "/api/v1/prices/" and case.method == "POST":
+        # Three capital letters, a price of 0 or more and a time it can be, in words only.
+        if "currency" in case.body:
+            case.body["currency"] = "EUR"
+        if "per_hour" in case.body:
+            case.body["per_hour"] = _amount(case.body["per_hour"])
+        if "effective_from" in case.body:
+            case.body["effective_from"] = "2026-11-01T00:00:00Z"
     elif path == "/api/v1/join-tokens/":
         case.body["ttl"] = "24h"
     elif path == "/api/v1/api-keys/{prefix}/rotate/":

@@ -49,7 +49,7 @@ def test_a_price_change_is_a_new_price_from_its_date_with_the_old_one_kept(clien
     first = post(client, "/api/v1/prices/", {"gpu_class": "H100", "per_hour": "2.50",
                                              "currency": "EUR",
                                              "effective_from": old_from.isoformat()})  # fmt: skip
-    second = post(client, "/api/v1/prices/", {"gpu_class": "H100", "per_hour": 2.8,
+    second = post(client, "/api/v1/prices/", {"gpu_class": "H100", "per_hour": "2.8",
                                               "currency": "EUR",
                                               "effective_from": new_from.isoformat()})  # fmt: skip
 
@@ -95,6 +95,7 @@ def test_setting_a_price_needs_add_price_and_the_refusal_changes_nothing(client)
     [
         ({"per_hour": "-1"}, "per_hour", "greater than or equal to 0"),
         ({"per_hour": "lots"}, "per_hour", "valid number"),
+        ({"per_hour": 2.5}, "per_hour", "valid number"),  # an amount is text, as answered
         ({"currency": "eur"}, "currency", "three capital letters"),
         ({"effective_from": "soon"}, "effective_from", "format"),
         ({"gpu_class": 100}, "gpu_class", "valid string"),
@@ -277,16 +278,26 @@ def test_costs_need_view_costhour(client):
         ({"end": "2026-13-01"}, "end", "neither a date"),
         ({"start": "2026-11-04", "end": "2026-11-03"}, "end", "is not after start"),
         ({"by": "team,colour"}, "by", "costs are reported by any of team, model, gpu_class"),
+        ({"format": "xlsx"}, "format", "'xlsx' is not a format costs come in: json or csv"),
     ],
 )
 def test_a_bad_query_is_a_400_in_json_even_for_csv(client, query, field, said):
     as_user(client, operator())
 
     for extra in ({}, {"format": "csv"}):
-        answer = client.get("/api/v1/costs/", {**query, **extra})
+        answer = client.get("/api/v1/costs/", {**extra, **query})
         assert answer.status_code == 400
         assert answer["Content-Type"] == "application/json"
         assert said in answer.json()[field][0]
+
+
+def test_options_describes_the_route_in_json_even_when_csv_is_asked_for(client):
+    as_user(client, operator())
+
+    answer = client.options("/api/v1/costs/?format=csv")
+
+    assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+    assert answer.json()["name"] == "Cost List"
 
 
 def test_by_default_the_period_is_this_month_so_far(client):
