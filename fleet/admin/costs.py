@@ -1,9 +1,11 @@
-"""Prices per GPU class, with their history.
+"""Prices per GPU class, with their history, and the cost hours they price.
 
 A price is never edited: a change is a new price from its date on, made
 through ``costs.set_price`` with the one permission check every door asks
 ("price.set"). Each price's page lists its class's history, and the list says
-which price is in force now.
+which price is in force now. Cost hours are derived (the accrual's) and
+read-only, narrowed to the teams a user may see (``services.cost_scope``), as
+the cost page is.
 """
 
 from contextvars import ContextVar
@@ -12,8 +14,10 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from fleet.models import Price
-from fleet.services import costs, permissions, price_history
+from fleet.models import CostHour, Price
+from fleet.services import cost_scope, costs, permissions, price_history
+
+from .common import ReadOnlyAdmin
 
 # Which price of each class is in force, worked out once for a list page's rows.
 _IN_FORCE: ContextVar[dict | None] = ContextVar("prices_in_force", default=None)
@@ -108,3 +112,38 @@ class PriceAdmin(admin.ModelAdmin):
 def per_hour_text(amount) -> str:
     """2.5000 as '2.50', 0.1234 as it is: money to the cent unless the price is finer."""
     return f"{amount:.2f}" if amount == round(amount, 2) else f"{amount.normalize()}"
+
+
+@admin.register(CostHour)
+class CostHourAdmin(ReadOnlyAdmin):
+    list_display = (
+        "hour",
+        "team_display",
+        "model_display",
+        "gpu_class",
+        "gpu_hours",
+        "cost",
+        "currency",
+        "tokens",
+        "closed",
+    )
+    list_filter = ("idle", "closed", "currency")
+    search_fields = ("team_name", "model_name", "gpu_class")
+    date_hierarchy = "hour"
+
+    def get_queryset(self, request):
+        within = cost_scope.seen_by(request.user).within
+        rows = super().get_queryset(request)
+        return rows if within is None else rows.filter(within)
+
+    @admin.display(description="team", ordering="team_name")
+    def team_display(self, obj):
+        return "-" if obj.idle else (obj.team_name or "(the fleet's)")
+
+    @admin.display(description="model", ordering="model_name")
+    def model_display(self, obj):
+        return "idle" if obj.idle else obj.model_name
+
+    @admin.display(description="GPU-hours", ordering="gpu_seconds")
+    def gpu_hours(self, obj):
+        return f"{obj.gpu_seconds / 3600:.2f}"

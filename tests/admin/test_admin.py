@@ -19,6 +19,7 @@ from fleet.models import (
     Batch,
     BatchFile,
     BatchLine,
+    CostHour,
     EngineProfile,
     FleetStatus,
     JoinToken,
@@ -31,7 +32,7 @@ from fleet.models import (
     Team,
 )
 from fleet.models.access import hash_secret
-from fleet.services import access, catalog
+from fleet.services import access, catalog, costs
 from fleet.services.autoscaler import step as autoscale_step
 from fleet.services.weights_gc import inventory as weights_inventory
 from tests.admin.helpers import form_data
@@ -120,6 +121,12 @@ def fleet():
         expires_at=timezone.now() + timedelta(hours=24),
     )  # fmt: skip
     BatchLine.objects.create(batch=batch, line=1, custom_id="q-1", status_code=200, body="{}")
+    # A price, and an hour the accrual counted at it.
+    costs.set_price("H100", "2.50", "EUR", timezone.now() - timedelta(days=1))
+    CostHour.objects.create(
+        hour=timezone.now().replace(minute=0, second=0, microsecond=0), model_name="qwen",
+        gpu_class="NVIDIA H100 80GB HBM3", gpu_seconds=1800, cost=1.25, currency="EUR",
+    )  # fmt: skip
     return node
 
 

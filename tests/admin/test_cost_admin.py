@@ -127,3 +127,21 @@ def test_a_bad_budget_is_refused_and_without_change_team_the_page_is_read_only(c
     assert client.post(url, data).status_code == 403
     research.refresh_from_db()
     assert (research.budget_per_month, research.budget_currency) == (None, "USD")
+
+
+def test_cost_hours_are_read_only_and_a_member_sees_their_team_s_only(client):
+    from tests.costs.surfaces import a_day
+
+    teams = a_day()
+    alice = grant(staff_user("alice"), "fleet.view_costhour")
+    alice.groups.add(teams["vision"].group)
+    client.force_login(alice)
+
+    listing = client.get(reverse("admin:fleet_costhour_changelist")).content.decode()
+
+    assert "vit-l" in listing and "llama-70b" not in listing and ">idle<" not in listing
+    assert "12 cost hours" in listing
+    client.force_login(operator())
+    listing = client.get(reverse("admin:fleet_costhour_changelist")).content.decode()
+    assert "60 cost hours" in listing  # 24 of llama, 12 of vit, 24 idle
+    assert 'name="_selected_action"' not in listing  # no action: nothing to change
