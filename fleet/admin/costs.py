@@ -10,6 +10,7 @@ the cost page is.
 
 from contextvars import ContextVar
 
+from django import forms
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -23,8 +24,22 @@ from .common import ReadOnlyAdmin
 _IN_FORCE: ContextVar[dict | None] = ContextVar("prices_in_force", default=None)
 
 
+class PriceForm(forms.ModelForm):
+    class Meta:
+        model = Price
+        fields = ("gpu_class", "per_hour", "currency", "effective_from")
+
+    def _get_validation_exclusions(self):
+        # A price of a class and date already priced replaces that one, as through the
+        # API and a catalog file (costs.set_price): the one way to correct a typo. Leaving
+        # the date out of the model's checks leaves out its unique constraint; the form's
+        # field has checked the date itself.
+        return {*super()._get_validation_exclusions(), "effective_from"}
+
+
 @admin.register(Price)
 class PriceAdmin(admin.ModelAdmin):
+    form = PriceForm
     list_display = (
         "class_display",
         "per_hour",

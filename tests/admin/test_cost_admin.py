@@ -51,6 +51,16 @@ def test_an_operator_adds_a_price_and_its_page_shows_the_class_history(client):
     assert listing.count("icon-yes.svg") == 1  # one price in force per class
 
 
+def test_a_price_of_a_class_and_date_priced_already_replaces_it_as_in_the_api(client):
+    client.force_login(operator())
+    client.post(reverse(ADD), price_form(client))
+
+    again = client.post(reverse(ADD), price_form(client, per_hour="2.40"))
+
+    assert again.status_code == 302
+    assert list(Price.objects.values_list("per_hour", flat=True)) == [Decimal("2.40")]
+
+
 def test_a_price_is_never_changed_or_deleted_in_the_admin(client):
     client.force_login(operator())
     price = Price.objects.create(gpu_class="H100", per_hour=1, effective_from=timezone.now())
