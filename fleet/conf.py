@@ -281,7 +281,7 @@ class FleetSettings:
     # gateway away) is sent again after the answer's Retry-After, else this.
     batch_retry_s: float = 5.0
 
-    # Costs (fleet.services.costs; docs/operations.md, "Costs"). The currency of new
+    # Costs (fleet.services.costs; docs/operations.md, "What the fleet costs"). The currency of new
     # prices and budgets; beat's interval for counting what each replica holds (and
     # the expiry of each entry); and the most one count adds, so that a control
     # plane stopped for a while does not invent what ran while nobody looked.

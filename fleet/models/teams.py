@@ -80,7 +80,7 @@ class Team(models.Model):
         "higher priority may take it back. Empty: nothing guaranteed. Set only by those "
         "with the permission fleet.manage_all_teams.",
     )
-    # A budget in money (docs/operations.md, "Costs"): what its models' GPU-hours
+    # A budget in money (docs/operations.md, "What the fleet costs"): what its models' GPU-hours
     # cost this UTC month, as the accrual (fleet.services.costs) priced them.
     budget_per_month = models.DecimalField(
         "budget per month",

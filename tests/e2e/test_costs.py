@@ -1,9 +1,9 @@
-"""What the fleet costs, over real processes (docs/operations.md, "Costs"): two teams'
-fake-engine models on one node of H100s (the NVML double), Celery beat counting every
-second, for a measured period. The teams' GPU-seconds are the period times what each
-holds (a whole GPU, a share of one), the report agrees with the rows and the prices,
-the tokens are the gateway's, and a team's budget in money stops its keys. On both
-database paths: SQLite, and a PostgreSQL of the test's own."""
+"""What the fleet costs, over real processes (docs/operations.md, "What the fleet costs"):
+two teams' fake-engine models on one node of H100s (the NVML double), Celery beat
+counting every second, for a measured period. The teams' GPU-seconds are the period
+times what each holds (a whole GPU, a share of one), the report agrees with the rows and
+the prices, the tokens are the gateway's, and a team's budget in money stops its keys.
+On both database paths: SQLite, and a PostgreSQL of the test's own."""
 
 import json
 import time
@@ -124,6 +124,16 @@ def test_two_teams_on_one_node_cost_what_they_hold_and_a_spent_budget_stops_keys
     assert fleet.gpu_hours * 3600 == pytest.approx(sum(after.values()))
     assert fleet.cost == pytest.approx(Decimal(fleet.gpu_hours) * PRICE, abs=Decimal("0.0001"))
     assert got.unpriced == []
+
+    # and the API (GET costs/, what the cost page and `llmgw costs` read) says the same
+    start, end = (t1 - 2 * HOUR).isoformat(), (t1 + HOUR).isoformat()
+    api = stack.api("get", "costs/", params={"start": start, "end": end})
+    by_owner = {(r["team"], r["model"]): r for r in api["rows"]}
+    for r in got.rows:
+        shown = by_owner[(r.team, r.model)]
+        assert shown["gpu_hours"] == pytest.approx(r.gpu_hours, rel=1e-6)
+        assert Decimal(shown["cost"]) == pytest.approx(r.cost, abs=Decimal("0.000001"))
+    assert sum(r["gpu_hours"] for r in api["idle"]) == pytest.approx(idle_row.gpu_hours)
 
     # and the tokens are what the gateway counted for each model
     def tokens_counted():

@@ -1,7 +1,8 @@
-"""A team's budget in money, through a real gateway (docs/operations.md, "Costs"): once
-the cost accrual counts it spent, its keys get 429 ``insufficient_quota`` naming the
-team and its budget, other teams' keys are served, and raising the budget serves it
-again. The gateway learns it from the keys it reloads: no request reads the database."""
+"""A team's budget in money, through a real gateway (docs/operations.md, "What the fleet
+costs"): once the cost accrual counts it spent, its keys get 429 ``insufficient_quota``
+naming the team and its budget, other teams' keys are served, and raising the budget
+serves it again. The gateway learns it from the keys it reloads: no request reads the
+database."""
 
 import json
 from datetime import UTC, datetime

@@ -1,4 +1,4 @@
-"""What the fleet costs, by team and model (docs/operations.md, "Costs").
+"""What the fleet costs, by team and model (docs/operations.md, "What the fleet costs").
 
 - ``attribution``: who holds which GPUs (and shares, and CPU-only nodes) now; pure.
 - ``accrual``: ``accrue``, beat's count of that into the hour's CostHour rows,
