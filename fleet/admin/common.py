@@ -81,3 +81,16 @@ def count_message(done: int, total: int, verb: str, already: str) -> str:
     if total - done:
         text += f" ({total - done} {already})"
     return text
+
+
+def rendered_with(var, value, view):
+    """``view()``'s response, rendered while the context variable ``var`` holds ``value``:
+    a changelist's columns read figures worked out once for the page, not once a row."""
+    token = var.set(value)
+    try:
+        response = view()
+        if hasattr(response, "render"):
+            response.render()  # while the figures are set
+        return response
+    finally:
+        var.reset(token)

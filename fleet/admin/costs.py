@@ -18,7 +18,7 @@ from django.utils.html import format_html, format_html_join
 from fleet.models import CostHour, Price
 from fleet.services import cost_scope, costs, permissions, price_history
 
-from .common import ReadOnlyAdmin
+from .common import ReadOnlyAdmin, rendered_with
 
 # Which price of each class is in force, worked out once for a list page's rows.
 _IN_FORCE: ContextVar[dict | None] = ContextVar("prices_in_force", default=None)
@@ -81,14 +81,11 @@ class PriceAdmin(admin.ModelAdmin):
         obj._state.adding = False
 
     def changelist_view(self, request, extra_context=None):
-        token = _IN_FORCE.set(price_history.in_force())
-        try:
-            response = super().changelist_view(request, extra_context)
-            if hasattr(response, "render"):
-                response.render()  # while the figures are set
-            return response
-        finally:
-            _IN_FORCE.reset(token)
+        return rendered_with(
+            _IN_FORCE,
+            price_history.in_force(),
+            lambda: super(PriceAdmin, self).changelist_view(request, extra_context),
+        )
 
     @admin.display(description="GPU class", ordering="gpu_class")
     def class_display(self, obj):

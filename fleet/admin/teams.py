@@ -9,6 +9,8 @@ from django.contrib.auth.models import Group
 from fleet.models import Team
 from fleet.services import reach, teams
 
+from .common import rendered_with
+
 # What every team holds, worked out once for a list page's rows.
 _USE: ContextVar[dict | None] = ContextVar("team_use", default=None)
 
@@ -156,14 +158,11 @@ class TeamAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
 
     def changelist_view(self, request, extra_context=None):
-        token = _USE.set(teams.in_use())
-        try:
-            response = super().changelist_view(request, extra_context)
-            if hasattr(response, "render"):
-                response.render()  # while the figures are set
-            return response
-        finally:
-            _USE.reset(token)
+        return rendered_with(
+            _USE,
+            teams.in_use(),
+            lambda: super(TeamAdmin, self).changelist_view(request, extra_context),
+        )
 
     def _of(self, obj) -> dict:
         use = _USE.get()
