@@ -45,13 +45,11 @@ from fleet.models import (
 
 from . import prices
 from .attribution import Owner, attribute
+from .budgets import OPEN, spend
 
 logger = logging.getLogger(__name__)
 
 HOUR = timedelta(hours=1)
-# "closed IN (false)", not the ORM's "NOT closed", which SQLite's planner cannot take
-# the (closed, hour) index for: it read every hour ever counted, on every count.
-OPEN = [False]
 # The upsert's key: CostHour's unique constraint.
 _UNIQUE = ["hour", "idle", "gpu_class", "model_name", "team_name"]
 
@@ -140,8 +138,6 @@ def _raw(queryset) -> list[tuple]:
 def accrue(now: datetime | None = None) -> Accrued:
     """Count the time since the last count into the hours' rows, close the hours that are
     over, and bring the teams' spending up to date (fleet.services.costs.budgets)."""
-    from .budgets import spend
-
     now = now or timezone.now()
     c = fleet_settings()
     facts = read_facts()

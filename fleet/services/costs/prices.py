@@ -28,6 +28,7 @@ from fleet.conf import fleet_settings
 from fleet.models import CostHour, Price
 
 from .. import permissions
+from .budgets import forget_closed
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +148,6 @@ def set_price(
     and date is replaced. The hours it prices that were counted already (the hour under
     way, and more for a price dated back) are priced again at once, closed ones too.
     Refused without ``price.set``."""
-    from .budgets import forget_closed  # budgets reads the accrual, which reads prices
-
     permissions.require_action(actor, "price.set", f"set the price of {_named(gpu_class)}")
     when = effective_from or timezone.now()
     price = Price.objects.filter(gpu_class=gpu_class, effective_from=when).first() or Price(
