@@ -38,7 +38,8 @@ from fleet.models import (
     VllmBuild,
     WantedEngine,
 )
-from fleet.models.catalog import GPU_MEMORY_GB_MAX, PRIORITY_MAX
+from fleet.models.catalog import PRIORITY_MAX
+from fleet.models.profiles import GPU_MEMORY_GB_MAX
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import adapters, profiles, reach, teams
 from fleet.services import nodes as node_service

@@ -1,7 +1,7 @@
 from .access import ApiKey, JoinToken, KeyUsage, NodeCredential
 from .adapters import Adapter
 from .batches import Batch, BatchFile, BatchLine
-from .catalog import EngineProfile, Model
+from .catalog import Model
 from .choices import (
     BATCH_FINISHED,
     SHARD_FINISHED,
@@ -33,6 +33,7 @@ from .nodes import (
     Storage,
     WantedEngine,
 )
+from .profiles import EngineProfile
 from .status import Event, FleetStatus
 from .teams import Team
 from .weights import WeightsEvent

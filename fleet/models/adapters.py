@@ -10,7 +10,8 @@ as weights, fetched and verified by the node (agentd.fetch).
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from .catalog import Model, fetch_errors, name_validator
+from .catalog import Model, name_validator
+from .fetched import fetch_errors
 
 # What vLLM accepts as --max-lora-rank (its LoRAConfig), and so a rank an adapter may state.
 RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -4,9 +4,10 @@ import uuid
 
 from django.db import models
 
-from .catalog import EngineProfile, Model
+from .catalog import Model
 from .choices import DesiredState, Evict, ReplicaState, ShardState
 from .nodes import Node
+from .profiles import EngineProfile
 
 
 def new_id() -> str:
