@@ -2,7 +2,7 @@
 one, with a share of the traffic, promoted or aborted by an operator.
 
 Starting one is setting ``canary_profile`` and ``canary_percent`` (admin, API, a
-catalog file); the reconciler runs its replicas (``passes.scale_canary``) and
+catalog file); the reconciler runs its replicas (``reconciler.scaling``) and
 the gateway splits requests (``fleet.gateway.table``). Promote makes it the
 active profile, and the rolling replacement that exists replaces the rest;
 abort clears it, and its replicas drain as outdated ones do.

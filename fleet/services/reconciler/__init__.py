@@ -12,8 +12,9 @@ The modules, in the order a pass meets them:
 - ``runner``: ``run_locked()`` runs passes under the lock, again when asked meanwhile.
 - ``lock``: the lock itself (advisory lock on PostgreSQL, Redis lock otherwise).
 - ``passes``: one pass in one transaction; ``expiry`` (suspect and lost nodes,
-  the fleet-wide brake), ``rows`` (the raw reads), ``placing`` (placement's
-  decisions turned into shards), ``housekeeping`` (finished drains,
+  the fleet-wide brake), ``rows`` (the raw reads), ``scaling`` (how many
+  replicas of which profile, rolling replacement, canaries), ``placing``
+  (placement's decisions turned into shards), ``housekeeping`` (finished drains,
   registrations, forgetting rows) and ``report`` (what the pass did).
 - ``metrics``: the reconciler's figures on /metrics, read from FleetStatus.
 
