@@ -240,7 +240,7 @@ def fabrics(root: Path = INFINIBAND, name: str = "") -> list[protocol.Fabric]:
     return out
 
 
-# What the protocol takes as an interface name (protocol.IfName): a name
+# What the protocol takes as an interface name (protocol.fields.IfName): a name
 # outside it is not reported rather than refused with the whole register.
 IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 

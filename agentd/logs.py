@@ -13,7 +13,7 @@ AGENT_SOURCE = "agent"
 # A logs_reply travels in one WebSocket message, and Daphne refuses messages
 # over 1 MiB. Keep well under it, dropping the oldest lines first.
 REPLY_BUDGET_BYTES = 768 * 1024
-MAX_LINE_CHARS = 4096  # protocol.Text's limit
+MAX_LINE_CHARS = 4096  # protocol.fields.Text's limit
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 

@@ -14,7 +14,7 @@ with registration in ``fleet.services.inventory``).
 
 Adding a fact to heartbeats, in order:
 
-1. ``agentd/protocol.py``: the field on ``Heartbeat``, with its "unset means
+1. ``agentd/protocol/node.py``: the field on ``Heartbeat``, with its "unset means
    unchanged" value; then docs/protocol.md; then the agent sends it.
 2. ``ReportMemo`` in ``apply``: if agents repeat the fact unchanged most of the
    time, remember what was written and send the writer no news instead.
