@@ -7,8 +7,8 @@ import pytest
 
 from fleet.batch_api import edge
 from fleet.models import BatchStatus as S
-from fleet.services.batches import jsonl, lifecycle, pause, runner
-from fleet.services.batches.runner import Answer
+from fleet.services.batches import jsonl, lifecycle, pause, sending
+from fleet.services.batches.sending import Answer
 
 LIMITS = {"chat/completions": 16 << 20, "completions": 4 << 20, "embeddings": 8 << 20}
 
@@ -266,12 +266,12 @@ def error(code):
         (Answer(503, error("no_ready_replica"), retry_after=2), 1, 2),
         (Answer(503, error("limits_unavailable")), 9, 5.0),  # not now, however often
         (Answer(502, error("upstream_unavailable")), 1, 5.0),
-        (Answer(502, error("upstream_unavailable")), runner.ATTEMPTS, None),
-        (Answer(500, error("internal")), runner.ATTEMPTS - 1, 5.0),
+        (Answer(502, error("upstream_unavailable")), sending.ATTEMPTS, None),
+        (Answer(500, error("internal")), sending.ATTEMPTS - 1, 5.0),
     ],
 )
 def test_whether_an_answer_is_the_lines_or_it_goes_again(answer, attempts, wait_s):
-    assert runner.verdict(answer, attempts, 5.0) == wait_s
+    assert sending.verdict(answer, attempts, 5.0) == wait_s
 
 
 # ---- the lines' credential -------------------------------------------------------------

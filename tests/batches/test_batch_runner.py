@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import Batch, BatchFile, BatchLine
-from fleet.services.batches import files, lifecycle, pause, runner
+from fleet.services.batches import files, leases, lifecycle, pause, runner
 from fleet.services.batches.jsonl import check
 from tests.batches.helpers import StubGateway, jsonl, key
 
@@ -68,7 +68,7 @@ def start(batch: Batch) -> None:
 
 
 def owner(batch: Batch) -> str:
-    return runner.owner_of(batch.team_id, batch.api_key_id)
+    return leases.owner_of(batch.team_id, batch.api_key_id)
 
 
 def run_until_finished(batch: Batch, tries: int = 50) -> Batch:
@@ -254,7 +254,7 @@ def test_a_batch_past_its_window_expires_and_says_which_lines_were_not_run(gatew
 def test_one_worker_at_a_time_sends_an_owners_lines(gateway, facts):
     batch = new_batch(3)
     start(batch)
-    held = runner.Lease(owner(batch), 5)
+    held = leases.Lease(owner(batch), 5)
     with held as got:
         assert got
         assert runner.tick() == []  # beat hands it to no other worker

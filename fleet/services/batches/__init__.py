@@ -8,7 +8,9 @@ interactive traffic leaves, through the gateway's own routing and limits.
   validate, finish; how the API shows batches and files.
 - ``credentials``: what a batch's lines carry to the gateway to act as its key.
 - ``pause``: when a line may start (interactive requests first), a pure rule.
-- ``runner``: beat's tick, the owner's lease, one slice of sending lines.
+- ``leases``: whom a runner works for (an owner), and its lease: one worker at a time.
+- ``sending``: a line sent to the gateway, and whether its answer is the line's.
+- ``runner``: beat's tick, one slice of an owner's lines sent and answers written.
 
 Adding an endpoint a batch may run: its URL in ``jsonl.ENDPOINTS`` (and its body
 rule in the gateway); the runner sends whatever URL a line names.

@@ -3,11 +3,11 @@
 Beat's ``tick`` checks new batches (``lifecycle.validate``) and names the owners
 (a team, or a key of no team) that have batches to run; the task layer hands
 each to a worker, which runs ``run_owner`` for one slice (``LLMGW_BATCH_SLICE_S``)
-under that owner's lease in Redis, so one worker at a time sends an owner's
-lines and a worker killed -9 is replaced once its lease runs out.
+under that owner's lease in Redis (``leases``), so one worker at a time sends an
+owner's lines and a worker killed -9 is replaced once its lease runs out.
 
-Each line goes to the gateway (``LLMGW_BATCH_GATEWAY_URL``) as an ordinary HTTP
-request with the batch's credential (``credentials``), so it meets the gateway's
+Each line goes to the gateway as an ordinary HTTP request (``sending``) with the
+batch's credential (``credentials``), so it meets the gateway's
 routing and the key's models, limits and budgets like any other request. At
 most ``LLMGW_BATCH_CONCURRENCY`` lines of a batch and
 ``LLMGW_BATCH_TEAM_CONCURRENCY`` of an owner are in flight, and no line starts
@@ -25,7 +25,6 @@ in the output. When every line has its row, the files are assembled
 (``lifecycle.finish``).
 """
 
-import http.client
 import json
 import logging
 import threading
@@ -34,9 +33,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
-import redis
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -44,7 +41,8 @@ from django.utils import timezone
 from fleet.conf import fleet_settings
 from fleet.models import Batch, BatchFile, BatchLine, BatchStatus
 
-from . import credentials, files, lifecycle, pause
+from . import credentials, files, leases, lifecycle, pause
+from .sending import Answer, Sender, verdict
 
 logger = logging.getLogger(__name__)
 
@@ -57,90 +55,6 @@ LOOK_S = 1.0
 # Answers written together: at most this many, or after this long.
 FLUSH_LINES = 50
 FLUSH_S = 0.5
-# A line whose gateway failed it (a 5xx other than "not now") is tried this often,
-# within a slice, before that answer is its own.
-ATTEMPTS = 3
-# Answers the gateway gives when the line should wait and go again, by error code.
-_NOT_NOW = {
-    "rate_limit_exceeded",
-    "model_at_capacity",
-    "too_many_in_flight",
-    "no_ready_replica",
-    "too_many_waiting",
-    "limits_unavailable",
-    "gateway_starting",
-}
-
-
-# ---- owners and their leases ----------------------------------------------------------
-
-
-def owner_of(team_id: int | None, key_id: int) -> str:
-    return f"team:{team_id}" if team_id is not None else f"key:{key_id}"
-
-
-def _owned_by(owner: str) -> Q:
-    kind, _, pk = owner.partition(":")
-    if kind == "team":
-        return Q(team_id=int(pk))
-    return Q(api_key_id=int(pk), team__isnull=True)
-
-
-def _lease_key(owner: str) -> str:
-    from fleet.services.reconciler.lock import prefix
-
-    return f"{prefix()}:batch:lease:{owner}"
-
-
-class Lease:
-    """An owner's lease in Redis: held by one worker, renewed by a thread of its own while
-    held, and ``lost`` when a renewal fails (the worker then stops starting lines)."""
-
-    def __init__(self, owner: str, ttl_s: float):
-        from fleet.services.reconciler.lock import redis_client
-
-        self.lock = redis_client().lock(_lease_key(owner), timeout=ttl_s, thread_local=False)
-        self.ttl_s = ttl_s
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> bool:
-        self.held = self.lock.acquire(blocking=False)
-        if self.held:
-            self._thread = threading.Thread(target=self._renew, name="batch-lease", daemon=True)
-            self._thread.start()
-        return self.held
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            try:
-                self.lock.reacquire()
-            except (redis.exceptions.LockError, redis.RedisError):
-                logger.warning(
-                    "batch lease %s lost; this worker stops starting lines", self.lock.name
-                )
-                self.lost.set()
-                return
-
-    def __exit__(self, *exc) -> None:
-        if not self.held:
-            return
-        self._stop.set()
-        self._thread.join()
-        try:
-            self.lock.release()
-        except (redis.exceptions.LockError, redis.RedisError):
-            pass  # expired or Redis away: it runs out by itself
-
-
-def lease_held(owner: str) -> bool:
-    from fleet.services.reconciler.lock import redis_client
-
-    try:
-        return bool(redis_client().exists(_lease_key(owner)))
-    except redis.RedisError:
-        return False
 
 
 def tick() -> list[str]:
@@ -148,110 +62,23 @@ def tick() -> list[str]:
     for batch in Batch.objects.filter(status=S.VALIDATING).select_related("api_key"):
         lifecycle.validate(batch)
     owners = {
-        owner_of(team_id, key_id)
+        leases.owner_of(team_id, key_id)
         for team_id, key_id in Batch.objects.filter(status__in=RUNNING)
         .values_list("team_id", "api_key_id")
         .distinct()
     }
-    return sorted(o for o in owners if not lease_held(o))
+    return sorted(o for o in owners if not leases.lease_held(o))
 
 
 def run_owner(owner: str, slice_s: float | None = None) -> bool:
     """One slice of an owner's batches, if no other worker holds them; whether to go on at
     once (the slice ended with lines still to send)."""
     c = fleet_settings()
-    lease = Lease(owner, c.batch_lease_s)
+    lease = leases.Lease(owner, c.batch_lease_s)
     with lease as held:
         if not held:
             return False
         return Slice(owner, lease.lost).run(slice_s or c.batch_slice_s)
-
-
-# ---- what the gateway answered --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int | None  # None: no answer (the connection failed)
-    body: bytes = b""
-    retry_after: float | None = None
-
-
-def verdict(answer: Answer, attempts: int, default_wait_s: float) -> float | None:
-    """Seconds to wait before sending the line again, or None when this answer is the line's.
-
-    Not now: no answer at all, a 429 other than a spent budget, or a 503 (no replica
-    ready, too many waiting, limits unavailable). A 5xx the engine or the gateway
-    failed with is tried ``ATTEMPTS`` times. Anything else (2xx, 4xx, a spent budget)
-    is the line's answer.
-    """
-    wait_s = answer.retry_after if answer.retry_after is not None else default_wait_s
-    if answer.status is None:
-        return wait_s
-    if answer.status == 429 or answer.status == 503:
-        code = _error_code(answer.body)
-        if code == "insufficient_quota":
-            return None
-        if answer.status == 503 or code in _NOT_NOW or code is None:
-            return wait_s
-        return None
-    if answer.status >= 500 and attempts < ATTEMPTS:
-        return wait_s
-    return None
-
-
-def _error_code(body: bytes) -> str | None:
-    try:
-        error = json.loads(body).get("error")
-        return error.get("code") if isinstance(error, dict) else None
-    except (ValueError, AttributeError):
-        return None
-
-
-class Sender:
-    """HTTP/1.1 to the gateway, one keep-alive connection per pool thread."""
-
-    def __init__(self, base_url: str, timeout_s: float):
-        parts = urlsplit(base_url.rstrip("/"))
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port
-        self.path = parts.path.removesuffix("/v1")
-        self.timeout_s = timeout_s
-        self.local = threading.local()
-
-    def _connection(self) -> http.client.HTTPConnection:
-        conn = getattr(self.local, "conn", None)
-        if conn is None:
-            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            conn = self.local.conn = kind(self.host, self.port, timeout=self.timeout_s)
-        return conn
-
-    def send(self, url: str, token: str, body: bytes) -> Answer:
-        conn = self._connection()
-        try:
-            conn.request(
-                "POST",
-                self.path + url,
-                body=body,
-                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            )
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            self.local.conn = None
-            logger.info("batch line not sent: %s", exc)
-            return Answer(None)
-        if resp.getheader("connection", "").lower() == "close":
-            conn.close()
-            self.local.conn = None
-        retry = resp.getheader("retry-after")
-        try:
-            retry_after = float(retry) if retry else None
-        except ValueError:
-            retry_after = None
-        return Answer(resp.status, data, retry_after)
 
 
 # ---- one slice ------------------------------------------------------------------------
@@ -410,7 +237,7 @@ class Slice:
         now = timezone.now()
         current = {
             b.pk: b
-            for b in Batch.objects.filter(_owned_by(self.owner), status__in=RUNNING)
+            for b in Batch.objects.filter(leases.owned_by(self.owner), status__in=RUNNING)
             .select_related("api_key")
             .order_by("created_at")
         }
