@@ -1,7 +1,9 @@
 """The operator's console: cluster, node, model, batches and costs pages inside the admin.
 
-Pages and the fragments that refresh them in place (``views``), charts drawn
-as SVG on the server (``svg``); what they show comes from
+Pages and the fragments that refresh them in place (``views``), who may see
+them and the admin's frame around them (``pages``), actions on a node
+(``node_actions``) and clearing a GPU's fault (``gpus``), charts drawn as SVG
+on the server (``svg``); what they show comes from
 ``fleet.services.console`` and ``fleet.services.charts``. Templates are in
 templates/console/, the stylesheet and the one small script in
 fleet/static/fleet/. Add a page: a function in ``services.console`` that

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_http_methods
 from fleet.models import GPU
 from fleet.services import gpu_health, permissions
 
-from .views import NODES, _context, page
+from .pages import NODES, admin_context, page
 
 REASON_MAX = 255
 
@@ -48,7 +48,7 @@ def gpu_clear(request, node_id: str, index: int):
     response = render(
         request,
         "console/confirm.html",
-        _context(
+        admin_context(
             request,
             f"Clear GPU {gpu}?",
             kind="gpu",

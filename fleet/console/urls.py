@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import gpus, views
+from . import gpus, node_actions, views
 
 app_name = "console"
 
@@ -13,7 +13,7 @@ urlpatterns = [
     path("nodes/<str:node_id>/fragment/", views.node_fragment, name="node-fragment"),
     path("nodes/<str:node_id>/charts/", views.node_charts, name="node-charts"),
     path("nodes/<str:node_id>/logs/", views.node_logs_view, name="node-logs"),
-    path("nodes/<str:node_id>/<str:action>/", views.node_action, name="node-action"),
+    path("nodes/<str:node_id>/<str:action>/", node_actions.node_action, name="node-action"),
     path("nodes/<str:node_id>/gpus/<int:index>/clear/", gpus.gpu_clear, name="gpu-clear"),
     path("models/<int:pk>/", views.model, name="model"),
     path("models/<int:pk>/fragment/", views.model_fragment, name="model-fragment"),

@@ -47,7 +47,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
-from fleet.console import views as console_views
+from fleet.console import node_actions
 from fleet.models import (
     ApiKey,
     EngineProfile,
@@ -926,7 +926,7 @@ EXPECTED: dict[str, list[Walk] | NoChange | NotADoor] = {
             prepare=NODE_ACTION_PREPARE.get(action),
             go=api("post", lambda w, action=action: f"/admin/cluster/nodes/{w.node.pk}/{action}/"),
         )
-        for action, (perm, *_) in console_views.ACTIONS.items()
+        for action, (perm, *_) in node_actions.ACTIONS.items()
         for perm in [perm.removeprefix(P)]
     ],
     **{
