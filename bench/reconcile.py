@@ -92,7 +92,7 @@ def child(level: str) -> None:
     from django.utils import timezone
 
     from fleet.models import Node, Shard, ShardState
-    from fleet.services import placement, snapshot
+    from fleet.services import placement, placement_types, snapshot
     from fleet.services.reconciler import passes as reconcile
 
     n_nodes, n_replicas = (int(x) for x in level.split("x"))
@@ -113,7 +113,7 @@ def child(level: str) -> None:
         started = time.perf_counter()
         for req in requests:
             result = placement.place(snap, req)
-            if isinstance(result, placement.Placement):
+            if isinstance(result, placement_types.Placement):
                 snap.commit(result, req)
         rates.append(len(requests) / (time.perf_counter() - started))
 

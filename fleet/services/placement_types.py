@@ -1,8 +1,8 @@
 """What placement works with and answers: facts about nodes and GPUs, requests, outcomes.
 
-Plain values with no decisions in them; ``fleet.services.placement`` decides.
-Kept apart so the decision logic reads on its own, and re-exported there, so
-callers import everything from ``placement``.
+Plain values with no decisions in them; ``fleet.services.placement`` decides,
+with ``placement_fit``'s reasons. Kept apart so the decision logic reads on its
+own; callers import these from here.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import copy
 import itertools
 from dataclasses import dataclass
 
-from .placement import NoPlacement, Placement, Snapshot, place
-from .placement_types import NodeInfo, Request
+from .placement import Snapshot, place
+from .placement_types import NodeInfo, NoPlacement, Placement, Request
 
 # Sets of more replicas than this are not searched: making room that way would
 # stop a good part of a node for one replica.

@@ -30,16 +30,15 @@ from fleet.selectors import effective_labels, parse_selector
 
 from .estimate import estimate_key, profile_text
 from .nodes import LOAD_MAX_AGE
-from .placement import (
+from .placement import Snapshot, explain
+from .placement_types import (
     GpuInfo,
     InstallInfo,
     NodeInfo,
     NoPlacement,
     Placement,
     Request,
-    Snapshot,
     Verdict,
-    explain,
 )
 from .units import MB_PER_GB, share_mb
 from .weights_gc.facts import ts as unix_seconds

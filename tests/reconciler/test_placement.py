@@ -3,16 +3,8 @@
 import pytest
 
 from fleet.selectors import parse_selector
-from fleet.services.placement import (
-    GpuInfo,
-    NodeInfo,
-    NoPlacement,
-    Placement,
-    Request,
-    Snapshot,
-    explain,
-    place,
-)
+from fleet.services.placement import Snapshot, explain, place
+from fleet.services.placement_types import GpuInfo, NodeInfo, NoPlacement, Placement, Request
 from fleet.services.units import gb_text
 
 GB = 1000  # MB in a GB, as placement counts them (fleet/services/units.py)

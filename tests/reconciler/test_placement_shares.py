@@ -7,7 +7,8 @@ GPU is never handed out whole.
 
 import pytest
 
-from fleet.services.placement import GpuInfo, NoPlacement, Placement, Request, Snapshot, place
+from fleet.services.placement import Snapshot, place
+from fleet.services.placement_types import GpuInfo, NoPlacement, Placement, Request
 from tests.reconciler.test_placement import gpus, node
 
 GB = 1024  # GPU memory is in MiB, a GB of it 1,024 (fleet/services/units.py)

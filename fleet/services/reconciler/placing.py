@@ -23,8 +23,9 @@ from fleet.models import (
     ShardState,
 )
 
-from .. import placement, preemption, teams
+from .. import placement, placement_fit, preemption, teams
 from .. import snapshot as snapshots
+from ..placement_types import NoPlacement, Placement
 from ..units import MIB_PER_GIB
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class Placing:
                 self.unplaced(r, over)  # nothing is preempted for a team past its quota
                 continue
             result = placement.place(snap, req)
-            if isinstance(result, placement.NoPlacement):
+            if isinstance(result, NoPlacement):
                 if key is not None and not model.priority:
                     unplaceable[key] = result.summary
                 if self.sleep_to_place(r, req, snap):
@@ -103,7 +104,7 @@ class Placing:
             )
             self.report.placed += 1
 
-    def spec_of(self, r: Replica, result: placement.Placement, snap) -> dict:
+    def spec_of(self, r: Replica, result: Placement, snap) -> dict:
         """What the shards will run, kept on them so a later profile edit cannot change it."""
         profile = r.profile
         profile.model = self.models[profile.model_id]  # no query per profile
@@ -135,7 +136,7 @@ class Placing:
             # bootstrap over its management interface; the data goes over the
             # fabric placement chose (each shard's HCAs are on it).
             leader = result.shards[0].node_id
-            port = placement.free_port(snap.nodes[leader], snap)
+            port = placement_fit.free_port(snap.nodes[leader], snap.port_range)
             snap.nodes[leader].used_ports.add(port)
             nets = {
                 pk: (addr, iface)
