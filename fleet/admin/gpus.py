@@ -9,7 +9,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from agentd.ctl import notice_seconds
+from agentd.ctl.times import notice_seconds
 from agentd.protocol import NOTICE_MAX_S
 from fleet.models import GPU, GPUHealth
 from fleet.services import gpu_health, permissions

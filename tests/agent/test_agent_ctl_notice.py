@@ -3,7 +3,7 @@ seconds, or a number with s, m or h; anything else is refused naming it."""
 
 import pytest
 
-from agentd.ctl import notice_seconds
+from agentd.ctl.times import notice_seconds
 
 
 @pytest.mark.parametrize(

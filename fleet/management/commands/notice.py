@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from agentd.ctl import notice_seconds
+from agentd.ctl.times import notice_seconds
 from fleet.services import drain, gpu_health, permissions
 from fleet.services import nodes as node_service
 
