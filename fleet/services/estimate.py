@@ -5,10 +5,9 @@ safetensors file's header. The KV cache is 2 (K and V) x layers x KV heads x hea
 size x tokens x sequences x 2 bytes (f16), with the geometry from the GGUF's metadata
 or the model's config.json. Only headers are read, local or remote (``https://``,
 ``hf://``, as ``agentd.fetch.sources`` parses them; Range requests), in prefixes
-that double until the header parses. GGUF headers are parsed here rather than with
-gguf's GGUFReader, which maps the whole file and takes seconds over a 150,000-token
-vocabulary; the tests check this parser against it. Anything unknown raises
-EstimateError: an estimate without the KV cache would place a model where it cannot run.
+that double until the header parses (``weight_headers`` parses them). Anything
+unknown raises EstimateError: an estimate without the KV cache would place a model
+where it cannot run.
 """
 
 from __future__ import annotations
@@ -17,23 +16,20 @@ import json
 import os
 import posixpath
 import re
-import struct
 import urllib.error
 from dataclasses import asdict, dataclass
-from math import prod
 from pathlib import Path
 from urllib.parse import quote, urljoin
 
 from agentd.fetch.http import AddressGuard, FetchError, describe_error, http_request, opener
 from agentd.fetch.sources import HUB, SPLIT_GGUF, Source, SourceError, parse
 from fleet.services.units import MIB_PER_GIB, bytes_text
+from fleet.services import weight_headers
+from fleet.services.weight_headers import MAX_HEADER
 
 GIB = MIB_PER_GIB * 1024 * 1024
-FIRST_READ, MAX_HEADER = 1 << 20, 64 << 20  # headers are read in doubling prefixes
+FIRST_READ = 1 << 20  # headers are read in doubling prefixes, up to MAX_HEADER
 _BLOCK = re.compile(r"^((?:.*?\.)?(?:blk|layers|h)\.\d+)\.")  # blk.3. model.layers.3. h.3.
-# GGUF metadata value types (ggml's docs/gguf.md): struct formats of the scalars.
-_SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
-_STRING, _ARRAY = 8, 9
 
 
 class EstimateError(Exception):
@@ -247,13 +243,14 @@ def _weights(files, names: list[str], label: str, one_file: bool):
     if len(names) == 1 and names[0].endswith(".gguf"):
         meta, tensors, parts = {}, [], _split_names(names[0], files.where(names[0]))
         for part in parts:
-            part_meta, part_tensors = _header(files, part, _parse_gguf, "GGUF")
+            part_meta, part_tensors = _header(files, part, weight_headers.gguf, "GGUF")
             meta, tensors = meta or part_meta, tensors + part_tensors  # the first part's metadata
         what = f"GGUF header of {label}" if len(parts) == 1 else f"GGUF headers of {label}"
         return what, tensors, _gguf_geometry(meta, files.where(names[0]))
     if not all(name.endswith(".safetensors") for name in names):
         raise EstimateError(f"{files.where(names[0])}: not a .gguf or .safetensors file")
-    tensors = [t for name in names for t in _header(files, name, _parse_safetensors, "safetensors")]
+    header = weight_headers.safetensors
+    tensors = [t for name in names for t in _header(files, name, header, "safetensors")]
     config = posixpath.join(posixpath.dirname(names[0]), "config.json")
     what = f"safetensors header{'' if len(names) == 1 else 's'} of {label}"
     return what, tensors, _config(files, config, label, one_file)
@@ -268,13 +265,13 @@ def _header(files, name: str, parser, kind: str):
             raise EstimateError(f"{where}: no such file{answer}")
         try:
             return parser(buf)
-        except _Short:
+        except weight_headers.Short:
             if len(buf) < size:
                 raise EstimateError(f"{where}: the file ends inside its header") from None
             if size >= MAX_HEADER:
                 raise EstimateError(f"{where}: its header is over {MAX_HEADER >> 20} MiB") from None
             size *= 2
-        except _Unknown as exc:
+        except weight_headers.Unknown as exc:
             raise EstimateError(f"{where}: {exc}") from None
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise EstimateError(f"{where}: not a {kind} file ({exc})") from None
@@ -353,83 +350,6 @@ def _first_gguf(name: str) -> bool:
     """A GGUF file that is whole or the first part of a split one."""
     part = SPLIT_GGUF.match(posixpath.basename(name))
     return name.endswith(".gguf") and (part is None or int(part["n"]) == 1)
-
-
-class _Short(Exception):
-    """The bytes read so far end inside the header: read more."""
-
-
-class _Unknown(Exception):
-    """A well-formed header with something newer than this reader knows."""
-
-
-def _parse_safetensors(buf: bytes) -> list[tuple[str, int]]:
-    """Tensor sizes from a safetensors header: 8 bytes little-endian length, then JSON."""
-    if len(buf) < 8:
-        raise _Short()
-    (length,) = struct.unpack("<Q", buf[:8])
-    if length > MAX_HEADER:
-        raise ValueError(f"its header says it is {length:,} bytes long")
-    if len(buf) < 8 + length:
-        raise _Short()
-    header = json.loads(buf[8 : 8 + length])
-    return [
-        (k, v["data_offsets"][1] - v["data_offsets"][0])
-        for k, v in header.items()
-        if k != "__metadata__"
-    ]
-
-
-def _parse_gguf(buf: bytes) -> tuple[dict, list[tuple[str, int]]]:
-    """A GGUF header's metadata (arrays of over 1,024 items left out) and tensor sizes."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    pos = 0
-
-    def take(n: int) -> bytes:
-        nonlocal pos
-        if pos + n > len(buf):
-            raise _Short()
-        pos += n
-        return buf[pos - n : pos]
-
-    def num(fmt: str):
-        return struct.unpack("<" + fmt, take(struct.calcsize("<" + fmt)))[0]
-
-    def value(kind: int):
-        if kind == _STRING:
-            return take(num("Q")).decode("utf-8", "replace")
-        if kind == _ARRAY:
-            sub, n = num("I"), num("Q")
-            if n > 1024 and sub in _SCALARS:  # token scores and types: skipped unread
-                take(n * struct.calcsize("<" + _SCALARS[sub]))
-                return None
-            items = [value(sub) for _ in range(n)]
-            return items if n <= 1024 else None
-        if kind not in _SCALARS:
-            raise ValueError(f"unknown metadata type {kind}")
-        return num(_SCALARS[kind])
-
-    if take(4) != b"GGUF":
-        raise ValueError("no GGUF magic at its start")
-    if (version := num("I")) not in (2, 3):
-        raise ValueError(f"GGUF version {version} is not supported")
-    n_tensors, n_kv = num("Q"), num("Q")
-    meta = {}
-    for _ in range(n_kv):
-        key = take(num("Q")).decode("utf-8", "replace")
-        meta[key] = value(num("I"))
-    tensors = []
-    for _ in range(n_tensors):
-        name = take(num("Q")).decode("utf-8", "replace")
-        dims = [num("Q") for _ in range(num("I"))]
-        try:
-            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind := num("I"))]
-        except (ValueError, KeyError):
-            raise _Unknown(f"tensor {name} has type {kind}, which gguf does not know") from None
-        num("Q")  # the data's offset
-        tensors.append((name, prod(dims) // block * size))
-    return meta, tensors
 
 
 def estimate_key(profile) -> str:
