@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agentd import ctl
+from agentd.ctl import exits
 
 SECRET = "llmgw_manage_not-for-other-hosts"
 
@@ -84,7 +85,7 @@ def test_a_redirect_to_another_host_gets_no_key_and_names_the_host(servers, monk
 
     # then the other host heard nothing, and the error says where it was sent
     assert other.seen == []
-    assert status == ctl.EXIT_UNREACHABLE
+    assert status == exits.EXIT_UNREACHABLE
     assert f"redirected (307) to http://localhost:{other.port}" in err
     assert "sends its key only to 127.0.0.1" in err
     assert home.seen == [("/api/v1/nodes/table/", f"Bearer {SECRET}")]
@@ -95,7 +96,7 @@ def test_a_redirect_to_another_scheme_is_refused(servers, monkeypatch):
 
     status, _, err = llmgw(f"http://127.0.0.1:{home.port}", "nodes", monkeypatch=monkeypatch)
 
-    assert status == ctl.EXIT_UNREACHABLE
+    assert status == exits.EXIT_UNREACHABLE
     assert "redirected (302) to ftp://127.0.0.1" in err
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from agentd import ctl, safeyaml
+from agentd.ctl import exits
 from agentd.config import ConfigError, load_config
 
 ALIASED = "control_plane_url: &u http://cp:8000\nnode_id: *u\n"
@@ -34,7 +35,7 @@ def test_llmgw_cli_yaml_with_an_alias_is_refused_naming_it(tmp_path, monkeypatch
 
     status = ctl.main(["--config", str(config), "nodes"], out=io.StringIO(), err=err)
 
-    assert status == ctl.EXIT_USAGE
+    assert status == exits.EXIT_USAGE
     assert "anchors and aliases are not allowed" in err.getvalue()
 
 

@@ -15,6 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from agentd import ctl
+from agentd.ctl import client, exits
 from fleet.models import GPU, ApiKey, JoinToken, Model, Node
 from fleet.services import api_keys
 from tests.consumer.test_live_agent_socket import connect, enrol, recv
@@ -53,7 +54,7 @@ def cli(live_web, monkeypatch, tmp_path):
     _, secret = manage_key()
     monkeypatch.setenv("LLMGW_URL", live_web.url)
     monkeypatch.setenv("LLMGW_API_KEY", secret)
-    monkeypatch.setattr(ctl, "CONFIG_PATH", tmp_path / "no-such-cli.yaml")
+    monkeypatch.setattr(client, "CONFIG_PATH", tmp_path / "no-such-cli.yaml")
 
     def run(*args: str) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
@@ -112,7 +113,7 @@ def test_node_shows_one_node_and_a_missing_one_is_exit_1(cli):
     assert "node         gpu-01" in out and "memory       256.0 GB" in out
 
     status, out, err = cli("node", "gpu-99")
-    assert status == ctl.EXIT_REFUSED and out == ""
+    assert status == exits.EXIT_REFUSED and out == ""
     assert "not found" in err and "nodes/gpu-99/" in err
 
 
@@ -185,12 +186,12 @@ def test_apply_with_a_bad_file_changes_nothing_and_says_what_is_wrong(cli, tmp_p
 
     status, out, err = cli("apply", "-f", str(bad))
 
-    assert status == ctl.EXIT_REFUSED and out == ""
+    assert status == exits.EXIT_REFUSED and out == ""
     assert f"{bad}: nothing applied:" in err and "broken" in err and "replicas" in err
     assert not Model.objects.exists(), "all or nothing: the good entry was not applied either"
 
     status, _, err = cli("apply", "-f", str(tmp_path / "missing.yaml"))
-    assert status == ctl.EXIT_USAGE and "cannot read" in err
+    assert status == exits.EXIT_USAGE and "cannot read" in err
 
 
 def test_cordon_uncordon_and_drain_change_the_node(cli):
@@ -219,11 +220,11 @@ def test_gpu_clear_clears_a_fault_with_its_reason_and_node_shows_health(cli):
     assert "gpu 5: NVIDIA H100 80GB HBM3, 0/81559 MB, healthy, XIDs 13×1\n" in out
 
     # no reason, or not a GPU: usage, nothing sent
-    assert cli("gpu", "clear", "gpu-01/3", "--reason", " ")[0] == ctl.EXIT_USAGE
+    assert cli("gpu", "clear", "gpu-01/3", "--reason", " ")[0] == exits.EXIT_USAGE
     status, _, err = cli("gpu", "clear", "gpu-01", "--reason", "x")
-    assert status == ctl.EXIT_USAGE and "name it NODE/INDEX, like gpu-07/3" in err
+    assert status == exits.EXIT_USAGE and "name it NODE/INDEX, like gpu-07/3" in err
     status, _, err = cli("gpu", "clear", "gpu-01/9", "--reason", "x")
-    assert (status, err) == (ctl.EXIT_REFUSED, "llmgw gpu: no GPU 9 on node 'gpu-01'\n")
+    assert (status, err) == (exits.EXIT_REFUSED, "llmgw gpu: no GPU 9 on node 'gpu-01'\n")
     assert GPU.objects.get(node_id="gpu-01", index=3).fault == "failed"
 
     status, out, err = cli("gpu", "clear", "gpu-01/gpu3", "--reason", "reseated")
@@ -242,7 +243,7 @@ def test_gpu_clear_without_the_permission_is_exit_3(cli, monkeypatch):
 
     status, _, err = cli("gpu", "clear", "gpu-01/3", "--reason", "reset")
 
-    assert status == ctl.EXIT_AUTH and "the key's user may not do this" in err
+    assert status == exits.EXIT_AUTH and "the key's user may not do this" in err
     assert GPU.objects.get(node_id="gpu-01", index=3).fault == "failed"
 
 
@@ -250,11 +251,11 @@ def test_node_notice_drains_the_node_and_node_shows_the_notice(cli):
     add_node("gpu-01")
 
     status, _, err = cli("node", "notice", "gpu-01", "--in", "soon")
-    assert status == ctl.EXIT_USAGE and "--in 'soon' is not a time ahead" in err
+    assert status == exits.EXIT_USAGE and "--in 'soon' is not a time ahead" in err
     status, _, err = cli("node", "notice", "gpu-01")
-    assert status == ctl.EXIT_USAGE and "--in 120s" in err
+    assert status == exits.EXIT_USAGE and "--in 120s" in err
     status, _, err = cli("node", "notice", "gpu-01", "--in", "8d")
-    assert status == ctl.EXIT_REFUSED and "a notice is 0 to 604800 s (a week) ahead" in err
+    assert status == exits.EXIT_REFUSED and "a notice is 0 to 604800 s (a week) ahead" in err
     assert Node.objects.get(pk="gpu-01").notice_deadline is None
 
     status, out, err = cli("node", "notice", "gpu-01", "--in", "2m", "--reason", "spot reclaim")
@@ -268,13 +269,13 @@ def test_node_notice_drains_the_node_and_node_shows_the_notice(cli):
     assert node.draining and node.notice_reason == "spot reclaim"
     status, out, _ = cli("node", "gpu-01")
     assert status == 0 and "(operator: spot reclaim)" in out and "\nnotice " in out
-    assert cli("node", "gpu-01", "--in", "2m")[0] == ctl.EXIT_USAGE
+    assert cli("node", "gpu-01", "--in", "2m")[0] == exits.EXIT_USAGE
 
 
 def test_revoke_asks_for_yes_then_revokes(cli):
     enrol_node("gpu-01")
     status, _, err = cli("revoke", "gpu-01")
-    assert status == ctl.EXIT_USAGE and "add --yes" in err
+    assert status == exits.EXIT_USAGE and "add --yes" in err
     assert Node.objects.get(pk="gpu-01").credentials.filter(revoked_at=None).exists()
 
     status, out, _ = cli("revoke", "gpu-01", "--yes")
@@ -295,7 +296,7 @@ def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, m
     assert ApiKey.objects.get(name="ci pipeline").user.username == "ops", "acts as its maker"
 
     status, _, err = cli("api-key", "client", "--expires", "yesterday")
-    assert status == ctl.EXIT_REFUSED and "yesterday" in err
+    assert status == exits.EXIT_REFUSED and "yesterday" in err
     assert not ApiKey.objects.filter(name="client").exists()
 
     Model.objects.create(name="small")
@@ -306,7 +307,7 @@ def test_join_tokens_and_api_keys_are_made_with_their_secret_printed_once(cli, m
     assert status == 0 and made.fallbacks == ["small"]
     assert (made.max_concurrent, made.share_weight) == (4, 3)
     status, _, err = cli("api-key", "other", "--fallbacks", "ghost")
-    assert status == ctl.EXIT_REFUSED and "no model named 'ghost'" in err
+    assert status == exits.EXIT_REFUSED and "no model named 'ghost'" in err
 
 
 def test_teams_lists_use_against_quotas_and_api_key_gives_a_key_to_a_team(cli):
@@ -332,7 +333,7 @@ def test_teams_lists_use_against_quotas_and_api_key_gives_a_key_to_a_team(cli):
     status, _, _ = cli("api-key", "notebook", "--team", "research")
     assert status == 0 and ApiKey.objects.get(name="notebook").team == research
     status, _, err = cli("api-key", "other", "--team", "nope")
-    assert status == ctl.EXIT_REFUSED and "no team named 'nope'" in err
+    assert status == exits.EXIT_REFUSED and "no team named 'nope'" in err
 
 
 def test_adapters_lists_each_with_its_model_and_where_it_is_loaded(cli):
@@ -388,7 +389,7 @@ def test_usage_totals_and_hours_and_a_rotated_key_keeps_working_for_its_grace(cl
     status, out, _ = cli("usage", "--hourly", "--since", "24h")
     assert status == 0 and len(out.splitlines()) == 3
     status, _, err = cli("usage", "--since", "soon")
-    assert status == ctl.EXIT_REFUSED and "since: 'soon'" in err
+    assert status == exits.EXIT_REFUSED and "since: 'soon'" in err
 
     status, out, err = cli("rotate-key", key.prefix, "--grace", "1h")
     assert status == 0 and "rotated; the old secret works until" in err
@@ -396,20 +397,20 @@ def test_usage_totals_and_hours_and_a_rotated_key_keeps_working_for_its_grace(cl
     key.refresh_from_db()
     assert key.previous_secret_expires_at is not None
     status, _, err = cli("rotate-key", "nosuchkey")
-    assert status == ctl.EXIT_REFUSED and "no API key with prefix 'nosuchkey'" in err
+    assert status == exits.EXIT_REFUSED and "no API key with prefix 'nosuchkey'" in err
 
 
 def test_a_wrong_or_revoked_key_is_exit_3_and_says_so(cli, monkeypatch):
     monkeypatch.setenv("LLMGW_API_KEY", "lgk_nothing_like_a_key")
     status, out, err = cli("nodes")
-    assert status == ctl.EXIT_AUTH and out == ""
+    assert status == exits.EXIT_AUTH and out == ""
     assert "the key was refused" in err and "unknown API key" in err
 
     key, secret = manage_key(operator("ops-2"))
     api_keys.revoke_api_key(key)
     monkeypatch.setenv("LLMGW_API_KEY", secret)
     status, _, err = cli("nodes")
-    assert status == ctl.EXIT_AUTH and "revoked" in err
+    assert status == exits.EXIT_AUTH and "revoked" in err
 
 
 def test_a_server_that_is_down_is_exit_4_naming_it(cli, monkeypatch):
@@ -418,7 +419,7 @@ def test_a_server_that_is_down_is_exit_4_naming_it(cli, monkeypatch):
 
     status, out, err = cli("nodes")
 
-    assert status == ctl.EXIT_UNREACHABLE and out == ""
+    assert status == exits.EXIT_UNREACHABLE and out == ""
     assert f"cannot reach the control plane at {url}" in err
 
 
@@ -430,21 +431,21 @@ def test_the_config_file_must_be_its_owner_s_alone(cli, monkeypatch, tmp_path):
     config.chmod(0o644)
 
     status, _, err = cli("--config", str(config), "nodes")
-    assert status == ctl.EXIT_USAGE
+    assert status == exits.EXIT_USAGE
     assert "readable by others (mode 644)" in err and f"chmod 600 {config}" in err
 
     config.chmod(0o600)
     assert cli("--config", str(config), "nodes")[0] == 0
 
     status, _, err = cli("--config", str(tmp_path / "none.yaml"), "nodes")
-    assert status == ctl.EXIT_USAGE and "no control plane named" in err
+    assert status == exits.EXIT_USAGE and "no control plane named" in err
 
 
 async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit_1(live_web, cli):
     from asgiref.sync import sync_to_async
 
     status, _, err = await sync_to_async(cli)("logs", "gpu-01")
-    assert status == ctl.EXIT_REFUSED and "not found" in err
+    assert status == exits.EXIT_REFUSED and "not found" in err
 
     credential = await enrol(live_web, "gpu-01")
     # The enrolling socket has closed; the node is marked disconnected in a batch soon
@@ -454,7 +455,7 @@ async def test_logs_asks_the_connected_agent_and_a_node_without_a_socket_is_exit
             break
         await asyncio.sleep(0.1)
     status, _, err = await asyncio.to_thread(cli, "logs", "gpu-01")
-    assert status == ctl.EXIT_REFUSED and "no agent connected" in err
+    assert status == exits.EXIT_REFUSED and "no agent connected" in err
 
     async with connect(live_web, credential) as ws:
         await ws.send(json.dumps(register_msg("gpu-01")))
@@ -490,7 +491,7 @@ def test_the_installed_entry_point_runs_and_usage_errors_are_exit_2(cli):
         [sys.executable, "-m", "agentd.ctl", "frobnicate"],
         capture_output=True, text=True, env=env, timeout=60, cwd=ROOT,
     )  # fmt: skip
-    assert bad.returncode == ctl.EXIT_USAGE and "invalid choice: 'frobnicate'" in bad.stderr
+    assert bad.returncode == exits.EXIT_USAGE and "invalid choice: 'frobnicate'" in bad.stderr
 
 
 def test_weights_and_gc_weights(cli):
@@ -583,7 +584,7 @@ def test_canary_promote_and_abort_say_what_happened_and_a_model_without_one_is_r
 def test_audit_lists_the_change_llmgw_made_with_its_author_and_door(cli):
     add_node("gpu-07")
     assert cli("drain", "gpu-07")[0] == 0
-    assert cli("audit")[0] == ctl.EXIT_AUTH, "reading the trail needs its own permission"
+    assert cli("audit")[0] == exits.EXIT_AUTH, "reading the trail needs its own permission"
     grant(get_user_model().objects.get(username="ops"), "auditlog.view_logentry")
 
     status, out, err = cli("audit", "--object", "gpu-07", "--since", "1h")

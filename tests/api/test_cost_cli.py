@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from agentd import ctl
+from agentd.ctl import exits
 from tests.api.test_cli import cli  # noqa: F401 - a fixture
 from tests.costs.surfaces import a_day
 
@@ -55,5 +55,5 @@ def test_costs_csv_is_the_api_s_export(cli):  # noqa: F811
 def test_costs_with_a_bad_date_says_why_and_exits_refused(cli):  # noqa: F811
     status, out, err = cli("costs", "--from", "last tuesday")
 
-    assert (status, out) == (ctl.EXIT_REFUSED, "")
+    assert (status, out) == (exits.EXIT_REFUSED, "")
     assert "start: 'last tuesday' is neither a date (2026-01-31) nor an ISO 8601 time" in err
