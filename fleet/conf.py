@@ -59,7 +59,7 @@ class FleetSettings:
     # while no WantedEngine rows exist (fleet.services.engines; docs/engines.md).
     # Sent to each agent as a provision message. Empty: none.
     engines: dict[str, str] = field(default_factory=dict)
-    # What one agent socket may send (token buckets, fleet/sockets/consumer.py): a
+    # What one agent socket may send (token buckets, fleet/sockets/metering.py): a
     # sustained rate and a burst saved up, in messages and in bytes; past either
     # the socket is closed with 4029. A healthy agent sends a heartbeat every
     # 10 s, a burst at registration and on shard changes, and a log reply (up

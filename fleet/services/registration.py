@@ -51,7 +51,7 @@ class Registration:
     msg: protocol.Register
     channel_name: str
     # Monotonic time past which the agent has stopped waiting: its socket does not
-    # write it then (fleet.sockets.consumer). None: written whatever the wait.
+    # write it then (fleet.sockets.registrations). None: written whatever the wait.
     deadline: float | None = None
     # A second register on a socket already registered (the agent's hardware changed).
     again: bool = False

@@ -13,8 +13,13 @@ The modules, in the order a socket meets them:
 - ``admission``: how many handshakes this process takes at once, and the
   ``Retry-After`` appointment the rest are given.
 - ``consumer``: the socket itself: authentication, every message metered
-  (``TokenBucket``) and validated against ``agentd.protocol``, then handed to
-  its service; the doorbells (``node.*`` events) it answers.
+  and validated against ``agentd.protocol``, then handed to its service.
+- ``metering``: what one socket may send, messages and bytes a second
+  (``TokenBucket``), charged before a message is parsed.
+- ``events``: the doorbells (``node.*`` events) other processes ring, a mixin
+  of the consumer.
+- ``registrations``: registrations written in batches across sockets, and the
+  grace period moving while the fleet comes back.
 - ``db``: the few threads, each with its own database connection, that every
   socket's database work runs on, and ``NodeBatcher``, which writes what many
   sockets send alike (registrations, closed sockets) in one call.

@@ -6,10 +6,8 @@ import logging
 import time
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.utils import timezone
 
 from agentd import protocol
 from agentd.protocol import CloseCode, ProtocolError
@@ -21,18 +19,17 @@ from fleet.services import (
     access,
     desired,
     doorbells,
-    engines,
     gpu_health,
     heartbeat,
     inventory,
     registration,
 )
 from fleet.services.heartbeat import ReportMemo, batcher
-from fleet.services.reconciler import expiry
 from fleet.services.weights_gc import delivery
 
-from . import admission, groups
+from . import admission, groups, metering, registrations
 from . import db as socket_db
+from .events import NodeEvents
 from .peer import connection_peer
 
 logger = logging.getLogger(__name__)
@@ -43,8 +40,6 @@ REGISTER_TIMEOUT_S = 10
 # (agentd/client.py): work for a socket queued longer than this is not done.
 HANDSHAKE_DEADLINE_S = 9
 REGISTER_DEADLINE_S = 13
-# How long a clean-up proposal waits for a reconciler pass to release the lock.
-REMOVAL_LOCK_WAIT_S = 30
 # Closed sockets' nodes marked disconnected in one transaction, at most this many:
 # the rows stay locked while it runs, and heartbeats of those nodes wait for it.
 DISCONNECTS_MAX_BATCH = 500
@@ -63,65 +58,14 @@ def _bearer(scope) -> str:
         return ""
 
 
-class TokenBucket:
-    """``rate`` tokens a second, saved up to ``burst``; a rate of 0 takes anything."""
-
-    def __init__(self, rate: float, burst: float, now: float):
-        self.rate, self.burst = rate, burst
-        self.tokens, self.at = float(burst), now
-
-    def take(self, amount: float, now: float) -> bool:
-        if self.rate <= 0:
-            return True
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if amount > self.tokens:
-            return False
-        self.tokens -= amount
-        return True
-
-    def give(self, amount: float) -> None:
-        """Give back what a message was charged, up to the burst."""
-        self.tokens = min(self.burst, self.tokens + amount)
-
-
-# This process's view of its fleet coming back after it started: while the wave
-# lasts, the grace period moves with it (expiry.Rejoin).
-_rejoin = expiry.Rejoin()
-
-
-def _register_batch(regs: list[registration.Registration]) -> dict:
-    """A batch of registrations (``registration.register_many``), less those whose agent
-    has stopped waiting (``socket_db.TooLate``: nothing of them written); each one
-    written moves the grace period while the fleet is coming back."""
-    # Taken before the write, so the batch's own rows count as registered since the
-    # wave began when the first batch starts it.
-    now = timezone.now()
-    now_mono = time.monotonic()
-    late = {
-        r.node_id: socket_db.TooLate(f"registration of {r.node_id} waited")
-        for r in regs
-        if r.deadline is not None and now_mono > r.deadline
-    }
-    results = registration.register_many([r for r in regs if r.node_id not in late])
-    if any(isinstance(r, registration.Registered) for r in results.values()):
-        _rejoin.registered(now)
-    return results | late
-
-
-def _registrations() -> socket_db.NodeBatcher:
-    """The current event loop's batcher of registrations."""
-    return socket_db.node_batcher("registrations", _register_batch, registration.MAX_BATCH)
-
-
-class AgentConsumer(AsyncWebsocketConsumer):
+class AgentConsumer(NodeEvents, AsyncWebsocketConsumer):
     """Validates every message, then hands it to a service. Holds no fleet state of its own.
 
     One node cannot crowd out the others: Channels hands a consumer its messages
     one at a time (the next is read only when the last one's handler returned),
     so a socket never has more than one message waiting on the shared database
     thread or in a heartbeat batch; and each socket's messages and bytes are
-    metered (``TokenBucket``) before they are parsed, so a node sending more
+    metered (``metering``) before they are parsed, so a node sending more
     than an agent ever would is closed with 4029 before it costs much. A log
     reply answering the control plane's own request is not the agent's doing:
     its charge is given back (``receive``), so an operator following a node's
@@ -171,9 +115,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close()
             return
         self.identity = dataclasses.replace(self.identity, cert_node_id=cert.node_id)
-        s, now = fleet_settings(), time.monotonic()
-        self.messages = TokenBucket(s.agent_messages_per_s, s.agent_messages_burst, now)
-        self.bytes = TokenBucket(s.agent_bytes_per_s, s.agent_bytes_burst, now)
+        self.meter = metering.Meter(time.monotonic())
         await self.accept()
         # Whatever serves the socket (uvicorn, Daphne), its open and its end are in this log.
         logger.info("agent socket open client=%s", self.client)
@@ -265,7 +207,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.closing:
             return
         self.received_at = time.monotonic()
-        charged = self.charge(text_data, bytes_data)
+        charged = self.meter.charge(text_data, bytes_data, time.monotonic())
         # Past the limits, a message is read only while a log request is waiting
         # for its reply, and the socket is closed after it unless it was that
         # reply: one message at most, of at most the 1 MiB Daphne takes.
@@ -286,8 +228,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Asked for by the control plane (an operator following the logs),
             # not sent of the agent's own accord: it costs the socket nothing.
             if charged is not None:
-                self.messages.give(1)
-                self.bytes.give(charged)
+                self.meter.give_back(charged)
         elif charged is None:
             await self.rate_limited()
             return
@@ -302,28 +243,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # that should have closed this socket was lost, or is on its way.
             await self.refuse(CloseCode.REVOKED, "credential revoked or node removed")
 
-    def charge(self, text_data, bytes_data) -> int | None:
-        """Charge this message to the socket's buckets, before any parsing: its size in
-        bytes, or None when it is past either limit (and nothing is charged)."""
-        if text_data is not None:
-            size = len(text_data.encode("utf-8", "surrogatepass"))
-        else:
-            size = len(bytes_data or b"")
-        now = time.monotonic()
-        if not self.messages.take(1, now):
-            return None
-        if not self.bytes.take(size, now):
-            self.messages.give(1)
-            return None
-        return size
-
     async def rate_limited(self) -> None:
-        s = fleet_settings()
-        await self.refuse(
-            CloseCode.RATE_LIMITED,
-            f"more than {s.agent_messages_per_s:g} messages or {s.agent_bytes_per_s:g} bytes "
-            f"a second (bursts of {s.agent_messages_burst} and {s.agent_bytes_burst})",
-        )
+        await self.refuse(CloseCode.RATE_LIMITED, metering.limits())
 
     async def write(self, fn, *args, **kwargs):
         """A write this socket's message makes, done only while its credential holds
@@ -384,7 +305,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # registrations arriving meanwhile (fleet.services.registration).
         # Once a credential is issued it must reach the agent: no deadline then.
         try:
-            sent = await _registrations().submit(
+            sent = await registrations.registrations().submit(
                 registration.Registration(
                     credential_id=self.identity.credential_id,
                     msg=msg,
@@ -499,73 +420,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def send_desired(self) -> None:
         await self.send_msg(await socket_db.call(desired.desired_set, self.node_id))
 
-    # ---- channel-layer events (from any process) -------------------------------
-
-    async def node_doorbell(self, event):
-        if not self.closing:
-            await self.send_desired()
-
-    async def node_provision(self, event):
-        if not self.closing:
-            await self.send_msg(await socket_db.call(engines.provision_for, self.node_id))
-
-    async def node_remove_weights(self, event):
-        """A clean-up proposal for this node: sent while still current (``delivery.deliver``).
-
-        In a task of its own: waiting for a reconciler pass to release its lock
-        must not hold up this socket's heartbeats.
-        """
-        if not self.closing:
-            task = asyncio.ensure_future(self._deliver_removal(event))
-            self._removals = getattr(self, "_removals", set())
-            self._removals.add(task)
-            task.add_done_callback(self._removals.discard)
-
-    async def _deliver_removal(self, event):
-        loop = asyncio.get_running_loop()
-
-        def send(msg):
-            # On the database thread, under the lock: the message is on the
-            # socket before the lock goes, and so before any later placement's set.
-            asyncio.run_coroutine_threadsafe(self.send_msg(msg), loop).result(timeout=10)
-
-        deadline = loop.time() + REMOVAL_LOCK_WAIT_S
-        while not self.closing:
-            try:
-                result = await database_sync_to_async(delivery.deliver)(
-                    self.node_id, event["request_id"], int(event["desired_version"]), send
-                )
-            except Exception:  # noqa: BLE001 - the entries time out and a later pass retries
-                logger.warning("weights removal not delivered node=%s", self.node_id, exc_info=True)
-                return
-            if result != delivery.BUSY or loop.time() > deadline:
-                return
-            await asyncio.sleep(0.2)
-
-    async def node_supersede(self, event):
-        if event.get("channel") != self.channel_name:
-            await self.refuse(CloseCode.SUPERSEDED, "the same node connected again")
-
-    async def node_revoked(self, event):
-        if await socket_db.call(access.credential_revoked, self.identity.credential_id):
-            await self.refuse(CloseCode.REVOKED, "credential revoked")
-
-    async def node_logs_request(self, event):
-        if self.closing:
-            return
-        # An agent that never answers must not grow this forever: the asker has
-        # long given up on all but the newest few requests.
-        while len(self.logs_waiting) >= 32:
-            self.logs_waiting.pop(next(iter(self.logs_waiting)))
-        self.logs_waiting[event["request_id"]] = event["reply_channel"]
-        await self.send_msg(
-            protocol.LogsRequest(
-                type="logs_request",
-                request_id=event["request_id"],
-                source=event.get("source") or "agent",
-                lines=event.get("lines") or 200,
-            )
-        )
+    # ---- the socket's end -----------------------------------------------------------
 
     async def __call__(self, scope, receive, send):
         # Channels calls disconnect() when the socket closes under a running

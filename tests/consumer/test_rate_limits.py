@@ -9,7 +9,7 @@ import pytest
 from agentd.protocol import CloseCode
 from fleet.models import Node, Storage
 from fleet.services import node_logs
-from fleet.sockets.consumer import TokenBucket
+from fleet.sockets.metering import TokenBucket
 from tests.consumer.helpers import db, enrol, expect_close
 from tests.factories import heartbeat_msg
 

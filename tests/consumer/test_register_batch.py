@@ -16,8 +16,8 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.models import GPU, FabricAttachment, LocalWeights, Node, NodeCredential, Shard, Storage
 from fleet.services import access, inventory, registration
-from fleet.sockets import consumer
 from fleet.sockets import db as socket_db
+from fleet.sockets import registrations
 from tests.consumer.conftest import ON_POSTGRES
 from tests.factories import H100_GPUS, make_shard, register_msg
 
@@ -166,7 +166,7 @@ def test_a_registration_whose_agent_stopped_waiting_is_not_written(path):
     before = Node.objects.get(pk="gpu-01").registered_at
     cred2 = enrolled("gpu-02")
 
-    results = consumer._register_batch(
+    results = registrations.register_batch(
         [
             registration.Registration(cred, reg("gpu-01", hostname="late"), "ch", deadline=0.0),
             registration.Registration(cred2, reg("gpu-02"), "ch2"),

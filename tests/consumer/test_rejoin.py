@@ -6,7 +6,7 @@ import pytest
 
 from fleet.models import FleetStatus
 from fleet.services.reconciler import expiry
-from fleet.sockets import consumer as consumers
+from fleet.sockets import registrations
 from tests.consumer.helpers import connect_as, db, enrol
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,7 +19,7 @@ async def test_the_wave_ends_when_every_node_has_registered_again(monkeypatch):
     await second.close()
     await db(FleetStatus.objects.get_or_create)(pk=1)
     rejoin = expiry.Rejoin()
-    monkeypatch.setattr(consumers, "_rejoin", rejoin)  # the new web process's
+    monkeypatch.setattr(registrations, "rejoin", rejoin)  # the new web process's
 
     # when: the first agent comes back, the grace period starts and the wave goes on
     again = await connect_as(first.credential, "gpu-01")

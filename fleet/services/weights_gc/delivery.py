@@ -1,6 +1,6 @@
 """A proposal's way to the node and back: sent only while still current, the reply recorded.
 
-``deliver`` runs in the node's socket (fleet/sockets/consumer.py) under the
+``deliver`` runs in the node's socket (fleet/sockets/events.py) under the
 reconciler's lock: it checks that the node's desired-set version is still the
 one the proposal was made against, marks the entries sent, and puts the
 message on the socket before the lock is released. So a placement either
