@@ -15,7 +15,6 @@ from pydantic import Field
 
 from agentd.protocol.fields import Msg, Part, ShortStr, Text
 
-
 # An engine version the fleet may want (fleet.models.WantedEngine, and the agent
 # again before it runs pip: a version ends up in pip's requirement and in wheel
 # URLs, so nothing that could read as a URL, a path or an option). Empty: the latest.

@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # A node id names a channel-layer group and appears in URLs, so it keeps to
 # characters that are safe in both.
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"

@@ -17,7 +17,6 @@ from pydantic import Field
 from agentd.protocol.fields import Count, Msg, NodeId, ShortStr, Text, Version
 from agentd.protocol.weights import KeptWeights
 
-
 # The longest an agent waits between two tries to reach its control plane
 # (agentd.client.Backoff): the control plane counts on every live agent having
 # knocked again within this (fleet.services.reconciler.expiry.Rejoin).
