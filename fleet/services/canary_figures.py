@@ -16,7 +16,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from .autoscaler.load import _redis
+from .autoscaler.load import figures_redis
 from .reconciler.lock import prefix
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def encode(counts: dict[tuple[str, int], dict[str, Tally]]) -> dict[tuple[str, i
 def write(source: str, bodies: dict[tuple[str, int], str]) -> None:
     """This process's counts (``encode``), one hash field per canary. Raises
     redis.RedisError; the caller logs it once and tries again next time."""
-    pipe = _redis().pipeline(transaction=False)
+    pipe = figures_redis().pipeline(transaction=False)
     for (model, canary_id), body in bodies.items():
         pipe.hset(_key(model, canary_id), source, body)
         pipe.expire(_key(model, canary_id), KEEP_S)
@@ -100,7 +100,7 @@ def write(source: str, bodies: dict[tuple[str, int], str]) -> None:
 def read(model: str, canary_id: int) -> dict[str, Tally]:
     """Every gateway process's counts for this canary, added up per profile name."""
     out: dict[str, Tally] = {}
-    for raw in _redis().hgetall(_key(model, canary_id)).values():
+    for raw in figures_redis().hgetall(_key(model, canary_id)).values():
         try:
             for profile, counts in json.loads(raw).items():
                 out.setdefault(profile, Tally()).add(Tally.from_list(counts))
@@ -111,7 +111,7 @@ def read(model: str, canary_id: int) -> dict[str, Tally]:
 
 def forget() -> None:
     """Drop every canary's figures this installation kept (tests)."""
-    client = _redis()
+    client = figures_redis()
     keys = list(client.scan_iter(match=f"{prefix()}:canary:*", count=1000))
     if keys:
         client.delete(*keys)

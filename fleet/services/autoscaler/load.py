@@ -28,7 +28,11 @@ logger = logging.getLogger(__name__)
 _client: redis.Redis | None = None
 
 
-def _redis() -> redis.Redis:
+def figures_redis() -> redis.Redis:
+    """The Redis client the live load figures are kept in; the canaries' figures too.
+
+    Short timeouts: a figure not written is a figure missed, never a stalled pass.
+    """
     global _client
     if _client is None:
         _client = redis.Redis.from_url(
@@ -64,7 +68,7 @@ def write(source: str, models: dict[str, tuple], now=None) -> None:
     now = time.time() if now is None else now
     ttl = fleet_settings().gateway_load_ttl_s
     body = json.dumps({"t": round(now, 3), "m": models}, separators=(",", ":"))
-    pipe = _redis().pipeline(transaction=False)
+    pipe = figures_redis().pipeline(transaction=False)
     pipe.set(_key(source), body, px=int(ttl * 1000))
     pipe.zadd(_index(), {source: now})
     pipe.zremrangebyscore(_index(), "-inf", now - ttl)
@@ -75,7 +79,7 @@ def read(now=None) -> dict[str, ModelLoad]:
     """Every live gateway process's report, added up per model. Raises redis.RedisError."""
     now = time.time() if now is None else now
     ttl = fleet_settings().gateway_load_ttl_s
-    client = _redis()
+    client = figures_redis()
     sources = client.zrangebyscore(_index(), now - ttl, "+inf")
     if not sources:
         return {}
@@ -100,7 +104,7 @@ def read(now=None) -> dict[str, ModelLoad]:
 
 def forget() -> None:
     """Drop every report (tests)."""
-    client = _redis()
+    client = figures_redis()
     keys = list(client.scan_iter(match=f"{prefix()}:gwload*", count=1000))
     if keys:
         client.delete(*keys)
