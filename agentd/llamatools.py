@@ -42,7 +42,7 @@ FLAGS = (
 )
 DONE = "llmgw-built"
 
-Run = Callable[..., Awaitable[str]]  # Installer._run: argv, timeout, what, env -> output
+Run = Callable[..., Awaitable[str]]  # agentd.steps.run_step: argv, timeout, what, env -> output
 
 
 def cache_key(sdist: Path, extra: str) -> str:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentd import builds, install, nvml, protocol, sources
+from agentd import builds, install, nvml, protocol, sources, steps
 from agentd.config import InstallConfig
 from agentd.discovery import Machine
 from agentd.supervisor import Supervisor
@@ -447,7 +447,7 @@ def test_a_recheck_that_fails_once_is_checked_again_before_anything_is_repaired(
     async def verify(plan, env, quiet=False):
         checks.append(quiet)
         if len(checks) == 1:  # a GPU busy beside running engines, say
-            raise install.StepFailed("the GPU check exited with 1\nCUDA out of memory")
+            raise steps.StepFailed("the GPU check exited with 1\nCUDA out of memory")
         return "0.3.36"
 
     installer.verify = verify
@@ -476,7 +476,7 @@ def test_a_broken_install_is_rebuilt_beside_the_one_an_engine_runs_from(tmp_path
 
     async def verify(plan, env, quiet=False):
         if env in broken:  # a library gone: fails every time
-            raise install.StepFailed("reading llama-cpp-python's version exited with 1")
+            raise steps.StepFailed("reading llama-cpp-python's version exited with 1")
         return "0.3.36"
 
     async def fill(plan, env, base):
@@ -520,7 +520,7 @@ def test_the_recheck_computes_on_a_gpu_no_running_engine_holds(tmp_path, monkeyp
     installer = install.Installer(
         tmp_path / "engines", InstallConfig(), held_gpus=lambda: set(uuids[:held])
     )
-    installer._gpus = gpus
+    installer.verifier.gpus = gpus
     env = tmp_path / "engines" / "vllm-0.11.2-cu13"
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").write_text("")
@@ -530,7 +530,7 @@ def test_the_recheck_computes_on_a_gpu_no_running_engine_holds(tmp_path, monkeyp
         ran.append((what, dict(env or {})))
         return "vllm 0.11.2"
 
-    installer._run = run
+    installer.verifier.run = run
     plan = sources.pip_plan("vllm", "0.11.2", "cu13", installer.cfg)
 
     asyncio.run(installer.verify(plan, env, quiet=True))  # the 10-minute re-check
