@@ -31,6 +31,7 @@ import sys
 from agentd.ctl import (
     audit,
     catalog,
+    client,
     costs,
     faults,
     keys,
@@ -40,7 +41,6 @@ from agentd.ctl import (
     usage,
     weights,
 )
-from agentd.ctl.client import CONFIG_PATH, Api, settings
 from agentd.ctl.exits import EXIT_OK, Failure
 from agentd.ctl.output import Output
 
@@ -81,10 +81,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="llmgw",
         description="The llmgw fleet through its management API (a manage key).",
         epilog="Connects to --url / LLMGW_URL with LLMGW_API_KEY, or with "
-        f"{CONFIG_PATH} (url:, api_key:; mode 600).",
+        f"{client.CONFIG_PATH} (url:, api_key:; mode 600).",
     )
     p.add_argument("--url", help="The control plane, e.g. https://llmgw.example.com")
-    p.add_argument("--config", help=f"A config file instead of {CONFIG_PATH}")
+    p.add_argument("--config", help=f"A config file instead of {client.CONFIG_PATH}")
     p.add_argument("--json", action="store_true", help="Print the API's JSON, for scripts.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in HELP_ORDER:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None, out=None, err=None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     args = _parser().parse_args(argv)
     try:
-        api = Api(*settings(args))
+        api = client.Api(*client.settings(args))
         VERBS[args.command].run(api, args, Output(out, err, args.json))
         return EXIT_OK
     except Failure as exc:

@@ -225,7 +225,9 @@ VERBS = {
         description="Show NODE; or say NODE goes away in TIME: it drains now, "
         "replacements first (docs/operations.md, 'GPU faults and notices').",
     ),
-    "drain": Verb("Cordon NODE and move its replicas elsewhere.", _intent("drain"), _drain_arguments),
+    "drain": Verb(
+        "Cordon NODE and move its replicas elsewhere.", _intent("drain"), _drain_arguments
+    ),
     "cordon": Verb("No new placements on NODE.", _intent("cordon"), _node_argument),
     "uncordon": Verb("Placements again.", _intent("uncordon"), _node_argument),
     "revoke": Verb(

@@ -41,7 +41,5 @@ def _usage_arguments(p) -> None:
 
 
 VERBS = {
-    "usage": Verb(
-        "Tokens per key and model, from the gateways' counts.", _usage, _usage_arguments
-    ),
+    "usage": Verb("Tokens per key and model, from the gateways' counts.", _usage, _usage_arguments),
 }

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from agentd import ctl, safeyaml
-from agentd.ctl import exits
 from agentd.config import ConfigError, load_config
+from agentd.ctl import exits
 
 ALIASED = "control_plane_url: &u http://cp:8000\nnode_id: *u\n"
 
