@@ -221,12 +221,11 @@ def clear(gpu: GPU, actor, reason: str) -> tuple[bool, str]:
 
 @dataclass
 class Faults:
-    """What a pass does about failed GPUs: the UUIDs whose replicas move now, and the
-    brake's text ("" when off)."""
+    """What a pass does about failed GPUs: the GPUs whose replicas move now. (The
+    brake's state is on ``FleetStatus.gpu_brake``, which the pass saves.)"""
 
     # (node id, GPU uuid) -> when its replicas began to move
     moving: dict[tuple[str, str], datetime]
-    brake: str = ""
 
 
 def step(status: FleetStatus, now: datetime) -> Faults:
@@ -297,7 +296,7 @@ def step(status: FleetStatus, now: datetime) -> Faults:
         )
         status.gpu_brake = ""
     moving = {(g.node_id, g.uuid): g.drained_at for g in failed if g.drained_at is not None}
-    return Faults(moving, status.gpu_brake)
+    return Faults(moving)
 
 
 # ---- a node's notice -------------------------------------------------------------------
