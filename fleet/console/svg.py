@@ -48,22 +48,7 @@ def render(chart: Chart, start: float, end: float) -> str:
         return f"{x:.1f},{y:.1f}"
 
     parts = [
-        format_html(
-            '<svg class="chart-svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
-            'aria-label="{}">',
-            WIDTH,
-            HEIGHT,
-            WIDTH,
-            HEIGHT,
-            chart.title,
-        ),
-        format_html(
-            '<rect class="plot" x="{}" y="{}" width="{}" height="{}"></rect>',
-            LEFT,
-            TOP,
-            plot_w,
-            plot_h,
-        ),
+        *_frame(chart.title, plot_w, plot_h),
         format_html(
             '<text class="axis" x="{}" y="{}" text-anchor="end">{}</text>',
             LEFT - 4,
@@ -153,22 +138,7 @@ def stacked_bars(chart, series_label=lambda s: s) -> str:
         for i, s in enumerate(chart.series)
     }
     parts = [
-        format_html(
-            '<svg class="chart-svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
-            'aria-label="{}">',
-            WIDTH,
-            HEIGHT,
-            WIDTH,
-            HEIGHT,
-            f"cost a day, {chart.currency}",
-        ),
-        format_html(
-            '<rect class="plot" x="{}" y="{}" width="{}" height="{}"></rect>',
-            LEFT,
-            TOP,
-            plot_w,
-            plot_h,
-        ),
+        *_frame(f"cost a day, {chart.currency}", plot_w, plot_h),
         format_html(
             '<text class="axis" x="{}" y="{}" text-anchor="end">{} {}</text>',
             LEFT - 4,
@@ -242,3 +212,25 @@ def stacked_bars(chart, series_label=lambda s: s) -> str:
         legend.append(mark_safe('<li class="none">no costs counted</li>'))
     legend.append(mark_safe("</ul>"))
     return mark_safe("".join(str(p) for p in parts + legend))
+
+
+def _frame(label: str, plot_w: float, plot_h: float) -> list[str]:
+    """A chart's opening: the SVG element, named for screen readers, and its plot area."""
+    return [
+        format_html(
+            '<svg class="chart-svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" '
+            'aria-label="{}">',
+            WIDTH,
+            HEIGHT,
+            WIDTH,
+            HEIGHT,
+            label,
+        ),
+        format_html(
+            '<rect class="plot" x="{}" y="{}" width="{}" height="{}"></rect>',
+            LEFT,
+            TOP,
+            plot_w,
+            plot_h,
+        ),
+    ]
