@@ -148,8 +148,8 @@ async def _serve(cfg) -> int:
 
 def _shards(cfg, agent):
     """The engine supervisor, its shard events going to the control plane through the agent."""
-    from agentd.agent import SupervisedShards
     from agentd.fetch.fetcher import Fetcher, FetchSettings
+    from agentd.supervised import SupervisedShards
     from agentd.supervisor import Supervisor
 
     fetch = cfg.fetch

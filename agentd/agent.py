@@ -2,7 +2,11 @@
 
 The agent outlives any one connection: the desired set it converges to, the
 facts it has already told the control plane, and the messages waiting to be
-sent all live here, so a reconnect resumes rather than starts over.
+sent all live here, so a reconnect resumes rather than starts over. This module
+changes when the session's side of the agent changes (what it tells the control
+plane, what it does with each message); its engine installs are
+``agentd.provisioning``'s and the supervisor it drives is seen through
+``agentd.supervised``.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
-from agentd import __version__, install, logs, ports, protocol, weights
+from agentd import __version__, logs, ports, protocol, weights
 from agentd.config import Config
 from agentd.discovery import Machine
 from agentd.fetch import store as fetchstore
@@ -25,6 +28,8 @@ from agentd.load import LoadSampler
 from agentd.notice import NoticeWatch
 from agentd.nvml import Checks
 from agentd.outbox import Outbox
+from agentd.provisioning import EngineInstalls
+from agentd.supervised import NoShards, Shards
 
 logger = logging.getLogger(__name__)
 
@@ -34,132 +39,6 @@ WEIGHTS_RESCAN_S = 60.0
 # Engines are installed by someone at a keyboard: a minute's delay in noticing
 # one is invisible, while a probe may start a Python that imports vLLM.
 ENGINE_REPROBE_S = 60.0
-# How often the install loop looks at its clock: a pass is due by the clock, or
-# at once when the control plane's wanted engines change.
-INSTALL_TICK_S = 1.0
-
-
-class Shards(Protocol):
-    """What the agent needs from the engine supervisor."""
-
-    desired_version: int
-
-    async def start(self) -> None: ...
-    async def refresh(self) -> None: ...
-    async def apply(self, desired: protocol.Desired) -> None: ...
-    def running(self) -> list[protocol.RunningShard]: ...
-    def process_groups(self) -> dict[str, int]: ...
-    def sources(self) -> list[str]: ...
-    def tail(self, shard_id: str, lines: int) -> list[str] | None: ...
-    def paths_in_use(self) -> list[str]: ...
-    def weights_in_use(self) -> list[str]: ...
-    def engine_versions(self) -> dict[str, str]: ...
-    def engine_problems(self) -> dict[str, str]: ...
-    def use_installed(self, engine: str, binary: str | None) -> None: ...
-    async def close(self) -> None: ...
-
-
-class NoShards:
-    """An agent without engine supervision: it runs nothing and says so."""
-
-    desired_version = 0
-
-    async def start(self) -> None:
-        return None
-
-    async def refresh(self) -> None:
-        return None
-
-    async def apply(self, desired: protocol.Desired) -> None:
-        if any(s.state == "running" for s in desired.shards):
-            logger.warning(
-                "desired set v%d asks for %d shard(s); this agent runs no engines",
-                desired.version,
-                len(desired.shards),
-            )
-
-    def running(self) -> list[protocol.RunningShard]:
-        return []
-
-    def process_groups(self) -> dict[str, int]:
-        return {}
-
-    def sources(self) -> list[str]:
-        return []
-
-    def tail(self, shard_id: str, lines: int) -> list[str] | None:
-        return None
-
-    def paths_in_use(self) -> list[str]:
-        return []
-
-    def weights_in_use(self) -> list[str]:
-        return []
-
-    def engine_versions(self) -> dict[str, str]:
-        return {}
-
-    def engine_problems(self) -> dict[str, str]:
-        return {}
-
-    def use_installed(self, engine: str, binary: str | None) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
-class SupervisedShards:
-    """The engine supervisor (agentd/supervisor.py) as the agent uses it."""
-
-    def __init__(self, supervisor):
-        self.sup = supervisor
-
-    @property
-    def desired_version(self) -> int:
-        return self.sup.desired_version
-
-    async def start(self) -> None:
-        await self.sup.start()  # adopts what a previous agent left running
-
-    async def refresh(self) -> None:
-        await self.sup.probe_engines()
-
-    async def apply(self, desired: protocol.Desired) -> None:
-        await self.sup.apply(desired)
-
-    def running(self) -> list[protocol.RunningShard]:
-        return self.sup.running_shards()
-
-    def process_groups(self) -> dict[str, int]:
-        return self.sup.process_groups()
-
-    def sources(self) -> list[str]:
-        return self.sup.log_sources()
-
-    def tail(self, shard_id: str, lines: int) -> list[str] | None:
-        try:
-            return self.sup.tail(shard_id, lines)
-        except KeyError:
-            return None
-
-    def paths_in_use(self) -> list[str]:
-        return self.sup.paths_in_use()
-
-    def weights_in_use(self) -> list[str]:
-        return self.sup.weights_in_use()
-
-    def engine_versions(self) -> dict[str, str]:
-        return self.sup.engine_versions()
-
-    def engine_problems(self) -> dict[str, str]:
-        return self.sup.engine_problems()
-
-    def use_installed(self, engine: str, binary: str | None) -> None:
-        self.sup.use_installed(engine, binary)
-
-    async def close(self) -> None:
-        await self.sup.close()
 
 
 class Agent:
@@ -185,11 +64,6 @@ class Agent:
         self.state_file = cfg.state_dir / "agent-state.json"
         saved = self._load_state()
         self.desired_version = saved.get("desired_version", 0)
-        # The wanted engines last heard, so a restarted agent runs its verified
-        # installs from the start, before the control plane says them again.
-        self._saved_wants = [
-            protocol.EngineWant.model_validate(w) for w in saved.get("engines", []) or []
-        ]
         self.weights_rescan_s = WEIGHTS_RESCAN_S
         self.slowdown_poll_s = SLOWDOWN_POLL_S
         # What the control plane has been told, so a heartbeat carries only news.
@@ -202,20 +76,17 @@ class Agent:
         self._sent_engines: dict[str, str] = {}
         self._sent_provision: list[protocol.EngineInstall] = []
         self._reported: set[tuple[int, str]] = set()
-        # The engines the control plane wants (None: it has not said), and their installs.
-        self._wants: list[protocol.EngineWant] | None = None
-        self.clock = clock or install.clock_from_env()
-        self._logged_install: dict[str, tuple] = {}
-        self.installer = install.Installer(
-            cfg.envs_dir,
-            cfg.install,
-            on_status=self._install_status,
-            clock=self.clock,
-            held_gpus=self._held_gpus,
+        # The engines the control plane wants and their installs; the wanted engines
+        # last heard are saved, so a restarted agent runs its verified installs from
+        # the start, before the control plane says them again.
+        self.installs = EngineInstalls(
+            cfg,
+            lambda: self.shards,
+            self.machine,
+            saved=[protocol.EngineWant.model_validate(w) for w in saved.get("engines", []) or []],
+            save_state=self._save_state,
+            clock=clock,
         )
-        self.schedule = install.Schedule()
-        self._install_kick = asyncio.Event()
-        self._installed: dict[str, str] = {}  # engine -> binary, as the supervisor was told
         # Messages for the control plane, sent in order whenever a socket is up;
         # bounded by coalescing, never by dropping news (agentd/outbox.py).
         self.outbox = Outbox()
@@ -242,20 +113,13 @@ class Agent:
         """Adopt what a previous agent left running, before the first register reports it."""
         self._loop = asyncio.get_running_loop()
         await self.shards.start()
-        # Not an engine agent.yaml now disables or names by hand: the operator's say
-        # wins from the start, not only from the first provision.
-        saved = [w for w in self._saved_wants if not self._own_say(w.engine)]
-        if saved:
-            wants = [install.Want(w.engine, w.version, w.variant) for w in saved]
-            gpus = await asyncio.to_thread(self.machine.gpus)
-            self.installer.restore(wants, gpus)
-            self._use_installed()
+        await self.installs.restore()
         # The supervisor keeps its own record of the newest version; the larger wins.
         self.desired_version = max(self.desired_version, self.shards.desired_version)
         self._tasks = [
             asyncio.ensure_future(self._converge_loop()),
             asyncio.ensure_future(self._reprobe_loop()),
-            asyncio.ensure_future(self._install_loop()),
+            asyncio.ensure_future(self.installs.loop()),
         ]
         await self._watch_gpus()
         if self.notices is not None:
@@ -281,8 +145,7 @@ class Agent:
     def _save_state(self) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        known = self._wants if self._wants is not None else self._saved_wants
-        wants = [w.model_dump() for w in known]
+        wants = [w.model_dump() for w in self.installs.known()]
         tmp.write_text(json.dumps({"desired_version": self.desired_version, "engines": wants}))
         os.replace(tmp, self.state_file)
 
@@ -368,10 +231,6 @@ class Agent:
         """Each GPU's (total, used) MiB by UUID, as NVML says now. Blocking."""
         return {g.uuid: (g.memory_total_mb, g.memory_used_mb) for g in self.machine.gpus()}
 
-    def _held_gpus(self) -> set[str]:
-        """The GPUs of shards whose engines run now."""
-        return {u for s in self.shards.running() if s.pid for u in s.gpu_uuids}
-
     def gpu_indices(self) -> dict[str, int]:
         """Each GPU's NVML index by UUID. Blocking."""
         return {g.uuid: g.index for g in self.machine.gpus()}
@@ -380,8 +239,8 @@ class Agent:
         """What the supervisor knows, read on the event loop: its state changes there, and
         reading it from the thread that collects a heartbeat could catch it mid-change."""
         return {
-            "engines": self.engine_versions(),
-            "provision": self.provision(),
+            "engines": self.installs.engine_versions(),
+            "provision": self.installs.provision(),
             "groups": self.shards.process_groups(),
             "running": self.shards.running(),
             "using": self.shards.weights_in_use(),
@@ -492,7 +351,7 @@ class Agent:
         if kind == "desired":
             self.on_desired(msg)
         elif kind == "provision":
-            self.on_provision(msg)
+            self.installs.on_provision(msg)
         elif kind == "remove_weights":
             self.send(await asyncio.to_thread(self.on_remove_weights, msg))
         elif kind == "logs_request":
@@ -533,102 +392,6 @@ class Agent:
                     type="ack", of="desired", version=msg.version, ok=ok, detail=detail
                 )
             )
-
-    def on_provision(self, msg: protocol.Provision) -> None:
-        """The engines the fleet runs. The node's own say wins: an engine it disabled, or
-        whose binary it names by hand, is not the control plane's to install."""
-        wants = [e for e in msg.engines if not self._own_say(e.engine)]
-        failed = any(st.state == install.FAILED for st in self.installer.statuses.values())
-        if wants != self._wants:
-            logger.info(
-                "control plane wants engines %s",
-                [f"{e.engine} {e.version} {e.variant}".strip() for e in wants] or "none",
-            )
-            self._wants = wants
-            self._save_state()
-            self._install_kick.set()
-        elif failed:
-            # The same list again (a reconnect): a failed install is tried now, not at
-            # the end of its back-off. Good installs wait for their re-check.
-            self._install_kick.set()
-
-    def _own_say(self, engine: str) -> bool:
-        return engine in self.cfg.engines.disabled or engine in self.cfg.engines.binaries
-
-    def provision(self) -> list[protocol.EngineInstall]:
-        """Where each wanted engine stands here, as the install loop last saw it."""
-        out = []
-        for want in self._wants or []:
-            st = self.installer.statuses.get(want.engine)
-            if st is None:
-                st = install.Status(want.engine, want.version, want.variant, install.INSTALLING,
-                                    "waiting for the install loop")  # fmt: skip
-            out.append(st.wire())
-        return out
-
-    def engine_versions(self) -> dict[str, str]:
-        """What this node advertises: engines installed here and seen to run, and engines
-        agent.yaml names that answer their probe. Nothing merely found on the machine."""
-        found = dict(self.shards.engine_versions())
-        for engine, st in self.installer.installed().items():
-            found[engine] = st.version
-        return {e: v for e, v in found.items() if e not in self.cfg.engines.disabled}
-
-    # ---- the install loop ------------------------------------------------------
-
-    async def _install_loop(self) -> None:
-        due: float | None = None
-        while True:
-            try:
-                await asyncio.wait_for(self._install_kick.wait(), INSTALL_TICK_S)
-            except TimeoutError:
-                pass
-            kicked = self._install_kick.is_set()
-            self._install_kick.clear()
-            if self._wants is None:
-                continue
-            if not kicked and (due is None or self.clock() < due):
-                continue
-            try:
-                failed = await self.install_pass()
-            except Exception:  # noqa: BLE001 - the next pass tries again
-                logger.exception("the engine install pass failed")
-                failed = True
-            due = self.clock() + self.schedule.after(failed)
-
-    async def install_pass(self) -> bool:
-        """Install or re-check every wanted engine; True when one of them failed."""
-        wants = [install.Want(w.engine, w.version, w.variant) for w in self._wants or []]
-        gpus = await asyncio.to_thread(self.machine.gpus)
-        statuses = await self.installer.converge(wants, gpus)
-        self._use_installed()
-        return any(st.state == install.FAILED for st in statuses)
-
-    def _use_installed(self) -> None:
-        now = {e: st.binary for e, st in self.installer.installed().items()}
-        if now == self._installed:
-            return
-        for engine in set(self._installed) | set(now):
-            if self._installed.get(engine) != now.get(engine):
-                self.shards.use_installed(engine, now.get(engine))
-        self._installed = now
-        logger.info(
-            "engines installed and running: %s",
-            ", ".join(f"{e} {self.installer.statuses[e].version}" for e in sorted(now)) or "none",
-        )
-
-    def _install_status(self, st: install.Status) -> None:
-        """Each change of an engine's install logged once; progress alone is not a change."""
-        key = (st.state, st.version, st.variant, st.detail)
-        if self._logged_install.get(st.engine) == key:
-            return
-        self._logged_install[st.engine] = key
-        warn = st.state in (install.FAILED, install.UNSUPPORTED)
-        level = logging.WARNING if warn else logging.INFO
-        detail = f": {st.detail}" if st.detail else ""
-        logger.log(
-            level, "engine %s %s (%s) %s%s", st.engine, st.version, st.variant, st.state, detail
-        )
 
     def logs_reply(self, msg: protocol.LogsRequest) -> protocol.LogsReply:
         sources = [logs.AGENT_SOURCE, *self.shards.sources()]

@@ -233,20 +233,20 @@ def test_disabled_and_by_hand_engines_are_never_installed_and_vllms_gpu_build_no
         shards=shards,
         engines={"binaries": {"llamacpp": "/opt/llama/llama-server"}, "disabled": ["sglang"]},
     )
-    agent.on_provision(
+    agent.installs.on_provision(
         provision(("vllm", "0.11.2", "cu13"), ("sglang", "0.5.5", ""), ("llamacpp", "0.3.36", ""))
     )
-    failed = asyncio.run(agent.install_pass())
+    failed = asyncio.run(agent.installs.install_pass())
 
     assert not failed
-    (vllm,) = agent.provision()  # llama.cpp is by hand and SGLang disabled: not reported
+    (vllm,) = agent.installs.provision()  # llama.cpp is by hand and SGLang disabled: not reported
     assert (vllm.engine, vllm.state) == ("vllm", "unsupported")
     assert vllm.detail == "no NVIDIA GPU on this node: vLLM's cu13 build needs one"
     # nothing was fetched: no pip run, no environment
-    assert agent.installer.downloads == 0
+    assert agent.installs.installer.downloads == 0
     assert not agent.cfg.envs_dir.exists() or not any(agent.cfg.envs_dir.iterdir())
     # the by-hand llama.cpp answers and is advertised; the disabled SGLang is not
-    assert agent.engine_versions() == {"llamacpp": "4567 (abc1234)"}
+    assert agent.installs.engine_versions() == {"llamacpp": "4567 (abc1234)"}
     assert shards.installed == {}
 
 
@@ -326,16 +326,18 @@ def test_the_install_loop_acts_on_a_changed_build_at_once_not_at_its_next_pass(
 ):
     monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
     agent = make_agent(tmp_path)
-    agent.clock = lambda: 0.0  # the 10-minute schedule never comes: only the kick can
+    agent.installs.clock = lambda: 0.0  # the 10-minute schedule never comes: only the kick can
 
     async def scenario():
-        loop = asyncio.ensure_future(agent._install_loop())
+        loop = asyncio.ensure_future(agent.installs.loop())
         try:
             for build, says in (("cu13", "no NVIDIA GPU"), ("none", "vllm build is none")):
-                agent.on_provision(provision(("vllm", "0.11.2", build)))
+                agent.installs.on_provision(provision(("vllm", "0.11.2", build)))
                 started = time.monotonic()
                 async with asyncio.timeout(10):  # a wait's bound, not the figure's
-                    while not (agent.provision() and says in agent.provision()[0].detail):
+                    while not (
+                        agent.installs.provision() and says in agent.installs.provision()[0].detail
+                    ):
                         await asyncio.sleep(0.01)
                 took = time.monotonic() - started
                 print(f"\nvllm build {build}: acted on in {took * 1000:.0f} ms")
@@ -350,16 +352,16 @@ def test_an_install_restored_at_start_is_forgotten_once_no_engine_is_wanted(tmp_
     monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
     agent = make_agent(tmp_path)
     # given: a verified llama.cpp install from before the restart, counted at start
-    verified_llamacpp(agent.installer)
-    agent.installer.restore([install.Want("llamacpp", "0.3.36")], [])
-    assert agent.engine_versions() == {"llamacpp": "0.3.36"}
+    verified_llamacpp(agent.installs.installer)
+    agent.installs.installer.restore([install.Want("llamacpp", "0.3.36")], [])
+    assert agent.installs.engine_versions() == {"llamacpp": "0.3.36"}
 
     # when: the control plane's provision at registration wants nothing
-    agent.on_provision(provision())
-    asyncio.run(agent.install_pass())
+    agent.installs.on_provision(provision())
+    asyncio.run(agent.installs.install_pass())
 
     # then: the node neither reports nor advertises it any more
-    assert agent.provision() == [] and agent.engine_versions() == {}
+    assert agent.installs.provision() == [] and agent.installs.engine_versions() == {}
 
 
 V100 = {"name": "Tesla V100-SXM2-32GB", "memory_mib": 32510, "cc": [7, 0]}
@@ -418,8 +420,8 @@ def test_a_saved_install_of_an_engine_agent_yaml_now_names_is_not_restored_at_st
     monkeypatch.delenv(nvml.FAKE_ENV, raising=False)
     # given: before the restart the agent installed llama.cpp itself (verified, saved)
     first = make_agent(tmp_path)
-    verified_llamacpp(first.installer)
-    first.on_provision(provision(("llamacpp", "0.3.36", "")))  # saved in its state file
+    verified_llamacpp(first.installs.installer)
+    first.installs.on_provision(provision(("llamacpp", "0.3.36", "")))  # saved in its state file
 
     # when: it starts again with agent.yaml now naming a llama.cpp of the operator's
     shards = Versions({"llamacpp": "4567 (abc1234)"})
@@ -430,7 +432,7 @@ def test_a_saved_install_of_an_engine_agent_yaml_now_names_is_not_restored_at_st
     async def started():
         await again.start()
         try:
-            return again.engine_versions(), dict(shards.installed)
+            return again.installs.engine_versions(), dict(shards.installed)
         finally:
             await again.close()
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from agentd import logs, nvml, protocol
-from agentd.agent import Agent, NoShards
+from agentd.agent import Agent
 from agentd.config import parse_config
 from agentd.discovery import Machine
+from agentd.supervised import NoShards
 from tests.agent import nvml_data
 
 

@@ -3,8 +3,8 @@ an engine running on an entry refreshes on the weights rescan (and no more often
 
 import time
 
-from agentd.agent import NoShards
 from agentd.fetch import store
+from agentd.supervised import NoShards
 from tests.agent.test_agent_messages import make_agent
 
 

@@ -134,14 +134,14 @@ def test_the_agent_logs_the_configured_engines_it_found_at_start_and_when_they_c
 def test_an_installed_engine_is_advertised_and_run_before_the_configured_one(tmp_path, cpu_node):
     shards = Versions({"llamacpp": "4567 (abc1234)"})  # the configured one answers
     agent = make_agent(tmp_path, shards=shards)
-    assert agent.engine_versions() == {"llamacpp": "4567 (abc1234)"}
+    assert agent.installs.engine_versions() == {"llamacpp": "4567 (abc1234)"}
 
     # a verified install of llama.cpp (counted as at a restart: no pip here)
-    env = verified_llamacpp(agent.installer)
-    agent.installer.restore([install.Want("llamacpp", "0.3.36")], [])
-    agent._use_installed()
+    env = verified_llamacpp(agent.installs.installer)
+    agent.installs.installer.restore([install.Want("llamacpp", "0.3.36")], [])
+    agent.installs.use_installed()
 
-    assert agent.engine_versions() == {"llamacpp": "0.3.36"}
+    assert agent.installs.engine_versions() == {"llamacpp": "0.3.36"}
     assert shards.installed == {"llamacpp": str(env / "bin" / "python")}
 
 
@@ -175,12 +175,14 @@ def test_the_supervisor_runs_an_installed_binary_before_the_one_agent_yaml_names
 
 def test_failed_and_unsupported_installs_are_logged_as_warnings(tmp_path, caplog, cpu_node):
     agent = make_agent(tmp_path)
-    agent.on_provision(provision(("vllm", "0.11.2", "cu13"), ("llamacpp", "latest please", "")))
+    agent.installs.on_provision(
+        provision(("vllm", "0.11.2", "cu13"), ("llamacpp", "latest please", ""))
+    )
 
     with caplog.at_level(logging.INFO, logger="agentd.agent"):
-        assert asyncio.run(agent.install_pass())  # a failure
+        assert asyncio.run(agent.installs.install_pass())  # a failure
         progress = install.Status("sglang", "0.5.5", "cuda", install.INSTALLING, "downloading")
-        agent._install_status(progress)
+        agent.installs.log_status(progress)
 
     logged = {m for m in messages(caplog, "agentd.agent") if m[1].startswith("engine ")}
     unsupported = (
@@ -197,7 +199,7 @@ def test_failed_and_unsupported_installs_are_logged_as_warnings(tmp_path, caplog
         ("WARNING", failed),
         ("INFO", "engine sglang 0.5.5 (cuda) installing: downloading"),
     }
-    assert agent.installer.downloads == 0
+    assert agent.installs.installer.downloads == 0
 
 
 # ---- 7. an unchanged provision status is said once ---------------------------------------
@@ -207,18 +209,18 @@ def test_a_provision_status_goes_in_one_heartbeat_and_not_again_until_it_changes
     tmp_path, cpu_node
 ):
     agent = make_agent(tmp_path)
-    agent.on_provision(provision(("vllm", "0.11.2", "cu13")))
+    agent.installs.on_provision(provision(("vllm", "0.11.2", "cu13")))
     reg = agent.register_message()
     assert [(p.engine, p.state) for p in reg.provision] == [("vllm", "installing")]
     hb = agent.heartbeat_message()
     assert not hb.provision_changed and hb.provision == []  # the register said it
 
-    asyncio.run(agent.install_pass())
+    asyncio.run(agent.installs.install_pass())
     hb = agent.heartbeat_message()
     assert hb.provision_changed
     assert [(p.engine, p.state) for p in hb.provision] == [("vllm", "unsupported")]
 
-    asyncio.run(agent.install_pass())  # the same outcome again
+    asyncio.run(agent.installs.install_pass())  # the same outcome again
     hb = agent.heartbeat_message()
     assert not hb.provision_changed and hb.provision == []
 
@@ -290,23 +292,23 @@ def test_the_install_loop_runs_no_pass_until_the_control_plane_says_which_engine
 ):
     monkeypatch.setattr(agent_module, "INSTALL_TICK_S", 0.01)
     agent = make_agent(tmp_path)
-    agent.clock = lambda: 1e9  # any pass would be long due by the clock
+    agent.installs.clock = lambda: 1e9  # any pass would be long due by the clock
     passes = []
-    install_pass = agent.install_pass
+    install_pass = agent.installs.install_pass
 
     async def counted():
-        passes.append(list(agent._wants or []))
+        passes.append(list(agent.installs.wants or []))
         return await install_pass()
 
-    agent.install_pass = counted
+    agent.installs.install_pass = counted
 
     async def scenario():
-        loop = asyncio.ensure_future(agent._install_loop())
+        loop = asyncio.ensure_future(agent.installs.loop())
         try:
-            agent._install_kick.set()  # woken, but told nothing yet
+            agent.installs.kick.set()  # woken, but told nothing yet
             await asyncio.sleep(0.3)  # some thirty ticks
-            assert passes == [] and agent.provision() == []
-            agent.on_provision(provision(("vllm", "0.11.2", "auto")))
+            assert passes == [] and agent.installs.provision() == []
+            agent.installs.on_provision(provision(("vllm", "0.11.2", "auto")))
             async with asyncio.timeout(5):
                 while not passes:
                     await asyncio.sleep(0.01)
@@ -316,7 +318,7 @@ def test_the_install_loop_runs_no_pass_until_the_control_plane_says_which_engine
 
     asyncio.run(scenario())
     assert [[w.engine for w in p] for p in passes] == [["vllm"]]
-    assert agent.installer.downloads == 0
+    assert agent.installs.installer.downloads == 0
 
 
 # ---- 11. a reconnect retries a failed install at once --------------------------------------
@@ -325,19 +327,19 @@ def test_the_install_loop_runs_no_pass_until_the_control_plane_says_which_engine
 def test_the_same_provision_again_retries_a_failed_install_but_not_a_good_one(tmp_path, cpu_node):
     agent = make_agent(tmp_path)
     wants = provision(("llamacpp", "0.3.36", ""))
-    agent.on_provision(wants)
-    agent._install_kick.clear()  # the pass it asked for ran
-    agent.installer.statuses["llamacpp"] = install.Status(
+    agent.installs.on_provision(wants)
+    agent.installs.kick.clear()  # the pass it asked for ran
+    agent.installs.installer.statuses["llamacpp"] = install.Status(
         "llamacpp", "0.3.36", "cpu", install.INSTALLED
     )
 
     # a reconnect: the same list, with everything installed, waits for the re-check
-    agent.on_provision(wants)
-    assert not agent._install_kick.is_set()
+    agent.installs.on_provision(wants)
+    assert not agent.installs.kick.is_set()
 
     # the same list while an install failed (backing off): a pass now
-    agent.installer.statuses["llamacpp"] = install.Status(
+    agent.installs.installer.statuses["llamacpp"] = install.Status(
         "llamacpp", "0.3.36", "cpu", install.FAILED, "pip install exited with 1"
     )
-    agent.on_provision(wants)
-    assert agent._install_kick.is_set()
+    agent.installs.on_provision(wants)
+    assert agent.installs.kick.is_set()

@@ -11,9 +11,10 @@ import os
 import signal
 import time
 
-from agentd.agent import Agent, SupervisedShards
+from agentd.agent import Agent
 from agentd.config import parse_config
 from agentd.discovery import Machine
+from agentd.supervised import SupervisedShards
 from tests.e2e.helpers import engine_processes
 from tests.engines.helpers import Recorder, desired, fake_supervisor, shard
 from tests.processes import port_block
