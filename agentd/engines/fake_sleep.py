@@ -56,7 +56,7 @@ def dev_mode() -> bool:
 
 
 def error(message: str, kind: str, status: int, param: str | None = None) -> dict:
-    """vLLM's error body (the fake's FakeServer.error)."""
+    """vLLM's error body (the fake's FakeApi.error)."""
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
