@@ -8,8 +8,8 @@ import os
 import pytest
 
 from agentd import agent as agent_module
-from agentd import install, nvml, protocol
-from agentd.agent import SupervisedShards
+from agentd import install, nvml, protocol, provisioning
+from agentd.supervised import SupervisedShards
 from agentd.supervisor import Supervisor
 from fleet.services import engines, inventory
 from tests.agent.test_agent_engines import Versions, _script, provision, verified_llamacpp
@@ -290,7 +290,7 @@ def test_a_bare_heartbeat_carries_only_its_sequence_and_desired_version(tmp_path
 def test_the_install_loop_runs_no_pass_until_the_control_plane_says_which_engines(
     tmp_path, monkeypatch, cpu_node
 ):
-    monkeypatch.setattr(agent_module, "INSTALL_TICK_S", 0.01)
+    monkeypatch.setattr(provisioning, "INSTALL_TICK_S", 0.01)
     agent = make_agent(tmp_path)
     agent.installs.clock = lambda: 1e9  # any pass would be long due by the clock
     passes = []
