@@ -18,34 +18,28 @@ set keeps asking for the same thing; a changed spec, or a stop and a start, or
 a new shard id starts it again.
 
 This module decides what runs and reports it; the steps that act on one
-engine process (launch, adopt, watch, drain, stop) are in ``agentd.lifecycle``.
+engine process (launch, adopt, watch, drain, stop) are in ``agentd.lifecycle``,
+a shard's LoRA adapters in ``agentd.adapters``, and its weights (fetched before
+the start, counted in use) in ``agentd.shardweights``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agentd import protocol, state
 from agentd.adapters import AdapterLifecycle
 from agentd.engines import Engine, EngineUnavailable, engine_classes, make_engines
-from agentd.fetch import sources
-from agentd.fetch.fetcher import FetchCancelled, Fetcher, FetchError
-
-# Re-exported: the timings kept their old address when the lifecycle moved out.
-from agentd.lifecycle import DRAIN_POLL_S as DRAIN_POLL_S
-from agentd.lifecycle import DRAIN_WITHOUT_METRIC_S as DRAIN_WITHOUT_METRIC_S
-from agentd.lifecycle import FETCH_CHECK_S as FETCH_CHECK_S
-from agentd.lifecycle import TICK_READY_S as TICK_READY_S
-from agentd.lifecycle import TICK_STARTING_S as TICK_STARTING_S
+from agentd.fetch.fetcher import Fetcher
 from agentd.lifecycle import EngineLifecycle
 from agentd.localpaths import LocalRoots
 from agentd.protocol import ShardState
 from agentd.shard import LIVE, Shard, identity, parse_spec
 from agentd.shardproc import exit_reason
+from agentd.shardweights import ShardWeights
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +51,7 @@ Event = protocol.ShardStatus | protocol.FetchProgress
 OnEvent = Callable[[Event], Awaitable[None]]
 
 
-class Supervisor(EngineLifecycle, AdapterLifecycle):
+class Supervisor(EngineLifecycle, AdapterLifecycle, ShardWeights):
     """Runs this node's shards. The agent calls it; it never talks to the control plane itself.
 
     ``state_dir`` holds the state file and ``shards/<id>.log``. ``port_range``
@@ -229,46 +223,6 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         """Shard id -> process group id of its engine, for load sampling."""
         return {sid: sh.pid for sid, sh in self._shards.items() if sh.pid and sh.alive()}
 
-    def paths_in_use(self) -> list[str]:
-        """Model and adapter paths of every shard that runs or is wanted running, not only
-        running ones: a starting engine reads them. One stopped for good, its engine gone,
-        uses nothing.
-
-        A fetched source counts twice: as the profile names it, and as its entry
-        in a weights dir (blocking: a few stats; call it off the event loop).
-        """
-        paths = set()
-        for sh in list(self._shards.values()):
-            spec = sh.spec_or_want
-            if spec is None:
-                continue
-            if not sh.alive() and sh.target in ("stopped", "absent"):
-                continue
-            # Its weights, and its LoRA adapters' files (agentd.adapters).
-            for text in (spec.profile.model_path, *(a.source for a in spec.adapters)):
-                if not text:
-                    continue
-                paths.add(text)
-                source = _source_or_none(text)
-                if source is not None and self._fetcher is not None:
-                    entry = self._fetcher.entry(source)
-                    if entry is not None:
-                        paths.add(str(entry))
-        return sorted(paths)
-
-    def weights_in_use(self) -> list[str]:
-        """Local model paths of the engines running now (for their weights' last use)."""
-        out = []
-        for sh in list(self._shards.values()):
-            if sh.spec is None or not sh.alive():
-                continue
-            source = _source_or_none(sh.spec.profile.model_path)
-            if source is not None and self._fetcher is not None:
-                out += [str(r / source.slug) for r in self._fetcher.roots]
-            elif sh.spec.profile.model_path:
-                out.append(sh.spec.profile.model_path)
-        return out
-
     def engine_versions(self) -> dict[str, str]:
         """Probed versions of the engines that can run here (not disabled, installed)."""
         return dict(self._versions)
@@ -336,16 +290,6 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
             known = ", ".join(self.log_sources()) or "none"
             raise KeyError(f"no log source {source!r} on this node; sources: {known}")
         return sh.log.tail(lines)
-
-    async def fetch_progress(
-        self, shard_id: str, bytes_done: int, bytes_total: int | None = None, source: str = ""
-    ) -> None:
-        """Progress of a weight fetch the agent runs itself: it pushes the startup deadline back."""
-        sh = self._shards.get(shard_id)
-        if sh is None:
-            return
-        sh.progress_at = time.monotonic()
-        await self._emit(sh.progress(bytes_done, bytes_total, source))
 
     async def close(self) -> None:
         """Stop watching. The engines keep running; the next agent adopts them."""
@@ -436,81 +380,6 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
         else:
             await self._runtime_adapters(sh, want)
 
-    # ---- fetching before the start -------------------------------------------------
-
-    async def _launch(self, sh: Shard, want: protocol.DesiredShard) -> None:
-        """Start the engine, once its weights are here: a source not fetched yet is fetched
-        first, the shard ``starting`` meanwhile (progress is not a transition)."""
-        try:
-            source = sources.parse(want.profile.model_path)
-        except sources.SourceError as exc:
-            sh.spec = want
-            return await self._fail(sh, f"model_path: {exc}")
-        if source is None:
-            self._release_fetch(sh)
-            return await self._start(sh, want)
-        if self._fetcher is None:
-            sh.spec = want
-            return await self._fail(sh, f"{source.text} must be fetched; this agent fetches none")
-        try:
-            local = await asyncio.to_thread(
-                self._fetcher.ready, source, dict(want.profile.weights_sha256)
-            )
-        except FetchError as exc:
-            self._release_fetch(sh)
-            sh.spec = want
-            return await self._fail(sh, str(exc))
-        if local is not None:
-            self._release_fetch(sh)
-            await self._start(sh, want, local)
-            if sh.alive():
-                await asyncio.to_thread(self._fetcher.touch, source)
-            return
-        if sh.fetching == source.text:
-            return  # under way already
-        self._release_fetch(sh)
-        sh.fetching = source.text
-        sh.spec, sh.failed_spec, sh.error, sh.process = want, None, "", None
-        sh.engine = want.profile.engine
-        logger.info("shard %s: fetching %s before starting it", sh.shard_id, source.text)
-
-        async def progress(done: int, total: int | None) -> None:
-            if sh.fetching == source.text:
-                await self._emit(sh.progress(done, total, source.text))
-
-        # Joined here, under the shard's lock: a release from the next desired set counts.
-        fetched = self._fetcher.want(
-            source, dict(want.profile.weights_sha256), sh.shard_id, progress
-        )
-        await self._set(sh, ShardState.STARTING)
-        self._spawn(self._fetch_then_start(sh, source, fetched))
-
-    async def _fetch_then_start(
-        self, sh: Shard, source: sources.Source, fetched: asyncio.Future
-    ) -> None:
-        try:
-            await fetched
-        except FetchCancelled:
-            return
-        except FetchError as exc:
-            async with sh.lock:
-                if sh.fetching != source.text:
-                    return
-                sh.fetching = None
-                sh.process = None
-                await self._fail(sh, f"fetching weights failed: {exc}")
-            return
-        async with sh.lock:
-            if sh.fetching != source.text:
-                return
-            sh.fetching = None
-        await self._converge(sh)
-
-    def _release_fetch(self, sh: Shard) -> None:
-        if sh.fetching and self._fetcher is not None:
-            self._fetcher.release(sh.fetching, sh.shard_id)
-        sh.fetching = None
-
     # ---- reporting ---------------------------------------------------------------
 
     async def _set(self, sh: Shard, new: ShardState, error: str = "", exit_code=None) -> None:
@@ -555,10 +424,3 @@ class Supervisor(EngineLifecycle, AdapterLifecycle):
             state.save(self.state_dir, self._version, records)
         except OSError:
             logger.exception("could not write the state file in %s", self.state_dir)
-
-
-def _source_or_none(model_path: str) -> sources.Source | None:
-    try:
-        return sources.parse(model_path)
-    except sources.SourceError:
-        return None
