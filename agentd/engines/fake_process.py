@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from agentd import gpuclaims
 from agentd.engines import fake_sleep
 from agentd.engines.fake_api import FakeApi
 
@@ -52,8 +53,6 @@ class FakeProcess:
         share, fixed = self.opts.gpu_memory_utilization, self.opts.gpu_memory_bytes
         if not nvml_file or not uuids or not (share or fixed):
             return
-        from agentd import nvml_double
-
         totals = {
             g.get("uuid"): g.get("memory_total_bytes", 0)
             for g in json.loads(Path(nvml_file).read_text()).get("gpus", [])
@@ -65,7 +64,7 @@ class FakeProcess:
         memory = fake_sleep.Memory(Path(nvml_file), parts)
         try:
             memory.take(set(fake_sleep.TAGS))
-        except nvml_double.OutOfMemory as exc:
+        except gpuclaims.OutOfMemory as exc:
             print(self.out_of_memory(exc, uuids.index(exc.uuid)), flush=True)
             os._exit(1)
         self.api.sleep.memory = memory

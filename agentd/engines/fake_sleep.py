@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from agentd import gpuclaims
+
 TAGS = frozenset(("weights", "kv_cache"))  # vLLM's SLEEP_TAGS
 MODES = ("abort", "wait", "keep")  # vLLM's PauseMode
 NOT_INT = "Input should be a valid integer, unable to parse string as an integer"
@@ -77,18 +79,14 @@ class Memory:
         return out
 
     def take(self, tags: set[str]) -> None:
-        """Claim these tags' memory too, or raise nvml_double.OutOfMemory having claimed none."""
-        from agentd import nvml_double  # pynvml: only where the double is used
-
+        """Claim these tags' memory too, or raise gpuclaims.OutOfMemory having claimed none."""
         want = self.awake | tags
-        nvml_double.take(self.path, os.getpid(), self.claims(want))
+        gpuclaims.take(self.path, os.getpid(), self.claims(want))
         self.awake = want
 
     def release(self) -> None:
-        from agentd import nvml_double
-
         self.awake = set()
-        nvml_double.claim(self.path, os.getpid(), {})
+        gpuclaims.claim(self.path, os.getpid(), {})
 
     def weights_bytes(self) -> int:
         return sum(self.parts.get("weights", {}).values())
@@ -233,11 +231,9 @@ class Sleep:
             return ""  # vLLM logs a warning and wakes nothing
         waking = set(tags) if tags else set(self.tags)
         if self.enabled and self.memory is not None:
-            from agentd import nvml_double
-
             try:
                 self.memory.take(waking & TAGS)
-            except nvml_double.OutOfMemory as exc:
+            except gpuclaims.OutOfMemory as exc:
                 print(f"fake engine: no room to wake: {exc}", flush=True)
                 # vLLM's cumem allocator's words; it names its source file, shown as <path>.
                 return "CUDA Error: out of memory at <path>"

@@ -216,7 +216,7 @@ def test_processes_hold_memory_as_the_driver_lists_them(fake, tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     try:
-        from agentd.nvml_double import claim
+        from agentd.gpuclaims import claim
 
         claim(path, engine.pid, {uuid0: 30 * 2**30, uuid1: 2 * 2**30})
         claim(path, gone.pid, {uuid0: 40 * 2**30})  # exited: the driver freed it
@@ -247,7 +247,7 @@ def sleeper() -> subprocess.Popen:
 
 
 def test_a_claim_the_gpu_has_no_room_for_is_refused_and_claims_nothing(tmp_path):
-    from agentd.nvml_double import OutOfMemory, claim, peak, take
+    from agentd.gpuclaims import OutOfMemory, claim, peak, take
 
     # given an 80 GiB H100 (535 MiB the driver's), someone else's 12 GiB job and an
     # engine holding 40 GiB
@@ -291,7 +291,7 @@ def _handle(lib):
 
 
 def test_the_peak_record_is_the_most_claimed_at_once_all_processes_together(tmp_path):
-    from agentd.nvml_double import claim, peak, peak_path, take
+    from agentd.gpuclaims import claim, peak, peak_path, take
 
     spec = nvml_data.hgx(count=2)
     gpu0, gpu1 = (g["uuid"] for g in spec["gpus"])
@@ -325,10 +325,10 @@ def test_the_peak_record_is_the_most_claimed_at_once_all_processes_together(tmp_
 RACER = """
 import os, sys, time
 from pathlib import Path
-from agentd import nvml_double
-from agentd.nvml_double import OutOfMemory, take
-write = nvml_double._write_claim
-nvml_double._write_claim = lambda *a: (time.sleep(0.05), write(*a))
+from agentd import gpuclaims
+from agentd.gpuclaims import OutOfMemory, take
+write = gpuclaims._write_claim
+gpuclaims._write_claim = lambda *a: (time.sleep(0.05), write(*a))
 print("ready", flush=True)
 sys.stdin.readline()  # all at once
 try:
@@ -364,7 +364,7 @@ def test_engines_claiming_one_gpu_at_once_never_overcommit_it(tmp_path):
         said = [r.stdout.readline().strip() for r in racers]
         # then two fit, the rest are refused, and the GPU never held more than it has
         assert sorted(said) == ["claimed"] * 2 + ["refused"] * 10
-        from agentd.nvml_double import peak
+        from agentd.gpuclaims import peak
 
         assert peak(path) == {uuid: 60 * GIB}
         assert peak(path)[uuid] + spec["gpus"][0]["memory_used_bytes"] <= total

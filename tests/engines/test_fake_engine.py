@@ -224,7 +224,7 @@ def test_a_wake_without_room_answers_500_as_vllm_and_takes_nothing(tmp_path):
     try:
         engine.ready()
         assert engine.call("POST", "/sleep?level=1")[0] == 200
-        from agentd.nvml_double import claim
+        from agentd.gpuclaims import claim
 
         # given another process took 50 of the GPU's 80 GiB while it slept
         claim(engine.nvml, squatter.pid, {engine.uuid: 50 * GIB})
