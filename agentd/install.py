@@ -40,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from agentd import builds, llamatools, protocol
-from agentd.config import InstallConfig
+from agentd.engineconfig import InstallConfig
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
 from agentd.steps import StepFailed, run_step, tail
 from agentd.verify import DIST_VERSION, Verifier, engine_binary

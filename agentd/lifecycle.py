@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agentd import protocol, state
-from agentd.config import refused_env
+from agentd.engineconfig import refused_env
 from agentd.engines import Engine, EngineUnavailable, Probe
 from agentd.engines.base import Launch, model_of, tree_size, weights_path
 from agentd.protocol import DesiredShard, ShardState

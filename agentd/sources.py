@@ -1,7 +1,7 @@
 """Where each engine comes from: the pip arguments per engine and variant, and where it goes.
 
 Every URL, index and extra argument comes from agent.yaml's ``install``
-(``agentd.config.InstallConfig``), so a mirror or an air-gapped site changes
+(``agentd.engineconfig.InstallConfig``), so a mirror or an air-gapped site changes
 configuration, not code. The sources, per the engines' own install pages, are
 listed in docs/engines.md.
 """
@@ -19,7 +19,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from agentd import builds
-from agentd.config import InstallConfig
+from agentd.engineconfig import InstallConfig
 from agentd.fetch.http import describe_error, http_request, opener
 
 

@@ -58,7 +58,7 @@ class Supervisor(EngineLifecycle, AdapterLifecycle, ShardWeights):
     (inclusive) is where a shard without a port gets one. ``binaries`` names an
     engine's binary by hand (a Python interpreter for SGLang, llama-cpp-python
     or the fake engine); ``disabled`` engines are never run or advertised.
-    ``allow_env`` names the loader-changing variables (``agentd.config.LOADER_ENV``)
+    ``allow_env`` names the loader-changing variables (``agentd.engineconfig.LOADER_ENV``)
     a profile's env may set here; a shard whose profile sets another fails.
     ``on_event`` receives every ShardStatus and FetchProgress. ``startup_timeout_s``,
     when set, replaces each shard's own. Stop is SIGTERM to the process group,

@@ -46,7 +46,7 @@ EMBD, FF, CTX = 256, 512, 1024
 
 def install(root: Path) -> Path:
     """The agent's own install of llama.cpp (tools included); its environment."""
-    from agentd.config import InstallConfig
+    from agentd.engineconfig import InstallConfig
     from agentd.install import INSTALLED, Installer, Want
 
     text = (Path(__file__).resolve().parent.parent / "requirements.txt").read_text()

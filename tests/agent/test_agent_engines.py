@@ -9,8 +9,8 @@ import time
 import pytest
 
 from agentd import builds, install, nvml, protocol, sources, steps
-from agentd.config import InstallConfig
 from agentd.discovery import Machine
+from agentd.engineconfig import InstallConfig
 from agentd.supervisor import Supervisor
 from tests.agent import nvml_data
 from tests.agent.test_agent_messages import RecordingShards, make_agent

@@ -14,7 +14,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from agentd import install, protocol
-from agentd.config import InstallConfig
+from agentd.engineconfig import InstallConfig
 
 CRAFTED = [
     "0.3.36@https://evil.example/llama_cpp_python.whl",

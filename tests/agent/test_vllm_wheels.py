@@ -15,7 +15,7 @@ import pytest
 from packaging.tags import Tag, cpython_tags
 
 from agentd import install, sources
-from agentd.config import InstallConfig
+from agentd.engineconfig import InstallConfig
 from tests.agent.test_agent_engines import gpus_with
 
 V0290 = [

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentd.config import refused_env
+from agentd.engineconfig import refused_env
 from tests.engines.helpers import profile, shard
 from tests.engines.test_supervisor_faults import started
 

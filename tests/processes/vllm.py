@@ -27,7 +27,7 @@ START_TIMEOUT_S = 600
 
 def vllm_env() -> Path:
     """The verified environment of vLLM's CPU build, installed first if need be."""
-    from agentd.config import InstallConfig
+    from agentd.engineconfig import InstallConfig
     from agentd.install import INSTALLED, Installer, Want
 
     cfg = InstallConfig(**install_config())
