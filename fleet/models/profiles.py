@@ -17,7 +17,6 @@ from .catalog import Model, name_validator
 from .choices import Engine
 from .fetched import fetch_errors
 
-
 # More than any GPU has: a typo, not a share.
 GPU_MEMORY_GB_MAX = 1024
 

@@ -23,8 +23,8 @@ from urllib.parse import quote, urljoin
 
 from agentd.fetch.http import AddressGuard, FetchError, describe_error, http_request, opener
 from agentd.fetch.sources import HUB, SPLIT_GGUF, Source, SourceError, parse
-from fleet.services.units import MIB_PER_GIB, bytes_text
 from fleet.services import weight_headers
+from fleet.services.units import MIB_PER_GIB, bytes_text
 from fleet.services.weight_headers import MAX_HEADER
 
 GIB = MIB_PER_GIB * 1024 * 1024

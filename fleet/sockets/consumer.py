@@ -207,7 +207,7 @@ class AgentConsumer(NodeEvents, AsyncWebsocketConsumer):
         if self.closing:
             return
         self.received_at = time.monotonic()
-        charged = self.meter.charge(text_data, bytes_data, time.monotonic())
+        charged = self.meter.charge(text_data, bytes_data, self.received_at)
         # Past the limits, a message is read only while a log request is waiting
         # for its reply, and the socket is closed after it unless it was that
         # reply: one message at most, of at most the 1 MiB Daphne takes.
