@@ -18,8 +18,15 @@ The modules, in the order a request meets them:
 - ``waiting``: the wait for a replica of a model scaled to zero, and the load
   each process reports for the autoscaler.
 - ``prefix``: which replica has the prompt's prefix cached.
-- ``proxy``: the attempt at a replica, retries, streaming the answer back, and
-  counting its tokens; ``upstream``, the HTTP client to the engines.
+- ``choice``: which replica an attempt goes to: the least busy, the prefix's, the
+  canary's share.
+- ``fair``: room on a busy model: a request waits its turn in fair order across
+  keys, a batch's line takes only what interactive requests leave.
+- ``proxy``: the attempts at a replica, retries, the answer back whole or
+  streamed, and counting its tokens; ``outgoing``, the body the engine is sent;
+  ``upstream``, the HTTP client to the engines; ``answers``, the usage and the
+  stream's framing read from an answer; ``failures``, how a failed attempt is
+  counted and what the client is told.
 - ``usage``: tokens per key, model and hour, counted in memory, written in batches.
 - ``engines``: what the engines say is queued, scraped for the queue depth.
 - ``state``: one ``Gateway`` per event loop and the tasks that keep it fresh.

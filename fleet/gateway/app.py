@@ -13,7 +13,7 @@ import json
 import logging
 import time
 
-from . import apis, keys, metrics, proxy, validate, waiting
+from . import apis, failures, keys, metrics, proxy, validate, waiting
 from .errors import GatewayError, internal
 from .state import canary_tally, gateway
 
@@ -85,7 +85,9 @@ async def application(scope, receive, send) -> None:
             await send(
                 {
                     "type": "http.response.body",
-                    "body": proxy.stream_error(reply, exc.message, exc.code or "error", exc.status),
+                    "body": failures.stream_error(
+                        reply, exc.message, exc.code or "error", exc.status
+                    ),
                 }
             )
             return

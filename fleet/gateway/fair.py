@@ -13,6 +13,12 @@ requests, and the light key's wait is about one request's, whatever the heavy
 one sends. ``LLMGW_GATEWAY_FAIR_SHARE=false`` takes them in arrival order
 instead (for comparison: docs/benchmarks.md).
 
+A first attempt passes ``admit``: there is room on its replica and for its key,
+or it waits here, or it is a 429 when the gateway holds no queue; a retry only
+checks the replica (``check_capacity``). A batch's line never takes a turn in
+the queue: it waits behind every interactive request for what they leave
+(``batch_room``, ``batch_refusal``).
+
 Per process, per model: nothing is shared between gateway processes.
 """
 
@@ -23,6 +29,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from . import table
+from .choice import choose
 from .errors import GatewayError
 
 
@@ -99,7 +107,7 @@ class FairShare:
         self.size, self.fair, self.timeout_s = size, fair, timeout_s
         self.queues: dict[str, Queue] = {}
         # Batch lines waiting for room, by model: set (and dropped) when a request of
-        # the model ends, so they look again (fleet.gateway.proxy.batch_room).
+        # the model ends, so they look again (``batch_room``).
         self.batch_room: dict[str, asyncio.Event] = {}
         self.in_flight: dict[int, int] = {}  # by key id
         self.weights: dict[int, float] = {}
@@ -174,3 +182,111 @@ class FairShare:
         if room is not None:
             # Last: an interactive waiter woken above runs first and takes the room.
             room.set()
+
+
+async def admit(gw, route: table.Route, up: table.Upstream, key, at) -> table.Upstream | None:
+    """The replica a first attempt goes to once there is room: on it (under
+    ``max_outstanding``) and for the key (under its ``max_concurrent``). Without room,
+    the request waits its turn in fair order (``FairShare.wait``), or is answered
+    429 when the gateway holds no queue."""
+    limits, again = gw.limits, False
+    if key is not None and key.batch:
+        return await batch_room(gw, route, up, key, at)
+    while True:
+        full = up.outstanding >= limits.max_outstanding
+        key_full = key is not None and gw.fair.key_full(key)
+        if not full and not key_full:
+            return up
+        if key is None or not gw.fair.size:
+            check_capacity(route, up, limits)  # no queue: the 429 at once
+            raise GatewayError(
+                429,
+                f"API key '{key.name}' has {key.max_concurrent} requests in flight, its most",
+                code="too_many_in_flight",
+                retry_after=1,
+            )
+        why = (
+            f"{len(route.upstreams)} replica(s) with {limits.max_outstanding} requests in "
+            "flight each"
+            if full
+            else f"API key '{key.name}' has {key.max_concurrent} requests in flight, its most"
+        )
+        await gw.fair.wait(route.name, key, why, again)
+        again = True
+        up, _ = choose(gw, route, at, [])
+        if up is None:
+            return None
+
+
+# A batch's line waiting for room looks again at least this often: an engine's queue
+# (its /metrics) empties without a request of this process ending.
+BATCH_LOOK_S = 0.25
+
+
+async def batch_room(gw, route: table.Route, up: table.Upstream, key, at) -> table.Upstream:
+    """The replica a batch's line goes to, once one has room for it (``batch_refusal``).
+
+    It waits in this process behind every interactive request, looking again each
+    time a request of its model ends (``FairShare.ended``), for at most
+    ``LLMGW_GATEWAY_FAIR_WAIT_S``; then the 429 that sends it back to its worker,
+    which sends it again later. Waiting here rather than bouncing starts the line
+    the moment there is room, without a worker's round trip per refusal."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + gw.fair.timeout_s
+    while True:
+        why = batch_refusal(gw, route, up)
+        if not why and gw.fair.key_full(key):
+            why = f"API key '{key.name}' has {key.max_concurrent} requests in flight"
+        if not why:
+            return up
+        left = deadline - loop.time()
+        if left <= 0:
+            raise GatewayError(
+                429,
+                f"model '{route.name}' is busy ({why}): a batch line waits for room",
+                code="model_at_capacity",
+                retry_after=1,
+            )
+        room = gw.fair.batch_room.setdefault(route.name, asyncio.Event())
+        try:
+            await asyncio.wait_for(room.wait(), min(left, BATCH_LOOK_S))
+        except TimeoutError:
+            pass
+        up, _ = choose(gw, route, at, [])
+        if up is None:
+            raise GatewayError(
+                503, route.unavailable or f"model '{route.name}' has no ready replica",
+                code="no_ready_replica", retry_after=route.retry_after,
+            )  # fmt: skip
+
+
+def batch_refusal(gw, route: table.Route, up: table.Upstream) -> str:
+    """Why a batch's line may not start on ``up`` now ("" when it may). Batch lines take
+    only what interactive requests leave: never a turn in the fair queue, none while an
+    interactive request of the model waits there, none on a replica at its bound or
+    whose engine already queues requests of its own (``engine_waiting``). An engine
+    whose queue cannot be seen (no /metrics: llama-cpp-python's server, which answers
+    one request at a time) gets one line at a time, so an interactive request that
+    arrives waits behind one line at most, not a batch's worth."""
+    queue = gw.fair.queues.get(route.name)
+    if queue is not None and (queue.size or queue.handed):
+        return f"{queue.size + queue.handed} interactive request(s) waiting"
+    if up.outstanding >= gw.limits.max_outstanding:
+        return f"its replicas have {gw.limits.max_outstanding} requests in flight each"
+    if up.engine_waiting:
+        return f"its engine queues {up.engine_waiting:g} request(s)"
+    if up.engine_waiting is None and up.batch_outstanding:
+        return "its engine's queue cannot be seen, and it has a batch line already"
+    return ""
+
+
+def check_capacity(route: table.Route, up: table.Upstream, limits) -> None:
+    """The 429 when even the least busy replica has ``max_outstanding`` requests in flight."""
+    if up.outstanding >= limits.max_outstanding:
+        raise GatewayError(
+            429,
+            f"model '{route.name}' is at capacity: {len(route.upstreams)} "
+            f"replica(s) with {limits.max_outstanding} requests in flight each",
+            code="model_at_capacity",
+            retry_after=1,
+        )

@@ -37,7 +37,7 @@ class KeyEntry:
     share_weight: int = 1  # its share when a model is busy, against other keys'
     team_id: int | None = None  # its team: models kept to a team answer only its keys
     # The request is a batch's line (an ``lgb_`` credential of this key): it takes only
-    # what interactive requests leave (fleet.gateway.proxy.batch_refusal).
+    # what interactive requests leave (fleet.gateway.fair.batch_refusal).
     batch: bool = False
     # Its team has spent its budget in money (fleet.services.costs.budgets): why, and the
     # UTC month ("202612") that is true of; a month after it, the key is served again.

@@ -92,7 +92,7 @@ class Upstream:
     cooldown_until: float = 0.0  # time.monotonic(); set aside until then
     suspect: bool = False  # a shard is on a suspect node: picked only as a last resort
     engine_waiting: float | None = None  # queued inside the engine, from its /metrics
-    batch_outstanding: int = 0  # of ``outstanding``, a batch's lines (proxy.batch_refusal)
+    batch_outstanding: int = 0  # of ``outstanding``, a batch's lines (fair.batch_refusal)
     metrics_absent_until: float = 0.0  # time.monotonic(); its engine has no /metrics
     # The LoRA adapters its engine holds: name -> what a request for it changes in the
     # body (``adapter_fields``); and those that failed to load: name -> the engine's reason.

@@ -4,7 +4,7 @@
 What llmgw reads from a vLLM engine: the in-flight and waiting gauges (the agent's drain,
 ``agentd.engines.vllm.VLLM.in_flight_series``; the gateway's queue depth,
 ``fleet.gateway.engines.parse_waiting``) and the cache series beside them; /health's
-status; usage objects, whole and as a stream's last event (``fleet.gateway.proxy``);
+status; usage objects, whole and as a stream's last event (``fleet.gateway.answers``);
 the stream's framing; the runtime LoRA endpoints' statuses and error bodies (turned into
 an adapter's reason by ``agentd.engines.base``); /v1/models with an adapter loaded; the
 sleep endpoints (VLLM_SERVER_DEV_MODE=1, on for both) as far as the CPU build serves them:
@@ -32,8 +32,8 @@ from agentd.engines.fake import FakeEngine as FakeEngineAdapter
 from agentd.engines.vllm import VLLM
 from agentd.tinyhf import write, write_lora
 from fleet.devstack.vllm import TINY_HF_NAME
+from fleet.gateway.answers import SSECheck
 from fleet.gateway.engines import WAITING_METRICS, parse_waiting
-from fleet.gateway.proxy import SSECheck
 from tests.engines.helpers import shard
 from tests.processes import FakeEngine
 from tests.processes.vllm import VllmServer, vllm_env
@@ -288,7 +288,7 @@ def carrying_text(evs: list) -> int:
 
 
 def gateway_reads(raw: bytes) -> dict:
-    """What the gateway's stream check makes of a stream (fleet.gateway.proxy.SSECheck)."""
+    """What the gateway's stream check makes of a stream (fleet.gateway.answers.SSECheck)."""
     check = SSECheck(strip_usage=True)
     passed, problem = check.feed(raw)
     return {

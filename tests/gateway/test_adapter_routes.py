@@ -5,7 +5,7 @@ import pytest
 
 from fleet.gateway import table
 from fleet.gateway.errors import GatewayError
-from fleet.gateway.proxy import _changed
+from fleet.gateway.outgoing import changed_body
 
 MODEL = table.ModelView(1, "qwen", 1700000000, 2)
 SQL = table.AdapterView("qwen-sql", 1, 1700000100)
@@ -68,7 +68,7 @@ def test_the_engine_is_asked_for_the_adapter_its_own_way(engine, sent):
         [MODEL], [replica("a", loaded("qwen-sql", 1), engine=engine)], adapters=[SQL]
     )
     route = routes["qwen-sql"]
-    body, _ = _changed(route, Req("qwen-sql", temperature=0), route.upstreams[0])
+    body, _ = changed_body(route, Req("qwen-sql", temperature=0), route.upstreams[0])
     assert body == {"messages": [], "temperature": 0, **sent}
 
 
@@ -77,7 +77,7 @@ def test_an_adapter_unloaded_after_routing_is_asked_again_not_sent_to_the_base()
     route, up = routes["qwen-sql"], routes["qwen-sql"].upstreams[0]
     up.adapters = {}
     with pytest.raises(GatewayError) as refused:
-        _changed(route, Req("qwen-sql"), up)
+        changed_body(route, Req("qwen-sql"), up)
     assert refused.value.status == 503 and "unloaded" in refused.value.message
 
 
@@ -120,14 +120,14 @@ def test_a_request_for_the_model_itself_tells_llama_cpp_that_no_adapter_applies(
     routes = table.build_routes(
         [MODEL], [replica("a", loaded("qwen-sql", 1), loaded("qwen-chat", 0))], adapters=[SQL]
     )
-    body, _ = _changed(routes["qwen"], Req("qwen"), routes["qwen"].upstreams[0])
+    body, _ = changed_body(routes["qwen"], Req("qwen"), routes["qwen"].upstreams[0])
     assert body["model"] == "qwen-served"
     assert body["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
     assert body["cache_prompt"] is False  # ggml-org/llama.cpp#26207
     # other engines, and llama.cpp holding none, get the body as it was
     for view in (replica("b", loaded("qwen-sql"), engine="vllm"), replica("c")):
         up = table.build_routes([MODEL], [view])["qwen"].upstreams[0]
-        assert "lora" not in (_changed(routes["qwen"], Req("qwen"), up)[0] or {})
+        assert "lora" not in (changed_body(routes["qwen"], Req("qwen"), up)[0] or {})
 
 
 def test_an_adapter_of_a_model_kept_to_its_team_answers_only_that_teams_keys():

@@ -12,9 +12,10 @@ import pydantic
 import pytest
 
 from fleet.gateway import apis, validate
+from fleet.gateway.answers import SSECheck
 from fleet.gateway.errors import GatewayError
 from fleet.gateway.metrics import counts
-from fleet.gateway.proxy import SSECheck, _translated
+from fleet.gateway.proxy import translated
 
 
 def parse(endpoint: str, body: dict) -> validate.ParsedRequest:
@@ -438,7 +439,7 @@ def stream_bytes(endpoint: str, body: dict, chunks: list[dict], split: int = 7) 
         for i in range(0, len(raw), split):
             good, problem = check.feed(raw[i : i + split])
             assert problem is None
-            out.append(await _translated(framing, good))
+            out.append(await translated(framing, good))
 
     asyncio.run(run())
     assert check.done and framing.ended

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from fleet.gateway import prefix, proxy, table
+from fleet.gateway import choice, prefix, table
 from fleet.models import EngineProfile, Model
 from tests.factories import inference_key, ready_model
 from tests.gateway.live import post
@@ -28,7 +28,7 @@ def test_the_canary_gets_its_share_within_two_points_over_10000_requests(percent
     route = route_with(percent)
     gw = types.SimpleNamespace(limits=None)
 
-    seen = collections.Counter(proxy.choose(gw, route, None, [])[0].canary for _ in range(10_000))
+    seen = collections.Counter(choice.choose(gw, route, None, [])[0].canary for _ in range(10_000))
 
     assert abs(seen[True] / 100 - percent) <= 2, seen
 
@@ -40,7 +40,7 @@ def test_with_prefix_routing_a_prompt_stays_on_its_side():
         at = prefix.key_of(
             "chat/completions", {"messages": [{"role": "user", "content": f"p{i}"}]}, 512
         )
-        sides = {proxy.choose(gw, route, at, [])[0].canary for _ in range(5)}
+        sides = {choice.choose(gw, route, at, [])[0].canary for _ in range(5)}
         assert sides == {at % 100 < 25}
 
 
@@ -49,8 +49,8 @@ def test_a_side_with_no_replica_left_gives_way_to_the_other():
     only_active = route_with(90, active=1, canary=0)
     gw = types.SimpleNamespace(limits=None)
 
-    assert all(proxy.choose(gw, only_canary, None, [])[0].canary for _ in range(50))
-    assert not any(proxy.choose(gw, only_active, None, [])[0].canary for _ in range(50))
+    assert all(choice.choose(gw, only_canary, None, [])[0].canary for _ in range(50))
+    assert not any(choice.choose(gw, only_active, None, [])[0].canary for _ in range(50))
 
 
 @pytest.mark.live

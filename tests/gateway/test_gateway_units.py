@@ -5,9 +5,9 @@ import collections
 import pytest
 
 from fleet.gateway import table, validate
+from fleet.gateway.answers import SSECheck, usage_of
 from fleet.gateway.engines import parse_waiting
 from fleet.gateway.errors import GatewayError
-from fleet.gateway.proxy import SSECheck, usage_of
 
 
 def shard(state="ready", desired="running", rank=0, addr="10.0.0.7", port=8000, node="n1", **kw):

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleet.gateway import proxy
+from fleet.gateway import answers
 from fleet.gateway.errors import GatewayError
 from fleet.gateway.keys import KeyEntry
 from fleet.gateway.ratelimit import UNCHECKED, KeyLimits, Limiter, reset_text
@@ -165,9 +165,9 @@ def test_a_stream_that_did_not_ask_for_usage_gets_it_asked_for_and_taken_out():
         b"\n",
         b"data: [DONE]\n\n",
     ]
-    check = proxy.SSECheck(strip_usage=True)
+    check = answers.SSECheck(strip_usage=True)
     out = b"".join(check.feed(e)[0] for e in events)
     assert out == events[0] + events[3]
     assert check.usage == {"prompt_tokens": 3, "completion_tokens": 1}
-    kept = proxy.SSECheck()
+    kept = answers.SSECheck()
     assert b"".join(kept.feed(e)[0] for e in events) == b"".join(events)

@@ -9,7 +9,7 @@ replica. Then, per replica tried, one of two ways:
 - passed through, where its engine serves the API itself (``NATIVE``): the body
   goes to the engine's own /v1/messages or /v1/responses, and its answer comes
   back as it is; the usage is read from the API's own structure
-  (``fleet.gateway.metrics.counts``, ``proxy.SSECheck``);
+  (``fleet.gateway.metrics.counts``, ``answers.SSECheck``);
 - translated, everywhere else: the request is rewritten as a chat completion
   (``messages.to_chat``, ``responses.to_chat``, made once when it is parsed), sent
   to the engine's /v1/chat/completions, and the answer is written back in the

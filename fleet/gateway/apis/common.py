@@ -86,7 +86,7 @@ def as_delta(answer: dict) -> dict:
 class Framing:
     """A request's answer written in its API's shape, kept for the whole request.
 
-    ``translating`` is set for each replica tried (``proxy._attempt``): where true,
+    ``translating`` is set for each replica tried (``proxy.forward``): where true,
     the engine's chat stream is fed in, chunk by chunk (``chunk``, then ``finish``
     at its ``[DONE]``), and the API's events come out; where false, the engine's
     own events pass through and ``passed`` counts them. ``fail`` writes an error

@@ -5,7 +5,7 @@ at the gateways, for a replica or in a fair queue for room on a busy one (their
 load reports to Redis, ``fleet.services.autoscaler.load``), or while the model
 has no ready replica: a batch takes what interactive traffic leaves and never
 wakes a model up or scales it by itself. The gateway holds the same line per
-request (``fleet.gateway.proxy.batch_refusal``); this pause spares it the
+request (``fleet.gateway.fair.batch_refusal``); this pause spares it the
 refusals. A LoRA adapter's lines follow its base model. Pure: the facts come
 in, the reason (or "") goes out.
 """
