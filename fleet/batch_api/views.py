@@ -17,7 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from fleet.conf import fleet_settings
 from fleet.gateway import validate
 from fleet.gateway.errors import GatewayError, error_body
-from fleet.gateway.state import Limits
+from fleet.gateway.limits import Limits
 from fleet.models import Batch, BatchFile, FilePurpose
 from fleet.services.batches import files, jsonl, lifecycle, owners
 

@@ -29,7 +29,8 @@ The modules, in the order a request meets them:
   counted and what the client is told.
 - ``usage``: tokens per key, model and hour, counted in memory, written in batches.
 - ``engines``: what the engines say is queued, scraped for the queue depth.
-- ``state``: one ``Gateway`` per event loop and the tasks that keep it fresh.
+- ``state``: one ``Gateway`` per event loop and the tasks that keep it fresh;
+  ``limits``, its bounds, timeouts and periods, read once from the settings.
 - ``errors`` and ``metrics``: OpenAI's error shape (Anthropic's on /v1/messages), and
   the figures on /metrics.
 

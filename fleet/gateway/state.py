@@ -1,6 +1,7 @@
 """What one gateway process keeps in memory, and the tasks that keep it fresh.
 
-One ``Gateway`` per event loop (a web process has one). It loads
+One ``Gateway`` per event loop (a web process has one), made with its bounds
+(``fleet.gateway.limits``). It loads
 the routing table and the API keys on the first request, then refreshes them
 when the channel layer rings (``fleet.services.doorbells``) and periodically in
 case a ring was lost. Requests only read what is in memory; the one write they
@@ -8,13 +9,11 @@ cause, ``last_used_at``, is collected and written in a batch.
 """
 
 import asyncio
-import dataclasses
 import logging
 import os
 import socket
 import time
 import weakref
-from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -24,80 +23,12 @@ from fleet.conf import fleet_settings
 from fleet.services import doorbells, history
 from fleet.services.doorbells import GATEWAYS_GROUP
 
-from . import engines, fair, keys, metrics, prefix, ratelimit, table, usage, waiting
+from . import engines, fair, keys, metrics, ratelimit, table, usage, waiting
 from .errors import GatewayError
-from .upstream import Client, ReadLimits
+from .limits import Limits
+from .upstream import Client
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_body_bytes: dict[str, int]  # by endpoint ("chat/completions", ...)
-    connect_timeout_s: float
-    first_byte_timeout_s: float
-    total_timeout_s: float
-    refresh_s: float
-    keys_refresh_s: float
-    last_used_flush_s: float
-    max_retries: int
-    cooldown_s: float
-    cooldown_after: int
-    max_outstanding: int
-    engine_scrape_s: float
-    limits_retry_s: float
-    limits_fail_open: bool
-    usage_flush_s: float
-    prefix_chars: int  # how much of a prompt decides its replica, for prefix routing
-    prefix_policy: prefix.Policy  # when a prefix's replica yields to another
-    upstream: ReadLimits  # what the request path accepts from engines
-    scrape: ReadLimits  # what a scrape of an engine's /metrics accepts
-
-    @classmethod
-    def from_settings(cls) -> "Limits":
-        c = fleet_settings()
-        upstream = ReadLimits(
-            max_header_bytes=c.gateway_upstream_max_header_bytes,
-            max_headers=c.gateway_upstream_max_headers,
-            max_body_bytes=c.gateway_upstream_max_body_bytes,
-            idle_s=c.gateway_upstream_idle_timeout_s,
-        )
-        ceiling = c.gateway_max_body_bytes
-        return cls(
-            max_body_bytes={
-                "chat/completions": ceiling,
-                "completions": min(ceiling, c.gateway_completions_max_body_bytes),
-                "embeddings": min(ceiling, c.gateway_embeddings_max_body_bytes),
-                # A conversation, as chat's: images travel inline there too.
-                "messages": ceiling,
-                "responses": ceiling,
-                # A query and its documents: a batch of texts, as embeddings'.
-                "rerank": min(ceiling, c.gateway_embeddings_max_body_bytes),
-                "score": min(ceiling, c.gateway_embeddings_max_body_bytes),
-            },
-            connect_timeout_s=c.gateway_connect_timeout_s,
-            first_byte_timeout_s=c.gateway_first_byte_timeout_s,
-            total_timeout_s=c.gateway_total_timeout_s,
-            refresh_s=c.gateway_refresh_s,
-            keys_refresh_s=c.gateway_keys_refresh_s,
-            last_used_flush_s=c.gateway_last_used_flush_s,
-            max_retries=c.gateway_max_retries,
-            cooldown_s=c.gateway_cooldown_s,
-            cooldown_after=c.gateway_cooldown_after,
-            max_outstanding=c.gateway_max_outstanding_per_replica,
-            engine_scrape_s=c.gateway_engine_scrape_s,
-            limits_retry_s=c.gateway_limits_retry_s,
-            limits_fail_open=c.gateway_limits_fail_open,
-            usage_flush_s=c.gateway_usage_flush_s,
-            prefix_chars=c.gateway_prefix_chars,
-            prefix_policy=prefix.Policy(
-                load_factor=c.gateway_prefix_load_factor,
-                margin=c.gateway_prefix_margin,
-                max_outstanding=c.gateway_max_outstanding_per_replica,
-            ),
-            upstream=upstream,
-            scrape=dataclasses.replace(upstream, max_body_bytes=c.gateway_engine_scrape_max_bytes),
-        )
 
 
 def _write_last_used(ids: list[int]) -> None:
