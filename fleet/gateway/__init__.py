@@ -24,9 +24,10 @@ The modules, in the order a request meets them:
   keys, a batch's line takes only what interactive requests leave.
 - ``proxy``: the attempts at a replica, retries, the answer back whole or
   streamed, and counting its tokens; ``outgoing``, the body the engine is sent;
-  ``upstream``, the HTTP client to the engines; ``answers``, the usage and the
-  stream's framing read from an answer; ``failures``, how a failed attempt is
-  counted and what the client is told.
+  ``upstream``, the HTTP client to the engines (its connections pooled and
+  reused), and ``http1``, one exchange on a connection, read within its bounds;
+  ``answers``, the usage and the stream's framing read from an answer;
+  ``failures``, how a failed attempt is counted and what the client is told.
 - ``usage``: tokens per key, model and hour, counted in memory, written in batches.
 - ``engines``: what the engines say is queued, scraped for the queue depth.
 - ``state``: one ``Gateway`` per event loop and the tasks that keep it fresh;

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import time
 
-from .upstream import Client, UpstreamError
+from .http1 import UpstreamError
+from .upstream import Client
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import time
 
 from . import metrics, table
 from .errors import GatewayError, anthropic_error, error_body, sse_error_event
-from .upstream import ConnectFailed, Disconnected, Refused, UpstreamError
+from .http1 import ConnectFailed, Disconnected, Refused, UpstreamError
 
 logger = logging.getLogger(__name__)
 

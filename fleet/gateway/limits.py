@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fleet.conf import fleet_settings
 
 from . import prefix
-from .upstream import ReadLimits
+from .http1 import ReadLimits
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,9 @@ from .failures import (
     whole_answer,
 )
 from .fair import admit, check_capacity
+from .http1 import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 from .outgoing import encode_yielding, upstream_body
 from .state import canary_tally
-from .upstream import ConnectFailed, Disconnected, NoAnswer, Refused, UpstreamError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from fleet.gateway.upstream import Client, ConnectFailed, Disconnected, Incomplete
+from fleet.gateway.http1 import ConnectFailed, Disconnected, Incomplete
+from fleet.gateway.upstream import Client
 from tests.processes import free_port
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "

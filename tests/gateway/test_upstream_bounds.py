@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from fleet.gateway import engines
-from fleet.gateway.upstream import Client, Incomplete, ReadLimits, Refused
+from fleet.gateway.http1 import Incomplete, ReadLimits, Refused
+from fleet.gateway.upstream import Client
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
 SMALL = ReadLimits(max_header_bytes=4096, max_headers=20, max_body_bytes=64 << 10, idle_s=0.3)

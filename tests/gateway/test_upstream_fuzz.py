@@ -13,7 +13,8 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.gateway.upstream import Client, ReadLimits, UpstreamError
+from fleet.gateway.http1 import ReadLimits, UpstreamError
+from fleet.gateway.upstream import Client
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
 LIMITS = ReadLimits(max_header_bytes=2048, max_headers=20, max_body_bytes=8192, idle_s=0.05)
