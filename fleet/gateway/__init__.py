@@ -10,9 +10,10 @@ The modules, in the order a request meets them:
   request, watches for its client going away, and answers /v1/models.
 - ``keys``: API keys from an in-memory cache; checked before the body is read.
 - ``validate``: the body's shape, a clear 400 before it goes anywhere.
-- ``apis``: Anthropic's Messages API and OpenAI's Responses API: passed through to
-  engines that serve them, translated to and from chat completions for the others;
-  which engines serve rerank and score.
+- ``apis``: Anthropic's Messages API and OpenAI's Responses API (its request and
+  its answer in a module each): passed through to engines that serve them,
+  translated to and from chat completions for the others; which engines serve
+  rerank and score.
 - ``ratelimit``: the per-key limits, one Redis round trip, shared by every process.
 - ``table``: the routing table (ready replicas per model, and why others are not).
 - ``waiting``: the wait for a replica of a model scaled to zero, and the load

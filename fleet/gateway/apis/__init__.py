@@ -11,7 +11,7 @@ replica. Then, per replica tried, one of two ways:
   back as it is; the usage is read from the API's own structure
   (``fleet.gateway.metrics.counts``, ``answers.SSECheck``);
 - translated, everywhere else: the request is rewritten as a chat completion
-  (``messages.to_chat``, ``responses.to_chat``, made once when it is parsed), sent
+  (``messages.to_chat``, ``responses_request.to_chat``, made once when it is parsed), sent
   to the engine's /v1/chat/completions, and the answer is written back in the
   API's shape, a stream event by event (``Framing`` below).
 
@@ -23,14 +23,15 @@ Either way the errors the gateway makes are in the API's own shape: Anthropic's
 engine serves them, and a replica that does not is a 400 naming its engine
 (``unsupported``), never a guess.
 
-Extending: another API is a module with ``check`` and ``to_chat`` (the request),
-``from_chat`` (a whole answer) and a ``Framing`` subclass (a stream), listed in
-``_MODULES`` and in ``app.PROXIED``; ``NATIVE`` names the engines that serve it
+Extending: another API has ``check`` and ``to_chat`` (the request), listed in
+``_REQUESTS``, and a ``Framing`` subclass (its answer, whole and as a stream), listed
+in ``_FRAMINGS``; in one module, or two where each side is large (``responses_request``
+and ``responses``); and in ``app.PROXIED``. ``NATIVE`` names the engines that serve it
 themselves, each checked against that engine's source.
 """
 
 from ..errors import GatewayError
-from . import messages, responses
+from . import messages, responses, responses_request
 from .common import Framing
 
 __all__ = [
@@ -67,12 +68,15 @@ PASSED_ONLY = ("rerank", "score")
 _ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "fake": "fake"}
 _OTHER_API = {("sglang", "score"): "serves another API there, with another body"}
 
-_MODULES = {"messages": messages, "responses": responses}
+# Each API's request side (``check``, ``to_chat``), and its answer's (a ``Framing``).
+_REQUESTS = {"messages": messages, "responses": responses_request}
+_FRAMINGS = {"messages": messages.Stream, "responses": responses.Stream}
 
 
 def module(endpoint: str):
-    """The module translating ``endpoint`` ("messages", "responses"); None for the others."""
-    return _MODULES.get(endpoint)
+    """The module checking and translating requests to ``endpoint`` ("messages",
+    "responses"): its ``check`` and ``to_chat``; None for the others."""
+    return _REQUESTS.get(endpoint)
 
 
 def native(engine: str, endpoint: str) -> bool:
@@ -104,5 +108,5 @@ def api_of(path: str) -> str | None:
 def framing(req) -> Framing | None:
     """How a request's answer is written in its API (``Framing``); None for chat,
     completions and embeddings, which pass through as they are."""
-    mod = _MODULES.get(req.endpoint)
-    return None if mod is None else mod.Stream(req)
+    stream = _FRAMINGS.get(req.endpoint)
+    return None if stream is None else stream(req)
