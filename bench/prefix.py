@@ -15,8 +15,8 @@ Three measurements, each side by side with least-outstanding in the same run:
    each request sent to both models in turn; the client times the first
    streamed event. The engines' own logs say how many prompt tokens they had
    to process.
-2. The routing work per request, in process, in CPU time: ``table.pick`` against the prefix
-   hash plus ``table.pick_prefix``, for a short chat, a chat with a 4 KB system
+2. The routing work per request, in process, in CPU time: ``choice.pick`` against the prefix
+   hash plus ``choice.pick_prefix``, for a short chat, a chat with a 4 KB system
    prompt and a 16 KB completion prompt, alternating in blocks.
 3. The gateway end to end on a fake engine (instant answers), with wrk: a
    model with prefix routing against one without, the same two engines behind
@@ -271,7 +271,7 @@ def micro(out_path: str) -> None:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
     django.setup()
-    from fleet.gateway import prefix, table
+    from fleet.gateway import choice, prefix, table
 
     policy = prefix.Policy(load_factor=1.25, margin=8, max_outstanding=256)
     long_system = " ".join(system_prompts(1, 700)[0].split()[:700])[:4096]
@@ -308,10 +308,10 @@ def micro(out_path: str) -> None:
             endpoint = "completions" if "prompt" in body else "chat/completions"
 
             def least(off=off):
-                table.pick(off, ())
+                choice.pick(off, ())
 
             def by_prefix(on=on, endpoint=endpoint, body=body):
-                table.pick_prefix(on, prefix.key_of(endpoint, body, 1024), policy, ())
+                choice.pick_prefix(on, prefix.key_of(endpoint, body, 1024), policy, ())
 
             off_t, on_t = [], []
             # Alternating blocks, so the machine's moods hit both; CPU time of this

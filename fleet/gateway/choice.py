@@ -1,12 +1,15 @@
-"""Which replica an attempt goes to.
+"""Which replica of a route in the table (``fleet.gateway.table``) an attempt goes to.
 
-The least busy ready replica (``table.pick``), or the one the prompt's prefix
-sits on (``table.pick_prefix``, for a model that routes by prefix); with a canary,
+The least busy ready replica (``pick``), or the one the prompt's prefix
+sits on (``pick_prefix``, for a model that routes by prefix); with a canary,
 a first attempt goes to the canary's side for ``canary_percent`` of requests, the
-same side for the same prefix. Replicas tried already for the request are skipped.
+same side for the same prefix. Replicas tried already for the request, or set aside
+after failures, are skipped; those on a suspect node are picked last. Per request,
+from memory: nothing here reads the database.
 """
 
 import random
+import time
 
 from . import prefix, table
 
@@ -42,9 +45,58 @@ def choose(gw, route: table.Route, at: int | None, tried) -> tuple[table.Upstrea
     if route.canary_percent and not tried:
         side = canary_side(route, at)
         others = [u for u in route.upstreams if u.canary != side]
-        up = table.pick(route, others)
+        up = pick(route, others)
         if up is not None:
             return up, ""
     if at is None:
-        return table.pick(route, tried), ""
-    return table.pick_prefix(route, at, gw.limits.prefix_policy, tried)
+        return pick(route, tried), ""
+    return pick_prefix(route, at, gw.limits.prefix_policy, tried)
+
+
+def pick(route: table.Route, exclude=(), now: float | None = None) -> table.Upstream | None:
+    """The upstream with the fewest outstanding requests, ties broken at random.
+
+    Replicas in ``exclude`` (already tried for this request) and those cooling
+    down after failed connects or a timeout are skipped. Replicas on a suspect
+    node are picked only when no other one is left: its engines may be frozen
+    or cut off, and a request sent there may wait for nothing.
+    """
+    now = time.monotonic() if now is None else now
+    best = None
+    best_key = (True, 0)
+    ties = 0
+    for u in route.upstreams:
+        if u.cooldown_until > now or u in exclude:
+            continue
+        key = (u.suspect, u.outstanding)
+        if best is None or key < best_key:
+            best, best_key, ties = u, key, 1
+        elif key == best_key:
+            # Reservoir sampling: each of the tied replicas is equally likely.
+            ties += 1
+            if random.random() * ties < 1:
+                best = u
+    return best
+
+
+def pick_prefix(
+    route: table.Route, key: int, policy: prefix.Policy, exclude=(), now: float | None = None
+) -> tuple[table.Upstream | None, str]:
+    """(upstream, how it was chosen) for a request whose prompt prefix hashes to ``key``.
+
+    The same replicas are candidates as for ``pick`` (none tried already, none
+    cooling down, suspect ones last); among them the prefix's replica on the
+    ring while its load allows (``prefix.choose``), else the least busy.
+    """
+    now = time.monotonic() if now is None else now
+    free, healthy = [], []
+    for u in route.upstreams:
+        if u.cooldown_until <= now and u not in exclude:
+            free.append(u)
+            if not u.suspect:
+                healthy.append(u)
+    available = healthy or free
+    up, result = prefix.choose(route.ring, key, available, policy)
+    if up is None and result:
+        up = pick(route, exclude, now)
+    return up, result

@@ -160,7 +160,7 @@ def choose(ring: Ring, key: int, available: list, policy: Policy):
 
     ``available``: the replicas that may take it now (not already tried, not
     cooling down), the suspect ones only when nothing else is left, as
-    ``table.pick`` offers them. The average counts this request too, so an idle
+    ``choice.pick`` offers them. The average counts this request too, so an idle
     fleet's owner always takes it.
     """
     if not available:

@@ -4,15 +4,13 @@ Built from a snapshot of the database (``load_snapshot``, the only part that
 queries) by a pure function (``build_routes``), so the rules — ready replicas
 only, never loading, never draining — are tested with tables of cases. The
 gateway keeps the result in memory and picks from it per request
-(``pick``) without touching the database. A replica with a shard on a suspect
+(``fleet.gateway.choice``) without touching the database. A replica with a shard on a suspect
 node (silent past the grace period: frozen, cut off) stays in the table but is
 picked only as a last resort, when no other replica can take the request.
-A model with prefix routing on picks by its prompt's prefix first
-(``pick_prefix``, ``fleet.gateway.prefix``).
+A model with prefix routing on gets a ring over its replicas
+(``fleet.gateway.prefix``), kept across refreshes while they stay the same.
 """
 
-import random
-import time
 from dataclasses import dataclass, field
 
 from fleet.models import DesiredState, NodeState, ReplicaState, ShardState
@@ -375,55 +373,6 @@ def _adapter_route(a: AdapterView, m: ModelView, base: Route, old) -> Route:
         route.waits, route.retry_after = True, 5
         route.unavailable = f"{what} is not loaded on a ready replica yet"
     return route
-
-
-def pick(route: Route, exclude=(), now: float | None = None) -> Upstream | None:
-    """The upstream with the fewest outstanding requests, ties broken at random.
-
-    Replicas in ``exclude`` (already tried for this request) and those cooling
-    down after failed connects or a timeout are skipped. Replicas on a suspect
-    node are picked only when no other one is left: its engines may be frozen
-    or cut off, and a request sent there may wait for nothing.
-    """
-    now = time.monotonic() if now is None else now
-    best = None
-    best_key = (True, 0)
-    ties = 0
-    for u in route.upstreams:
-        if u.cooldown_until > now or u in exclude:
-            continue
-        key = (u.suspect, u.outstanding)
-        if best is None or key < best_key:
-            best, best_key, ties = u, key, 1
-        elif key == best_key:
-            # Reservoir sampling: each of the tied replicas is equally likely.
-            ties += 1
-            if random.random() * ties < 1:
-                best = u
-    return best
-
-
-def pick_prefix(
-    route: Route, key: int, policy: prefix.Policy, exclude=(), now: float | None = None
-) -> tuple[Upstream | None, str]:
-    """(upstream, how it was chosen) for a request whose prompt prefix hashes to ``key``.
-
-    The same replicas are candidates as for ``pick`` (none tried already, none
-    cooling down, suspect ones last); among them the prefix's replica on the
-    ring while its load allows (``prefix.choose``), else the least busy.
-    """
-    now = time.monotonic() if now is None else now
-    free, healthy = [], []
-    for u in route.upstreams:
-        if u.cooldown_until <= now and u not in exclude:
-            free.append(u)
-            if not u.suspect:
-                healthy.append(u)
-    available = healthy or free
-    up, result = prefix.choose(route.ring, key, available, policy)
-    if up is None and result:
-        up = pick(route, exclude, now)
-    return up, result
 
 
 def load_snapshot() -> tuple[list[ModelView], list[ReplicaView], list[AdapterView]]:

@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from fleet.gateway import table, validate
+from fleet.gateway import choice, table, validate
 from fleet.gateway.answers import SSECheck, usage_of
 from fleet.gateway.engines import parse_waiting
 from fleet.gateway.errors import GatewayError
@@ -94,13 +94,13 @@ def test_pick_prefers_fewest_outstanding_and_breaks_ties_at_random():
     )["m"]
     a, b, c = route.upstreams
     a.outstanding, b.outstanding, c.outstanding = 2, 1, 1
-    picks = collections.Counter(table.pick(route).replica_id for _ in range(2000))
+    picks = collections.Counter(choice.pick(route).replica_id for _ in range(2000))
     assert set(picks) == {"b", "c"}
     assert 800 < picks["b"] < 1200  # a fair coin, not round-robin order
-    assert table.pick(route, exclude=[b, c]) is a
+    assert choice.pick(route, exclude=[b, c]) is a
     c.cooldown_until = float("inf")
-    assert table.pick(route, exclude=[b]) is a
-    assert table.pick(route, exclude=[a, b]) is None
+    assert choice.pick(route, exclude=[b]) is a
+    assert choice.pick(route, exclude=[a, b]) is None
 
 
 def test_a_replica_on_a_suspect_node_is_picked_only_as_a_last_resort():
@@ -121,11 +121,11 @@ def test_a_replica_on_a_suspect_node_is_picked_only_as_a_last_resort():
     b.outstanding = 5
     # then: b takes the request though it has more outstanding; a and c only when
     # b cannot, the less busy of them first
-    assert {table.pick(route).replica_id for _ in range(50)} == {"b"}
+    assert {choice.pick(route).replica_id for _ in range(50)} == {"b"}
     c.outstanding = 1
-    assert table.pick(route, exclude=[b]) is a
+    assert choice.pick(route, exclude=[b]) is a
     b.cooldown_until = float("inf")
-    assert table.pick(route) is a
+    assert choice.pick(route) is a
     # when: the node is heard from again, a refresh makes a a full member again
     again = table.build_routes(
         [MODEL],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.gateway import prefix, table
+from fleet.gateway import choice, prefix, table
 from tests.gateway.test_gateway_units import replica, shard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +172,7 @@ def test_under_even_load_every_request_with_a_prefix_goes_to_its_owner():
         owner = route.ring.owner(key(n))
         for u in route.upstreams:
             u.outstanding = 2  # everyone equally busy
-        up, how = table.pick_prefix(route, key(n), POLICY)
+        up, how = choice.pick_prefix(route, key(n), POLICY)
         assert (up, how) == (owner, prefix.AFFINITY)
 
 
@@ -183,7 +183,7 @@ def test_a_busy_owner_yields_to_the_next_replica_on_the_ring_then_takes_its_pref
     # given: requests of one prefix arrive while none finishes
     picks = []
     for _ in range(8):
-        up, how = table.pick_prefix(route, k, POLICY)
+        up, how = choice.pick_prefix(route, k, POLICY)
         up.outstanding += 1
         picks.append((up, how))
     # then: each replica takes what its bounded load allows (1.25 × the average, this
@@ -201,7 +201,7 @@ def test_a_busy_owner_yields_to_the_next_replica_on_the_ring_then_takes_its_pref
     # when: the load evens out again, the prefix goes home
     for u in route.upstreams:
         u.outstanding = 1
-    assert table.pick_prefix(route, k, POLICY) == (a, prefix.AFFINITY)
+    assert choice.pick_prefix(route, k, POLICY) == (a, prefix.AFFINITY)
 
 
 def test_past_the_margin_the_least_busy_replica_takes_it():
@@ -210,13 +210,13 @@ def test_past_the_margin_the_least_busy_replica_takes_it():
     a, b, c = sorted(route.upstreams, key=lambda u: u.replica_id)
     # given: a within its bounded load (1.25 × 61/3, 26) but 15 above c, past a margin of 8
     a.outstanding, b.outstanding, c.outstanding = 25, 25, 10
-    assert table.pick_prefix(route, k, POLICY) == (c, prefix.FALLBACK)
+    assert choice.pick_prefix(route, k, POLICY) == (c, prefix.FALLBACK)
     # 8 above: within the margin, the owner keeps it
     c.outstanding = 17
-    assert table.pick_prefix(route, k, POLICY) == (a, prefix.AFFINITY)
+    assert choice.pick_prefix(route, k, POLICY) == (a, prefix.AFFINITY)
     # a margin of 0: the owner only while none is less busy
     strict = prefix.Policy(load_factor=10, margin=0, max_outstanding=256)
-    assert table.pick_prefix(route, k, strict) == (c, prefix.FALLBACK)
+    assert choice.pick_prefix(route, k, strict) == (c, prefix.FALLBACK)
 
 
 def test_retries_cooling_and_suspect_replicas_are_skipped_as_without_prefixes():
@@ -225,17 +225,17 @@ def test_retries_cooling_and_suspect_replicas_are_skipped_as_without_prefixes():
     order = list(route.ring.walk(k))
     owner, second, third = order
     # a retry goes on round the ring, never back to a replica it tried
-    assert table.pick_prefix(route, k, POLICY, exclude=[owner]) == (second, prefix.OVERFLOW)
-    assert table.pick_prefix(route, k, POLICY, exclude=[owner, second])[0] is third
-    assert table.pick_prefix(route, k, POLICY, exclude=order) == (None, "")
+    assert choice.pick_prefix(route, k, POLICY, exclude=[owner]) == (second, prefix.OVERFLOW)
+    assert choice.pick_prefix(route, k, POLICY, exclude=[owner, second])[0] is third
+    assert choice.pick_prefix(route, k, POLICY, exclude=order) == (None, "")
     # a replica cooling down is passed over
     owner.cooldown_until = float("inf")
-    assert table.pick_prefix(route, k, POLICY)[0] is second
+    assert choice.pick_prefix(route, k, POLICY)[0] is second
     owner.cooldown_until = 0.0
     # one on a suspect node only when nothing else is left
     owner.suspect = True
-    assert table.pick_prefix(route, k, POLICY)[0] is second
-    assert table.pick_prefix(route, k, POLICY, exclude=[second, third]) == (owner, prefix.AFFINITY)
+    assert choice.pick_prefix(route, k, POLICY)[0] is second
+    assert choice.pick_prefix(route, k, POLICY, exclude=[second, third]) == (owner, prefix.AFFINITY)
 
 
 def test_a_full_replica_is_never_chosen_while_another_has_room():
@@ -245,4 +245,4 @@ def test_a_full_replica_is_never_chosen_while_another_has_room():
     b = next(u for u in route.upstreams if u is not a)
     a.outstanding, b.outstanding = 4, 1
     tight = prefix.Policy(load_factor=10, margin=100, max_outstanding=4)
-    assert table.pick_prefix(route, k, tight) == (b, prefix.OVERFLOW)
+    assert choice.pick_prefix(route, k, tight) == (b, prefix.OVERFLOW)
