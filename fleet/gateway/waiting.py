@@ -172,7 +172,7 @@ async def _report_canaries(gw, source: str) -> None:
 
 async def report_load(gw) -> None:
     """The process's task: sample in flight, report every interval (at once on demand)."""
-    from fleet.services.reconciler.ask import _kick
+    from fleet.services.reconciler.ask import request_reconcile_now
 
     source = f"{socket.gethostname()}:{os.getpid()}:{id(gw):x}"
     sums: dict[str, float] = {}
@@ -202,7 +202,7 @@ async def report_load(gw) -> None:
             await asyncio.to_thread(load.write, source, figures)
             if any(f[1] for f in figures.values()) and (urgent or now - last_ask > ASK_AGAIN_S):
                 last_ask = now
-                await asyncio.to_thread(_kick)
+                await asyncio.to_thread(request_reconcile_now)
             if failing:
                 logger.info("gateway reports its load again")
                 failing = False

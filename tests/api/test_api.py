@@ -161,7 +161,7 @@ def test_cordon_and_uncordon(api, django_capture_on_commit_callbacks):
         uncordoned = api.post("/api/v1/nodes/gpu-01/uncordon/")
     assert uncordoned.status_code == 200
     # replicas waiting for room may fit now: a reconciler pass is asked for
-    assert ask._kick in after_commit
+    assert ask.request_reconcile_now in after_commit
     node = Node.objects.get(pk="gpu-01")
     assert not node.cordoned and not node.draining  # uncordon ends a drain
 

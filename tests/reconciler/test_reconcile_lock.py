@@ -94,8 +94,8 @@ def test_with_redis_down_changes_stop_asking_for_a_while_and_beat_covers(monkeyp
     monkeypatch.setattr(ask, "_kicks_off_until", 0.0)
 
     # when: two changes ask for a pass
-    ask._kick()
-    ask._kick()
+    ask.request_reconcile_now()
+    ask.request_reconcile_now()
 
     # then: only the first waited on Redis; the second, in the same thread a
     # socket or a request runs in, did not

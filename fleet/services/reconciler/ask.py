@@ -25,7 +25,7 @@ KICK_COALESCE_MS = 1000
 
 def request_reconcile() -> None:
     """Ask for a pass soon after the current transaction commits."""
-    transaction.on_commit(_kick)
+    transaction.on_commit(request_reconcile_now)
 
 
 # After Redis fails a kick, kicks are skipped for this long: they run in the
@@ -35,7 +35,9 @@ KICK_BACKOFF_S = 5.0
 _kicks_off_until = 0.0
 
 
-def _kick() -> None:
+def request_reconcile_now() -> None:
+    """Ask for a pass now, for a caller with nothing to commit first (the gateway's
+    load report, in a thread). Never waits on a Redis that failed a moment ago."""
     global _kicks_off_until
     if time.monotonic() < _kicks_off_until:
         return
