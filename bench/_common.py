@@ -566,6 +566,38 @@ def start_engine(procs: Procs, env: dict, name: str, model: str) -> tuple[int, s
     return port, proc
 
 
+def start_litellm(
+    procs: Procs, env: dict, engine_port: int, model: str, venv: Path, work: Path
+) -> tuple[int, subprocess.Popen]:
+    """LiteLLM's proxy (one process, master key ``sk-bench-master``, no database) in front
+    of the engine on ``engine_port``, from the virtualenv ``venv``; (its port, its process).
+    FileNotFoundError where ``venv`` has no LiteLLM."""
+    litellm = venv / "bin" / "litellm"
+    if not litellm.exists():
+        raise FileNotFoundError(f"no LiteLLM at {litellm}: pip install 'litellm[proxy]' there")
+    port = free_port()
+    cfg = work / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n"
+        f"  - model_name: {model}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{model}\n"
+        f"      api_base: http://127.0.0.1:{engine_port}/v1\n"
+        "      api_key: none\n"
+        "general_settings:\n"
+        "  master_key: sk-bench-master\n"
+    )
+    lenv = {k: v for k, v in env.items() if not k.startswith(("DATABASE_URL", "REDIS"))}
+    proc = procs.start(
+        f"litellm-{port}",
+        [str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
+        # No network here: its model price map ships with it.
+        {**lenv, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, timeout=300)
+    return port, proc
+
+
 # How each server arrangement serves llmgw's gateway, as an operator starts it.
 GATEWAY_SERVERS = {
     # The whole app on uvicorn (uvloop, httptools): `make run` and production.

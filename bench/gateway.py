@@ -49,14 +49,13 @@ from _common import (  # noqa: E402
     ROOT,
     Procs,
     cpu_seconds,
-    free_port,
     gateway_env,
     one_ready_replica,
     run_setup,
     setup_django,
     start_engine,
     start_gateway,
-    wait_http,
+    start_litellm,
     wrk,
 )
 
@@ -323,29 +322,12 @@ def main() -> int:
         if not args.no_uvicorn:
             add("llmgw (uvicorn)", "gateway-only", limits=True)
         if not args.no_litellm:
-            litellm = Path(args.litellm_venv) / "bin" / "litellm"
-            if not litellm.exists():
-                sys.exit(f"no LiteLLM at {litellm}: pip install 'litellm[proxy]' in that venv")
-            port = free_port()
-            cfg = work / "litellm.yaml"
-            cfg.write_text(
-                "model_list:\n"
-                f"  - model_name: {MODEL}\n"
-                "    litellm_params:\n"
-                f"      model: openai/{MODEL}\n"
-                f"      api_base: http://127.0.0.1:{engine_port}/v1\n"
-                "      api_key: none\n"
-                "general_settings:\n"
-                "  master_key: sk-bench-master\n"
-            )
-            lenv = {k: v for k, v in env.items() if not k.startswith(("DATABASE_URL", "REDIS"))}
-            proc = procs.start(
-                "litellm",
-                [str(litellm), "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
-                # No network here: its model price map ships with it.
-                {**lenv, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-            )
-            wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, timeout=300)
+            try:
+                port, proc = start_litellm(
+                    procs, env, engine_port, MODEL, Path(args.litellm_venv), work
+                )
+            except FileNotFoundError as exc:
+                sys.exit(str(exc))
             targets["litellm"] = (f"http://127.0.0.1:{port}", "sk-bench-master", proc.pid)
 
         for base, k, _ in targets.values():
