@@ -14,7 +14,8 @@ The modules, in the order a request meets them:
   its answer in a module each): passed through to engines that serve them,
   translated to and from chat completions for the others; which engines serve
   rerank and score.
-- ``ratelimit``: the per-key limits, one Redis round trip, shared by every process.
+- ``ratelimit``: the per-key limits, shared by every process through Redis: the
+  checks of a loop turn in one call, none for a key far from its limits (a lease).
 - ``table``: the routing table (ready replicas per model, and why others are not).
 - ``waiting``: the wait for a replica of a model scaled to zero, and the load
   each process reports for the autoscaler.
