@@ -67,12 +67,44 @@ def encode_yielding(body: dict) -> bytes:
     return "".join(_YIELDING_ENCODER.iterencode(body)).encode()
 
 
+# What a stream whose client did not ask for usage gets added, where nothing else changes.
+_ASK_USAGE = b',"stream_options":{"include_usage":true}'
+
+
+def usage_asked(route: table.Route, req, up: table.Upstream, translate: bool = False):
+    """The client's own body with ``stream_options`` added before its closing brace, where
+    that is the only change (``changed_body``) and the body is UTF-8 with no
+    ``stream_options`` of its own; else None.
+
+    The bytes are the client's as they came, parsed already (``validate``): a JSON
+    object, so its last character but whitespace is its closing brace, and it has at
+    least its "model" before it. Writing a 220 KB prompt out again costs the gateway
+    more than the rest of the request (docs/benchmarks.md); this costs a copy.
+    """
+    raw = req.raw
+    if (
+        translate
+        or route.base
+        or up.served_name != req.model
+        or up.base_fields is not None
+        or "stream_options" in req.body
+        or json.detect_encoding(raw) != "utf-8"
+    ):
+        return None
+    end = len(raw.rstrip()) - 1
+    return raw[:end] + _ASK_USAGE + raw[end:]
+
+
 async def upstream_body(route: table.Route, req, up: table.Upstream, translate: bool = False):
     """The body the engine gets, and whether the gateway asked it for usage on its own;
     written on the body thread where the body is large."""
     changed, strip_usage = changed_body(route, req, up, translate)
     if changed is None:
         return req.raw, strip_usage
+    if strip_usage:
+        asked = usage_asked(route, req, up, translate)
+        if asked is not None:
+            return asked, strip_usage
     if validate.on_loop(req.raw):
         return json.dumps(changed, allow_nan=False).encode(), strip_usage
     return await validate.off_loop(encode_yielding, changed), strip_usage
