@@ -294,8 +294,13 @@ def test_a_model_on_real_vllm_serves_charges_routes_adapts_drains_and_survives_a
     # its row stopped (or already forgotten, once the agent applied the stop), while the
     # other replica serves on
     stack.wait(lambda: victim_shard.pk not in agent.engines(), "the drained engine to stop", 180)
-    left = Replica.objects.filter(pk=victim.pk).values_list("state", flat=True).first()
-    assert left in ("stopped", None), left
+
+    def retired() -> bool:
+        left = Replica.objects.filter(pk=victim.pk).values_list("state", flat=True).first()
+        assert left in ("draining", "stopped", None), left
+        return left != "draining"
+
+    stack.wait(retired, "the drained replica's row stopped or forgotten", 120)
     (remaining,) = live_shards(NAME)
     assert remaining.replica_id != victim.pk
 
