@@ -15,16 +15,21 @@ from . import validate
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20
 _USAGE = b'"usage"'
-_TEXT_KEYS = (b'"content":', b'"text":')
-_NO_TEXT = (b'"content":""', b'"content": ""', b'"text":""', b'"text": ""')
 
 
 def carries_text(event: bytes) -> bool:
     """Whether a streamed event carries generated text: a token, for engines without usage.
 
-    The first event (the role) and the last (the finish reason) carry none.
+    The first event (the role) and the last (the finish reason) carry none. Written
+    out rather than as ``any()`` over tuples: it runs for every event of every
+    stream, and the generators cost more than the searches (1.5 against 2.4 µs).
     """
-    return any(k in event for k in _TEXT_KEYS) and not any(e in event for e in _NO_TEXT)
+    return (b'"content":' in event or b'"text":' in event) and not (
+        b'"content":""' in event
+        or b'"content": ""' in event
+        or b'"text":""' in event
+        or b'"text": ""' in event
+    )
 
 
 # Answers are the engine's JSON, which may hold -Infinity (a logprob) and the like:

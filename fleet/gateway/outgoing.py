@@ -69,6 +69,7 @@ def encode_yielding(body: dict) -> bytes:
 
 # What a stream whose client did not ask for usage gets added, where nothing else changes.
 _ASK_USAGE = b',"stream_options":{"include_usage":true}'
+_WHITESPACE = b" \t\r\n"
 
 
 def usage_asked(route: table.Route, req, up: table.Upstream, translate: bool = False):
@@ -91,8 +92,11 @@ def usage_asked(route: table.Route, req, up: table.Upstream, translate: bool = F
         or json.detect_encoding(raw) != "utf-8"
     ):
         return None
-    end = len(raw.rstrip()) - 1
-    return raw[:end] + _ASK_USAGE + raw[end:]
+    end = len(raw) - 1
+    while raw[end] in _WHITESPACE:  # JSON's, after the brace
+        end -= 1
+    view = memoryview(raw)  # one copy of a large body, not three
+    return b"".join((view[:end], _ASK_USAGE, view[end:]))
 
 
 async def upstream_body(route: table.Route, req, up: table.Upstream, translate: bool = False):

@@ -59,6 +59,7 @@ def test_bad_requests_get_a_clear_4xx_in_openais_shape(gateway_server, upstreams
     cases = [
         (b"{not json", 400, "not valid JSON", None),
         (b"", 400, "body is empty", None),
+        (b" \r\n\t", 400, "body is empty", None),
         (b"[1, 2]", 400, "must be a JSON object, not an array", None),
         ({"messages": msgs}, 400, "'model' is required", "model"),
         ({"model": 7, "messages": msgs}, 400, "'model' must be a string, not a number", "model"),
