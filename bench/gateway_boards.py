@@ -339,7 +339,7 @@ def settle(pgid: int, timeout: float = 60) -> None:
 
 
 def measure(point: str, lane: Lane, args, work: Path, big: str) -> dict:
-    duration = args.litellm_duration if lane.name == "litellm" else args.duration
+    duration = args.litellm_duration if lane.name.startswith("litellm") else args.duration
     if point == "c1":
         payload = chat(lane.model, "hi", 1)
         wrk(lane.url, payload, lane.key, 1, 1, work)  # warm-up
@@ -396,26 +396,37 @@ def _median(runs: list[dict]) -> dict:
     return out
 
 
+def wait_quiet(below: float, limit_s: float = 600) -> None:
+    """Wait until the machine's 1-minute load average is under ``below``."""
+    deadline, said = time.monotonic() + limit_s, 0.0
+    while os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        if time.monotonic() - said > 60:
+            print(f"  waiting for load < {below:g} (now {os.getloadavg()[0]:.1f})", flush=True)
+            said = time.monotonic()
+        time.sleep(2)
+
+
 # ---- profile ----------------------------------------------------------------------
 
 
-def profile(lane: Lane, args, work: Path, conc: int) -> str:
-    """py-spy's samples of ``lane``'s process under wrk at ``conc`` connections: the
+def profile(lane: Lane, args, work: Path, point: str, big: str) -> str:
+    """py-spy's samples of ``lane``'s processes while ``point`` is measured on it: the
     frames that hold the most samples, by their own time and with what they call."""
     spy = args.py_spy or shutil.which("py-spy")
     if not spy:
         return "py-spy not found (--py-spy PATH): no profile"
-    out = work / f"profile-c{conc}.collapsed"
-    payload = chat(lane.model, "hi", 1)
+    out = work / f"profile-{point}.collapsed"
+    seconds = args.big_duration if point == "big" else args.duration
     spy_proc = subprocess.Popen(
-        [spy, "record", "--pid", str(lane.pgid), "--format", "raw", "--output", str(out)]
-        + ["--rate", "1000", "--duration", str(int(args.duration) + 2), "--nonblocking"],
+        [spy, "record", "--pid", str(lane.pgid), "--subprocesses", "--format", "raw"]
+        + ["--output", str(out), "--rate", "1000", "--nonblocking"]
+        + ["--duration", str(int(seconds) + 4)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     time.sleep(1)
-    wrk(lane.url, payload, lane.key, conc, args.duration, work)
-    spy_proc.wait(60)
+    measure(point, lane, args, work, big)
+    spy_proc.wait(120)
     return summarize(out.read_text() if out.exists() else "")
 
 
@@ -567,6 +578,12 @@ def main() -> int:
     p.add_argument("--no-litellm", action="store_true")
     p.add_argument("--no-workers", action="store_true", help="no 2-worker governed lane")
     p.add_argument(
+        "--wait-load",
+        type=float,
+        metavar="L",
+        help="before each round, wait (up to 10 min) until the 1-minute load average is below L",
+    )
+    p.add_argument(
         "--points", default="c1,c64,ttft,big", help="comma-separated: c1, c64, ttft, big"
     )
     p.add_argument(
@@ -577,8 +594,9 @@ def main() -> int:
         nargs="?",
         const="llmgw governed",
         metavar="LANE",
-        help="py-spy a lane (default the governed one) under wrk at c=1 and c=64",
+        help="py-spy a lane (default the governed one) while --profile-points are measured",
     )
+    p.add_argument("--profile-points", default="c1,c64", help="comma-separated, as --points")
     p.add_argument("--py-spy", help="the py-spy binary (default: on PATH)")
     p.add_argument("--compare-tree", metavar="DIR", help="also governed from another checkout")
     p.add_argument("--out", default=str(OUT / "gateway_boards"))
@@ -627,9 +645,14 @@ def main() -> int:
                 port, proc = start_litellm(
                     procs, env, engine_port, PLAIN_MODEL, Path(args.litellm_venv), work
                 )
+                version = subprocess.run(
+                    [str(Path(args.litellm_venv) / "bin" / "python"), "-c",
+                     "import importlib.metadata as m; print(m.version('litellm'))"],
+                    capture_output=True, text=True,
+                ).stdout.strip()  # fmt: skip
                 lanes.append(
                     Lane(
-                        "litellm",
+                        f"litellm {version}".strip(),
                         port,
                         "sk-bench-master",
                         PLAIN_MODEL,
@@ -650,6 +673,8 @@ def main() -> int:
         for lane in lanes:
             check_lane(lane, big)
         for round_no in range(args.rounds):
+            if args.wait_load:
+                wait_quiet(args.wait_load)
             for point in points:
                 # The lanes' order turns each round: none is always first after a pause.
                 turn = round_no % len(lanes)
@@ -671,9 +696,9 @@ def main() -> int:
                         by_point[point] = _median(runs)
         if args.profile:
             gov = next(lane for lane in lanes if lane.name == args.profile)
-            for conc in (1, 64):
-                res[f"profile c={conc}"] = text = profile(gov, args, work, conc)
-                print(f"\n{args.profile} at c={conc}, py-spy:\n" + text)
+            for point in args.profile_points.split(","):
+                res[f"profile {point}"] = text = profile(gov, args, work, point, big)
+                print(f"\n{args.profile}, {point}, py-spy:\n" + text)
     finally:
         procs.stop_all()
         if redis is not None:
