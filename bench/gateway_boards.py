@@ -396,6 +396,19 @@ def _median(runs: list[dict]) -> dict:
     return out
 
 
+def full_collections(port: int) -> dict:
+    """A web process's full garbage collections so far (llmgw_site.serve counts them)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    got = {}
+    for row in text.splitlines():
+        for field in ("count", "sum"):
+            if row.startswith(f"llmgw_web_gc_full_collection_seconds_{field} "):
+                got[field] = float(row.split()[-1])
+    return got
+
+
 def wait_quiet(below: float, limit_s: float = 600) -> None:
     """Wait until the machine's 1-minute load average is under ``below``."""
     deadline, said = time.monotonic() + limit_s, 0.0
@@ -514,6 +527,15 @@ def table(res: dict, names: list[str], commit: str) -> str:
         rows.append("| " + " | ".join(cells) + " |")
     if "litellm" in res.get("skipped", {}):
         rows.append(f"| litellm | {res['skipped']['litellm']} | | | | |")
+    gc = [
+        f"{name} {int(g.get('count', 0))} ({1000 * g.get('sum', 0):.0f} ms in all)"
+        for name, g in res.get("gc", {}).items()
+    ]
+    if gc:
+        rows.append("")
+        rows.append(
+            "Full garbage collections in each web process over the run: " + "; ".join(gc) + "."
+        )
     rows.append("")
     rows.append(goals(res))
     rows.append("")
@@ -689,6 +711,11 @@ def main() -> int:
                     print(
                         f"[{round_no + 1}/{args.rounds}] " + line(point, lane.name, r), flush=True
                     )
+        res["gc"] = {
+            lane.name: full_collections(lane.port)
+            for lane in lanes
+            if lane.name.startswith("llmgw") and lane.points
+        }
         for by_point in res.values():
             if isinstance(by_point, dict):
                 for point, runs in list(by_point.items()):
