@@ -294,18 +294,22 @@ class Lease:
         self.until = at + LEASE_S
 
     def fits(self, limits: KeyLimits, minute: str) -> bool:
-        return limits is self.limits and minute == self.minute
+        """Whether the lease is of ``limits`` in ``minute``. The keys are loaded again
+        every few seconds (``keys.load_keys``): equal limits are the same limits."""
+        if limits is not self.limits:
+            if limits != self.limits:
+                return False
+            self.limits = limits  # the next look is an identity
+        return minute == self.minute
 
     def take(self, limits: KeyLimits, minute: str, at: float) -> bool:
         """One request let through from the lease; False where it cannot decide."""
+        if self.left <= 0 or at >= self.until or not self.fits(limits, minute):
+            return False
         lim = self.limits
+        # A token limit reached, as far as this process knows: Redis decides.
         if (
-            self.left <= 0
-            or at >= self.until
-            or limits is not lim
-            or minute != self.minute
-            # A token limit reached, as far as this process knows: Redis decides.
-            or (lim.tokens_per_minute and self.tm >= lim.tokens_per_minute)
+            (lim.tokens_per_minute and self.tm >= lim.tokens_per_minute)
             or (lim.tokens_per_day and self.td >= lim.tokens_per_day)
             or (lim.tokens_per_month and self.tmo >= lim.tokens_per_month)
             or (lim.team_tokens_per_month and self.ttm >= lim.team_tokens_per_month)
