@@ -125,14 +125,21 @@ def test_two_teams_on_one_node_cost_what_they_hold_and_a_spent_budget_stops_keys
     assert fleet.cost == pytest.approx(Decimal(fleet.gpu_hours) * PRICE, abs=Decimal("0.0001"))
     assert got.unpriced == []
 
-    # and the API (GET costs/, what the cost page and `llmgw costs` read) says the same
-    start, end = (t1 - 2 * HOUR).isoformat(), (t1 + HOUR).isoformat()
-    api = stack.api("get", "costs/", params={"start": start, "end": end})
+    # and the API (GET costs/, what the cost page and `llmgw costs` read) says the same as
+    # the report of the same count (beat goes on counting: read again past a count between)
+    def api_and_report():
+        until, _, report = counted()
+        start, end = (until - 2 * HOUR).isoformat(), (until + HOUR).isoformat()
+        api = stack.api("get", "costs/", params={"start": start, "end": end})
+        return FleetStatus.get().cost_accrued_at == until and (api, report)
+
+    api, got = stack.wait(api_and_report, "the API and the report on one count", timeout=30)
     by_owner = {(r["team"], r["model"]): r for r in api["rows"]}
     for r in got.rows:
         shown = by_owner[(r.team, r.model)]
         assert shown["gpu_hours"] == pytest.approx(r.gpu_hours, rel=1e-6)
         assert Decimal(shown["cost"]) == pytest.approx(r.cost, abs=Decimal("0.000001"))
+    [idle_row] = got.idle
     assert sum(r["gpu_hours"] for r in api["idle"]) == pytest.approx(idle_row.gpu_hours)
 
     # and the tokens are what the gateway counted for each model
