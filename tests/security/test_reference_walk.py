@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from auditlog.context import disable_auditlog
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth import get_user_model
@@ -313,10 +314,13 @@ class Members:
     def make(self, who: str, names, teams=None) -> Walker:
         User = get_user_model()
         self.made += 1
-        user = User.objects.create_user(f"member{self.made}", is_staff=True)
-        user.user_permissions.set([self.perms[n] for n in names])
         teams = (self.w.mine, self.w.also) if teams is None else teams
-        user.groups.set([t.group for t in teams])
+        # Made outside every walk, so unrecorded: recording hundreds of permissions names
+        # each with a query of its own.
+        with disable_auditlog():
+            user = User.objects.create_user(f"member{self.made}", is_staff=True)
+            user.user_permissions.set([self.perms[n] for n in names])
+            user.groups.set([t.group for t in teams])
         user = User.objects.get(pk=user.pk)  # fresh: permissions are cached on the object
         self.w.client(user)  # logged in now, outside every walk's savepoint: a login writes
         return Walker(who, user, frozenset(names))
