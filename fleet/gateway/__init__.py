@@ -15,7 +15,9 @@ The modules, in the order a request meets them:
   translated to and from chat completions for the others; which engines serve
   rerank and score.
 - ``ratelimit``: the per-key limits, shared by every process through Redis: the
-  checks of a loop turn in one call, none for a key far from its limits (a lease).
+  checks of a loop turn in one call, none for a key far from its limits (a lease,
+  ``limit_leases``); a key's limits, their windows and the headers and 429 a check's
+  figures make, in ``limit_answers``.
 - ``table``: the routing table (ready replicas per model, and why others are not).
 - ``waiting``: the wait for a replica of a model scaled to zero, and the load
   each process reports for the autoscaler.

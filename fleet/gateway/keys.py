@@ -18,7 +18,8 @@ from fleet.services.batches import credentials
 from fleet.services.costs import budgets
 
 from .errors import GatewayError
-from .ratelimit import NO_LIMITS, REFUSED, KeyLimits, Windows, reset_text
+from .limit_answers import NO_LIMITS, KeyLimits, Windows, reset_text
+from .ratelimit import REFUSED
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,6 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.conf import settings
 from prometheus_client import Counter
@@ -62,6 +60,19 @@ from redis.exceptions import RedisError
 from fleet.metrics import REGISTRY
 
 from .errors import GatewayError
+from .limit_answers import (
+    DAY_TTL_S,
+    LIMIT_NAMES,
+    MINUTE_TTL_S,
+    MONTH_TTL_S,
+    KeyLimits,
+    Windows,
+    answer_headers,
+    limit_values,
+    refusal,
+    reset_text,
+)
+from .limit_leases import LEASE_REQUESTS, Lease
 
 logger = logging.getLogger(__name__)
 
@@ -146,108 +157,6 @@ end
 return out
 """
 
-_MINUTE_TTL_S = 120
-_DAY_TTL_S = 2 * 86400
-_MONTH_TTL_S = 33 * 86400
-
-_NAMES = {
-    1: "requests_per_minute",
-    2: "tokens_per_minute",
-    3: "tokens_per_day",
-    4: "tokens_per_month",
-    5: "team_tokens_per_month",
-}
-
-
-@dataclass(frozen=True)
-class KeyLimits:
-    requests_per_minute: int = 0
-    tokens_per_minute: int = 0
-    tokens_per_day: int = 0
-    tokens_per_month: int = 0
-    # The key's team's budget, shared by all of its keys (0: none, or no team).
-    team_id: int = 0
-    team: str = ""
-    team_tokens_per_month: int = 0
-
-    @property
-    def on(self) -> bool:
-        return bool(
-            self.requests_per_minute
-            or self.tokens_per_minute
-            or self.tokens_per_day
-            or self.tokens_per_month
-            or self.team_tokens_per_month
-        )
-
-    @property
-    def tokens_on(self) -> bool:
-        return bool(
-            self.tokens_per_minute
-            or self.tokens_per_day
-            or self.tokens_per_month
-            or self.team_tokens_per_month
-        )
-
-
-NO_LIMITS = KeyLimits()
-
-
-class Windows:
-    """The windows ``now`` (Unix seconds) falls in, and the seconds until each ends.
-
-    A plain class with slots, not a frozen dataclass: made once or twice a request,
-    and a frozen dataclass's ``__init__`` costs several times as much."""
-
-    __slots__ = ("minute", "day", "month", "minute_left", "day_left", "month_left")
-
-    def __init__(
-        self,
-        minute: str,
-        day: str,
-        month: str,
-        minute_left: float,
-        day_left: float,
-        month_left: float,
-    ):
-        self.minute, self.day, self.month = minute, day, month
-        self.minute_left, self.day_left, self.month_left = minute_left, day_left, month_left
-
-    @classmethod
-    def at(cls, now: float) -> "Windows":
-        day, month, day_end, month_end = _day(int(now // 86400))
-        return cls(str(int(now // 60)), day, month, 60 - now % 60, day_end - now, month_end - now)
-
-
-_DAYS: dict[int, tuple[str, str, float, float]] = {}
-
-
-def _day(n: int) -> tuple[str, str, float, float]:
-    """Day ``n`` since the epoch (UTC): its name, its month's, and when each ends. Cached."""
-    got = _DAYS.get(n)
-    if got is None:
-        if len(_DAYS) > 64:
-            _DAYS.clear()
-        t = datetime.fromtimestamp(n * 86400, UTC)
-        nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC).timestamp()
-        got = _DAYS[n] = (t.strftime("%Y%m%d"), t.strftime("%Y%m"), (n + 1) * 86400, nxt)
-    return got
-
-
-def reset_text(seconds: float) -> str:
-    """A wait as OpenAI writes it in x-ratelimit-reset-*: "20ms", "1s", "6m0s", "2h3m0s"."""
-    if seconds < 1:
-        return f"{max(1, math.ceil(seconds * 1000))}ms"
-    s = math.ceil(seconds)
-    h, rest = divmod(s, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return f"{h}h{m}m{s}s"
-    if m:
-        return f"{m}m{s}s"
-    return f"{s}s"
-
-
 _FAILURES = (RedisError, OSError, TimeoutError)
 
 # Connections to Redis a gateway process may hold: one per call under way. Past it
@@ -257,72 +166,6 @@ _CONNECTIONS = 256
 _SOCKET_TIMEOUT_S = 5.0
 # Tokens charged while no check comes are sent after at most this long.
 _CHARGE_DELAY_S = 0.05
-
-
-# A lease: requests counted in Redis ahead of their arrival, taken here without a
-# round trip, for a key far from all of its limits (the script's rule). This many at
-# a time, renewed when half are taken; the counters' values it carries (the other
-# processes' requests and tokens) are at most LEASE_S old when a request is checked
-# against them, this process's own tokens always included.
-LEASE_REQUESTS = 64
-LEASE_S = 0.05
-
-
-class Lease:
-    """What this process may let through for one key without asking Redis again.
-
-    ``left`` requests counted in Redis already (this window's), the counters as Redis
-    last told them plus this process's tokens since, and when they become too old to
-    decide on (``until``, the loop's clock). Used only for the same limits and minute.
-    """
-
-    __slots__ = ("limits", "minute", "until", "left", "rq", "tm", "td", "tmo", "ttm", "renewing")
-
-    def __init__(self, limits: KeyLimits, minute: str):
-        self.limits, self.minute = limits, minute
-        self.until = 0.0
-        self.left = 0
-        self.rq = self.tm = self.td = self.tmo = self.ttm = 0
-        self.renewing = False
-
-    def told(self, got: list, at: float) -> None:
-        """Redis's answer to a check or renewal: its counters, and the requests granted."""
-        _, rq, self.tm, self.td, self.tmo, self.ttm, granted = got
-        self.left += granted
-        # Counted in Redis: those let through and those still held here.
-        self.rq = rq - self.left
-        self.until = at + LEASE_S
-
-    def fits(self, limits: KeyLimits, minute: str) -> bool:
-        """Whether the lease is of ``limits`` in ``minute``. The keys are loaded again
-        every few seconds (``keys.load_keys``): equal limits are the same limits."""
-        if limits is not self.limits:
-            if limits != self.limits:
-                return False
-            self.limits = limits  # the next look is an identity
-        return minute == self.minute
-
-    def take(self, limits: KeyLimits, minute: str, at: float) -> bool:
-        """One request let through from the lease; False where it cannot decide."""
-        if self.left <= 0 or at >= self.until or not self.fits(limits, minute):
-            return False
-        lim = self.limits
-        # A token limit reached, as far as this process knows: Redis decides.
-        if (
-            (lim.tokens_per_minute and self.tm >= lim.tokens_per_minute)
-            or (lim.tokens_per_day and self.td >= lim.tokens_per_day)
-            or (lim.tokens_per_month and self.tmo >= lim.tokens_per_month)
-            or (lim.team_tokens_per_month and self.ttm >= lim.team_tokens_per_month)
-        ):
-            return False
-        self.left -= 1
-        self.rq += 1
-        return True
-
-    def low(self, at: float) -> bool:
-        return not self.renewing and (
-            self.left <= LEASE_REQUESTS // 2 or at >= self.until - LEASE_S / 2
-        )
 
 
 class Limiter:
@@ -515,7 +358,7 @@ class Limiter:
         if lease is not None and lease.take(lim, w.minute, at):
             if lease.low(at):
                 self._renew(entry.id, lease, w)
-            return _headers(lim, w, lease.rq, lease.tm, lease.td, lease.tmo, lease.ttm)
+            return answer_headers(lim, w, lease.rq, lease.tm, lease.td, lease.tmo, lease.ttm)
         # A lease of these limits and this minute that cannot decide (too old, or a
         # token limit reached here) keeps what it holds.
         # One check of a key at a time asks for a lease: at most LEASE_REQUESTS in all.
@@ -527,7 +370,7 @@ class Limiter:
         if want:
             self._asking.add(entry.id)
         try:
-            got = await self._ask(counters, [*_limits(lim), _MINUTE_TTL_S, 1, want])
+            got = await self._ask(counters, [*limit_values(lim), MINUTE_TTL_S, 1, want])
         except _FAILURES as exc:
             self._unavailable(exc)
             if self.fail_open:
@@ -555,10 +398,10 @@ class Limiter:
         if lease is not None:
             lease.told(got, asyncio.get_running_loop().time())
             rq = lease.rq
-        headers = _headers(lim, w, rq, tm, td, tmo, ttm)
+        headers = answer_headers(lim, w, rq, tm, td, tmo, ttm)
         if refused:
-            REFUSED.labels(_NAMES[refused]).inc()
-            raise _refusal(entry, lim, w, refused, headers)
+            REFUSED.labels(LIMIT_NAMES[refused]).inc()
+            raise refusal(entry, lim, w, refused, headers)
         return headers
 
     def _renew(self, key_id: int, lease: Lease, w: Windows) -> None:
@@ -567,7 +410,7 @@ class Limiter:
         lim = lease.limits
         counters = self._keys(key_id, w, lim.team_id)
         want = max(0, LEASE_REQUESTS - lease.left)
-        future = self._ask(counters, [*_limits(lim), _MINUTE_TTL_S, 0, want])
+        future = self._ask(counters, [*limit_values(lim), MINUTE_TTL_S, 0, want])
 
         def renewed(done: asyncio.Future) -> None:
             lease.renewing = False
@@ -591,10 +434,10 @@ class Limiter:
         w = Windows.at(now)
         _, tk_min, tk_day, tk_month, team_month = self._keys(entry.id, w, lim.team_id)
         for limit, counter, ttl in (
-            (lim.tokens_per_minute, tk_min, _MINUTE_TTL_S),
-            (lim.tokens_per_day, tk_day, _DAY_TTL_S),
-            (lim.tokens_per_month, tk_month, _MONTH_TTL_S),
-            (lim.team_tokens_per_month, team_month, _MONTH_TTL_S),
+            (lim.tokens_per_minute, tk_min, MINUTE_TTL_S),
+            (lim.tokens_per_day, tk_day, DAY_TTL_S),
+            (lim.tokens_per_month, tk_month, MONTH_TTL_S),
+            (lim.team_tokens_per_month, team_month, MONTH_TTL_S),
         ):
             if limit:
                 self._add_charge(counter, ttl, tokens)
@@ -608,78 +451,3 @@ class Limiter:
                 lease.tmo += tokens
             if lim.team_id and lease.limits.team_id == lim.team_id:
                 lease.ttm += tokens
-
-
-def _limits(lim: KeyLimits) -> tuple[int, int, int, int, int]:
-    return (
-        lim.requests_per_minute,
-        lim.tokens_per_minute,
-        lim.tokens_per_day,
-        lim.tokens_per_month,
-        lim.team_tokens_per_month,
-    )
-
-
-def _tokens_window(lim: KeyLimits, w: Windows, tm: int, td: int, tmo: int, ttm: int = 0):
-    """(limit, remaining, seconds left) of the token limit with the least left."""
-    best = None
-    for limit, used, left in (
-        (lim.tokens_per_minute, tm, w.minute_left),
-        (lim.tokens_per_day, td, w.day_left),
-        (lim.tokens_per_month, tmo, w.month_left),
-        (lim.team_tokens_per_month, ttm, w.month_left),
-    ):
-        if limit:
-            remaining = max(0, limit - used)
-            if best is None or remaining < best[1]:
-                best = (limit, remaining, left)
-    return best
-
-
-def _headers(lim: KeyLimits, w: Windows, rq, tm, td, tmo, ttm=0) -> list[tuple[bytes, bytes]]:
-    headers = []
-    if lim.requests_per_minute:
-        headers += [
-            (b"x-ratelimit-limit-requests", str(lim.requests_per_minute).encode()),
-            (
-                b"x-ratelimit-remaining-requests",
-                str(max(0, lim.requests_per_minute - rq)).encode(),
-            ),
-            (b"x-ratelimit-reset-requests", reset_text(w.minute_left).encode()),
-        ]
-    tokens = _tokens_window(lim, w, tm, td, tmo, ttm)
-    if tokens is not None:
-        limit, remaining, left = tokens
-        headers += [
-            (b"x-ratelimit-limit-tokens", str(limit).encode()),
-            (b"x-ratelimit-remaining-tokens", str(remaining).encode()),
-            (b"x-ratelimit-reset-tokens", reset_text(left).encode()),
-        ]
-    return headers
-
-
-def _refusal(entry, lim: KeyLimits, w: Windows, refused: int, headers) -> GatewayError:
-    who = f"API key '{entry.name}' ({entry.prefix})"
-    if refused == 1:
-        message = f"{who} is over its limit of {lim.requests_per_minute} requests per minute"
-        left, code = w.minute_left, "rate_limit_exceeded"
-    elif refused == 2:
-        message = f"{who} is over its limit of {lim.tokens_per_minute} tokens per minute"
-        left, code = w.minute_left, "rate_limit_exceeded"
-    elif refused == 3:
-        message = f"{who} has used its budget of {lim.tokens_per_day} tokens for today (UTC)"
-        left, code = w.day_left, "insufficient_quota"
-    elif refused == 4:
-        message = f"{who} has used its budget of {lim.tokens_per_month} tokens for this month (UTC)"
-        left, code = w.month_left, "insufficient_quota"
-    else:
-        message = (
-            f"team '{lim.team}' (of {who}) has used its budget of {lim.team_tokens_per_month} "
-            "tokens for this month (UTC)"
-        )
-        left, code = w.month_left, "insufficient_quota"
-    err = GatewayError(
-        429, f"{message}; try again in {reset_text(left)}", code=code, retry_after=math.ceil(left)
-    )
-    err.extra_headers = headers
-    return err

@@ -9,7 +9,8 @@ import pytest
 from fleet.gateway import answers
 from fleet.gateway.errors import GatewayError
 from fleet.gateway.keys import KeyEntry
-from fleet.gateway.ratelimit import UNCHECKED, KeyLimits, Limiter, reset_text
+from fleet.gateway.limit_answers import KeyLimits, reset_text
+from fleet.gateway.ratelimit import UNCHECKED, Limiter
 
 OPENAI_HEADERS = {
     "x-ratelimit-limit-requests",

@@ -11,7 +11,8 @@ import pytest
 from fleet.gateway import ratelimit
 from fleet.gateway.errors import GatewayError
 from fleet.gateway.keys import KeyEntry
-from fleet.gateway.ratelimit import LEASE_REQUESTS, KeyLimits
+from fleet.gateway.limit_answers import KeyLimits
+from fleet.gateway.limit_leases import LEASE_REQUESTS, LEASE_S
 from tests.gateway.test_limits import as_dict, at, entry, limiter
 
 
@@ -164,7 +165,7 @@ async def test_another_process_s_tokens_reach_a_lease_within_its_age():
         # when the other process's key spends the budget
         await b.check(notebook, now)
         await b.charge(notebook, 10_000, now)
-        await asyncio.sleep(b.charge_delay_s + ratelimit.LEASE_S + 0.1)
+        await asyncio.sleep(b.charge_delay_s + LEASE_S + 0.1)
         # then the first process refuses, once its lease is older than LEASE_S
         with pytest.raises(GatewayError) as spent:
             await a.check(ci, now + 1)
