@@ -88,25 +88,27 @@ def test_a_batch_line_waits_behind_every_interactive_request(start_gateway, upst
 
 
 def test_a_batch_line_never_wakes_a_model_scaled_to_zero(start_gateway, upstreams):
-    # given: a model scaled to zero, whose interactive requests wait for a replica
-    ready_model("tiny", [])
-    Model.objects.filter(name="tiny").update(min_replicas=0, max_replicas=1, max_wait_s=30)
+    # given: a model scaled to zero, whose interactive requests wait for a replica (a name
+    # of this test's own: the load reports of the worker's earlier gateways outlive them
+    # by their TTL, and many of them name "tiny")
+    ready_model("dormant", [])
+    Model.objects.filter(name="dormant").update(min_replicas=0, max_replicas=1, max_wait_s=30)
     api_key, _ = inference_key("research")
     server = start_gateway(
         **FAST_REFRESH, LLMGW_GATEWAY_WAIT_TIMEOUT_S="30", LLMGW_GATEWAY_LOAD_REPORT_S="0.25"
     )
 
     # when: a batch's line asks for it
-    status, body = ask(server, line_credential(api_key), "tiny", "line-1")
+    status, body = ask(server, line_credential(api_key), "dormant", "line-1")
 
     # then: a 503 at once, for the runner to send it later, and no demand reported
     assert status == 503, body
     assert body["error"]["code"] == "no_ready_replica"
     metrics = urllib.request.urlopen(server.url + "/metrics").read()
-    assert b'llmgw_gateway_waiting_requests{model="tiny"} 1.0' not in metrics
-    wait_until(lambda: "tiny" in load.read(), what="the gateway to report the model")
+    assert b'llmgw_gateway_waiting_requests{model="dormant"} 1.0' not in metrics
+    wait_until(lambda: "dormant" in load.read(), what="the gateway to report the model")
     time.sleep(0.6)  # the report's interval, twice over
-    figures = load.read()["tiny"]
+    figures = load.read()["dormant"]
     assert (figures.waiting, figures.last_request) == (0, None)
 
 
