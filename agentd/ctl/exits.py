@@ -10,3 +10,10 @@ class Failure(Exception):
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
+
+
+def require_yes(args, what: str) -> None:
+    """Ends a verb that cannot be undone unless it was given ``--yes``: ``what`` says what
+    doing it means, and the message asks for ``--yes``."""
+    if not args.yes:
+        raise Failure(f"{what}: add --yes to do it", EXIT_USAGE)

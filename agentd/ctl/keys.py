@@ -6,7 +6,7 @@ to a token or key does; a node's own credentials are revoked in ``nodes``.
 from __future__ import annotations
 
 from agentd.ctl.client import Api, quote
-from agentd.ctl.exits import EXIT_USAGE, Failure
+from agentd.ctl.exits import require_yes
 from agentd.ctl.output import Output
 from agentd.ctl.verb import Verb
 
@@ -79,12 +79,7 @@ def _api_key_arguments(p) -> None:
 
 
 def _revoke_key(api: Api, args, show: Output) -> None:
-    if not args.yes:
-        raise Failure(
-            f"revoking key {args.prefix} refuses it from now on and cannot be undone: "
-            "add --yes to do it",
-            EXIT_USAGE,
-        )
+    require_yes(args, f"revoking key {args.prefix} refuses it from now on and cannot be undone")
     result = api.call("POST", f"api-keys/{quote(args.prefix)}/revoke/")
     if show.json(result):
         return

@@ -10,7 +10,7 @@ import time
 
 from agentd.ctl import faults
 from agentd.ctl.client import Api, quote
-from agentd.ctl.exits import EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE, Failure
+from agentd.ctl.exits import EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE, Failure, require_yes
 from agentd.ctl.output import Output
 from agentd.ctl.verb import Verb
 
@@ -179,12 +179,10 @@ def _node_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _revoke(api: Api, args, show: Output) -> None:
-    if not args.yes:
-        raise Failure(
-            f"revoking {args.node} disconnects its agent, which must enrol again with a new "
-            "join token: add --yes to do it",
-            EXIT_USAGE,
-        )
+    require_yes(
+        args,
+        f"revoking {args.node} disconnects its agent, which must enrol again with a new join token",
+    )
     result = api.call("POST", f"nodes/{quote(args.node)}/revoke/")
     if show.json(result):
         return
