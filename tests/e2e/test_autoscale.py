@@ -228,7 +228,9 @@ def test_a_load_step_scales_up_holds_and_after_it_scales_down_without_flapping(s
     wait_serving(stack, "steps", count=1)
 
     # when: the load steps from nothing to 6 requests in flight at all times
-    with Load(stack.url, stack.inference_key, model="steps", clients=6, max_tokens=40) as load:
+    with Load(
+        stack.url, stack.inference_key, model="steps", clients=6, max_tokens=40, rate_per_s=None
+    ) as load:
         # then: it scales up to 3 replicas, all ready
         wait_serving(stack, "steps", count=3)
         # and holds 3 while the load holds (2 in flight each: inside the band)

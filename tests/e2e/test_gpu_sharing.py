@@ -247,7 +247,15 @@ def test_a_higher_priority_model_preempts_a_lower_one_after_its_requests_finish_
     low, mid = api_shard(stack, "low"), api_shard(stack, "mid")
     assert low["gpu_uuids"] == mid["gpu_uuids"] == [gpu["uuid"]]
 
-    on_mid = Load(stack.url, stack.inference_key, "mid", clients=1, stream_every=0, pause_s=0.2)
+    on_mid = Load(
+        stack.url,
+        stack.inference_key,
+        "mid",
+        clients=1,
+        stream_every=0,
+        rate_per_s=None,
+        pause_s=0.2,
+    )
     with on_mid:
         on_mid.wait_requests(5)
         # and: streamed answers to low in flight

@@ -2,7 +2,11 @@
 
 ``Load`` runs N client threads, each sending chat completions one after another
 (every other one streamed, by default) over raw HTTP with keep-alive, until
-stopped. Each request ends as one ``Outcome``:
+stopped, at most ``rate_per_s`` a second each (10 by default): a steady load
+that keeps requests in flight through a fault without taking the machine's
+cores from the processes under test (two, in CI). A test that needs a flood,
+such as a load step for the autoscaler, passes ``rate_per_s=None``. Each
+request ends as one ``Outcome``:
 
 - ``ok``: a 200 with a complete answer (a stream ended by ``data: [DONE]``);
 - ``failed``: no answer (a connect error, a timeout before the headers) or a
@@ -46,6 +50,7 @@ class Load:
         clients: int = 4,
         stream_every: int = 2,
         max_tokens: int = 8,
+        rate_per_s: float | None = 10.0,
         pause_s: float = 0.0,
         failure_pause_s: float = 0.25,
         timeout_s: float = 30,
@@ -56,6 +61,8 @@ class Load:
         self.clients = clients
         self.stream_every = stream_every  # every n-th request is streamed (0: none)
         self.max_tokens = max_tokens
+        # A client starts a request at most every 1 / rate_per_s seconds.
+        self.interval_s = 1.0 / rate_per_s if rate_per_s else 0.0
         self.pause_s = pause_s
         # A client waits this long after a failure before its next request, as
         # client libraries do, so a gateway that is down is not counted in a
@@ -105,6 +112,7 @@ class Load:
             streamed = bool(self.stream_every) and n % self.stream_every == 0
             n += 1
             outcome = self._one(session, streamed)
+            pace = self.interval_s - (outcome.ended - outcome.started)
             with self._lock:
                 self.outcomes.append(outcome)
             if outcome.kind != "ok":
@@ -112,8 +120,8 @@ class Load:
                 session.close()
                 session = requests.Session()
                 self._stop.wait(self.failure_pause_s)
-            if self.pause_s:
-                self._stop.wait(self.pause_s)
+            if self.pause_s or pace > 0:
+                self._stop.wait(self.pause_s + max(pace, 0.0))
         session.close()
 
     def _one(self, session: requests.Session, streamed: bool) -> Outcome:
