@@ -257,9 +257,8 @@ async def _whole(gw, route, up, resp, reply: Reply, key) -> None:
         await _whole_as_events(gw, route, key, reply, status, body, usage, chat)
         return
     await reply.start(status, whole_headers(up, resp, body, reply.woke))
-    charge = tally(gw, route, key, usage) if status < 400 else None
+    await _charge(gw, key, tally(gw, route, key, usage) if status < 400 else None)
     await reply.send({"type": "http.response.body", "body": body})
-    await _charge(gw, key, charge)
 
 
 async def _whole_as_events(
@@ -277,9 +276,8 @@ async def _whole_as_events(
         out = stream_error(reply, "the engine answered a streamed request whole", "upstream_error")
     else:
         out = stream_error(reply, error_message(body), "upstream_error", status)
-    charge = tally(gw, route, key, usage) if status < 400 else None
+    await _charge(gw, key, tally(gw, route, key, usage) if status < 400 else None)
     await reply.send({"type": "http.response.body", "body": out})
-    await _charge(gw, key, charge)
 
 
 async def _answer_object(route, up, body: bytes) -> dict:
@@ -328,7 +326,8 @@ async def translated(framing, data: bytes) -> bytes:
 def tally(gw, route, key, usage, events: int = 0) -> tuple[int, float] | None:
     """An answer's tokens into the metrics and the key's usage, before its last byte
     goes: a client that reads /metrics the moment it has its answer finds it counted.
-    What to charge against the key's limits afterwards (``_charge``: Redis, maybe a wait)."""
+    What to charge against the key's limits (``_charge``), before the last byte as well:
+    a client that asks again the moment it has its answer is checked against it."""
     prompt, completion = route.metrics.tokens(usage, events)
     if key is None:
         return None
@@ -411,13 +410,11 @@ async def _stream(
             "stream ended badly model=%s replica=%s: %s", route.name, up.replica_id, problem
         )
         resp.close()
-        charge = tally(gw, route, key, *_counted(check, conv))
+        await _charge(gw, key, tally(gw, route, key, *_counted(check, conv)))
         await _end_stream_with_error(reply, problem, "upstream_stream_error")
-        await _charge(gw, key, charge)
         return
-    charge = tally(gw, route, key, *_counted(check, conv))
+    await _charge(gw, key, tally(gw, route, key, *_counted(check, conv)))
     await send({"type": "http.response.body", "body": b""})
-    await _charge(gw, key, charge)
 
 
 def _counted(check: SSECheck, conv) -> tuple[dict | None, int]:
