@@ -212,8 +212,11 @@ async def test_drain_waits_for_requests_in_flight(state_dir):
 
 async def test_a_download_that_progresses_is_not_a_hung_start(state_dir, tmp_path):
     weights = tmp_path / "weights"
-    args = ["--fetch-to", str(weights), "--fetch-time", "3", "--fetch-bytes", "2000000"]
-    spec = shard(args=args, startup_timeout_s=1.5, profile=None)
+    # The download outlasts the start deadline twice over. The deadline leaves the fake
+    # engine time to start writing on a machine whose cores are busy (CI's two): at
+    # 1.5 s, a start that took that long to begin its download was a hung start.
+    args = ["--fetch-to", str(weights), "--fetch-time", "8", "--fetch-bytes", "2000000"]
+    spec = shard(args=args, startup_timeout_s=4, profile=None)
     spec = spec.model_copy(
         update={"profile": spec.profile.model_copy(update={"model_path": str(weights)})}
     )
