@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import secrets
+import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -80,10 +81,14 @@ METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 # /api/schema/ and /api/docs/ are for staff (a session or a manage key) unless this is on.
 API_DOCS_PUBLIC = _env_bool("API_DOCS_PUBLIC")
 
+# Daphne's app, first, where it serves: under `manage.py runserver` it serves the ASGI
+# app (agent sockets included) in development. Nowhere else: importing it installs
+# Twisted's reactor, 0.13 s at the start of every web, Celery and manage.py process
+# that never uses it; production runs uvicorn (llmgw_site/serve.py).
+_DAPHNE = ["daphne"] if sys.argv[1:2] == ["runserver"] else []
+
 INSTALLED_APPS = [
-    # First, so `manage.py runserver` serves the ASGI app (agent sockets included)
-    # in development; production runs uvicorn (llmgw_site/serve.py).
-    "daphne",
+    *_DAPHNE,
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
