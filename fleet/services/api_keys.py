@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentd.ctl.times import UNITS_S
 from fleet import audit
 from fleet.models import Adapter, ApiKey, ApiKeyScope, Model
 from fleet.models.access import hash_secret, make_secret
@@ -18,7 +19,6 @@ from .permissions import SYSTEM
 logger = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_duration(text: str) -> timedelta:
@@ -28,7 +28,7 @@ def parse_duration(text: str) -> timedelta:
         raise ValueError(
             f"'{text}' is not a positive duration (use a number and s, m, h, d or w, e.g. 24h)"
         )
-    return timedelta(seconds=int(m.group(1)) * _UNIT_S[m.group(2)])
+    return timedelta(seconds=int(m.group(1)) * UNITS_S[m.group(2)])
 
 
 def parse_expiry(text: str, now: datetime | None = None) -> datetime:
