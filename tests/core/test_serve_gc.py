@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes.servers import collect_static
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.live
@@ -62,6 +64,9 @@ print(json.dumps(out))
 
 
 def _run(mode: str) -> dict:
+    # The web process loads only over collected static files, which a run collects once
+    # (else this test passed only after one that started a web process).
+    collect_static()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llmgw_site.settings"}
     env.setdefault("ALLOWED_HOSTS", "localhost")  # the app refuses to load without
     done = subprocess.run(
