@@ -9,8 +9,10 @@ rules across fields). fleet/api/schema.py declares both shapes in the schema.
 from django.http import JsonResponse
 from django.views import defaults
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.views import exception_handler
+
+from fleet.services.permissions import Refused
 
 
 def _codes(codes) -> set[str]:
@@ -23,12 +25,19 @@ def _codes(codes) -> set[str]:
 
 
 def handle(exc, context):
-    """DRF's handler; a request wrong only in naming something that exists already is 409.
+    """DRF's handler; a service's refusal is 403; a request wrong only in naming something
+    that exists already is 409.
+
+    A service refuses an actor with ``permissions.Refused``, whose message names who,
+    what and the permission missing: every door of the API answers it here, 403 with
+    that message, so no view translates it on its own.
 
     Creating a model whose name is taken is not a malformed request but one that
     conflicts with what is there, which is what 409 says (RFC 9110, 15.5.10): a
     client can tell "fix your input" from "it exists already" by the status.
     """
+    if isinstance(exc, Refused):
+        exc = PermissionDenied(str(exc))
     response = exception_handler(exc, context)
     if (
         response is not None

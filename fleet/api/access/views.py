@@ -14,7 +14,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from fleet.models import ApiKey, KeyUsage, Model, Team
@@ -44,8 +44,6 @@ class JoinTokenViewSet(viewsets.ViewSet):
             token, secret = access.create_join_token(
                 data["name"], ttl=ttl, max_uses=data["uses"], actor=request.user
             )
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
         return Response(
@@ -82,14 +80,11 @@ class ApiKeyViewSet(viewsets.ViewSet):
         owner = request.user
         if data.get("user") and data["user"] != request.user.get_username():
             # Before looking the name up: whether a user exists is not for the refused.
-            try:
-                permissions.require(
-                    request.user,
-                    [permissions.OTHERS_API_KEYS],
-                    f"mint an API key of user '{data['user']}'",
-                )
-            except permissions.Refused as exc:
-                raise PermissionDenied(str(exc)) from None
+            permissions.require(
+                request.user,
+                [permissions.OTHERS_API_KEYS],
+                f"mint an API key of user '{data['user']}'",
+            )
             owner = _user(data["user"])
         try:
             expires_at = api_keys.parse_expiry(data["expires"]) if data.get("expires") else None
@@ -104,8 +99,6 @@ class ApiKeyViewSet(viewsets.ViewSet):
                 team=_team(data["team"]) if data.get("team") else None,
                 actor=request.user,
             )
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except ValueError as exc:
             raise ValidationError({"detail": [str(exc)]}) from None
         return Response(
@@ -130,8 +123,6 @@ class ApiKeyViewSet(viewsets.ViewSet):
                     api_keys.set_limits(key, data, actor=request.user)
                 if fallbacks is not None:
                     api_keys.set_fallbacks(key, fallbacks, actor=request.user)
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except api_keys.ApiKeyError as exc:
             raise ValidationError({exc.field: [str(exc)]}) from None
         return Response(
@@ -155,8 +146,6 @@ class ApiKeyViewSet(viewsets.ViewSet):
             secret = api_keys.rotate_api_key(
                 key, api_keys.parse_duration(body.validated_data["grace"]), actor=request.user
             )
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except OverflowError:
             raise ValidationError({"grace": ["a grace period that long is not a date"]}) from None
         except api_keys.ApiKeyError as exc:
@@ -176,10 +165,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
     def revoke(self, request, prefix=None):
         """Refuse this key from now on; it cannot be undone. Idempotent."""
         key = _api_key(prefix)
-        try:
-            live = api_keys.revoke_api_key(key, actor=request.user)
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
+        live = api_keys.revoke_api_key(key, actor=request.user)
         return Response({"name": key.name, "prefix": key.prefix, "revoked": live})
 
 

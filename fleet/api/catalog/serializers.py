@@ -16,7 +16,6 @@ from fleet.models.profiles import GPU_MEMORY_GB_MAX
 from fleet.selectors import SELECTOR_PATTERN
 from fleet.services import profiles, reach, teams
 from fleet.services.autoscaler.status import scaling_status, sleep_status
-from fleet.services.permissions import Refused
 
 from ..common import (
     INT_MAX,
@@ -150,14 +149,11 @@ class ModelSerializer(ValidatedModelSerializer):
     def validate(self, attrs):
         # Before the model's rules: whose the model is comes first (fleet.services.teams).
         actor = actor_of(self)
-        try:
-            if self.instance is None:
-                name = attrs.get("name", "")
-                attrs["team"] = teams.team_for_new(actor, attrs.get("team"), f"model '{name}'")
-            elif "team" in attrs and attrs["team"] != self.instance.team:
-                teams.team_for_new(actor, attrs["team"], f"model '{self.instance.name}'")
-        except Refused as exc:
-            raise PermissionDenied(str(exc)) from None
+        if self.instance is None:
+            name = attrs.get("name", "")
+            attrs["team"] = teams.team_for_new(actor, attrs.get("team"), f"model '{name}'")
+        elif "team" in attrs and attrs["team"] != self.instance.team:
+            teams.team_for_new(actor, attrs["team"], f"model '{self.instance.name}'")
         attrs = super().validate(attrs)
         # What it would point at beyond its team (fleet.services.reach).
         was = self.instance

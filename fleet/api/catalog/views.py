@@ -18,7 +18,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from fleet.models import EngineProfile, Model, ReplicaState
@@ -140,8 +140,6 @@ class ModelViewSet(ProtectedDeleteMixin, viewsets.ModelViewSet):
         body.is_valid(raise_exception=True)
         try:
             text = change(model, request.user, body.validated_data.get("why", ""))
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except canary_service.NoCanary as exc:
             raise Conflict(str(exc)) from None
         model = self.get_queryset().get(pk=model.pk)
@@ -200,8 +198,6 @@ class CatalogViewSet(viewsets.ViewSet):
                 dry_run=body.validated_data["dry_run"],
                 actor=request.user,
             )
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except catalog.CatalogError as exc:
             raise ValidationError({"catalog": exc.errors}) from None
         return Response(

@@ -18,7 +18,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
@@ -54,8 +54,6 @@ class PriceViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
                 data["effective_from"],
                 actor=request.user,
             )
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except DjangoValidationError as exc:
             raise ValidationError(field_errors(exc)) from None
         return Response(self.get_serializer(price).data, status=status.HTTP_201_CREATED)

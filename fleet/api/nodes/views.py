@@ -16,7 +16,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from fleet.models import GPU, Node, WantedEngine
@@ -232,8 +232,6 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             text = gpu_health.give_notice(
                 node, given["in_s"], "operator", given.get("reason", ""), request.user
             )
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except ValueError as exc:
             raise ValidationError({"in_s": [str(exc)]}) from None
         node = self.get_queryset().get(pk=node.pk)
@@ -273,8 +271,6 @@ class GPUViewSet(viewsets.ReadOnlyModelViewSet):
         body.is_valid(raise_exception=True)
         try:
             changed, text = gpu_health.clear(gpu, request.user, body.validated_data["reason"])
-        except permissions.Refused as exc:
-            raise PermissionDenied(str(exc)) from None
         except ValueError as exc:
             raise ValidationError({"reason": [str(exc)]}) from None
         gpu = self.get_queryset().get(pk=gpu.pk)
