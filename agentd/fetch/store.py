@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -87,8 +88,13 @@ def read_meta(entry: Path) -> dict | None:
 
 
 def write_meta(entry: Path, data: dict) -> None:
-    """Replace the metadata file in one step (a reader never sees half of it)."""
-    tmp = entry / f"{META}.{os.getpid()}.tmp"
+    """Replace the metadata file in one step (a reader never sees half of it).
+
+    The file written first is the writer's own, by process and thread: two engines of
+    one source start at once and each records its use from a thread, and with one
+    name for both, one could rename the file while the other still wrote into it,
+    so a reader found it empty and the entry not there."""
+    tmp = entry / f"{META}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_text(json.dumps(data, sort_keys=True))
     os.replace(tmp, entry / META)
 

@@ -312,6 +312,32 @@ def test_last_use_is_recorded_in_the_entry_and_reported(tmp_path):
     assert (w.source, w.last_used) == ("https://h/x.gguf", 1700.0)
 
 
+def test_an_entry_two_engines_record_their_use_of_at_once_is_always_found(tmp_path):
+    # given an entry whose use two engines starting together record from two threads
+    source = sources.parse("https://h/x.gguf")
+    entry = store.entry_dir(tmp_path, source)
+    entry.mkdir()
+    store.write_meta(entry, {"source": source.text, "last_used": 0, "files": ["x" * 100] * 100})
+    done = threading.Event()
+
+    def record_use():
+        while not done.is_set():
+            store.touch(entry)
+
+    writers = [threading.Thread(target=record_use) for _ in range(2)]
+    for t in writers:
+        t.start()
+    # when the agent looks for it meanwhile (a shard's start, the weights it reports)
+    try:
+        missed = sum(store.find([tmp_path], source) is None for _ in range(2000))
+    finally:
+        done.set()
+        for t in writers:
+            t.join()
+    # then it is there every time: never a half-written metadata file
+    assert missed == 0
+
+
 def test_http_download_stops_when_cancelled(tmp_path, server):
     from agentd.fetch import http
 
