@@ -5,6 +5,12 @@ import os
 from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+# Celery's Django fix-up runs Django's system checks at every worker and beat
+# start: the whole URLconf, the admin and the API imported, a third of a second
+# of CPU a start. The deploy runs them once (`manage.py migrate`, `manage.py check
+# --deploy`, docs/operations.md) and the web process never does, so a worker
+# restarted by its supervisor need not; set CELERY_SKIP_CHECKS= (empty) for them.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("llmgw")
 app.config_from_object("django.conf:settings", namespace="CELERY")
