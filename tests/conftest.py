@@ -7,7 +7,6 @@ import pytest
 # its module says so (tests/processes/ holds what they start).
 PROCESS_FIXTURES = {"live_web", "stack", "stack_on_postgres", "postgres"}
 E2E_DIR = Path(__file__).parent / "e2e"
-LONGEST_FIRST = {"test_vllm_real.py", "test_vllm_contract.py", "test_multi_node.py"}
 # The browser tier (tests/browser): headless Chromium over a live stack, `browser` and `live`.
 BROWSER_DIR = Path(__file__).parent / "browser"
 
@@ -52,9 +51,7 @@ def pytest_collection_modifyitems(config, items):
     Chromium and its driver the browser tests are deselected, and the run's summary
     says so and how to install them (``pytest_terminal_summary``): never a quiet skip.
     """
-    # The longest modules first (real vLLM starts in a minute or more): with
-    # `--dist worksteal` a worker starts them at once instead of one ending the run late.
-    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)
+    # Under xdist, tests/ordering.py then deals them to the workers.
     for item in items:
         if E2E_DIR in item.path.parents:
             item.add_marker(pytest.mark.e2e)

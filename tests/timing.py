@@ -13,7 +13,8 @@ included, summed per module:
   so this is the figure to cut. A process a test leaves to another, such as an
   engine outliving its killed agent, is not counted.
 
-Every test's figures go to ``timings.json`` in the run's state dir. Loaded with
+Every test's figures go to ``timings.json`` in the run's state dir, with when it
+began and on which worker: a long test begun late is the run's tail. Loaded with
 ``-p tests.timing`` (pyproject.toml's addopts).
 """
 
@@ -31,6 +32,8 @@ TESTS = 15
 _wall: dict[str, float] = defaultdict(float)
 _cpu: dict[str, float] = defaultdict(float)
 _by_worker: dict[str, float] = defaultdict(float)
+_began: dict[str, float] = {}  # when each test's setup began (epoch s)
+_ran_on: dict[str, str] = {}
 _last_cpu = [0.0]  # in a worker: its CPU figure when the last phase ended
 
 
@@ -57,7 +60,10 @@ def pytest_runtest_logreport(report) -> None:
     _wall[report.nodeid] += report.duration
     _cpu[report.nodeid] += dict(report.user_properties).get("cpu_s", 0.0)
     node = getattr(report, "node", None)  # the xdist worker that ran it
-    _by_worker[node.gateway.id if node is not None else "main"] += report.duration
+    worker = node.gateway.id if node is not None else "main"
+    _by_worker[worker] += report.duration
+    _began.setdefault(report.nodeid, report.start)
+    _ran_on[report.nodeid] = worker
 
 
 def _per_module(figures: dict[str, float]) -> dict[str, float]:
@@ -93,6 +99,15 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if run_dir:
         path = Path(run_dir) / "timings.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        every = {n: {"wall_s": round(_wall[n], 2), "cpu_s": round(_cpu[n], 2)} for n in _wall}
+        first = min(_began.values())
+        every = {
+            n: {
+                "wall_s": round(_wall[n], 2),
+                "cpu_s": round(_cpu[n], 2),
+                "began_s": round(_began[n] - first, 1),  # after the first test began
+                "worker": _ran_on[n],
+            }
+            for n in _wall
+        }
         path.write_text(json.dumps(dict(sorted(every.items())), indent=0))
         write(f"every test's figures: {path}")

@@ -175,8 +175,12 @@ class PrivatePostgres:
 
         The connection of the test database is put back before pytest-django
         flushes it, so the test database is left as every other test leaves it.
+        Django's cache of content types (by id, per process) is emptied on the
+        way in and out: the two databases number them apart, and a cached id of
+        the other one breaks the audit log's foreign key.
         """
         import dj_database_url
+        from django.contrib.contenttypes.models import ContentType
         from django.db import connections
         from django.db.utils import load_backend
 
@@ -186,11 +190,13 @@ class PrivatePostgres:
         )
         saved = connections["default"]
         connections["default"] = wrapper
+        ContentType.objects.clear_cache()
         try:
             yield
         finally:
             wrapper.close()
             connections["default"] = saved
+            ContentType.objects.clear_cache()
 
     def close(self) -> None:
         self.stop()
