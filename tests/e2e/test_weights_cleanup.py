@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from contextlib import ExitStack
 from datetime import timedelta
 
 import pytest
@@ -184,8 +185,9 @@ def test_a_placement_made_between_proposal_and_removal_keeps_its_weights(
     lock._client = None
     try:
         now = timezone.now()
-        with lock.pass_lock() as got:
-            assert got, "the stack's reconciler lock"
+        with ExitStack() as held:
+            # The stack's worker holds the lock a moment every second: taken between two.
+            stack.wait(lambda: _take_pass_lock(held), "the stack's reconciler lock", 30)
             # when: a clean-up pass proposes tiny.gguf (the node's socket now waits
             # for the lock to send it) ...
             cleanup.run_pass(now)
@@ -204,3 +206,13 @@ def test_a_placement_made_between_proposal_and_removal_keeps_its_weights(
         assert "its desired set moved from" in dropped.reason
     finally:
         lock._client = None
+
+
+def _take_pass_lock(held: ExitStack) -> bool:
+    """The reconciler lock, kept in ``held`` until it closes; False if a pass holds it now."""
+    attempt = ExitStack()
+    if attempt.enter_context(lock.pass_lock()):
+        held.enter_context(attempt.pop_all())
+        return True
+    attempt.close()
+    return False
