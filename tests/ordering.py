@@ -100,11 +100,10 @@ def interleave(items: list, workers: int) -> list:
         room = max(0, sizes[i] - count[i]) if i < workers - 1 else len(flat_busy) - start
         mine = flat_busy[start : start + room]
         start += room
-        slots = len(thirds_waiting[i])
-        # Waiting module k goes before in-process test k * len(mine) / slots.
+        # Waiting module k goes before in-process test k * len(mine) / (their number).
         at = defaultdict(list)
         for k, tests in enumerate(thirds_waiting[i]):
-            at[k * len(mine) // max(slots, 1)].extend(tests)
+            at[k * len(mine) // len(thirds_waiting[i])].extend(tests)
         for j, test in enumerate(mine):
             ordered.extend(at.pop(j, []))
             ordered.append(test)
