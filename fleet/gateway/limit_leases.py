@@ -22,6 +22,10 @@ class Lease:
     ``left`` requests counted in Redis already (this window's), the counters as Redis
     last told them plus this process's tokens since, and when they become too old to
     decide on (``until``, the loop's clock). Used only for the same limits and minute.
+
+    A key with token limits has one even where Redis granted no request ahead
+    (``left`` 0): its counters hold this process's tokens, which a check's answer may
+    not include yet (a call that sent them still on its way, on another connection).
     """
 
     __slots__ = ("limits", "minute", "until", "left", "rq", "tm", "td", "tmo", "ttm", "renewing")
@@ -34,8 +38,15 @@ class Lease:
         self.renewing = False
 
     def told(self, got: list, at: float) -> None:
-        """Redis's answer to a check or renewal: its counters, and the requests granted."""
-        _, rq, self.tm, self.td, self.tmo, self.ttm, granted = got
+        """Redis's answer to a check or renewal: its counters, and the requests granted.
+
+        A token counter never goes down within the lease's minute: an answer read in
+        Redis before this process's latest tokens reached it (a renewal under way while
+        they were charged) is behind what the lease has counted since, not news.
+        """
+        _, rq, tm, td, tmo, ttm, granted = got
+        self.tm, self.td = max(self.tm, tm), max(self.td, td)
+        self.tmo, self.ttm = max(self.tmo, tmo), max(self.ttm, ttm)
         self.left += granted
         # Counted in Redis: those let through and those still held here.
         self.rq = rq - self.left
@@ -54,18 +65,26 @@ class Lease:
         """One request let through from the lease; False where it cannot decide."""
         if self.left <= 0 or at >= self.until or not self.fits(limits, minute):
             return False
-        lim = self.limits
         # A token limit reached, as far as this process knows: Redis decides.
-        if (
-            (lim.tokens_per_minute and self.tm >= lim.tokens_per_minute)
-            or (lim.tokens_per_day and self.td >= lim.tokens_per_day)
-            or (lim.tokens_per_month and self.tmo >= lim.tokens_per_month)
-            or (lim.team_tokens_per_month and self.ttm >= lim.team_tokens_per_month)
-        ):
+        if self.spent():
             return False
         self.left -= 1
         self.rq += 1
         return True
+
+    def spent(self) -> int:
+        """The token limit the lease's counters have reached, numbered as the script
+        numbers its refusals (5 the team's month, 4 month, 3 day, 2 minute), or 0."""
+        lim = self.limits
+        if lim.team_tokens_per_month and self.ttm >= lim.team_tokens_per_month:
+            return 5
+        if lim.tokens_per_month and self.tmo >= lim.tokens_per_month:
+            return 4
+        if lim.tokens_per_day and self.td >= lim.tokens_per_day:
+            return 3
+        if lim.tokens_per_minute and self.tm >= lim.tokens_per_minute:
+            return 2
+        return 0
 
     def low(self, at: float) -> bool:
         return not self.renewing and (

@@ -30,7 +30,10 @@ memory and sent with the next script call, which adds them before it reads
 the counters, or within ``charge_delay_s`` when none comes. A lease counts
 this process's tokens as they are charged and takes the others' from Redis at
 most ``LEASE_S`` old: a token limit is decided on counters that miss no token
-of this process and at most that long of the others'.
+of this process and at most that long of the others'. A key with token limits
+keeps its lease's counters even where no lease is granted, and a check whose
+answer from Redis lacks tokens of this process still on their way (a call of
+their own, on another connection) is refused on them.
 A key without limits costs nothing: Redis is not asked.
 
 Redis away or slow: the requests whose check got no answer (those of one call
@@ -393,11 +396,14 @@ class Limiter:
         if lease is not None and not lease.fits(lim, w.minute):
             lease = None
             del self.leases[entry.id]
-        if granted and lease is None:
+        if lease is None and (granted or lim.tokens_on):
             lease = self.leases[entry.id] = Lease(lim, w.minute)
         if lease is not None:
             lease.told(got, asyncio.get_running_loop().time())
-            rq = lease.rq
+            rq, tm, td, tmo, ttm = lease.rq, lease.tm, lease.td, lease.tmo, lease.ttm
+            # This process's own tokens are spent whatever Redis read: a call that
+            # sent them may reach Redis after this check's, on another connection.
+            refused = refused or lease.spent()
         headers = answer_headers(lim, w, rq, tm, td, tmo, ttm)
         if refused:
             REFUSED.labels(LIMIT_NAMES[refused]).inc()

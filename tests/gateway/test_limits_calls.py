@@ -12,7 +12,7 @@ from fleet.gateway import ratelimit
 from fleet.gateway.errors import GatewayError
 from fleet.gateway.keys import KeyEntry
 from fleet.gateway.limit_answers import KeyLimits
-from fleet.gateway.limit_leases import LEASE_REQUESTS, LEASE_S
+from fleet.gateway.limit_leases import LEASE_REQUESTS, LEASE_S, Lease
 from tests.gateway.test_limits import as_dict, at, entry, limiter
 
 
@@ -124,7 +124,7 @@ async def test_near_a_limit_no_lease_is_granted_and_every_request_asks_redis():
         await lim.close()
     # under 16 leases' worth of requests left, or past 90 % of a token limit: asked each time
     assert calls == [1, 1, 1, 1, 1, 1]
-    assert not lim.leases
+    assert [lease.left for lease in lim.leases.values()] == [0, 0]  # counters only
 
 
 @pytest.mark.parametrize("limit", [1000, 3 * LEASE_REQUESTS * 16 + 7])
@@ -173,3 +173,71 @@ async def test_another_process_s_tokens_reach_a_lease_within_its_age():
         await a.close()
         await b.close()
     assert spent.value.status == 429 and "team 'research'" in spent.value.message
+
+
+def tokens_calls_slowed(lim, delay: float) -> list[str]:
+    """Holds back ``lim``'s calls that carry only tokens before they reach Redis, as a
+    busy event loop or a connection still opening would; what those calls did, in order."""
+    real = lim._client
+    seen: list[str] = []
+
+    def slowed():
+        script = real()
+
+        async def call(keys, args):
+            if len(keys) != args[0]:  # a check in it
+                return await script(keys=keys, args=args)
+            seen.append("tokens sent")
+            await asyncio.sleep(delay)
+            got = await script(keys=keys, args=args)
+            seen.append("tokens counted")
+            return got
+
+        return call
+
+    lim._client = slowed
+    return seen
+
+
+@pytest.mark.parametrize("requests_per_minute", [0, 100], ids=["leased", "no lease"])
+async def test_a_check_is_never_decided_without_tokens_sent_ahead_of_it(requests_per_minute):
+    # given a key with a day budget of 10 tokens (and, for no lease, a request limit too
+    # near to lease from), two answers of 7 tokens charged, and the second's tokens on
+    # their way to Redis in a call of their own, held back
+    lim = limiter()
+    tokens_calls = tokens_calls_slowed(lim, 0.2)
+    key = entry(tokens_per_day=10, requests_per_minute=requests_per_minute)
+    now = at(2026, 5, 4, 12, 0, 1)
+    try:
+        await lim.check(key, now)
+        await lim.charge(key, 7, now)
+        await lim.check(key, now)
+        await lim.charge(key, 7, now)
+        await asyncio.sleep(lim.charge_delay_s + 0.05)
+        assert tokens_calls == ["tokens sent"]
+        # when the next request is checked, its answer from Redis read first
+        with pytest.raises(GatewayError) as spent:
+            await lim.check(key, now + 0.1)
+        assert tokens_calls == ["tokens sent"]
+    finally:
+        await lim.close()
+    # then it is refused: the budget is spent, whichever call reached Redis first
+    assert spent.value.status == 429
+    assert "budget of 10 tokens for today" in spent.value.message
+    assert as_dict(spent.value.extra_headers)["x-ratelimit-remaining-tokens"] == "0"
+    assert tokens_calls == ["tokens sent", "tokens counted"]
+
+
+def test_an_answer_read_before_the_lease_s_own_tokens_never_lowers_its_count():
+    # given a lease of a key with a day budget of 10 tokens, told 0 by Redis
+    limits = KeyLimits(tokens_per_day=10)
+    lease = Lease(limits, "m1")
+    lease.told([0, 1, 0, 0, 0, 0, LEASE_REQUESTS], at=0.0)
+    assert lease.take(limits, "m1", 0.001)
+    # when 14 tokens are charged here, and a renewal's answer read before they reached
+    # Redis says 7
+    lease.td += 14
+    lease.told([0, 2, 7, 7, 7, 0, 0], at=0.002)
+    # then the lease still counts 14, and lets nothing more through
+    assert lease.td == 14
+    assert not lease.take(limits, "m1", 0.003)
