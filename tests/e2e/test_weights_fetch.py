@@ -8,7 +8,7 @@ import re
 import pytest
 
 from agentd.fetch import store
-from fleet.models import LocalWeights, Model, Node, Replica, Shard
+from fleet.models import LocalWeights, Node, Replica, Shard
 from tests.e2e.helpers import apply_model, wait_serving
 from tests.processes.weights_server import HubRepo, WeightsServer
 
@@ -148,10 +148,10 @@ def test_a_wrong_sha256_fails_the_start_with_that_reason(stack, tmp_path, server
     wrong = "0" * 64
     good = hashlib.sha256(tiny_model.read_bytes()).hexdigest()
 
-    model_id = apply_model(stack, server.url(PATH))
-    profile = Model.objects.get(pk=model_id).active_profile
+    # the checksum is on the profile from the start: patched in later, it could arrive
+    # after the agent had fetched the file unchecked, and the fetch would not fail
     checksums = {"weights_sha256": {"tiny-llama.gguf": wrong}}
-    stack.api("patch", f"engine-profiles/{profile.pk}/", json=checksums)
+    apply_model(stack, server.url(PATH), profile_fields=checksums)
 
     expected = f"sha256 mismatch for tiny-llama.gguf: expected {wrong}, got {good}"
     replica = stack.wait(
