@@ -28,9 +28,8 @@ from tests.security.test_authorization_generated import (
     NoChange,
     NotADoor,
     Walkers,
+    changed_by,
     client_of,
-    diff,
-    snapshot,
     world,  # noqa: F401 - a fixture
 )
 
@@ -378,11 +377,9 @@ def run(w, go, user, prepare=None):
     client_of(w.root), client_of(user)
     with transaction.atomic():
         w.prepared = prepare(w, user) if prepare else None
-        before = snapshot()
-        go(w, user)
-        after = snapshot()
+        changed = changed_by(lambda: go(w, user))
         transaction.set_rollback(True)
-    return diff(before, after)
+    return changed
 
 
 def entries_of(d) -> list[dict]:

@@ -43,7 +43,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
@@ -1578,11 +1578,34 @@ def _columns(model) -> list[str]:
     ]
 
 
-def snapshot() -> dict[str, dict]:
+def rows_written() -> dict[str, int] | int:
+    """Rows this transaction has written so far: by table on PostgreSQL (its
+    ``pg_stat_xact_user_tables``), in all on SQLite (its ``total_changes``)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_xact_user_tables"
+            )
+            return dict(cursor.fetchall())
+    return connection.connection.total_changes
+
+
+def tables_written(since: dict[str, int] | int) -> set[str] | None:
+    """The tables written to since ``since`` (``rows_written``); None: any may have been."""
+    now = rows_written()
+    if isinstance(since, int):
+        return set() if now == since else None
+    return {table for table, n in now.items() if n != since.get(table, 0)}
+
+
+def snapshot(tables: set[str] | None = None) -> dict[str, dict]:
+    """Every row of every table (of ``tables`` only, where given), by model and pk."""
     rows = {}
     for model in apps.get_models(include_auto_created=True):
         label = model._meta.label_lower
         if label in NOISE_MODELS or model._meta.proxy:
+            continue
+        if tables is not None and model._meta.db_table not in tables:
             continue
         rows[label] = {r["pk"]: r for r in model.objects.values("pk", *_columns(model))}
     return rows
@@ -1638,19 +1661,33 @@ class Walkers:
         return self.make(self.perms)
 
 
+def changed_by(walk: Callable[[], object]) -> Diff:
+    """What ``walk()`` changed, in a savepoint of its own rolled back after.
+
+    The rows are read after the walk, then again once its savepoint is rolled back
+    (as they were before it), in the tables it wrote to: every table where the
+    database cannot say which (SQLite), none where it wrote nothing.
+    """
+    since = rows_written()
+    with transaction.atomic():
+        walk()
+        tables = tables_written(since)
+        after = snapshot(tables)
+        transaction.set_rollback(True)
+    return diff(snapshot(tables), after)
+
+
 def run(w: World, go, user, prepare=None) -> Diff:
     """``go`` as ``user`` in a savepoint rolled back after; what it changed in between."""
     with transaction.atomic():
         # Sessions die with the savepoint (and a rolled-back user's pk comes back for the
-        # next walker): log in afresh, before the snapshot, as logins write.
+        # next walker): log in afresh, before the walk, as logins write.
         _CLIENTS.clear()
         client_of(w.root), client_of(user)
         w.prepared = prepare(w, user) if prepare else None
-        before = snapshot()
-        go(w, user)
-        after = snapshot()
+        changed = changed_by(lambda: go(w, user))
         transaction.set_rollback(True)
-    return diff(before, after)
+    return changed
 
 
 def found_doors(superuser) -> set[str]:
