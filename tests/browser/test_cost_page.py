@@ -7,7 +7,9 @@ that team's costs only. No console error, no failed request, styled."""
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.utils import timezone
 
+from fleet.models import FleetStatus
 from tests.costs.surfaces import a_day
 from tests.processes import start_web
 
@@ -27,6 +29,8 @@ def web(tmp_path, browser):
 @pytest.fixture
 def the_day():
     teams = a_day()
+    # A fleet whose reconciler runs, as the operator's would: no banner saying it never ran.
+    FleetStatus.objects.update_or_create(pk=1, defaults={"last_pass_at": timezone.now()})
     User = get_user_model()
     User.objects.create_superuser("payer", password=PASSWORD)
     alice = User.objects.create_user("alice", password=PASSWORD, is_staff=True)
@@ -59,6 +63,7 @@ def test_an_operator_reads_the_day_s_costs_from_the_navigation(browser, web, the
     browser.check_page()
     assert browser.find("#costs").get_attribute("data-period") == "custom"
     browser.assert_styled()
+    assert not browser.find_all("[data-fleet-warning]")
 
     # then: each team's cost, tokens, cost per million tokens and utilisation
     rows = {r.get_attribute("data-team"): r for r in browser.find_all("#costs-teams tr.team-row")}
