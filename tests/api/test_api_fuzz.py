@@ -67,6 +67,10 @@ def test_the_api_does_what_its_schema_says(fleet_and_key, tmp_path):
                 str(MAX_EXAMPLES),
                 "--seed",
                 SEED,
+                # A deadline that bounds a wait, never judges speed: schemathesis's
+                # own 10 s was once crossed by one PUT on a loaded two-core machine.
+                "--request-timeout",
+                "60",
                 # One worker: the shared machine has two cores, and runs stay reproducible.
                 "--workers",
                 "1",
