@@ -1591,11 +1591,14 @@ def rows_written() -> dict[str, int] | int:
 
 
 def tables_written(since: dict[str, int] | int) -> set[str] | None:
-    """The tables written to since ``since`` (``rows_written``); None: any may have been."""
+    """The tables written to since ``since`` (``rows_written``); None: any may have been,
+    as where the database names a table no model's ``db_table`` spells (read them all)."""
     now = rows_written()
     if isinstance(since, int):
         return set() if now == since else None
-    return {table for table, n in now.items() if n != since.get(table, 0)}
+    written = {table for table, n in now.items() if n != since.get(table, 0)}
+    known = {m._meta.db_table for m in apps.get_models(include_auto_created=True)}
+    return written if written <= known else None
 
 
 def snapshot(tables: set[str] | None = None) -> dict[str, dict]:
