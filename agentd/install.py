@@ -42,7 +42,7 @@ import psutil
 from agentd import builds, llamatools, protocol
 from agentd.engineconfig import InstallConfig
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
-from agentd.steps import StepFailed, run_step, tail
+from agentd.steps import StepFailed, has_own_pip, pip_for, run_step, tail
 from agentd.verify import DIST_VERSION, Verifier, engine_binary
 
 logger = logging.getLogger(__name__)
@@ -377,10 +377,13 @@ class Installer:
         python = env / "bin" / "python"
         if not python.exists():
             self._step(base, "creating its environment")
+            bare = ["--without-pip"] if has_own_pip() else []  # pip_for's pip installs
             await run_step(
-                [self.python, "-m", "venv", "--clear", str(env)], timeout=300, what="python -m venv"
+                [self.python, "-m", "venv", "--clear", *bare, str(env)],
+                timeout=300,
+                what="python -m venv",
             )
-        args = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+        args = [*pip_for(python), "install", "--disable-pip-version-check"]
         if plan.release:
             self._step(base, "reading the release's wheels")
             try:
@@ -401,7 +404,7 @@ class Installer:
         if plan.remove:
             # pip skips, with a warning, what is not installed.
             await run_step(
-                [str(python), "-m", "pip", "uninstall", "--yes", *plan.remove],
+                [*pip_for(python), "uninstall", "--yes", *plan.remove],
                 timeout=self.cfg.verify_timeout_s,
                 what=f"pip uninstall {' '.join(plan.remove)}",
             )

@@ -25,6 +25,8 @@ import tarfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from agentd.steps import pip_for
+
 TOOLS = ("llama-server", "ggml-rpc-server")
 # What is built: only the two tools, statically linked (they are copied), with
 # nothing fetched at build time (the server's web UI, HTTPS, tests, examples).
@@ -88,7 +90,7 @@ async def build(
     src.mkdir(parents=True)
     note("downloading llama.cpp's source")
     await run(
-        [python, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
+        [*pip_for(python), "download", "--disable-pip-version-check", "--no-deps",
          "--no-binary", "llama-cpp-python", "--dest", str(src), spec, *pip_args],
         timeout=timeout, what="pip download (llama.cpp's source)",
     )  # fmt: skip
@@ -133,7 +135,7 @@ async def _compile(
     if cmake is None:
         note("installing cmake")
         await run(
-            [str(env / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+            [*pip_for(env / "bin" / "python"), "install", "--disable-pip-version-check",
              "cmake"],
             timeout=timeout, what="pip install cmake",
         )  # fmt: skip
