@@ -42,7 +42,7 @@ import psutil
 from agentd import builds, llamatools, protocol
 from agentd.engineconfig import InstallConfig
 from agentd.sources import Plan, PlanError, env_dir, pip_plan, release_wheel
-from agentd.steps import StepFailed, has_own_pip, pip_for, run_step, tail
+from agentd.steps import StepFailed, new_venv, pip_for, run_step, tail
 from agentd.verify import DIST_VERSION, Verifier, engine_binary
 
 logger = logging.getLogger(__name__)
@@ -377,12 +377,7 @@ class Installer:
         python = env / "bin" / "python"
         if not python.exists():
             self._step(base, "creating its environment")
-            bare = ["--without-pip"] if has_own_pip() else []  # pip_for's pip installs
-            await run_step(
-                [self.python, "-m", "venv", "--clear", *bare, str(env)],
-                timeout=300,
-                what="python -m venv",
-            )
+            await run_step(new_venv(self.python, env), timeout=300, what="python -m venv")
         args = [*pip_for(python), "install", "--disable-pip-version-check"]
         if plan.release:
             self._step(base, "reading the release's wheels")

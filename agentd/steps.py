@@ -10,11 +10,11 @@ command is run or reported changes.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 TAIL_LINES = 20
@@ -29,8 +29,20 @@ Run = Callable[..., Awaitable[str]]
 
 
 def has_own_pip() -> bool:
-    """Whether the agent's own Python has pip, to run for the environments it makes."""
-    return importlib.util.find_spec("pip") is not None
+    """Whether the agent's own Python has a pip that installs into another
+    environment (``--python``: pip 22.3 and later; Python 3.11 bundles 22.3)."""
+    try:
+        major, minor = (int(part) for part in version("pip").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (22, 3)
+
+
+def new_venv(python: str, env: Path) -> list[str]:
+    """The command that makes ``env`` anew with ``python``: without a pip of its own
+    where ``pip_for`` brings the agent's."""
+    bare = ["--without-pip"] if has_own_pip() else []
+    return [python, "-m", "venv", "--clear", *bare, str(env)]
 
 
 def pip_for(python: str | Path) -> list[str]:

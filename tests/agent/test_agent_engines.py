@@ -283,7 +283,13 @@ def test_a_llama_server_on_path_is_not_advertised_until_the_configuration_names_
 
 
 @pytest.mark.live
-def test_a_failed_install_is_failed_with_the_last_lines_of_pips_output(tmp_path):
+@pytest.mark.parametrize("agent_pip", [True, False], ids=["agents-pip", "no-agent-pip"])
+def test_a_failed_install_is_failed_with_the_last_lines_of_pips_output(
+    tmp_path, monkeypatch, agent_pip
+):
+    # the agent's own pip installs into an environment made without one; an agent
+    # whose Python has none (or one older than 22.3) makes it with pip, and uses that
+    monkeypatch.setattr(steps, "has_own_pip", lambda: agent_pip)
     cfg = InstallConfig(pip_args=["--no-index"])  # nothing to find: pip fails at once
     seen = []
     installer = install.Installer(tmp_path / "engines", cfg, on_status=seen.append)
@@ -301,6 +307,9 @@ def test_a_failed_install_is_failed_with_the_last_lines_of_pips_output(tmp_path)
         ("installing", "downloading"),
     ]
     assert installer.installed() == {}
+    (env,) = (tmp_path / "engines").glob("llamacpp-*")
+    assert (env / "bin" / "python").exists()
+    assert (env / "bin" / "pip").exists() is not agent_pip
 
 
 def test_a_configured_probe_that_hangs_is_bounded(tmp_path, monkeypatch):
