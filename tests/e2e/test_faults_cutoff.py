@@ -295,7 +295,10 @@ def test_three_of_five_nodes_cut_off_replace_nothing_and_two_are_replaced_one_at
     for agent in agents[:3]:
         agent.freeze()
     mass.start()
-    mass.wait(paused, "replacement to pause", timeout=30)
+    # Within seconds (suspect after 5 s), unless the control plane itself stalls: a
+    # reconciler that missed its passes for 5 s gives every node a full grace period
+    # again (an outage), as it did when a busy machine starved the worker for 18 s.
+    mass.wait(paused, "replacement to pause", timeout=90)
     banner = admin_banner(stack)
     metric = paused_metric(stack)
     mass.run_until(REPLACE_S + 6)
