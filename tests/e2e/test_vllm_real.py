@@ -260,35 +260,48 @@ def test_a_model_on_real_vllm_serves_charges_routes_adapts_drains_and_survives_a
     (victim_shard,) = [s for s in shards if s.replica_id == victim.pk]
     system = next(s for s in systems if owner[s] == victim.pk)
     answer: dict[str, object] = {}
+    streaming = threading.Event()
 
     def long_answer() -> None:
+        # streamed, so the test knows the answer is running from its first token, not
+        # from vLLM's /metrics, which a busy machine may answer after the answer ended
         try:
-            answer["reply"] = client.chat.completions.create(
+            stream = client.chat.completions.create(
                 model=NAME,
                 messages=[{"role": "system", "content": system}, {"role": "user", "content": "Go"}],
                 max_tokens=ANSWER,
+                stream=True,
+                stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True},
             )
-        except Exception as exc:  # noqa: BLE001 - said by the wait below, in vLLM's words
-            answer["reply"] = exc
-
-    def generating():
-        assert not isinstance(answer.get("reply"), Exception), answer["reply"]
-        assert "reply" not in answer, "the answer ended before the scale-down was asked"
-        return engine_metrics(victim_shard)["vllm:num_requests_running"] >= 1
+            for chunk in stream:
+                streaming.set()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    answer["finish"] = chunk.choices[0].finish_reason
+                if chunk.usage:
+                    answer["tokens"] = chunk.usage.completion_tokens
+            answer["ended"] = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - said below, in vLLM's or the gateway's words
+            answer["error"] = exc
+        finally:
+            streaming.set()
 
     thread = threading.Thread(target=long_answer)
     thread.start()
-    stack.wait(generating, "the newest replica's engine to be generating", 60)
+    assert streaming.wait(120), "the long answer's first token within 120 s"
+    assert "error" not in answer, answer.get("error")
+    assert "ended" not in answer, "the answer ended before the scale-down was asked"
     stack.api("patch", f"models/{model_id}/", json={"desired_replicas": 1})
+    asked = time.monotonic()
     thread.join(300)
 
     # then: the drained replica's engine finished its answer before it was stopped
     # (stopped once it says nothing is in flight, or at the 120 s drain timeout: an
-    # answer cut off would have ended early or broken)
-    reply = answer["reply"]
-    assert not isinstance(reply, Exception), reply
-    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == ANSWER
+    # answer cut off would have ended early or broken), and it was still answering
+    # when the scale-down was asked
+    assert "error" not in answer, answer.get("error")
+    assert (answer.get("finish"), answer.get("tokens")) == ("length", ANSWER), answer
+    assert answer["ended"] > asked, "the answer ended before the scale-down was applied"
     stack.wait(lambda: len(live_shards(NAME)) == 1, "one replica left", 120)
     # and it was the retired replica that stopped: its engine is gone from the agent and
     # its row stopped (or already forgotten, once the agent applied the stop), while the
