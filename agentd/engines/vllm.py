@@ -143,15 +143,8 @@ class VLLM(Engine):
 
 def cpu_binding(ranks: int, cpus: set[int] | None = None) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for ``ranks`` ranks over ``cpus`` (default: the CPUs
-    this process may run on): consecutive runs, "0-6|8-14"; the last rank takes the
-    remainder. Fewer CPUs than ranks: every rank is given them all.
-
-    Each rank with more than one CPU leaves its last one unbound, as vLLM's own
-    ``auto`` binding does on x86 (``vllm/utils/ompmultiprocessing.py``: one CPU a
-    rank for the scheduler, since the CPU build always runs a process per worker).
-    Bound to every CPU, a generating replica starved its scheduler, its API server
-    and the agent beside it: heartbeats came late and the node's other processes
-    stood for seconds."""
+    this process may run on): consecutive runs, "0-7|8-15"; the last rank takes the
+    remainder. Fewer CPUs than ranks: every rank is given them all."""
     got = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     ranks = max(1, ranks)
     if len(got) < ranks:
@@ -159,7 +152,7 @@ def cpu_binding(ranks: int, cpus: set[int] | None = None) -> str:
     size = len(got) // ranks
     parts = [got[i * size : (i + 1) * size] for i in range(ranks - 1)]
     parts.append(got[(ranks - 1) * size :])
-    return "|".join(_ranges(p[:-1] if len(p) > 1 else p) for p in parts)
+    return "|".join(_ranges(p) for p in parts)
 
 
 def _ranges(ids: list[int]) -> str:

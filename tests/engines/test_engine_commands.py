@@ -482,17 +482,14 @@ def test_vllms_cpu_build_runs_its_api_server_module_with_a_kv_budget_and_the_nod
 @pytest.mark.parametrize(
     "ranks, cpus, expected",
     [
-        # each rank with more than one core leaves one to vLLM's scheduler and the node
-        (1, {0, 1}, "0"),
-        (1, {0}, "0"),
-        (2, set(range(8)), "0-2|4-6"),
-        (3, set(range(8)), "0|2|4-6"),
-        (2, {0, 2, 3, 5}, "0|3"),
-        (2, {0, 1, 2}, "0|1"),
+        (1, {0, 1}, "0-1"),
+        (2, set(range(8)), "0-3|4-7"),
+        (3, set(range(8)), "0-1|2-3|4-7"),
+        (2, {0, 2, 3, 5}, "0,2|3,5"),
         (3, {0, 1}, "0-1|0-1|0-1"),
     ],
 )
-def test_vllm_cpu_threads_split_the_cores_between_ranks_leaving_one_each(ranks, cpus, expected):
+def test_vllm_cpu_threads_split_the_cores_between_ranks(ranks, cpus, expected):
     from agentd.engines.vllm import cpu_binding
 
     assert cpu_binding(ranks, cpus) == expected

@@ -49,7 +49,9 @@ class VllmServer:
                 "--model", str(model), "--served-model-name", "tiny-hf",
                 "--host", "127.0.0.1", "--port", str(self.port), *TINY_HF_ARGS, *args]  # fmt: skip
         run_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        run_env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", **extra_env)
+        run_env.update(
+            {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", **extra_env}
+        )
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=run_env, start_new_session=True
