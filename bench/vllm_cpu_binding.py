@@ -10,7 +10,7 @@ bench/vllm_cpu.py starts it) on the tiny Hugging Face model, with
 ``VLLM_CPU_OMP_THREADS_BIND`` set to that binding; ``--starts`` times each, the bindings
 alternating. While it answers batches of 16 completions of 128 tokens (``ignore_eos``),
 one after another for ``--seconds``, a probe process beside it wakes every 50 ms and
-does a fixed piece of work (about 2 ms of Python on an idle core): how late each
+does a fixed piece of work (about 1.2 ms of Python on an idle core): how late each
 wake-up came and how long the piece took are what an agent collecting its heartbeat,
 or a web process answering, would feel. The probe also runs once with vLLM idle, as the floor.
 
