@@ -66,6 +66,32 @@ def pytest_runtest_logreport(report) -> None:
     _ran_on[report.nodeid] = worker
 
 
+def _cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it (Linux); '' elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _machine_line(cpu_s: float) -> str:
+    """The machine, and how much of its cores the run used: on CI's two cores the run's
+    length is its CPU over the cores only when this is near 100 %; below, the workers
+    were all waiting on the processes they started at once."""
+    cores = os.cpu_count() or 1
+    span = max(_began[n] + _wall[n] for n in _wall) - min(_began.values())
+    busy = cpu_s / span / cores if span > 0 else 0.0
+    model = _cpu_model()
+    return (
+        f"machine: {cores} CPUs{', ' + model if model else ''}; the tests kept "
+        f"{busy:.0%} of them busy over the run's {span:.0f} s"
+    )
+
+
 def _per_module(figures: dict[str, float]) -> dict[str, float]:
     modules: dict[str, float] = defaultdict(float)
     for nodeid, seconds in figures.items():
@@ -83,6 +109,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         f"{sum(cpu.values()):8.1f} s CPU, {sum(wall.values()):.1f} s wall, "
         f"in {len(_wall)} tests over {len(wall)} modules (summed over workers)"
     )
+    write(_machine_line(sum(cpu.values())))
     by_dir: dict[str, float] = defaultdict(float)
     for module, seconds in cpu.items():
         by_dir[module.rsplit("/", 1)[0]] += seconds
