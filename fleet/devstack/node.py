@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL_NAME = "tiny-llama"
 PROMPT = "Say hello"
+# How long an engine is given after SIGTERM before it is killed.
+ENGINE_STOP_GRACE_S = 10
 
 
 def write_private(path: Path, text: str) -> None:
@@ -104,7 +106,9 @@ def engines(agent_state: Path) -> dict[str, int]:
     return {sid: pid for sid, (pid, _env) in state.find_marked(agent_state).items()}
 
 
-def kill_engines(agent_state: Path, shard_ids=None, grace: float = 10) -> list[int]:
+def kill_engines(
+    agent_state: Path, shard_ids=None, grace: float = ENGINE_STOP_GRACE_S
+) -> list[int]:
     """SIGTERM engine groups carrying the agent's mark (all, or these shards'); SIGKILL laggards."""
     from agentd import state
 

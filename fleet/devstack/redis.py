@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parents[2]
+# How long redis-server is given after SIGTERM before it is killed.
+STOP_GRACE_S = 5
 
 
 def state_dir() -> Path:
@@ -105,7 +107,7 @@ class PrivateRedis:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(5)
+                self.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc = None

@@ -22,6 +22,7 @@ wait out the failure backoff. Engines still there after that (another model
 placed on this node, a control plane that died) are stopped by process group.
 """
 
+import faulthandler
 import logging
 import os
 import secrets
@@ -38,6 +39,7 @@ from pathlib import Path
 from agentd.ports import DEFAULT_PORT_RANGE, format_port_range
 from fleet.devstack import node
 from fleet.devstack.node import write_private
+from fleet.devstack.redis import STOP_GRACE_S as REDIS_STOP_GRACE_S
 from fleet.devstack.redis import PrivateRedis, state_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +48,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENGINE_PORTS = format_port_range(DEFAULT_PORT_RANGE)
 # How long Ctrl-C waits for the control plane to stop the demo model's engine.
 RETIRE_WAIT_S = 20
+# How long each process is given after SIGTERM before it is killed.
+PROCESS_STOP_GRACE_S = 10
+# The longest Ctrl-C can take by the waits above: past it, where it is stuck is printed.
+STOP_BOUND_S = (
+    RETIRE_WAIT_S + 2 * node.ENGINE_STOP_GRACE_S + 2 * PROCESS_STOP_GRACE_S + REDIS_STOP_GRACE_S
+)
 
 
 def _setup_django():
@@ -114,7 +122,7 @@ class Stack:
         self.procs.append((name, proc))
         return proc
 
-    def stop(self, names=None, grace: float = 10) -> None:
+    def stop(self, names=None, grace: float = PROCESS_STOP_GRACE_S) -> None:
         procs = [(n, p) for n, p in reversed(self.procs) if names is None or n in names]
         for _, proc in procs:
             if proc.poll() is None:
@@ -197,12 +205,13 @@ def _retire(directory: Path, name: str, path: Path, agent_state: Path, node_id: 
         print(f"  could not scale {name} to zero ({exc}); stopping its engine by signal")
         return
     print(f"  scaled {name} to zero; stopping its engine", flush=True)
-    deadline = time.monotonic() + RETIRE_WAIT_S
+    started = time.monotonic()
+    deadline = started + RETIRE_WAIT_S
     signalled: set[str] = set()
     while time.monotonic() < deadline:
         draining, done = node.retiring(name, node_id)
         if done:
-            print(f"  {name} stopped", flush=True)
+            print(f"  {name} stopped in {time.monotonic() - started:.1f} s", flush=True)
             return
         # llama.cpp's server cannot count requests in flight, so the agent would
         # drain it blind for half a minute. Nothing is in flight on the way out:
@@ -346,6 +355,9 @@ def main() -> int:
         # says goodbye), then any engine left behind, then the control plane.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stopping = time.monotonic()
+        # Every wait below is bounded; should one hang anyway, say where.
+        faulthandler.dump_traceback_later(STOP_BOUND_S)
         if applied and not stack.dead():
             _retire(directory, name, model_path, agent_state, node_id)
         stack.stop(["agent"])
@@ -355,6 +367,8 @@ def main() -> int:
         stack.stop()
         if redis is not None:
             redis.stop()
+        faulthandler.cancel_dump_traceback_later()
+        print(f"  everything stopped in {time.monotonic() - stopping:.1f} s", flush=True)
     return code
 
 

@@ -11,23 +11,30 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
 
 from agentd import state
 from agentd.tinygguf import write as write_tiny_model
+from fleet.devstack import stack as devstack_stack
 from fleet.devstack.redis import _ping
 from fleet.models import Model
 from tests.processes import ROOT, free_port, port_block, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# fleet/devstack/stack.py's own bound on a Ctrl-C, with room for a busy machine:
+# past its bound the devstack prints where it is stuck, which this reports.
+STOP_WAIT_S = devstack_stack.STOP_BOUND_S + 15
+
 
 class Devstack:
     """``python -m fleet.devstack`` (what `make run` runs after migrating), read live."""
 
     def __init__(self, env):
+        self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleet.devstack"],
             cwd=ROOT,
@@ -62,12 +69,37 @@ class Devstack:
     def output(self) -> str:
         return "\n".join(self.lines)
 
-    def ctrl_c(self, timeout: float = 60) -> int:
+    def ctrl_c(self, timeout: float = STOP_WAIT_S) -> int:
         self.proc.send_signal(signal.SIGINT)
-        code = self.proc.wait(timeout)
-        while (line := self._q.get(timeout=5)) is not None:
-            self.lines.append(line)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._drain()
+            raise AssertionError(
+                f"still stopping {timeout:g} s after Ctrl-C; it printed:\n{self.output()}\n"
+                + self.log_tails()
+            ) from None
+        self._drain(until_end=True)
         return code
+
+    def _drain(self, until_end: bool = False) -> None:
+        while True:
+            try:
+                line = self._q.get(timeout=5 if until_end else 0)
+            except queue.Empty:
+                return
+            if line is None:
+                return
+            self.lines.append(line)
+
+    def log_tails(self, lines: int = 15) -> str:
+        logs = sorted((Path(self.env["LLMGW_STATE_DIR"]) / "logs").glob("*.log"))
+        return "".join(
+            f"--- {log.name} (last {lines} lines)\n"
+            + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            + "\n"
+            for log in logs
+        )
 
     def kill(self):
         if self.proc.poll() is None:
