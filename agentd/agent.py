@@ -39,6 +39,8 @@ WEIGHTS_RESCAN_S = 60.0
 # Engines are installed by someone at a keyboard: a minute's delay in noticing
 # one is invisible, while a probe may start a Python that imports vLLM.
 ENGINE_REPROBE_S = 60.0
+# Shard states whose engine has just given its GPU memory back.
+FREES_GPU_MEMORY = frozenset({protocol.ShardState.ASLEEP, protocol.ShardState.STOPPED})
 
 
 class Agent:
@@ -91,6 +93,10 @@ class Agent:
         # bounded by coalescing, never by dropping news (agentd/outbox.py).
         self.outbox = Outbox()
         self.outbox_ready = asyncio.Event()
+        # Set when a shard gave its GPU memory back (asleep, stopped): the next
+        # heartbeat goes now, so the control plane sees the room without waiting
+        # out the interval (a model waiting to wake there, docs/operations.md).
+        self.beat_soon = asyncio.Event()
         self._pending_desired: protocol.Desired | None = None
         self._desired_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -216,6 +222,8 @@ class Agent:
         if msg.type == "fetch_progress" and msg.bytes_total == msg.bytes_done:
             self._weights_at = 0.0  # a fetch completed: the next heartbeat reports the entry
         self.send(msg)
+        if msg.type == "shard_status" and msg.state in FREES_GPU_MEMORY:
+            self.beat_soon.set()
 
     async def _reprobe_loop(self) -> None:
         while True:

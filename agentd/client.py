@@ -32,6 +32,9 @@ REGISTER_ACK_TIMEOUT_S = 15
 GOODBYE_TIMEOUT_S = 7
 # Discovery stuck this long (a hung NFS mount) is retried on the next connection.
 REGISTER_COLLECT_TIMEOUT_S = 60
+# A heartbeat asked for at once (a shard gave GPU memory back) waits at least this
+# long after the one before: a burst of stops is one or two heartbeats, not dozens.
+BEAT_SOON_GAP_S = 0.25
 FATAL_CLOSE = {CloseCode.FORBIDDEN, CloseCode.REVOKED}
 
 
@@ -291,9 +294,20 @@ async def _receive(agent: Agent, ws) -> None:
 async def _heartbeats(agent: Agent, ws, interval: float) -> None:
     # Sent directly rather than queued: a heartbeat is about now, and one
     # held over a reconnect would only tell the control plane stale news.
+    # Every interval, and at once (at most every BEAT_SOON_GAP_S) when a shard
+    # gave its GPU memory back (Agent.beat_soon).
     collecting: asyncio.Future | None = None
+    loop = asyncio.get_running_loop()
+    sent_at = loop.time()
+    agent.beat_soon.clear()
     while True:
-        await asyncio.sleep(interval)
+        try:
+            await asyncio.wait_for(agent.beat_soon.wait(), timeout=interval)
+        except TimeoutError:
+            pass
+        else:
+            await asyncio.sleep(max(0.0, sent_at + BEAT_SOON_GAP_S - loop.time()))
+        agent.beat_soon.clear()
         if collecting is None or collecting.done():
             collecting = asyncio.ensure_future(
                 asyncio.to_thread(agent.heartbeat_message, agent.shard_facts())
@@ -310,6 +324,7 @@ async def _heartbeats(agent: Agent, ws, interval: float) -> None:
         else:
             collecting = None
         await ws.send(protocol.dump(hb))
+        sent_at = loop.time()
 
 
 async def _send_outbox(agent: Agent, ws) -> None:

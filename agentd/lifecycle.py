@@ -218,7 +218,11 @@ class EngineLifecycle:
                 if await self._check_ready(sh, engine, gen):
                     return
             idle = sh.state in (ShardState.READY, ShardState.ASLEEP)
-            await asyncio.sleep(TICK_READY_S if idle else TICK_STARTING_S)
+            try:
+                await asyncio.wait_for(sh.nudge.wait(), TICK_READY_S if idle else TICK_STARTING_S)
+            except TimeoutError:
+                pass
+            sh.nudge.clear()
 
     async def _check_ready(self, sh: Shard, engine: Engine, gen: int) -> bool:
         """One readiness step; True when the monitor is done (the shard failed)."""
@@ -350,6 +354,7 @@ class EngineLifecycle:
             return await self._fail(sh, f"could not wake: {problem}")
         sh.started_at = sh.progress_at = time.monotonic()
         await self._set(sh, ShardState.LOADING)
+        sh.nudge.set()  # its monitor checks readiness now, not at its idle tick's end
         logger.info("shard %s: woken in %.2f s", sh.shard_id, time.monotonic() - began)
 
     async def _stop(self, sh: Shard, final: ShardState | None) -> None:

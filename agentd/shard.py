@@ -68,6 +68,8 @@ class Shard:
         self.adapter_paths: dict[str, str] = {}
         self.adapter_fetches: dict[str, str] = {}  # name -> source, while it is fetched
         self.lock = asyncio.Lock()  # one change at a time: start, stop, drain
+        # Set to have the monitor look now rather than at its next tick (a wake).
+        self.nudge = asyncio.Event()
         self.log = ShardLog(log_path)
 
     @property

@@ -274,3 +274,50 @@ async def test_without_an_interval_in_the_ack_the_configured_one_is_used(tmp_pat
         await _wait_for(lambda: beats.count("heartbeat") >= 3)  # not one in 10 s
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_shard_that_gave_its_gpu_memory_back_is_followed_by_a_heartbeat_at_once(
+    tmp_path,
+):
+    # given: an agent whose heartbeats are a minute apart, registered
+    received = []
+    acked = asyncio.Event()
+
+    async def handler(ws):
+        reg = json.loads(await ws.recv())
+        await ws.send(
+            json.dumps({"type": "ack", "v": 1, "of": "register", "node_id": reg["node_id"]})
+        )
+        acked.set()
+        async for raw in ws:
+            msg = json.loads(raw)
+            received.append((msg["type"], msg.get("state")))
+
+    async with websockets.serve(handler, "127.0.0.1", 0) as server:
+        agent = make_agent(tmp_path, control_plane_url=_url(server), heartbeat_interval_s=60)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(client.run(agent, stop, _quick()))
+        await asyncio.wait_for(acked.wait(), 10)
+
+        # when: a shard starts loading (its engine takes memory)
+        await agent.on_shard_event(
+            protocol.ShardStatus(type="shard_status", shard_id="s1", state="loading")
+        )
+        await asyncio.sleep(0.5)
+        # then: its state goes out, and no heartbeat before the minute is up
+        assert received == [("shard_status", "loading")]
+
+        # when: twenty shards go to sleep or stop at once
+        for i in range(20):
+            state = "asleep" if i % 2 else "stopped"
+            await agent.on_shard_event(
+                protocol.ShardStatus(type="shard_status", shard_id=f"s{i}", state=state)
+            )
+        # then: a heartbeat follows their states, telling the GPU memory they gave back
+        await _wait_for(lambda: ("heartbeat", None) in received)
+        assert received.index(("heartbeat", None)) == 21
+        # and one heartbeat says it for all twenty
+        await asyncio.sleep(1)
+        assert received.count(("heartbeat", None)) == 1
+        stop.set()
+        await asyncio.wait_for(task, 10)

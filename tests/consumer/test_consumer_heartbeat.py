@@ -22,6 +22,7 @@ from fleet.models import (
     ShardState,
     Storage,
 )
+from fleet.services.heartbeat import batching
 from tests.consumer.helpers import db, enrol
 from tests.factories import make_shard
 
@@ -196,6 +197,27 @@ async def test_gpu_memory_used_is_updated_in_index_order(agent):
     # A shorter list updates the first GPUs and leaves the rest.
     await agent.heartbeat(seq=2, gpu_memory_used_mb=[80000])
     assert [g.memory_used_mb for g in await db(gpus_of)("gpu-01")] == [80000, *used[1:]]
+
+
+async def test_gpu_memory_given_back_asks_for_a_reconciler_pass_once_written(agent, monkeypatch):
+    # A replica waiting to wake where an engine just went to sleep: the pass that
+    # wakes it needs the memory written, and need not wait for beat's next one.
+    asked = []
+    monkeypatch.setattr(
+        batching,
+        "request_reconcile_now",
+        lambda: asked.append([g.memory_used_mb for g in gpus_of("gpu-01")][:2]),
+    )
+    await agent.heartbeat(seq=1, gpu_memory_used_mb=[60000, 1000])
+    await agent.heartbeat(seq=2, gpu_memory_used_mb=[60200, 1000])  # more in use
+    await agent.heartbeat(seq=3, gpu_memory_used_mb=[59500, 1000])  # less, by noise
+    await agent.heartbeat(seq=4)  # no GPU figures: no news
+    assert asked == []
+
+    # when: an engine gives its 50 GB back
+    await agent.heartbeat(seq=5, gpu_memory_used_mb=[9500, 1000])
+    # then: one pass asked for, after the room was written
+    assert asked == [[9500, 1000]]
 
 
 async def test_new_gpu_problems_are_attached_to_the_named_gpu(agent, caplog):

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from agentd import lifecycle
 from agentd.engines.base import http_get
 from tests.engines.helpers import Recorder, desired, fake_supervisor, http_post, shard
 
@@ -57,6 +58,29 @@ async def test_an_engine_with_a_sleep_api_sleeps_and_wakes_in_place(state_dir):
             running.port, "/v1/completions", {"model": "tiny-llama", "prompt": "hi"}
         )
         assert status == 200
+    finally:
+        await sup.close()
+
+
+async def test_a_woken_engine_is_ready_once_it_answers_not_at_its_idle_ticks_end(
+    state_dir, monkeypatch
+):
+    # given: an asleep engine whose shard the supervisor looks at once a minute while idle
+    monkeypatch.setattr(lifecycle, "TICK_READY_S", 60.0)
+    spec = shard(sleep_level=1)
+    sup, rec = await started(state_dir, spec)
+    try:
+        mark = len(rec.events)
+        assert await sup.apply(desired(2, shard(sleep_level=1, state="asleep")))
+        await rec.wait_for("r1-s0", "asleep", after=mark)
+
+        # when: told to run again
+        mark = len(rec.events)
+        assert await sup.apply(desired(3, spec))
+
+        # then: ready as soon as its health check answers, well inside the minute
+        await rec.wait_for("r1-s0", "ready", after=mark, timeout=20)
+        assert rec.states("r1-s0")[-3:] == ["asleep", "loading", "ready"]
     finally:
         await sup.close()
 

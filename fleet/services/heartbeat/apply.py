@@ -23,6 +23,10 @@ from . import changes, orm, pg
 
 logger = logging.getLogger(__name__)
 
+# A GPU whose memory in use falls by this much (MiB) between two heartbeats has room
+# a reconciler pass may give out at once (``ReportMemo.freed``).
+FREED_MB = 1024
+
 
 class ReportMemo:
     """What one agent socket last had written, so an unchanged fact is not written again.
@@ -44,6 +48,17 @@ class ReportMemo:
         if hb.storage and hb.storage == self.storage:
             update["storage"] = []
         return hb.model_copy(update=update) if update else hb
+
+    def freed(self, hb: protocol.Heartbeat) -> bool:
+        """Whether a GPU's memory in use fell by ``FREED_MB`` or more since the last
+        heartbeat written: an engine gave its memory back (asleep, stopped), and a
+        replica waiting to wake or be placed there need not wait for the next pass."""
+        if not hb.gpu_memory_used_mb or self.gpu_used is None:
+            return False
+        return any(
+            before - now >= FREED_MB
+            for before, now in zip(self.gpu_used, hb.gpu_memory_used_mb, strict=False)
+        )
 
     def written(self, hb: protocol.Heartbeat) -> None:
         if hb.gpu_memory_used_mb:

@@ -31,6 +31,7 @@ from django.utils import timezone
 from agentd import protocol
 from fleet.conf import fleet_settings
 
+from ..reconciler.ask import request_reconcile_now
 from . import apply
 from .apply import ReportMemo
 
@@ -131,12 +132,16 @@ class HeartbeatBatcher:
     ) -> apply.HeartbeatResult:
         fut = asyncio.get_running_loop().create_future()
         news = memo.news(hb) if memo is not None else hb
+        freed = memo is not None and memo.freed(hb)
         self.pending.append(((node_id, credential_id, news, timezone.now()), fut))
         if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self._drain())
         result = await fut
         if memo is not None and not result.revoked:
             memo.written(hb)
+            if freed:
+                # The room is written: a pass now can wake or place there.
+                await asyncio.to_thread(request_reconcile_now)
         return result
 
     async def _drain(self) -> None:
