@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -102,9 +103,21 @@ class Devstack:
         )
 
     def kill(self):
+        """Kill it if it is still running, and everything it started (each in a session
+        of its own, so a kill of its group would miss them): nothing outlives a failure."""
         if self.proc.poll() is None:
+            try:
+                started = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                started = []
             self.proc.kill()
             self.proc.wait()
+            for child in started:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(started, timeout=10)
 
 
 def _run_printed(line: str) -> subprocess.CompletedProcess:
