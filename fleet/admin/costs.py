@@ -14,6 +14,7 @@ from django import forms
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from fleet.models import CostHour, Price
 from fleet.services import cost_scope, costs, permissions, price_history
@@ -107,7 +108,7 @@ class PriceAdmin(admin.ModelAdmin):
                 "<tr{}><td>{}</td><td>{} {}</td><td>{}</td></tr>",
                 (
                     (
-                        format_html(' class="selected"') if p.pk == obj.pk else "",
+                        mark_safe(' class="selected"') if p.pk == obj.pk else "",
                         f"{p.effective_from:%Y-%m-%d %H:%M} UTC",
                         per_hour_text(p.per_hour),
                         p.currency,
