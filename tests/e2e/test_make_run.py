@@ -13,7 +13,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -23,6 +22,7 @@ from fleet.devstack import stack as devstack_stack
 from fleet.devstack.redis import _ping
 from fleet.models import Model
 from tests.processes import ROOT, free_port, port_block, subprocess_env
+from tests.processes.stack import kill_9_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,18 +106,7 @@ class Devstack:
         """Kill it if it is still running, and everything it started (each in a session
         of its own, so a kill of its group would miss them): nothing outlives a failure."""
         if self.proc.poll() is None:
-            try:
-                started = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                started = []
-            self.proc.kill()
-            self.proc.wait()
-            for child in started:
-                try:
-                    child.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(started, timeout=10)
+            kill_9_tree(self.proc)
 
 
 def _run_printed(line: str) -> subprocess.CompletedProcess:
