@@ -280,6 +280,7 @@ class EngineLifecycle:
         start = time.monotonic()
         deadline = start + self.drain_timeout_s
         blind = start + min(self.drain_timeout_s, DRAIN_WITHOUT_METRIC_S)
+        counted = False  # once the engine has counted, a probe it misses is not blindness
         while True:
             if sh.target == "running":
                 return False
@@ -291,7 +292,12 @@ class EngineLifecycle:
             in_flight = await engine.in_flight(self.probe_host, sh.port) if serves else None
             if in_flight == 0:
                 return True
-            if now >= deadline or (in_flight is None and serves and now >= blind):
+            counted = counted or in_flight is not None
+            # An engine busy answering may miss a probe of its metrics (2 s): that says
+            # nothing about what it has in flight, so only one that never counted waits
+            # out the shorter bound.
+            blind_now = in_flight is None and serves and not counted and now >= blind
+            if now >= deadline or blind_now:
                 logger.info("shard %s: %s ends with %s in flight", sh.shard_id, target, in_flight)
                 return True
             await asyncio.sleep(DRAIN_POLL_S)

@@ -212,6 +212,39 @@ async def test_drain_waits_for_requests_in_flight(state_dir):
         await sup.close()
 
 
+async def test_a_drain_outlasts_metrics_probes_a_busy_engine_misses(state_dir, monkeypatch):
+    # given: an engine that counts its requests, but whose /metrics, busy answering, misses
+    # every other probe past the first (vLLM on a loaded 2-core node: a 2 s probe timeout)
+    from agentd import lifecycle
+    from agentd.engines.fake import FakeEngine
+
+    monkeypatch.setattr(lifecycle, "DRAIN_WITHOUT_METRIC_S", 0.3)
+    counted = FakeEngine.in_flight
+    probes = []
+
+    async def busy(self, host, port):
+        probes.append(port)
+        return await counted(self, host, port) if len(probes) % 2 else None
+
+    monkeypatch.setattr(FakeEngine, "in_flight", busy)
+    sup, rec = await started(state_dir, shard(args=["--token-delay", "0.15"]))
+    try:
+        await rec.wait_for("r1-s0", "ready")
+        port = sup.running_shards()[0].port
+        request = asyncio.create_task(_stream(port, 12))  # about 1.7 s of tokens
+        await asyncio.sleep(0.3)
+        # when: it is drained
+        await sup.apply(desired(2, shard(state="draining", args=["--token-delay", "0.15"])))
+        await rec.wait_for("r1-s0", "stopped")
+        # then: the missed probes did not end the drain past the short bound for engines
+        # that cannot count: the answer finished whole before the engine stopped
+        assert len(probes) > 4, probes
+        assert request.done()
+        assert (await request).rstrip().endswith(b"data: [DONE]")
+    finally:
+        await sup.close()
+
+
 async def test_a_download_that_progresses_is_not_a_hung_start(state_dir, tmp_path):
     weights = tmp_path / "weights"
     # The download outlasts the start deadline twice over. The deadline leaves the fake
