@@ -281,6 +281,14 @@ def _parse(endpoint: str, raw: bytes, decoder: json.JSONDecoder) -> ParsedReques
                 f"'{name}' must be {_TYPE_NAMES[expected]}, not {_json_type(value)}",
                 param=name,
             )
+    # vLLM and SGLang started with priority scheduling serve a request's 'priority'
+    # first: on a replica that teams share, a client's own would go ahead of theirs.
+    if body.get("priority") not in (None, 0):
+        raise GatewayError(
+            400,
+            "'priority' is not taken from a request: the fleet decides whose requests go first",
+            param="priority",
+        )
     model = body.get("model")
     if not model:
         raise GatewayError(400, "'model' is required: name the model to use", param="model")

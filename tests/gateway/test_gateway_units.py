@@ -192,6 +192,10 @@ def test_a_whole_answer_s_usage_is_read_from_its_end(body, usage):
         ("completions", b'{"model": "m", "prompt": "x", "max_tokens": true}', "an integer, not a"),
         ("completions", b'{"model": "m", "prompt": "x", "temperature": "hot"}', "a number"),
         ("embeddings", b'{"model": "", "input": "x"}', "'model' is required"),
+        # an engine's scheduling priority (vLLM's and SGLang's extra field) would let
+        # one client's requests go ahead of another team's on a shared replica
+        ("completions", b'{"model": "m", "prompt": "x", "priority": -100}', "'priority' is not"),
+        ("messages", b'{"model": "m", "max_tokens": 1, "messages": [], "priority": 1}', "'prio"),
     ],
 )
 def test_bad_bodies_are_refused_naming_the_field(endpoint, body, message):
@@ -206,6 +210,8 @@ def test_a_good_body_is_passed_on_as_sent():
     req = validate.parse("chat/completions", raw)
     assert (req.model, req.stream, req.raw) == ("m", True, raw)
     assert validate.parse("embeddings", b'{"model": "m", "input": ["a"], "user": null}').model
+    # the engines' default priority is no claim on anyone's place: passed on
+    assert validate.parse("completions", b'{"model": "m", "prompt": "x", "priority": 0}').model
 
 
 @pytest.mark.parametrize(
