@@ -195,21 +195,28 @@ async def _stream(port: int, tokens: int) -> bytes:
     return data
 
 
-async def test_drain_waits_for_requests_in_flight(state_dir):
+async def _drained_mid_answer(state_dir) -> asyncio.Task:
+    """A fake engine drained while a 12-token stream (about 1.7 s) runs; once it
+    stopped, that stream's task."""
     sup, rec = await started(state_dir, shard(args=["--token-delay", "0.15"]))
     try:
         await rec.wait_for("r1-s0", "ready")
         port = sup.running_shards()[0].port
-        request = asyncio.create_task(_stream(port, 12))  # about 1.7 s of tokens
+        request = asyncio.create_task(_stream(port, 12))
         await asyncio.sleep(0.3)
         await sup.apply(desired(2, shard(state="draining", args=["--token-delay", "0.15"])))
         await rec.wait_for("r1-s0", "draining")
         await rec.wait_for("r1-s0", "stopped")
-        # then the request that was running finished whole before the engine stopped
-        assert request.done()
-        assert (await request).rstrip().endswith(b"data: [DONE]")
+        return request
     finally:
         await sup.close()
+
+
+async def test_drain_waits_for_requests_in_flight(state_dir):
+    request = await _drained_mid_answer(state_dir)
+    # then the request that was running finished whole before the engine stopped
+    assert request.done()
+    assert (await request).rstrip().endswith(b"data: [DONE]")
 
 
 async def test_a_drain_outlasts_metrics_probes_a_busy_engine_misses(state_dir, monkeypatch):
@@ -227,22 +234,13 @@ async def test_a_drain_outlasts_metrics_probes_a_busy_engine_misses(state_dir, m
         return await counted(self, host, port) if len(probes) % 2 else None
 
     monkeypatch.setattr(FakeEngine, "in_flight", busy)
-    sup, rec = await started(state_dir, shard(args=["--token-delay", "0.15"]))
-    try:
-        await rec.wait_for("r1-s0", "ready")
-        port = sup.running_shards()[0].port
-        request = asyncio.create_task(_stream(port, 12))  # about 1.7 s of tokens
-        await asyncio.sleep(0.3)
-        # when: it is drained
-        await sup.apply(desired(2, shard(state="draining", args=["--token-delay", "0.15"])))
-        await rec.wait_for("r1-s0", "stopped")
-        # then: the missed probes did not end the drain past the short bound for engines
-        # that cannot count: the answer finished whole before the engine stopped
-        assert len(probes) > 4, probes
-        assert request.done()
-        assert (await request).rstrip().endswith(b"data: [DONE]")
-    finally:
-        await sup.close()
+    # when: it is drained mid-answer
+    request = await _drained_mid_answer(state_dir)
+    # then: the missed probes did not end the drain past the short bound for engines
+    # that cannot count: the answer finished whole before the engine stopped
+    assert len(probes) > 4, probes
+    assert request.done()
+    assert (await request).rstrip().endswith(b"data: [DONE]")
 
 
 async def test_a_download_that_progresses_is_not_a_hung_start(state_dir, tmp_path):
