@@ -44,7 +44,8 @@ def redis_binary() -> str:
         ) from None
 
 
-def _ping(sock: Path) -> bool:
+def ping(sock: Path) -> bool:
+    """Whether a redis-server answers PING on the unix socket ``sock``."""
     try:
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(0.5)
@@ -68,7 +69,7 @@ class PrivateRedis:
         return f"unix://{self.sock}"
 
     def start(self, timeout: float = 10) -> "PrivateRedis":
-        if _ping(self.sock):
+        if ping(self.sock):
             return self
         self.sock.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
@@ -94,7 +95,7 @@ class PrivateRedis:
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
-        while not _ping(self.sock):
+        while not ping(self.sock):
             if self.proc.poll() is not None:
                 raise SystemExit(f"redis-server exited; see {self.dir / 'redis.log'}")
             if time.monotonic() > deadline:

@@ -19,7 +19,7 @@ import yaml
 from agentd import state
 from agentd.tinygguf import write as write_tiny_model
 from fleet.devstack import stack as devstack_stack
-from fleet.devstack.redis import _ping
+from fleet.devstack.redis import ping
 from fleet.models import Model
 from tests.processes import ROOT, free_port, port_block, subprocess_env
 from tests.processes.stack import kill_9_tree
@@ -169,7 +169,7 @@ def test_make_run_prints_a_curl_and_a_client_line_that_work_and_ctrl_c_stops_eve
     assert state.start_ticks(engine_pid) is None
     # the agent let go of it, so the next run's agent has no crash to report
     assert state.load(agent_state)[1] == {}
-    assert not _ping(var / "redis.sock")
+    assert not ping(var / "redis.sock")
 
     # when: it runs again, asked to serve a GGUF file of the user's
     own = write_tiny_model(tmp_path / "models" / "My Model.Q4.gguf", seed=1)
