@@ -35,11 +35,9 @@ def _costs(api: Api, args, show: Output) -> None:
         ]
 
     for r in found["rows"]:
-        names = [(r[b] if b != "team" else r[b] or "(fleet)") or "-" for b in by]
-        table.append([*names, *figures(r)])
+        table.append([*(_named(b, r[b]) for b in by), *figures(r)])
     for r in found["idle"]:
-        gpu = r["gpu_class"] or "CPU-only nodes"
-        table.append([f"idle ({gpu})", *["" for _ in by[1:]], *figures(r)])
+        table.append([f"idle ({_gpu(r['gpu_class'])})", *["" for _ in by[1:]], *figures(r)])
     for r in found["totals"]:
         table.append(["total", *["" for _ in by[1:]], *figures(r)])
     if len(table) == 1:
@@ -47,7 +45,19 @@ def _costs(api: Api, args, show: Output) -> None:
         return
     show.table(table)
     if found["unpriced"]:
-        show.note(f"no price for: {', '.join(found['unpriced'])} (costed at 0)")
+        show.note(f"no price for: {', '.join(map(_gpu, found['unpriced']))} (costed at 0)")
+
+
+def _named(by: str, value: str) -> str:
+    """A row's team, model or GPU class: the fleet's own models have no team."""
+    if by == "gpu_class":
+        return _gpu(value)
+    return value or ("(fleet)" if by == "team" else "-")
+
+
+def _gpu(gpu_class: str) -> str:
+    """A GPU class as the report names it; "" is the hours of nodes without GPUs."""
+    return gpu_class or "CPU-only nodes"
 
 
 def _money(text) -> str:

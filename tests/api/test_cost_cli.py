@@ -8,8 +8,9 @@ import io
 import pytest
 
 from agentd.ctl import exits
+from fleet.models import CostHour, Model
 from tests.api.test_cli import cli  # noqa: F401 - a fixture
-from tests.costs.surfaces import a_day
+from tests.costs.surfaces import DAY, a_day
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -57,3 +58,23 @@ def test_costs_with_a_bad_date_says_why_and_exits_refused(cli):  # noqa: F811
 
     assert (status, out) == (exits.EXIT_REFUSED, "")
     assert "start: 'last tuesday' is neither a date (2026-01-31) nor an ISO 8601 time" in err
+
+
+def test_hours_of_nodes_without_gpus_are_named_so_where_no_price_is_set(cli):  # noqa: F811
+    # `make run`'s fleet: one node without GPUs, no price for it, a fleet model on it
+    tiny = Model.objects.create(name="tiny-llama")
+    CostHour.objects.bulk_create(
+        CostHour(hour=DAY, model=model, model_name=model.name if model else "", idle=not model,
+                 gpu_class="", gpu_seconds=1800, cost=0, currency="USD", closed=True)
+        for model in (tiny, None)
+    )  # fmt: skip
+
+    status, out, err = cli("costs", "--from", "2026-11-03", "--to", "2026-11-03")
+    _, by_class, _ = cli("costs", "--from", "2026-11-03", "--to", "2026-11-03", "--by",
+                         "gpu_class")  # fmt: skip
+
+    assert status == 0
+    assert err.endswith("no price for: CPU-only nodes (costed at 0)\n"), err
+    assert [r.split()[:3] for r in out.splitlines()[1:3]] == [
+        ["(fleet)", "tiny-llama", "0.5"], ["idle", "(CPU-only", "nodes)"]]  # fmt: skip
+    assert by_class.splitlines()[1].split()[:3] == ["CPU-only", "nodes", "0.5"]

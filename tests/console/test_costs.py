@@ -207,3 +207,16 @@ def test_a_gpu_name_an_agent_sent_is_shown_as_text(client):
 
     assert "<img src=x" not in page
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
+
+
+def test_hours_nobody_priced_are_named_cpu_only_nodes_where_the_class_is_empty(client):
+    # `make run`'s fleet: one node without GPUs, and no price set for any class
+    for gpu_class in ("", "NVIDIA A10"):
+        CostHour.objects.create(hour=DAY, idle=True, gpu_class=gpu_class, gpu_seconds=3600,
+                                cost=Decimal(0), currency="USD", closed=True)  # fmt: skip
+    client.force_login(operator())
+
+    page = client.get(COSTS, THE_DAY).content.decode()
+
+    note = page.split('id="costs-unpriced"', 1)[1].split("</p>", 1)[0]
+    assert "No price for CPU-only nodes, NVIDIA A10: their hours are costed at 0" in note
