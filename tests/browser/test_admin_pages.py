@@ -43,6 +43,12 @@ def test_the_admin_index_is_styled_and_lists_the_fleet(signed_in):
     signed_in.assert_styled()
     links = {a.text for a in signed_in.find_all("#content-main a")}
     assert {"Nodes", "Models"} <= links, links
+    # the header's links to the console's pages stand apart, not run together
+    cluster, batches, costs = (
+        signed_in.find(f"#nav-{n}").rect for n in ("cluster", "batches", "costs")
+    )
+    assert batches["x"] - (cluster["x"] + cluster["width"]) >= 8, (cluster, batches)
+    assert costs["x"] - (batches["x"] + batches["width"]) >= 8, (batches, costs)
     signed_in.screenshot("admin-index")
 
 
