@@ -385,7 +385,12 @@ REST_FRAMEWORK = {
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw API",
-    "DESCRIPTION": "Fleet inventory and catalog of llmgw.",
+    "DESCRIPTION": (
+        "The management API of llmgw: nodes and GPUs, the catalog (models, profiles, "
+        "engines, prices), replicas and shards, keys and join tokens, teams, adapters, "
+        "weights, usage, costs, events and the audit trail. The OpenAI-style gateway, "
+        "batches included, is at /v1/ (docs/gateway.md)."
+    ),
     "VERSION": "1",
     # Tags and operation ids by resource ("nodes", nodes_drain_create), not "v1":
     # what a generated client names its modules and methods after.
